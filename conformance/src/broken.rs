@@ -1,0 +1,249 @@
+//! Deliberately broken backends, one per classic mistake from the seed articles, built
+//! on the memory backend's store. [`crate::self_test`] runs the kit against each to
+//! prove the kit catches it.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::memory::MemoryStore;
+use distlock_api::{
+    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, Lease,
+    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+};
+use tokio::time::Instant;
+
+use crate::{Client, ClientFaults, Harness};
+
+/// The backend name in errors and reports.
+const BROKEN_BACKEND: &str = "broken";
+
+/// The pause between the check and the delete of [`Mistake::CheckThenDelete`]: a slow
+/// round trip or a GC pause, the window the real bug needs.
+pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(25);
+
+/// One classic mistake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mistake {
+    /// `SET NX` without `PX`: a crashed holder's lock is never freed.
+    NoTtl,
+    /// Release is a plain `DEL`, without an owner check.
+    PlainDelete,
+    /// Release is `GET`, compare, then `DEL`, as two round trips.
+    CheckThenDelete,
+    /// Acquire is `SET` without `NX`: it overwrites the holder.
+    Overwrite,
+    /// Every grant gets fencing token 1.
+    ConstantFencingToken,
+    /// Extend is a plain `PEXPIRE`, without an owner check.
+    ExtendWithoutOwnerCheck,
+}
+
+impl Mistake {
+    /// Every mistake.
+    pub const ALL: [Mistake; 6] = [
+        Mistake::NoTtl,
+        Mistake::PlainDelete,
+        Mistake::CheckThenDelete,
+        Mistake::Overwrite,
+        Mistake::ConstantFencingToken,
+        Mistake::ExtendWithoutOwnerCheck,
+    ];
+
+    /// A short name for tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Mistake::NoTtl => "no-ttl",
+            Mistake::PlainDelete => "release-plain-del",
+            Mistake::CheckThenDelete => "release-check-then-del",
+            Mistake::Overwrite => "acquire-overwrites",
+            Mistake::ConstantFencingToken => "constant-fencing-token",
+            Mistake::ExtendWithoutOwnerCheck => "extend-without-owner-check",
+        }
+    }
+
+    /// What the broken backend does.
+    pub fn description(self) -> &'static str {
+        match self {
+            Mistake::NoTtl => "SET NX without PX: the lock never expires",
+            Mistake::PlainDelete => "release is DEL without checking the owner",
+            Mistake::CheckThenDelete => "release is GET + compare, then DEL in a second round trip",
+            Mistake::Overwrite => "acquire is SET without NX",
+            Mistake::ConstantFencingToken => "every grant carries fencing token 1",
+            Mistake::ExtendWithoutOwnerCheck => "extend is PEXPIRE without checking the owner",
+        }
+    }
+}
+
+/// A memory-store client that makes one [`Mistake`] and is otherwise correct.
+#[derive(Debug, Clone)]
+pub struct BrokenLock {
+    store: Arc<MemoryStore>,
+    mistake: Mistake,
+    crashed: Arc<AtomicBool>,
+}
+
+impl BrokenLock {
+    /// A client of `store` making `mistake`.
+    pub fn new(store: Arc<MemoryStore>, mistake: Mistake) -> Self {
+        BrokenLock {
+            store,
+            mistake,
+            crashed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    fn check_alive(&self) -> Result<(), LockError> {
+        if self.crashed.load(Ordering::SeqCst) {
+            return Err(LockError::connection(
+                BROKEN_BACKEND,
+                "crashed by fault injection",
+            ));
+        }
+        Ok(())
+    }
+
+    fn attempt(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Result<LockGuard, Option<Instant>>, LockError> {
+        self.check_alive()?;
+        let (owner, ttl, requested_at) = (OwnerToken::random(), options.ttl(), Instant::now());
+        let granted = match self.mistake {
+            Mistake::NoTtl => self
+                .store
+                .set_if_absent(key, owner, None)
+                .map(|()| self.store.next_fencing_token()),
+            Mistake::Overwrite => {
+                self.store.overwrite(key, owner, Some(ttl));
+                Ok(self.store.next_fencing_token())
+            }
+            Mistake::ConstantFencingToken => self
+                .store
+                .set_if_absent(key, owner, Some(ttl))
+                .map(|()| FencingToken::new(1)),
+            _ => self.store.grant(key, owner, ttl),
+        };
+        Ok(granted.map(|fence| {
+            let lease = Lease::new(key.clone(), owner, fence, ttl, requested_at);
+            LockGuard::new(
+                lease,
+                LeaseMonitor::new(requested_at + ttl),
+                Arc::new(self.clone()),
+                options.auto_renew(),
+            )
+        }))
+    }
+}
+
+fn validated(options: &LockOptions) -> Result<(), LockError> {
+    options
+        .validate()
+        .map_err(|e| LockError::invalid_options(BROKEN_BACKEND, e))
+}
+
+#[async_trait]
+impl DistributedLock for BrokenLock {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: BROKEN_BACKEND,
+            // Each claims everything, as the real mistakes' authors did.
+            capabilities: Capabilities::all_supported(),
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        validated(options)?;
+        Ok(self.attempt(key, options)?.ok())
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        validated(options)?;
+        self.store
+            .acquire_woken(key, options, BROKEN_BACKEND, || self.attempt(key, options))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.check_alive()?;
+        let key = lease.key();
+        Ok(match self.mistake {
+            Mistake::PlainDelete => match self.store.delete(key) {
+                true => ReleaseOutcome::Released,
+                false => ReleaseOutcome::Expired,
+            },
+            Mistake::CheckThenDelete => match self.store.get(key) {
+                Some(entry) if entry.owner == lease.owner() => {
+                    tokio::time::sleep(CHECK_THEN_DELETE_GAP).await;
+                    self.store.delete(key);
+                    ReleaseOutcome::Released
+                }
+                Some(_) => ReleaseOutcome::HeldByOther,
+                None => ReleaseOutcome::Expired,
+            },
+            _ => self.store.delete_if_owner(key, lease.owner()),
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        check_ttl(ttl).map_err(|e| LockError::invalid_options(BROKEN_BACKEND, e))?;
+        self.check_alive()?;
+        let requested_at = Instant::now();
+        Ok(match self.mistake {
+            Mistake::ExtendWithoutOwnerCheck => match self.store.expire(lease.key(), ttl) {
+                true => ExtendOutcome::Extended {
+                    valid_until: requested_at + ttl,
+                },
+                false => ExtendOutcome::Expired,
+            },
+            _ => self
+                .store
+                .expire_if_owner(lease.key(), lease.owner(), ttl, requested_at),
+        })
+    }
+}
+
+/// Clients of one store, all making the same mistake, each crashable.
+pub struct BrokenHarness {
+    store: Arc<MemoryStore>,
+    mistake: Mistake,
+}
+
+impl BrokenHarness {
+    /// A harness over a fresh store.
+    pub fn new(mistake: Mistake) -> Self {
+        BrokenHarness {
+            store: MemoryStore::new(),
+            mistake,
+        }
+    }
+}
+
+struct CrashBrokenClient(Arc<AtomicBool>);
+
+#[async_trait]
+impl ClientFaults for CrashBrokenClient {
+    async fn crash(&self) -> Result<(), LockError> {
+        self.0.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Harness for BrokenHarness {
+    fn name(&self) -> String {
+        format!("broken:{}", self.mistake.name())
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let lock = BrokenLock::new(self.store.clone(), self.mistake);
+        let faults = Arc::new(CrashBrokenClient(lock.crashed.clone()));
+        Ok(Client::new(Arc::new(lock)).with_faults(faults))
+    }
+}

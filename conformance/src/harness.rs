@@ -1,0 +1,86 @@
+//! [`Harness`]: how the kit gets independent clients of the backend under test.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{DistributedLock, LockError};
+
+/// Fault hooks on one client. All optional: scenarios that need one skip without it.
+#[async_trait]
+pub trait ClientFaults: Send + Sync {
+    /// Makes the client behave like a crashed process: its connection is cut without
+    /// releasing anything, and later calls (background releases, renewals) do not
+    /// reach the server.
+    async fn crash(&self) -> Result<(), LockError>;
+}
+
+/// One client of the backend under test, as if in its own process.
+#[derive(Clone)]
+pub struct Client {
+    /// The client's lock handle.
+    pub lock: Arc<dyn DistributedLock>,
+    /// The client's fault hooks, if the harness offers them.
+    pub faults: Option<Arc<dyn ClientFaults>>,
+}
+
+impl Client {
+    /// A client without fault hooks.
+    pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
+        Client { lock, faults: None }
+    }
+
+    /// Adds fault hooks.
+    pub fn with_faults(mut self, faults: Arc<dyn ClientFaults>) -> Self {
+        self.faults = Some(faults);
+        self
+    }
+}
+
+/// A connector from URL to lock, for scenarios about URL handling.
+pub type UrlConnector = Arc<
+    dyn Fn(
+            String,
+        )
+            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>, LockError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// The backend under test, as the scenarios see it.
+#[async_trait]
+pub trait Harness: Send + Sync {
+    /// A name for reports (`memory`, `redis://127.0.0.1:6379`, …).
+    fn name(&self) -> String;
+
+    /// A new, independent client: its own connection or session.
+    ///
+    /// # Errors
+    /// Whatever connecting to the backend raised.
+    async fn client(&self) -> Result<Client, LockError>;
+
+    /// The short TTL the TTL and expiry scenarios use. Keep it well above the
+    /// backend's round trip; the default is 500 ms.
+    fn ttl(&self) -> Duration {
+        Duration::from_millis(500)
+    }
+
+    /// Tolerance for "promptly" and "within a bound" checks, for a noisy machine.
+    /// The default is 1 s.
+    fn slack(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// The longest a crashed holder's lock survives for a lease of `ttl`: the TTL for
+    /// TTL-based backends (the default), the session timeout for session-bound ones.
+    fn crash_bound(&self, ttl: Duration) -> Duration {
+        ttl
+    }
+
+    /// A URL connector, if the harness has one (`distlock::connect`, say).
+    fn url_connector(&self) -> Option<UrlConnector> {
+        None
+    }
+}

@@ -1,0 +1,25 @@
+//! The distlock conformance kit: the same named safety, liveness, TTL and bad-input
+//! scenarios for every [`distlock_api::DistributedLock`] backend, ours or yours.
+//!
+//! Implement [`Harness`] for your backend, then either generate one test per scenario
+//! with [`conformance_tests!`], or call [`run_all`] for a [`Report`].
+//! Scenarios a backend cannot pass by design are skipped with the reason from its
+//! [`distlock_api::Capabilities`]. [`self_test`] proves the kit catches the classic
+//! mistakes, using the deliberately broken backends in [`broken`].
+
+pub mod broken;
+mod fenced;
+mod harness;
+mod macros;
+mod memory_harness;
+mod report;
+mod runner;
+mod scenarios;
+pub mod servers;
+
+pub use fenced::{FencedStore, StaleWrite};
+pub use harness::{Client, ClientFaults, Harness, UrlConnector};
+pub use memory_harness::MemoryHarness;
+pub use report::{Report, ScenarioResult, Verdict};
+pub use runner::{run_all, run_scenario, run_scenario_test, self_test, SelfTestReport};
+pub use scenarios::{Category, Failure, Requirement, Scenario, SCENARIOS};

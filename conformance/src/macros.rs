@@ -1,0 +1,66 @@
+//! [`conformance_tests!`](crate::conformance_tests): one `#[tokio::test]` per scenario.
+
+/// Generates one `#[tokio::test]` per scenario of the kit, for any backend.
+///
+/// The argument is an expression evaluating to a future of `Arc<dyn Harness>`; it is
+/// evaluated afresh in every test. A test fails with the scenario's reason when the
+/// scenario fails, and passes, printing why, when it is skipped by a capability.
+///
+/// ```ignore
+/// distlock_conformance::conformance_tests!(async {
+///     std::sync::Arc::new(MyHarness::start().await) as std::sync::Arc<dyn distlock_conformance::Harness>
+/// });
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($harness:expr) => {
+        $crate::__conformance_tests!($harness;
+            mutual_exclusion_under_contention,
+            try_acquire_on_held_key_returns_held,
+            release_by_non_owner_is_refused,
+            late_release_after_expiry_keeps_new_holder,
+            release_racing_expiry_keeps_new_holder,
+            late_extend_after_expiry_fails_as_lost,
+            fencing_tokens_strictly_increase,
+            fenced_store_rejects_stale_holder,
+            different_keys_are_independent,
+            release_frees_key_at_once,
+            waiter_acquires_promptly_after_release,
+            wait_timeout_is_honoured,
+            crashed_holder_frees_within_lease,
+            cancelled_acquire_leaks_nothing,
+            dropped_guard_frees_quickly,
+            unrenewed_lease_expires_after_ttl,
+            extend_pushes_expiry_out,
+            auto_renew_holds_past_five_ttls,
+            auto_renew_stops_at_max_hold,
+            lost_fires_when_lease_lost,
+            lost_fires_when_renewal_fails,
+            bad_keys_are_typed_errors,
+            bad_options_are_typed_errors,
+            zero_and_enormous_waits,
+            release_twice_is_a_typed_outcome,
+            invalid_urls_are_config_errors,
+        );
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conformance_tests {
+    ($harness:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                $crate::run_scenario_test(stringify!($name), $harness.await).await;
+            }
+        )+
+
+        #[test]
+        fn every_scenario_has_a_test() {
+            let generated = [$(stringify!($name)),+];
+            let listed: Vec<&str> = $crate::SCENARIOS.iter().map(|s| s.name).collect();
+            assert_eq!(generated.as_slice(), listed.as_slice());
+        }
+    };
+}

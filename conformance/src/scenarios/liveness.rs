@@ -1,0 +1,193 @@
+//! Liveness: free locks are taken at once, waiters are woken, crashed holders expire.
+
+use std::time::Duration;
+
+use distlock_api::{LockError, LockOptions, ReleaseOutcome, WaitPolicy};
+use tokio::time::Instant;
+
+use super::{check, no_wait, unique_key, waiting, Failure, LONG_TTL};
+use crate::report::millis;
+use crate::Harness;
+
+pub(super) async fn release_frees_key_at_once(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("release-frees");
+    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    for round in 0..5 {
+        let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+        let released = guard.release().await?;
+        check!(
+            released == ReleaseOutcome::Released,
+            "round {round}: release gave {released:?}"
+        );
+        let Some(guard) = b.try_acquire(&key, &no_wait(LONG_TTL)).await? else {
+            return Err(Failure::Failed(format!(
+                "round {round}: the key was still held right after release"
+            )));
+        };
+        guard.release().await?;
+    }
+    Ok(String::new())
+}
+
+const HANDOFFS: usize = 10;
+
+pub(super) async fn waiter_acquires_promptly_after_release(
+    h: &dyn Harness,
+) -> Result<String, Failure> {
+    let key = unique_key("handoff");
+    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let mut latencies = Vec::with_capacity(HANDOFFS);
+    for _ in 0..HANDOFFS {
+        let holder = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+        let waiter = {
+            let (b, key) = (b.clone(), key.clone());
+            let options = waiting(LONG_TTL, Duration::from_secs(30));
+            tokio::spawn(async move {
+                let guard = b.acquire(&key, &options).await?;
+                Ok::<_, LockError>((Instant::now(), guard))
+            })
+        };
+        // The holder's work; the waiter is queued meanwhile.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let released_at = Instant::now();
+        holder.release().await?;
+        let (granted_at, guard) = waiter
+            .await
+            .map_err(|e| Failure::Failed(format!("waiter panicked: {e}")))??;
+        latencies.push(granted_at.saturating_duration_since(released_at));
+        guard.release().await?;
+    }
+    latencies.sort();
+    let (median, worst) = (latencies[HANDOFFS / 2], latencies[HANDOFFS - 1]);
+    check!(
+        median <= h.slack() / 4,
+        "median hand-off took {median:?}; a woken waiter should take about a round trip"
+    );
+    check!(worst <= h.slack(), "slowest hand-off took {worst:?}");
+    Ok(format!(
+        "hand-off p50 {} max {}",
+        millis(median),
+        millis(worst)
+    ))
+}
+
+pub(super) async fn wait_timeout_is_honoured(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("wait-timeout");
+    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+    let limit = Duration::from_millis(300);
+    let started = Instant::now();
+    let result = b.acquire(&key, &waiting(LONG_TTL, limit)).await;
+    let waited = started.elapsed();
+    match result {
+        Err(LockError::Timeout { .. }) => {}
+        Err(e) => return Err(Failure::Failed(format!("gave {e} instead of Timeout"))),
+        Ok(_) => return Err(Failure::Failed("granted a key that was held".into())),
+    }
+    check!(
+        waited >= limit,
+        "gave up after {waited:?}, before the {limit:?} timeout"
+    );
+    check!(
+        waited <= limit + h.slack(),
+        "gave up after {waited:?}, long after the {limit:?} timeout"
+    );
+    guard.release().await?;
+    Ok(format!("timed out after {}", millis(waited)))
+}
+
+pub(super) async fn crashed_holder_frees_within_lease(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("crash");
+    let ttl = h.ttl();
+    let a = h.client().await?;
+    let Some(faults) = a.faults.clone() else {
+        return Err(Failure::Skipped("the harness cannot crash a client".into()));
+    };
+    let guard = a.lock.acquire(&key, &no_wait(ttl)).await?;
+    let (granted, valid_until) = (guard.lease().acquired_at(), guard.valid_until());
+    faults.crash().await?;
+    // The crashed process's guard goes away without a release reaching the server.
+    drop(guard);
+    let bound = h.crash_bound(ttl) + h.slack();
+    let b = h.client().await?.lock;
+    let taken = b
+        .acquire(&key, &waiting(LONG_TTL, bound))
+        .await
+        .map_err(|e| {
+            Failure::Failed(format!(
+                "the crashed holder's lock was not freed within {bound:?}: {e}"
+            ))
+        })?;
+    let taken_at = Instant::now();
+    check!(
+        taken_at >= valid_until,
+        "another client got the lock {:?} before the crashed holder's validity ended",
+        valid_until - taken_at
+    );
+    taken.release().await?;
+    Ok(format!(
+        "freed {} after the grant",
+        millis(taken_at - granted)
+    ))
+}
+
+pub(super) async fn cancelled_acquire_leaks_nothing(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("cancel");
+    let (a, b, c) = (
+        h.client().await?.lock,
+        h.client().await?.lock,
+        h.client().await?.lock,
+    );
+    let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Forever);
+    // Uncontended: cut the acquire short after 0, 0.1 ms, 0.2 ms, … of progress.
+    for step in 0..25u32 {
+        let cut = Duration::from_micros(100) * step;
+        let _ = tokio::time::timeout(cut, b.acquire(&key, &options)).await;
+        // A grant that arrived as the future was dropped is released in the background.
+        let probe = c
+            .acquire(&key, &waiting(LONG_TTL, h.slack()))
+            .await
+            .map_err(|e| {
+                Failure::Failed(format!(
+                    "after an acquire cut at {cut:?} the key stayed held: {e}"
+                ))
+            })?;
+        probe.release().await?;
+    }
+    // Contended: waiters dropped while queued must not take the lock later.
+    let holder = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+    for _ in 0..5 {
+        match tokio::time::timeout(Duration::from_millis(20), b.acquire(&key, &options)).await {
+            Err(_elapsed) => {}
+            Ok(Ok(_)) => return Err(Failure::Failed("a waiter got a key that was held".into())),
+            Ok(Err(e)) => return Err(e.into()),
+        }
+    }
+    holder.release().await?;
+    let probe = c
+        .acquire(&key, &waiting(LONG_TTL, h.slack()))
+        .await
+        .map_err(|e| Failure::Failed(format!("after cancelled waits the key stayed held: {e}")))?;
+    probe.release().await?;
+    Ok("25 uncontended and 5 queued acquires cancelled".into())
+}
+
+pub(super) async fn dropped_guard_frees_quickly(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("drop");
+    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+    let dropped_at = Instant::now();
+    drop(guard);
+    let taken = b
+        .acquire(&key, &waiting(LONG_TTL, h.slack()))
+        .await
+        .map_err(|e| {
+            Failure::Failed(format!(
+                "a dropped guard's lock was not freed within {:?}: {e}",
+                h.slack()
+            ))
+        })?;
+    let took = dropped_at.elapsed();
+    taken.release().await?;
+    Ok(format!("freed {} after drop", millis(took)))
+}

@@ -1,0 +1,218 @@
+//! The named scenarios, and the small vocabulary they are written in.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use distlock_api::{Capabilities, Capability, LockError, LockKey, LockOptions, WaitPolicy};
+use serde::Serialize;
+
+use crate::Harness;
+
+mod bad_input;
+mod liveness;
+mod safety;
+mod ttl;
+
+/// The family a scenario belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Category {
+    /// At most one holder; owner checks; fencing.
+    Safety,
+    /// Locks become free and waiters get them.
+    Liveness,
+    /// Leases expire, extend and renew as promised.
+    Ttl,
+    /// Bad input gets typed errors, no panic, nothing held.
+    BadInput,
+}
+
+impl Category {
+    /// The lowercase name used in tables.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Safety => "safety",
+            Category::Liveness => "liveness",
+            Category::Ttl => "ttl",
+            Category::BadInput => "bad-input",
+        }
+    }
+}
+
+/// A backend guarantee or harness hook a scenario needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Requirement {
+    /// [`Capabilities::ttl_expiry`].
+    TtlExpiry,
+    /// [`Capabilities::extend`].
+    Extend,
+    /// [`Capabilities::fencing`].
+    Fencing,
+    /// [`Capabilities::wake_on_release`].
+    WakeOnRelease,
+    /// The harness can crash a client ([`crate::ClientFaults::crash`]).
+    CrashFault,
+    /// The harness has a URL connector ([`Harness::url_connector`]).
+    UrlConnector,
+}
+
+impl Requirement {
+    /// The capability this requirement reads, if it is one.
+    pub(crate) fn capability(self, caps: &Capabilities) -> Option<Capability> {
+        match self {
+            Requirement::TtlExpiry => Some(caps.ttl_expiry),
+            Requirement::Extend => Some(caps.extend),
+            Requirement::Fencing => Some(caps.fencing),
+            Requirement::WakeOnRelease => Some(caps.wake_on_release),
+            Requirement::CrashFault | Requirement::UrlConnector => None,
+        }
+    }
+}
+
+/// A scenario's body: passes with a detail line, or fails or skips with a reason.
+pub type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Result<String, Failure>> + Send + 'a>>;
+
+/// One named scenario of the kit.
+#[derive(Clone, Copy)]
+pub struct Scenario {
+    /// Unique snake_case name; also the test name the macro generates.
+    pub name: &'static str,
+    /// Its family.
+    pub category: Category,
+    /// What it checks, in one sentence (`docs/conformance.md` lists these).
+    pub checks: &'static str,
+    /// What it needs; it is skipped, with the backend's reason, when one is missing.
+    pub requires: &'static [Requirement],
+    pub(crate) run: for<'a> fn(&'a dyn Harness) -> ScenarioFuture<'a>,
+}
+
+impl std::fmt::Debug for Scenario {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Scenario")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Why a scenario did not pass.
+#[derive(Debug)]
+pub enum Failure {
+    /// A check failed.
+    Failed(String),
+    /// The scenario does not apply here.
+    Skipped(String),
+}
+
+impl From<LockError> for Failure {
+    fn from(e: LockError) -> Self {
+        Failure::Failed(format!("unexpected error: {e}"))
+    }
+}
+
+/// Fails the scenario with a formatted reason unless `cond` holds.
+macro_rules! check {
+    ($cond:expr, $($reason:tt)+) => {
+        if !$cond {
+            return Err($crate::scenarios::Failure::Failed(format!($($reason)+)));
+        }
+    };
+}
+pub(crate) use check;
+
+macro_rules! scenario {
+    ($name:ident, $category:ident, [$($req:ident),*], $checks:literal) => {
+        Scenario {
+            name: stringify!($name),
+            category: Category::$category,
+            checks: $checks,
+            requires: &[$(Requirement::$req),*],
+            run: |h| Box::pin($name(h)),
+        }
+    };
+}
+
+use bad_input::*;
+use liveness::*;
+use safety::*;
+use ttl::*;
+
+/// Every scenario, in run order.
+pub static SCENARIOS: &[Scenario] = &[
+    scenario!(mutual_exclusion_under_contention, Safety, [],
+        "16 clients x 50 rounds on one key: never two holders inside the critical section, and an unprotected read-modify-write of a balance ends exact (1000 - 200 - 300 = 500, scaled up)"),
+    scenario!(try_acquire_on_held_key_returns_held, Safety, [],
+        "try-acquire and a no-wait acquire on a held key report it held, promptly"),
+    scenario!(release_by_non_owner_is_refused, Safety, [],
+        "release and extend with another owner's token are refused and the lock stays held"),
+    scenario!(late_release_after_expiry_keeps_new_holder, Safety, [TtlExpiry],
+        "a holder that releases after its lease expired and another client took the key does not remove the new holder's lock"),
+    scenario!(release_racing_expiry_keeps_new_holder, Safety, [TtlExpiry],
+        "a release sent just before the lease expires, while a waiter takes over at expiry, never removes the waiter's lock"),
+    scenario!(late_extend_after_expiry_fails_as_lost, Safety, [TtlExpiry, Extend],
+        "extend after the lease expired fails as not held, whether the key is free or held by a new owner, and the new holder keeps it"),
+    scenario!(fencing_tokens_strictly_increase, Safety, [Fencing],
+        "fencing tokens strictly increase across successive holders on different clients"),
+    scenario!(fenced_store_rejects_stale_holder, Safety, [Fencing, TtlExpiry],
+        "after an expiry takeover the new holder's token is higher and a fenced store rejects the stale holder's write"),
+    scenario!(different_keys_are_independent, Safety, [],
+        "keys that differ by case, by a prefix, or by path-like characters are separate locks"),
+    scenario!(release_frees_key_at_once, Liveness, [],
+        "after a release another client takes the key with a single try"),
+    scenario!(waiter_acquires_promptly_after_release, Liveness, [WakeOnRelease],
+        "a waiting client gets the lock within the slack of the release (hand-off latency reported)"),
+    scenario!(wait_timeout_is_honoured, Liveness, [],
+        "a wait with a timeout on a held key fails as timed out, no earlier than the timeout and within the slack after it"),
+    scenario!(crashed_holder_frees_within_lease, Liveness, [CrashFault],
+        "a holder that crashes without releasing keeps the lock for its whole validity, and loses it within the lease bound plus slack"),
+    scenario!(cancelled_acquire_leaks_nothing, Liveness, [],
+        "acquire futures dropped at many points, contended or not, leave no lock held"),
+    scenario!(dropped_guard_frees_quickly, Liveness, [],
+        "dropping a guard without release frees the key well before its TTL"),
+    scenario!(unrenewed_lease_expires_after_ttl, Ttl, [TtlExpiry],
+        "an unrenewed lease blocks others until its validity deadline and frees within TTL plus slack"),
+    scenario!(extend_pushes_expiry_out, Ttl, [TtlExpiry, Extend],
+        "after extend the key stays held past the original TTL, and frees after the new one"),
+    scenario!(auto_renew_holds_past_five_ttls, Ttl, [Extend],
+        "with auto-renew a lock stays held and its state Held for more than 5 x TTL, and is free at once after release"),
+    scenario!(auto_renew_stops_at_max_hold, Ttl, [TtlExpiry, Extend],
+        "the watchdog stops at the max-hold cap: lost() fires and another client gets the key, within a TTL plus slack after the cap"),
+    scenario!(lost_fires_when_lease_lost, Ttl, [TtlExpiry],
+        "lost() resolves at the validity deadline of an unrenewed lease, not before, and the state reads Lost"),
+    scenario!(lost_fires_when_renewal_fails, Ttl, [Extend, CrashFault],
+        "when a crashed client's renewals fail, lost() resolves by the validity deadline plus slack"),
+    scenario!(bad_keys_are_typed_errors, BadInput, [],
+        "empty, NUL-containing and 1 MB keys are refused with typed key errors; path-like and unicode keys work"),
+    scenario!(bad_options_are_typed_errors, BadInput, [],
+        "zero, sub-minimum and huge TTLs, and a zero backoff, are refused with InvalidOptions and nothing is held"),
+    scenario!(zero_and_enormous_waits, BadInput, [],
+        "a zero wait on a held key times out at once; an enormous wait on a free key succeeds without overflow"),
+    scenario!(release_twice_is_a_typed_outcome, BadInput, [],
+        "releasing the same lease twice reports Expired the second time, and extending it then fails as not held"),
+    scenario!(invalid_urls_are_config_errors, BadInput, [UrlConnector],
+        "malformed URLs and unknown schemes give configuration errors, without panicking"),
+];
+
+/// A key no other scenario or run uses.
+pub(crate) fn unique_key(label: &str) -> LockKey {
+    let key = format!(
+        "distlock-conformance/{label}/{:016x}",
+        rand::random::<u64>()
+    );
+    // Short ASCII without NUL: always valid.
+    LockKey::new(key).unwrap_or_else(|_| unreachable!("generated keys are valid"))
+}
+
+/// Options with `ttl`, waiting up to `wait`.
+pub(crate) fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
+}
+
+/// Options with `ttl`, not waiting.
+pub(crate) fn no_wait(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
+}
+
+/// A TTL long enough that no scenario step outlives it by accident.
+pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);

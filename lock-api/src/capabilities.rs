@@ -1,0 +1,56 @@
+//! What a backend can promise, so callers and the conformance kit know what to expect.
+
+/// Whether a backend offers one guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Capability {
+    /// The guarantee holds.
+    Supported,
+    /// The guarantee does not hold; the text says why, for reports and docs.
+    Unsupported(&'static str),
+}
+
+impl Capability {
+    /// Whether the guarantee holds.
+    pub fn is_supported(self) -> bool {
+        matches!(self, Capability::Supported)
+    }
+}
+
+/// The guarantees a backend offers. Scenarios in the conformance kit are gated on these.
+///
+/// Non-exhaustive: start from [`Capabilities::all_supported`] and mark what you lack.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// A lease not renewed expires after the TTL given at acquire, and not before.
+    /// Session-bound backends (where the lease is the session) do not offer this.
+    pub ttl_expiry: Capability,
+    /// `extend` pushes a lease's expiry out.
+    pub extend: Capability,
+    /// Fencing tokens strictly increase per key across every grant, expiry takeovers
+    /// included, and can be trusted by a fenced resource.
+    pub fencing: Capability,
+    /// Waiters are woken by the backend when the lock is released, rather than by polling.
+    pub wake_on_release: Capability,
+}
+
+impl Capabilities {
+    /// Every guarantee supported.
+    pub const fn all_supported() -> Self {
+        Capabilities {
+            ttl_expiry: Capability::Supported,
+            extend: Capability::Supported,
+            fencing: Capability::Supported,
+            wake_on_release: Capability::Supported,
+        }
+    }
+}
+
+/// A backend's name and guarantees.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendInfo {
+    /// Short name, as used in errors and reports (`memory`, `redis`, …).
+    pub name: &'static str,
+    /// The guarantees offered.
+    pub capabilities: Capabilities,
+}

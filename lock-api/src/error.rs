@@ -1,0 +1,179 @@
+//! [`LockError`]: the one error type of every lock operation.
+
+use std::time::Duration;
+
+use crate::{KeyError, LockKey, OptionsError};
+
+/// A boxed error from a backend's driver.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// The backend name used for errors raised before any backend is involved.
+pub const API_BACKEND_NAME: &str = "distlock";
+
+/// Why a lease is no longer held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum NotHeldReason {
+    /// The lease ran out (or was already released) and nobody else holds the key.
+    Expired,
+    /// Another owner holds the key now.
+    HeldByOther,
+    /// The backend lost the lease (session ended, connection cut, renewal refused).
+    Lost,
+}
+
+impl std::fmt::Display for NotHeldReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            NotHeldReason::Expired => "the lease expired",
+            NotHeldReason::HeldByOther => "another owner holds it",
+            NotHeldReason::Lost => "the lease was lost",
+        })
+    }
+}
+
+/// Every failure of a lock operation. Each variant names the backend that raised it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The key was refused; see [`KeyError`].
+    #[error("{backend}: invalid lock key: {source}")]
+    InvalidKey {
+        /// Backend name.
+        backend: &'static str,
+        /// What was wrong with the key.
+        #[source]
+        source: KeyError,
+    },
+    /// The options were refused; see [`OptionsError`].
+    #[error("{backend}: invalid lock options: {source}")]
+    InvalidOptions {
+        /// Backend name.
+        backend: &'static str,
+        /// Which bound was broken.
+        #[source]
+        source: OptionsError,
+    },
+    /// The lock was not granted within the wait policy (immediately, for `NoWait`).
+    #[error("{backend}: lock {key:?} still held by another owner after waiting {waited:?}")]
+    Timeout {
+        /// Backend name.
+        backend: &'static str,
+        /// The contended key.
+        key: LockKey,
+        /// How long the caller waited.
+        waited: Duration,
+    },
+    /// The operation needs a lease that is no longer held.
+    #[error("{backend}: lock {key:?} is not held: {reason}")]
+    NotHeld {
+        /// Backend name.
+        backend: &'static str,
+        /// The key.
+        key: LockKey,
+        /// Why.
+        reason: NotHeldReason,
+    },
+    /// The backend cannot do this at all.
+    #[error("{backend}: {operation} is not supported: {reason}")]
+    Unsupported {
+        /// Backend name.
+        backend: &'static str,
+        /// The refused operation.
+        operation: &'static str,
+        /// Why the backend cannot offer it.
+        reason: &'static str,
+    },
+    /// A URL or configuration value is wrong; retrying will not help.
+    #[error("{backend}: configuration error: {message}")]
+    Config {
+        /// Backend name.
+        backend: &'static str,
+        /// What is wrong, for a human.
+        message: String,
+        /// The parser's error, if any.
+        #[source]
+        source: Option<BoxError>,
+    },
+    /// The server could not be reached or the connection broke.
+    #[error("{backend}: connection error: {source}")]
+    Connection {
+        /// Backend name.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+    /// The server answered with an error, or answered something unexpected.
+    #[error("{backend}: backend error: {source}")]
+    Backend {
+        /// Backend name.
+        backend: &'static str,
+        /// The driver's error.
+        #[source]
+        source: BoxError,
+    },
+}
+
+impl LockError {
+    /// The name of the backend that raised the error.
+    pub fn backend(&self) -> &'static str {
+        match self {
+            LockError::InvalidKey { backend, .. }
+            | LockError::InvalidOptions { backend, .. }
+            | LockError::Timeout { backend, .. }
+            | LockError::NotHeld { backend, .. }
+            | LockError::Unsupported { backend, .. }
+            | LockError::Config { backend, .. }
+            | LockError::Connection { backend, .. }
+            | LockError::Backend { backend, .. } => backend,
+        }
+    }
+
+    /// Whether the same call may succeed later: true for timeouts and connection errors.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            LockError::Timeout { .. } | LockError::Connection { .. }
+        )
+    }
+
+    /// A configuration error with no underlying source.
+    pub fn config(backend: &'static str, message: impl Into<String>) -> Self {
+        LockError::Config {
+            backend,
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// Wraps a driver error as a connection error.
+    pub fn connection(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        LockError::Connection {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Wraps a driver error as a backend error.
+    pub fn backend_error(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        LockError::Backend {
+            backend,
+            source: source.into(),
+        }
+    }
+
+    /// Options refused by `backend`.
+    pub fn invalid_options(backend: &'static str, source: OptionsError) -> Self {
+        LockError::InvalidOptions { backend, source }
+    }
+}
+
+impl From<KeyError> for LockError {
+    fn from(source: KeyError) -> Self {
+        LockError::InvalidKey {
+            backend: API_BACKEND_NAME,
+            source,
+        }
+    }
+}

@@ -1,0 +1,164 @@
+//! [`LockGuard`]: a held lock, its lease state, renewal watchdog and release-on-drop.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::runtime::Handle;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::{
+    AutoRenew, DistributedLock, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState,
+    LockError, LockKey, NotHeldReason, ReleaseOutcome,
+};
+
+/// A held lock.
+///
+/// Release it with [`LockGuard::release`] to learn the outcome. Dropping it instead
+/// releases in the background, on the runtime that was current at acquire time; `Drop`
+/// never blocks and never panics, and without a runtime the lease simply runs out.
+#[must_use = "dropping the guard releases the lock at once"]
+#[derive(Debug)]
+pub struct LockGuard {
+    lease: Lease,
+    monitor: LeaseMonitor,
+    backend: Arc<dyn DistributedLock>,
+    watchdog: Option<JoinHandle<()>>,
+    runtime: Option<Handle>,
+    released: bool,
+}
+
+impl LockGuard {
+    /// Wraps a grant. For backend implementors.
+    ///
+    /// `backend` is the handle release and extend go through; `monitor` tracks the
+    /// lease (the backend may keep a clone to report loss). With `auto_renew`, a
+    /// watchdog task is spawned on the current runtime.
+    pub fn new(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedLock>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self {
+        let runtime = Handle::try_current().ok();
+        let watchdog = match (&runtime, auto_renew) {
+            (Some(rt), Some(policy)) => Some(rt.spawn(crate::renew::renew_until_stopped(
+                backend.clone(),
+                lease.clone(),
+                monitor.clone(),
+                policy,
+            ))),
+            _ => None,
+        };
+        LockGuard {
+            lease,
+            monitor,
+            backend,
+            watchdog,
+            runtime,
+            released: false,
+        }
+    }
+
+    /// The key held.
+    pub fn key(&self) -> &LockKey {
+        self.lease.key()
+    }
+
+    /// This grant's fencing token: above every earlier grant's for this key.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.lease.fencing_token()
+    }
+
+    /// The lease details (owner token, TTL, grant time).
+    pub fn lease(&self) -> &Lease {
+        &self.lease
+    }
+
+    /// Until when the lease is valid, on the monotonic clock. Conservative: measured
+    /// from before the grant request was sent.
+    pub fn valid_until(&self) -> Instant {
+        self.monitor.valid_until()
+    }
+
+    /// Held, suspect or lost.
+    pub fn state(&self) -> LeaseState {
+        self.monitor.state()
+    }
+
+    /// Resolves when the lock is known lost or its validity passed without renewal.
+    /// Does not borrow the guard, so it can race the critical section in a `select!`.
+    pub fn lost(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.monitor.lost()
+    }
+
+    /// A handle on the lease state, for code that outlives the borrow of the guard.
+    pub fn monitor(&self) -> LeaseMonitor {
+        self.monitor.clone()
+    }
+
+    /// Extends the lease to expire `ttl` from now, and returns the new deadline.
+    ///
+    /// # Errors
+    /// [`LockError::NotHeld`] when the lease is gone (the guard is then lost),
+    /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
+    /// on backends without extend, and connection and backend errors.
+    pub async fn extend(&self, ttl: Duration) -> Result<Instant, LockError> {
+        let not_held = |reason| {
+            self.monitor.mark_lost();
+            LockError::NotHeld {
+                backend: self.backend.info().name,
+                key: self.key().clone(),
+                reason,
+            }
+        };
+        match self.backend.extend(&self.lease, ttl).await? {
+            ExtendOutcome::Extended { valid_until } => {
+                self.monitor.renewed(valid_until);
+                if self.monitor.state() == LeaseState::Lost {
+                    return Err(not_held(NotHeldReason::Lost));
+                }
+                Ok(valid_until)
+            }
+            ExtendOutcome::Expired => Err(not_held(NotHeldReason::Expired)),
+            ExtendOutcome::HeldByOther => Err(not_held(NotHeldReason::HeldByOther)),
+        }
+    }
+
+    /// Stops renewal, then releases the lock (owner-checked).
+    ///
+    /// # Errors
+    /// Connection and backend errors; the lease then runs out on its own.
+    pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
+        self.stop_watchdog();
+        self.released = true;
+        self.backend.release(&self.lease).await
+    }
+
+    fn stop_watchdog(&mut self) {
+        if let Some(watchdog) = self.watchdog.take() {
+            watchdog.abort();
+        }
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.stop_watchdog();
+        if self.released {
+            return;
+        }
+        let Some(runtime) = self.runtime.take() else {
+            return;
+        };
+        let backend = self.backend.clone();
+        let lease = self.lease.clone();
+        // Spawning on a runtime that has shut down drops the task; it does not panic.
+        runtime.spawn(async move {
+            if let Err(error) = backend.release(&lease).await {
+                tracing::warn!(key = %lease.key(), %error, "release on drop failed; the lease will run out");
+            }
+        });
+    }
+}

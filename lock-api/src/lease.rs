@@ -1,0 +1,275 @@
+//! What a grant hands out: [`Lease`], [`FencingToken`], [`OwnerToken`], and the
+//! [`LeaseMonitor`] that tracks a lease's state over time.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::LockKey;
+
+/// A number that strictly increases with every grant of the same key.
+///
+/// Pass it with every write to a fenced resource, which rejects writes carrying a
+/// token lower than the highest it has seen: a holder that stalled past its lease then
+/// cannot overwrite the work of the next holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct FencingToken(u64);
+
+impl FencingToken {
+    /// Wraps a raw token.
+    pub const fn new(value: u64) -> Self {
+        FencingToken(value)
+    }
+
+    /// The raw token.
+    pub const fn get(self) -> u64 {
+        self.0
+    }
+}
+
+impl fmt::Display for FencingToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// A random 128-bit identity of one grant. Release and extend succeed only while the
+/// backend still stores this token for the key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct OwnerToken(u128);
+
+impl OwnerToken {
+    /// A fresh token from the thread-local CSPRNG.
+    pub fn random() -> Self {
+        OwnerToken(rand::random())
+    }
+
+    /// Wraps raw bits, for backends that parse a stored token.
+    pub const fn from_u128(bits: u128) -> Self {
+        OwnerToken(bits)
+    }
+
+    /// The raw bits.
+    pub const fn as_u128(self) -> u128 {
+        self.0
+    }
+}
+
+impl fmt::Display for OwnerToken {
+    /// 32 lowercase hex digits.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:032x}", self.0)
+    }
+}
+
+impl fmt::Debug for OwnerToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "OwnerToken({self})")
+    }
+}
+
+/// One grant of one key: what release and extend need to prove ownership.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    key: LockKey,
+    owner: OwnerToken,
+    fencing_token: FencingToken,
+    ttl: Duration,
+    acquired_at: Instant,
+}
+
+impl Lease {
+    /// Describes a grant. `acquired_at` is when the acquire request was sent, so
+    /// deadlines computed from it are conservative.
+    pub fn new(
+        key: LockKey,
+        owner: OwnerToken,
+        fencing_token: FencingToken,
+        ttl: Duration,
+        acquired_at: Instant,
+    ) -> Self {
+        Lease {
+            key,
+            owner,
+            fencing_token,
+            ttl,
+            acquired_at,
+        }
+    }
+
+    /// The key.
+    pub fn key(&self) -> &LockKey {
+        &self.key
+    }
+
+    /// The owner token of this grant.
+    pub fn owner(&self) -> OwnerToken {
+        self.owner
+    }
+
+    /// The fencing token of this grant.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.fencing_token
+    }
+
+    /// The TTL asked for at acquire (the renewal watchdog extends by this much).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// When the acquire request that produced this grant was sent.
+    pub fn acquired_at(&self) -> Instant {
+        self.acquired_at
+    }
+}
+
+/// The three states of a lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseState {
+    /// Held, and its validity deadline has not passed.
+    Held,
+    /// Maybe held: the connection dropped or renewals are failing, but the validity
+    /// deadline has not passed. Stop starting new work.
+    Suspect,
+    /// Known lost, or the validity deadline passed without renewal. Final.
+    Lost,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Status {
+    state: LeaseState,
+    valid_until: Instant,
+}
+
+/// Shared, observable state of one lease: its state and validity deadline.
+///
+/// The guard, the renewal watchdog and the backend (which may learn of a loss, for
+/// example when a session dies) each hold a clone. `Lost` is final.
+#[derive(Debug, Clone)]
+pub struct LeaseMonitor {
+    status: Arc<watch::Sender<Status>>,
+}
+
+impl LeaseMonitor {
+    /// A held lease valid until `valid_until` (on the monotonic clock).
+    pub fn new(valid_until: Instant) -> Self {
+        let (status, _) = watch::channel(Status {
+            state: LeaseState::Held,
+            valid_until,
+        });
+        LeaseMonitor {
+            status: Arc::new(status),
+        }
+    }
+
+    /// The state now: `Lost` once the deadline has passed, even if nobody said so.
+    pub fn state(&self) -> LeaseState {
+        let status = *self.status.borrow();
+        if Instant::now() >= status.valid_until {
+            LeaseState::Lost
+        } else {
+            status.state
+        }
+    }
+
+    /// The validity deadline.
+    pub fn valid_until(&self) -> Instant {
+        self.status.borrow().valid_until
+    }
+
+    /// A renewal succeeded: held until `valid_until`. Ignored once lost.
+    pub fn renewed(&self, valid_until: Instant) {
+        self.status.send_if_modified(|s| {
+            if s.state == LeaseState::Lost {
+                return false;
+            }
+            *s = Status {
+                state: LeaseState::Held,
+                valid_until,
+            };
+            true
+        });
+    }
+
+    /// The lease may be lost (connection trouble). Ignored once lost.
+    pub fn suspect(&self) {
+        self.status.send_if_modified(|s| {
+            let change = s.state == LeaseState::Held;
+            if change {
+                s.state = LeaseState::Suspect;
+            }
+            change
+        });
+    }
+
+    /// The lease is known lost. Wakes every [`LeaseMonitor::lost`] future.
+    pub fn mark_lost(&self) {
+        self.status.send_if_modified(|s| {
+            let change = s.state != LeaseState::Lost;
+            s.state = LeaseState::Lost;
+            change
+        });
+    }
+
+    /// Resolves once the lease is lost: marked lost, or its deadline passed without a
+    /// renewal. Cancel-safe; does not borrow the monitor.
+    pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let monitor = self.clone();
+        async move {
+            let mut changes = monitor.status.subscribe();
+            loop {
+                let status = *changes.borrow_and_update();
+                if status.state == LeaseState::Lost || Instant::now() >= status.valid_until {
+                    monitor.mark_lost();
+                    return;
+                }
+                tokio::select! {
+                    // The sender lives in `monitor`, so `changed` cannot fail here.
+                    _ = changes.changed() => {}
+                    _ = tokio::time::sleep_until(status.valid_until) => {}
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_fires_at_deadline_unless_renewed() {
+        let start = Instant::now();
+        let m = LeaseMonitor::new(start + Duration::from_secs(1));
+        let lost = tokio::spawn(m.lost());
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        m.renewed(start + Duration::from_secs(2));
+        assert_eq!(m.state(), LeaseState::Held);
+        assert!(lost.await.is_ok());
+        assert!(Instant::now() >= start + Duration::from_secs(2));
+        assert_eq!(m.state(), LeaseState::Lost);
+        m.renewed(start + Duration::from_secs(9));
+        assert_eq!(m.state(), LeaseState::Lost, "lost is final");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn suspect_then_lost() {
+        let m = LeaseMonitor::new(Instant::now() + Duration::from_secs(60));
+        m.suspect();
+        assert_eq!(m.state(), LeaseState::Suspect);
+        let lost = tokio::spawn(m.lost());
+        m.mark_lost();
+        assert!(lost.await.is_ok());
+        assert_eq!(m.state(), LeaseState::Lost);
+    }
+
+    #[test]
+    fn owner_token_is_128_bit_hex() {
+        let t = OwnerToken::from_u128(0xab);
+        assert_eq!(t.to_string(), format!("{:032x}", 0xab));
+        assert_ne!(OwnerToken::random(), OwnerToken::random());
+    }
+}

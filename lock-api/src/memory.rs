@@ -1,0 +1,442 @@
+//! The in-memory reference backend: same semantics as the server backends, in-process.
+//!
+//! [`MemoryStore`] plays the server: a key-value table with per-key expiry and a few
+//! Redis-like commands, each atomic. [`MemoryLock`] is a client of it, implementing
+//! [`DistributedLock`] with atomic compound commands, just as the Redis backend does
+//! with Lua scripts. Several clients may share one store, like processes sharing a
+//! server; each client can be crashed on purpose to test liveness.
+//!
+//! Fencing tokens come from one counter per store, shared by all keys, so they
+//! strictly increase per key and no per-key state outlives a free key.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::{
+    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, Lease,
+    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+};
+
+/// The backend name in errors and reports.
+pub const MEMORY_BACKEND: &str = "memory";
+
+#[derive(Debug)]
+struct Slot {
+    holder: Option<Holder>,
+    /// Waiters on this key; `notify_waiters` on every delete.
+    wake: Arc<Notify>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    owner: OwnerToken,
+    /// `None`: never expires (only the broken no-TTL backend does this).
+    expires_at: Option<Instant>,
+}
+
+impl Holder {
+    fn is_live(&self, now: Instant) -> bool {
+        self.expires_at.is_none_or(|t| t > now)
+    }
+}
+
+/// What a key holds now, as seen by [`MemoryStore::get`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Entry {
+    /// The owner token stored under the key.
+    pub owner: OwnerToken,
+    /// When the entry expires; `None` for never.
+    pub expires_at: Option<Instant>,
+}
+
+/// An in-process lock table: the "server" of the memory backend.
+///
+/// Every method is atomic with respect to every other. Expired entries are treated as
+/// absent.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    slots: Mutex<HashMap<LockKey, Slot>>,
+    fence: AtomicU64,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Arc<Self> {
+        Arc::new(MemoryStore::default())
+    }
+
+    /// The process-wide store called `name` (created on first use). `memory://NAME`
+    /// URLs use this, so every client connected by the same URL shares locks.
+    pub fn named(name: &str) -> Arc<Self> {
+        static STORES: OnceLock<Mutex<HashMap<String, Arc<MemoryStore>>>> = OnceLock::new();
+        let mut stores = STORES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        stores.entry(name.to_owned()).or_default().clone()
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<LockKey, Slot>> {
+        // A panic elsewhere cannot leave a slot half-written: every update is one assignment.
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn live_holder(slots: &HashMap<LockKey, Slot>, key: &LockKey, now: Instant) -> Option<Holder> {
+        slots
+            .get(key)
+            .and_then(|s| s.holder)
+            .filter(|h| h.is_live(now))
+    }
+
+    /// The live entry under `key`, if any.
+    pub fn get(&self, key: &LockKey) -> Option<Entry> {
+        Self::live_holder(&self.slots(), key, Instant::now()).map(|h| Entry {
+            owner: h.owner,
+            expires_at: h.expires_at,
+        })
+    }
+
+    /// Stores `owner` under `key` for `ttl` (`None`: forever) unless a live entry is
+    /// there (`SET NX PX`). On refusal returns the live entry's expiry.
+    pub fn set_if_absent(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Option<Duration>,
+    ) -> Result<(), Option<Instant>> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        if let Some(holder) = Self::live_holder(&slots, key, now) {
+            return Err(holder.expires_at);
+        }
+        Self::put(&mut slots, key, owner, ttl, now);
+        Ok(())
+    }
+
+    /// Stores `owner` under `key` for `ttl`, replacing any entry (`SET PX`, no `NX`).
+    pub fn overwrite(&self, key: &LockKey, owner: OwnerToken, ttl: Option<Duration>) {
+        Self::put(&mut self.slots(), key, owner, ttl, Instant::now());
+    }
+
+    fn put(
+        slots: &mut HashMap<LockKey, Slot>,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Option<Duration>,
+        now: Instant,
+    ) {
+        let holder = Holder {
+            owner,
+            expires_at: ttl.and_then(|ttl| now.checked_add(ttl)),
+        };
+        slots
+            .entry(key.clone())
+            .or_insert_with(|| Slot {
+                holder: None,
+                wake: Arc::new(Notify::new()),
+            })
+            .holder = Some(holder);
+    }
+
+    /// [`MemoryStore::set_if_absent`] and, on success, a fresh fencing token, atomically.
+    pub fn grant(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Result<FencingToken, Option<Instant>> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        if let Some(holder) = Self::live_holder(&slots, key, now) {
+            return Err(holder.expires_at);
+        }
+        Self::put(&mut slots, key, owner, Some(ttl), now);
+        Ok(self.next_fencing_token())
+    }
+
+    /// A fencing token above every one handed out before by this store (`INCR`).
+    pub fn next_fencing_token(&self) -> FencingToken {
+        FencingToken::new(self.fence.fetch_add(1, Ordering::SeqCst) + 1)
+    }
+
+    /// Removes any entry under `key` without looking at its owner (`DEL`), waking
+    /// waiters. Returns whether a live entry was removed.
+    pub fn delete(&self, key: &LockKey) -> bool {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let was_live = Self::live_holder(&slots, key, now).is_some();
+        Self::clear(&mut slots, key);
+        was_live
+    }
+
+    /// Removes the entry under `key` only if `owner` holds it, atomically (the Lua
+    /// compare-and-delete), waking waiters.
+    pub fn delete_if_owner(&self, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        match Self::live_holder(&slots, key, now) {
+            Some(h) if h.owner == owner => {
+                Self::clear(&mut slots, key);
+                ReleaseOutcome::Released
+            }
+            Some(_) => ReleaseOutcome::HeldByOther,
+            None => ReleaseOutcome::Expired,
+        }
+    }
+
+    fn clear(slots: &mut HashMap<LockKey, Slot>, key: &LockKey) {
+        if let Some(slot) = slots.get_mut(key) {
+            slot.holder = None;
+            slot.wake.notify_waiters();
+            // Nobody waits (only the table holds `wake`): forget the key.
+            if Arc::strong_count(&slot.wake) == 1 {
+                slots.remove(key);
+            }
+        }
+    }
+
+    /// Sets the expiry of the live entry under `key` to `ttl` from now, whoever owns it
+    /// (`PEXPIRE`). Returns whether there was a live entry.
+    pub fn expire(&self, key: &LockKey, ttl: Duration) -> bool {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        match slots.get_mut(key).and_then(|s| s.holder.as_mut()) {
+            Some(h) if h.is_live(now) => {
+                h.expires_at = now.checked_add(ttl);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Sets the expiry of the entry under `key` to `ttl` from now only if `owner` holds
+    /// it, atomically (the Lua compare-and-`PEXPIRE`). `valid_until` in the outcome is
+    /// `requested_at + ttl`.
+    pub fn expire_if_owner(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+        requested_at: Instant,
+    ) -> ExtendOutcome {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        match slots.get_mut(key).and_then(|s| s.holder.as_mut()) {
+            Some(h) if h.is_live(now) && h.owner == owner => {
+                h.expires_at = now.checked_add(ttl);
+                match requested_at.checked_add(ttl) {
+                    Some(valid_until) => ExtendOutcome::Extended { valid_until },
+                    None => ExtendOutcome::Expired,
+                }
+            }
+            Some(h) if h.is_live(now) => ExtendOutcome::HeldByOther,
+            _ => ExtendOutcome::Expired,
+        }
+    }
+
+    /// The notifier woken whenever the entry under `key` is deleted. Register interest
+    /// (`Notified::enable`) before checking the key, so no wake-up is lost.
+    pub fn wake_handle(&self, key: &LockKey) -> Arc<Notify> {
+        self.slots()
+            .entry(key.clone())
+            .or_insert_with(|| Slot {
+                holder: None,
+                wake: Arc::new(Notify::new()),
+            })
+            .wake
+            .clone()
+    }
+
+    /// The waiting loop of an acquire: calls `attempt` until it grants, waking on every
+    /// delete of `key` and at the holder's expiry (no polling), until the wait policy
+    /// runs out. `attempt` returns the guard, or the live holder's expiry.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
+    pub async fn acquire_woken<F>(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+        backend: &'static str,
+        mut attempt: F,
+    ) -> Result<LockGuard, LockError>
+    where
+        F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
+    {
+        let start = Instant::now();
+        let deadline = options.wait().deadline_from(start);
+        let wake = self.wake_handle(key);
+        loop {
+            let woken = wake.notified();
+            tokio::pin!(woken);
+            // Registered before the attempt, so a delete in between still wakes us.
+            woken.as_mut().enable();
+            let holder_expiry = match attempt()? {
+                Ok(guard) => return Ok(guard),
+                Err(expiry) => expiry,
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(LockError::Timeout {
+                    backend,
+                    key: key.clone(),
+                    waited: start.elapsed(),
+                });
+            }
+            let wake_at = match (holder_expiry, deadline) {
+                (Some(e), Some(d)) => Some(e.min(d)),
+                (e, d) => e.or(d),
+            };
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = &mut woken => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => woken.await,
+            }
+        }
+    }
+
+    /// How many keys the table tracks (held, expired-but-not-yet-cleared, or waited on).
+    pub fn tracked_keys(&self) -> usize {
+        self.slots().len()
+    }
+}
+
+/// A client of a [`MemoryStore`]: the in-memory [`DistributedLock`].
+///
+/// Waiting is woken by releases, or at the holder's expiry; there is no polling.
+/// Cloning gives another handle on the same client.
+#[derive(Debug, Clone)]
+pub struct MemoryLock {
+    store: Arc<MemoryStore>,
+    crashed: Arc<AtomicBool>,
+}
+
+impl Default for MemoryLock {
+    fn default() -> Self {
+        MemoryLock::new()
+    }
+}
+
+impl MemoryLock {
+    /// A client of a fresh, private store.
+    pub fn new() -> Self {
+        MemoryLock::with_store(MemoryStore::new())
+    }
+
+    /// A client of `store`.
+    pub fn with_store(store: Arc<MemoryStore>) -> Self {
+        MemoryLock {
+            store,
+            crashed: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Another independent client of the same store, as if from another process.
+    pub fn new_client(&self) -> Self {
+        MemoryLock::with_store(self.store.clone())
+    }
+
+    /// The store this client talks to.
+    pub fn store(&self) -> &Arc<MemoryStore> {
+        &self.store
+    }
+
+    /// Fault injection: this client behaves from now on like a process that died.
+    /// Every call fails with [`LockError::Connection`], so drops and renewals do not
+    /// reach the store and its locks are freed only by their TTL.
+    pub fn simulate_crash(&self) {
+        self.crashed.store(true, Ordering::SeqCst);
+    }
+
+    fn check_alive(&self) -> Result<(), LockError> {
+        if self.crashed.load(Ordering::SeqCst) {
+            return Err(LockError::connection(
+                MEMORY_BACKEND,
+                "this memory client was crashed by fault injection",
+            ));
+        }
+        Ok(())
+    }
+
+    fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
+        let valid_until = lease.acquired_at() + lease.ttl();
+        LockGuard::new(
+            lease,
+            LeaseMonitor::new(valid_until),
+            Arc::new(self.clone()),
+            options.auto_renew(),
+        )
+    }
+
+    /// One attempt: the guard, or the holder's expiry.
+    fn attempt(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Result<LockGuard, Option<Instant>>, LockError> {
+        self.check_alive()?;
+        let requested_at = Instant::now();
+        if requested_at.checked_add(options.ttl()).is_none() {
+            return Err(LockError::config(MEMORY_BACKEND, "ttl overflows the clock"));
+        }
+        let owner = OwnerToken::random();
+        Ok(self.store.grant(key, owner, options.ttl()).map(|fence| {
+            let lease = Lease::new(key.clone(), owner, fence, options.ttl(), requested_at);
+            self.guard(lease, options)
+        }))
+    }
+}
+
+fn validated(options: &LockOptions) -> Result<(), LockError> {
+    options
+        .validate()
+        .map_err(|e| LockError::invalid_options(MEMORY_BACKEND, e))
+}
+
+#[async_trait]
+impl DistributedLock for MemoryLock {
+    fn info(&self) -> BackendInfo {
+        BackendInfo {
+            name: MEMORY_BACKEND,
+            capabilities: Capabilities::all_supported(),
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        validated(options)?;
+        Ok(self.attempt(key, options)?.ok())
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        validated(options)?;
+        self.store
+            .acquire_woken(key, options, MEMORY_BACKEND, || self.attempt(key, options))
+            .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.check_alive()?;
+        Ok(self.store.delete_if_owner(lease.key(), lease.owner()))
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        check_ttl(ttl).map_err(|e| LockError::invalid_options(MEMORY_BACKEND, e))?;
+        self.check_alive()?;
+        Ok(self
+            .store
+            .expire_if_owner(lease.key(), lease.owner(), ttl, Instant::now()))
+    }
+}

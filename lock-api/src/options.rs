@@ -1,0 +1,250 @@
+//! [`LockOptions`]: TTL, wait policy, retry backoff and auto-renewal.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::Backoff;
+
+/// The shortest TTL accepted. Shorter leases would expire in flight.
+pub const MIN_TTL: Duration = Duration::from_millis(10);
+
+/// The longest TTL accepted. Hold a lock longer with [`AutoRenew`], so that a crashed
+/// holder frees it within one TTL.
+pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// How long `acquire` waits for a held lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitPolicy {
+    /// Try once; fail with [`crate::LockError::Timeout`] if the lock is held.
+    NoWait,
+    /// Wait up to this long. `Timeout(Duration::ZERO)` behaves like [`WaitPolicy::NoWait`];
+    /// a timeout too large to represent as a deadline behaves like [`WaitPolicy::Forever`].
+    Timeout(Duration),
+    /// Wait until the lock is granted (or the acquire future is dropped).
+    Forever,
+}
+
+impl WaitPolicy {
+    /// The instant waiting started at `start` must give up, or `None` to wait forever.
+    pub fn deadline_from(self, start: Instant) -> Option<Instant> {
+        match self {
+            WaitPolicy::NoWait => Some(start),
+            WaitPolicy::Timeout(limit) => start.checked_add(limit),
+            WaitPolicy::Forever => None,
+        }
+    }
+}
+
+/// Why [`LockOptions`] were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// The TTL was below [`MIN_TTL`].
+    #[error("ttl {ttl:?} is below the minimum of {min:?}")]
+    TtlTooShort {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MIN_TTL`].
+        min: Duration,
+    },
+    /// The TTL was above [`MAX_TTL`].
+    #[error("ttl {ttl:?} is above the maximum of {max:?}; use auto-renew to hold longer")]
+    TtlTooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MAX_TTL`].
+        max: Duration,
+    },
+    /// The retry backoff would spin or is inverted.
+    #[error("{0}")]
+    Backoff(&'static str),
+    /// The auto-renew settings cannot keep the lease alive.
+    #[error("{0}")]
+    AutoRenew(&'static str),
+}
+
+/// Renews a held lease in the background (a watchdog).
+///
+/// The watchdog extends the lease every `interval` (default: TTL/3) by the lock's TTL,
+/// stops as soon as the guard is released or dropped, and stops renewing once
+/// `max_hold` has passed since the grant, letting the lease run out. If a renewal is
+/// refused, or the validity deadline passes while renewals fail, the lease is marked
+/// lost and [`crate::LockGuard::lost`] fires; while renewals fail it is suspect.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AutoRenew {
+    /// Time between renewals; `None` means TTL/3.
+    pub interval: Option<Duration>,
+    /// Stop renewing after this long since the grant; `None` renews until release.
+    pub max_hold: Option<Duration>,
+}
+
+impl AutoRenew {
+    /// Renews every TTL/3 until release, with no cap.
+    pub fn new() -> Self {
+        AutoRenew::default()
+    }
+
+    /// Caps the total hold time at `max_hold`.
+    pub fn with_max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
+    /// The renewal period for a lease of `ttl`.
+    pub fn interval_for(&self, ttl: Duration) -> Duration {
+        self.interval.unwrap_or(ttl / 3)
+    }
+}
+
+/// How to take a lock: lease TTL, wait policy, retry backoff and auto-renewal.
+///
+/// Built with [`LockOptions::new`] and the `with_*` methods; checked by
+/// [`LockOptions::validate`], which every backend calls before touching the server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockOptions {
+    ttl: Duration,
+    wait: WaitPolicy,
+    backoff: Backoff,
+    auto_renew: Option<AutoRenew>,
+}
+
+impl LockOptions {
+    /// A lease of `ttl`, waiting forever, with the default backoff and no auto-renew.
+    pub fn new(ttl: Duration) -> Self {
+        LockOptions {
+            ttl,
+            wait: WaitPolicy::Forever,
+            backoff: Backoff::default(),
+            auto_renew: None,
+        }
+    }
+
+    /// Sets the lease TTL.
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Sets how long `acquire` waits.
+    pub fn with_wait(mut self, wait: WaitPolicy) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Sets the backoff used by fallback polls and retries after transient errors.
+    pub fn with_backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Turns on the renewal watchdog.
+    pub fn with_auto_renew(mut self, auto_renew: AutoRenew) -> Self {
+        self.auto_renew = Some(auto_renew);
+        self
+    }
+
+    /// The lease TTL.
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The wait policy.
+    pub fn wait(&self) -> WaitPolicy {
+        self.wait
+    }
+
+    /// The retry backoff.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// The renewal watchdog's settings, if on.
+    pub fn auto_renew(&self) -> Option<AutoRenew> {
+        self.auto_renew
+    }
+
+    /// Checks every bound documented on this module's items.
+    ///
+    /// # Errors
+    /// [`OptionsError`] naming the first bound broken.
+    pub fn validate(&self) -> Result<(), OptionsError> {
+        check_ttl(self.ttl)?;
+        self.backoff.check().map_err(OptionsError::Backoff)?;
+        if let Some(renew) = self.auto_renew {
+            let interval = renew.interval_for(self.ttl);
+            if interval.is_zero() || interval >= self.ttl {
+                return Err(OptionsError::AutoRenew(
+                    "auto-renew interval must be above zero and below the ttl",
+                ));
+            }
+            if renew.max_hold.is_some_and(|m| m.is_zero()) {
+                return Err(OptionsError::AutoRenew(
+                    "auto-renew max_hold must be above zero",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Default for LockOptions {
+    /// A 30 s lease, waiting forever.
+    fn default() -> Self {
+        LockOptions::new(Duration::from_secs(30))
+    }
+}
+
+/// Checks a TTL against [`MIN_TTL`] and [`MAX_TTL`].
+///
+/// # Errors
+/// [`OptionsError::TtlTooShort`] or [`OptionsError::TtlTooLong`].
+pub fn check_ttl(ttl: Duration) -> Result<(), OptionsError> {
+    if ttl < MIN_TTL {
+        return Err(OptionsError::TtlTooShort { ttl, min: MIN_TTL });
+    }
+    if ttl > MAX_TTL {
+        return Err(OptionsError::TtlTooLong { ttl, max: MAX_TTL });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_bounds() {
+        assert!(LockOptions::new(Duration::ZERO).validate().is_err());
+        assert!(LockOptions::new(Duration::from_micros(500))
+            .validate()
+            .is_err());
+        assert!(LockOptions::new(Duration::from_secs(u64::MAX))
+            .validate()
+            .is_err());
+        assert!(LockOptions::new(MIN_TTL).validate().is_ok());
+        assert!(LockOptions::new(MAX_TTL).validate().is_ok());
+    }
+
+    #[test]
+    fn enormous_wait_is_forever_not_a_panic() {
+        let now = Instant::now();
+        assert_eq!(WaitPolicy::Timeout(Duration::MAX).deadline_from(now), None);
+        assert_eq!(WaitPolicy::NoWait.deadline_from(now), Some(now));
+    }
+
+    #[test]
+    fn auto_renew_must_fit_in_ttl() {
+        let o = LockOptions::new(Duration::from_secs(1));
+        assert!(o
+            .clone()
+            .with_auto_renew(AutoRenew::new())
+            .validate()
+            .is_ok());
+        let bad = AutoRenew {
+            interval: Some(Duration::from_secs(2)),
+            max_hold: None,
+        };
+        assert!(o.with_auto_renew(bad).validate().is_err());
+    }
+}

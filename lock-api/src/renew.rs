@@ -1,0 +1,57 @@
+//! The renewal watchdog behind [`crate::AutoRenew`].
+
+use std::sync::Arc;
+
+use tokio::time::{sleep, Instant};
+
+use crate::{AutoRenew, DistributedLock, ExtendOutcome, Lease, LeaseMonitor, MIN_TTL};
+
+/// Extends `lease` every interval until the task is aborted (on release or drop), the
+/// lease is lost, or `max_hold` runs out. Failed renewals mark the lease suspect and are
+/// retried at a shorter period until the validity deadline, which then marks it lost.
+pub(crate) async fn renew_until_stopped(
+    backend: Arc<dyn DistributedLock>,
+    lease: Lease,
+    monitor: LeaseMonitor,
+    policy: AutoRenew,
+) {
+    let ttl = lease.ttl();
+    let interval = policy.interval_for(ttl);
+    let hold_until = policy
+        .max_hold
+        .and_then(|max| lease.acquired_at().checked_add(max));
+    let mut pause = interval;
+    loop {
+        sleep(pause).await;
+        let now = Instant::now();
+        let extension = match hold_until {
+            Some(cap) => ttl.min(cap.saturating_duration_since(now)),
+            None => ttl,
+        };
+        if extension < MIN_TTL {
+            tracing::debug!(key = %lease.key(), "max hold time reached; renewal stops");
+            return;
+        }
+        match backend.extend(&lease, extension).await {
+            Ok(ExtendOutcome::Extended { valid_until }) => {
+                monitor.renewed(valid_until);
+                pause = interval;
+            }
+            Ok(outcome) => {
+                tracing::warn!(key = %lease.key(), ?outcome, "renewal refused; lock lost");
+                monitor.mark_lost();
+                return;
+            }
+            Err(error) => {
+                monitor.suspect();
+                if Instant::now() >= monitor.valid_until() {
+                    tracing::warn!(key = %lease.key(), %error, "renewals failed until the lease ran out; lock lost");
+                    monitor.mark_lost();
+                    return;
+                }
+                tracing::warn!(key = %lease.key(), %error, "renewal failed; lease suspect, retrying");
+                pause = (interval / 3).max(MIN_TTL);
+            }
+        }
+    }
+}
