@@ -27,3 +27,15 @@ async fn every_anti_pattern_is_caught_and_the_reference_passes() {
     }
     assert_eq!(report.caught(), Mistake::ALL.len());
 }
+
+#[test]
+fn docs_list_every_scenario() {
+    let docs = include_str!("../../docs/conformance.md");
+    for scenario in distlock_conformance::SCENARIOS {
+        assert!(
+            docs.contains(&format!("`{}`", scenario.name)),
+            "docs/conformance.md does not list {}",
+            scenario.name
+        );
+    }
+}
