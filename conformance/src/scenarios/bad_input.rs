@@ -11,7 +11,8 @@ use super::{check, no_wait, unique_key, Failure, LONG_TTL};
 use crate::Harness;
 
 pub(super) async fn bad_keys_are_typed_errors(h: &dyn Harness) -> Result<String, Failure> {
-    let cases: [(&str, String, fn(&KeyError) -> bool); 3] = [
+    type IsExpected = fn(&KeyError) -> bool;
+    let cases: [(&str, String, IsExpected); 3] = [
         ("empty", String::new(), |e| matches!(e, KeyError::Empty)),
         ("NUL", "a\0b".to_owned(), |e| {
             matches!(e, KeyError::ContainsNul { .. })

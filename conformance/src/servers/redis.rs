@@ -1,0 +1,267 @@
+//! A throwaway `redis-server`.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tempfile::TempDir;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::process::{Launch, Supervised};
+use super::{find_on_path, free_port, temp_dir, ServerError, START_ATTEMPTS};
+
+const SERVER: &str = "redis";
+const READY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Options for [`RedisServer::start_with`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Enable the append-only file (`--appendonly yes`, default fsync policy
+    /// `everysec`) so that data survives [`RedisServer::kill`] +
+    /// [`RedisServer::restart`]. Off by default: the server then keeps no
+    /// data across restarts (`--save "" --appendonly no`).
+    pub appendonly: bool,
+    /// Extra command-line arguments appended after the harness's own, e.g.
+    /// `["--appendfsync", "always"]`.
+    pub extra_args: Vec<String>,
+}
+
+impl RedisConfig {
+    /// The default configuration with the append-only file switched on.
+    pub fn persistent() -> Self {
+        RedisConfig {
+            appendonly: true,
+            extra_args: Vec::new(),
+        }
+    }
+}
+
+/// A `redis-server` process on `127.0.0.1` with its working directory in a
+/// temporary directory.
+///
+/// Dropping the handle SIGKILLs the server, reaps it and deletes the
+/// directory.
+#[derive(Debug)]
+pub struct RedisServer {
+    // Declared before `dir` so the process dies before its directory goes.
+    process: Supervised,
+    port: u16,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a non-persistent server with the default [`RedisConfig`].
+    ///
+    /// # Errors
+    ///
+    /// See [`RedisServer::start_with`].
+    pub async fn start() -> Result<RedisServer, ServerError> {
+        Self::start_with(RedisConfig::default()).await
+    }
+
+    /// Starts a server on a free port and waits (at most 15 s) until it
+    /// answers `PING` with `+PONG`.
+    ///
+    /// Runs `redis-server --port P --bind 127.0.0.1 --save "" --appendonly
+    /// no|yes --dir TMP --logfile ""` plus `config.extra_args`. A start that
+    /// loses its port to another process is retried on a new port.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::NotInstalled`] when `redis-server` is not found (looked
+    /// up through `DISTLOCK_REDIS_SERVER`, then `PATH`, then
+    /// `/usr/bin/redis-server`); [`ServerError::Exited`] or
+    /// [`ServerError::StartTimeout`] (with the log tail) when the server does
+    /// not come up; [`ServerError::Io`] for temp-dir or spawn failures.
+    pub async fn start_with(config: RedisConfig) -> Result<RedisServer, ServerError> {
+        let binary = redis_binary()?;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let dir = temp_dir(SERVER)?;
+            let port = free_port()?;
+            let mut args: Vec<OsString> = [
+                "--port".to_string(),
+                port.to_string(),
+                "--bind".into(),
+                "127.0.0.1".into(),
+                "--save".into(),
+                String::new(),
+                "--appendonly".into(),
+                if config.appendonly { "yes" } else { "no" }.into(),
+                "--logfile".into(),
+                String::new(),
+                "--daemonize".into(),
+                "no".into(),
+                "--dir".into(),
+            ]
+            .into_iter()
+            .map(OsString::from)
+            .collect();
+            args.push(dir.path().as_os_str().to_owned());
+            args.extend(config.extra_args.iter().map(OsString::from));
+            let launch = Launch {
+                program: binary.clone(),
+                args,
+                cwd: dir.path().to_path_buf(),
+                run_as: None,
+            };
+            let process = Supervised::new(SERVER, launch, dir.path().join("server.log"));
+            let mut server = RedisServer { process, port, dir };
+            match server.boot().await {
+                Ok(()) => return Ok(server),
+                Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS => continue,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    async fn boot(&mut self) -> Result<(), ServerError> {
+        self.process.spawn()?;
+        let port = self.port;
+        self.process
+            .wait_ready(READY_TIMEOUT, || redis_ping(port, super::PROBE_TIMEOUT))
+            .await
+    }
+
+    /// `redis://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The TCP port the server listens on (stable across restarts).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The process id of the running server, `None` after [`kill`](Self::kill).
+    pub fn pid(&self) -> Option<u32> {
+        self.process.pid()
+    }
+
+    /// The server's working directory (`--dir`), kept across restarts and
+    /// deleted on drop.
+    pub fn data_dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The file receiving the server's stdout and stderr.
+    pub fn log_path(&self) -> PathBuf {
+        self.process.log_path().to_path_buf()
+    }
+
+    /// The last lines of the server log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        self.process.log_tail()
+    }
+
+    /// True while the server process is alive (also when paused).
+    pub fn is_running(&mut self) -> bool {
+        self.process.is_running()
+    }
+
+    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    pub fn is_paused(&self) -> bool {
+        self.process.is_paused()
+    }
+
+    /// SIGKILLs the server (and any fork it has, such as a background save)
+    /// and reaps it. Idempotent; never fails. Data not yet persisted is lost,
+    /// as in a crash.
+    pub fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    /// Kills the server if it is still running, then starts it again on the
+    /// same port with the same directory and options, and waits (at most
+    /// 15 s) for `PING`.
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start_with`], except that there is no retry on
+    /// another port: if the port was taken meanwhile this fails with
+    /// [`ServerError::Exited`].
+    pub async fn restart(&mut self) -> Result<(), ServerError> {
+        self.process.kill();
+        self.boot().await
+    }
+
+    /// SIGSTOPs the server: connections are still accepted by the kernel but
+    /// nothing is answered until [`resume`](Self::resume).
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::NotRunning`] if the server was killed or exited.
+    pub fn pause(&mut self) -> Result<(), ServerError> {
+        self.process.pause()
+    }
+
+    /// SIGCONTs a paused server.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::NotRunning`] if the server was killed or exited.
+    pub fn resume(&mut self) -> Result<(), ServerError> {
+        self.process.resume()
+    }
+
+    /// Sends `PING` and expects `+PONG` within `timeout`.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::Probe`] on connection failure, a wrong reply or timeout.
+    pub async fn ping(&self, timeout: Duration) -> Result<(), ServerError> {
+        redis_ping(self.port, timeout).await
+    }
+}
+
+fn redis_binary() -> Result<PathBuf, ServerError> {
+    if let Some(path) = std::env::var_os("DISTLOCK_REDIS_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    find_on_path("redis-server")
+        .or_else(|| {
+            let p = PathBuf::from("/usr/bin/redis-server");
+            p.is_file().then_some(p)
+        })
+        .ok_or_else(|| ServerError::NotInstalled {
+            what: "redis-server".into(),
+            hint: "install the Debian package `redis-server` (scripts/test.sh does), or set DISTLOCK_REDIS_SERVER".into(),
+        })
+}
+
+/// Sends a RESP `PING` to 127.0.0.1:`port` and expects `+PONG`.
+pub(crate) async fn redis_ping(port: u16, timeout: Duration) -> Result<(), ServerError> {
+    let probe = async {
+        let mut stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
+        stream
+            .write_all(b"*1\r\n$4\r\nPING\r\n")
+            .await
+            .map_err(|e| format!("write PING: {e}"))?;
+        let mut line = String::new();
+        BufReader::new(stream)
+            .read_line(&mut line)
+            .await
+            .map_err(|e| format!("read reply: {e}"))?;
+        if line.starts_with("+PONG") {
+            Ok(())
+        } else {
+            Err(format!("unexpected reply to PING: {:?}", line.trim_end()))
+        }
+    };
+    match tokio::time::timeout(timeout, probe).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(detail)) => Err(ServerError::Probe {
+            server: SERVER,
+            detail,
+        }),
+        Err(_) => Err(ServerError::Probe {
+            server: SERVER,
+            detail: format!("no PONG within {timeout:?}"),
+        }),
+    }
+}

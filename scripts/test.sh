@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# The one command that runs every distlock test against real servers.
+#
+# 1. Makes sure the server binaries the tests start are installed:
+#    redis-server (package redis-server), the ZooKeeper jars in
+#    /usr/share/java plus a JRE (package zookeeper), and
+#    /usr/lib/postgresql/*/bin/initdb (package postgresql). As root it
+#    installs what is missing with apt-get; otherwise it names the packages
+#    and exits non-zero.
+# 2. Runs `cargo test --workspace --all-features` with
+#    DISTLOCK_REQUIRE_SERVERS=1, so a server that cannot start fails the run
+#    instead of being skipped. The test binaries start (and clean up) their
+#    own throwaway servers through distlock_conformance::servers; this script
+#    starts none.
+#
+# Extra arguments are passed on to `cargo test`.
+# Works from any directory.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+missing=()
+
+if [[ -z "${DISTLOCK_REDIS_SERVER:-}" ]] && ! command -v redis-server >/dev/null 2>&1; then
+    missing+=(redis-server)
+fi
+
+if [[ -z "${DISTLOCK_ZK_CLASSPATH:-}" ]]; then
+    if [[ ! -f /usr/share/java/zookeeper.jar ]] || ! command -v java >/dev/null 2>&1; then
+        missing+=(zookeeper)
+    fi
+elif [[ -z "${DISTLOCK_JAVA:-}" ]] && ! command -v java >/dev/null 2>&1; then
+    missing+=(zookeeper)
+fi
+
+if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
+    missing+=(postgresql)
+fi
+
+if ((${#missing[@]} > 0)); then
+    if [[ "$(id -u)" -eq 0 ]]; then
+        echo "scripts/test.sh: installing ${missing[*]}" >&2
+        apt-get update
+        DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}"
+    else
+        echo "scripts/test.sh: missing server packages: ${missing[*]}" >&2
+        echo "install them with:" >&2
+        echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+export DISTLOCK_REQUIRE_SERVERS=1
+cargo test --workspace --all-features "$@"
