@@ -100,8 +100,11 @@ impl LockGuard {
 
     /// Extends the lease to expire `ttl` from now, and returns the new deadline.
     ///
+    /// A lease already lost (its validity deadline passed) is not extended, even if the
+    /// server still has it: lost is final.
+    ///
     /// # Errors
-    /// [`LockError::NotHeld`] when the lease is gone (the guard is then lost),
+    /// [`LockError::NotHeld`] when the lease is gone or lost (the guard is then lost),
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
     /// on backends without extend, and connection and backend errors.
     pub async fn extend(&self, ttl: Duration) -> Result<Instant, LockError> {
@@ -113,10 +116,16 @@ impl LockGuard {
                 reason,
             }
         };
+        // Lost is final: reviving the server's key now would leave a lock nobody holds.
+        if self.monitor.state() == LeaseState::Lost {
+            return Err(not_held(NotHeldReason::Lost));
+        }
         match self.backend.extend(&self.lease, ttl).await? {
             ExtendOutcome::Extended { valid_until } => {
                 self.monitor.renewed(valid_until);
                 if self.monitor.state() == LeaseState::Lost {
+                    // The deadline passed while the extend was in flight.
+                    let _ = self.backend.release(&self.lease).await;
                     return Err(not_held(NotHeldReason::Lost));
                 }
                 Ok(valid_until)

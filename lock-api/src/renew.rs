@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use tokio::time::{sleep, Instant};
 
-use crate::{AutoRenew, DistributedLock, ExtendOutcome, Lease, LeaseMonitor, MIN_TTL};
+use crate::{AutoRenew, DistributedLock, ExtendOutcome, Lease, LeaseMonitor, LeaseState, MIN_TTL};
 
 /// Extends `lease` every interval until the task is aborted (on release or drop), the
 /// lease is lost, or `max_hold` runs out. Failed renewals mark the lease suspect and are
@@ -23,6 +23,9 @@ pub(crate) async fn renew_until_stopped(
     let mut pause = interval;
     loop {
         sleep(pause).await;
+        if monitor.state() == LeaseState::Lost {
+            return;
+        }
         let now = Instant::now();
         let extension = match hold_until {
             Some(cap) => ttl.min(cap.saturating_duration_since(now)),

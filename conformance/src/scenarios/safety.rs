@@ -263,10 +263,12 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
         "state after a failed extend is {:?}",
         stale.state()
     );
-    check!(
-        !is_held(h, &key).await?,
-        "a refused extend left the free key held"
-    );
+    let probe = h.client().await?.lock;
+    let after = probe
+        .acquire(&key, &waiting(LONG_TTL, h.slack()))
+        .await
+        .map_err(|e| Failure::Failed(format!("a refused extend left the expired key held: {e}")))?;
+    after.release().await?;
     // Another client took the key.
     let key = unique_key("late-extend-taken");
     let (_a, stale) = expired_holder(h, &key, ttl).await?;

@@ -144,9 +144,11 @@ pub(super) async fn auto_renew_stops_at_max_hold(h: &dyn Harness) -> Result<Stri
             ))
         })?;
     let lost_after = granted.elapsed();
+    // The validity deadline is conservative (clock drift): allow a little before the cap.
+    let renewed_until = cap - ttl / 10;
     check!(
-        lost_after >= cap,
-        "lost() fired after {lost_after:?}, before the {cap:?} cap"
+        lost_after >= renewed_until,
+        "lost() fired after {lost_after:?}; renewal should have run until about the {cap:?} cap"
     );
     let taken = b
         .acquire(&key, &waiting(ttl, h.slack()))
