@@ -8,6 +8,7 @@
 //! mistakes, using the deliberately broken backends in [`broken`].
 
 pub mod broken;
+pub mod fault_proxy;
 mod fenced;
 mod harness;
 mod macros;

@@ -1,0 +1,258 @@
+//! `distlock demo`: the bank story of the design notes, told in three acts.
+//!
+//! Account 42 holds 1000. A withdrawal of 200 and a transfer of 300 arrive at once;
+//! each reads the balance, waits for the database, and writes the balance back.
+//! 1. Without a lock both read 1000 and the later write wins: 700, a lost update.
+//! 2. With the lock they take turns: 500.
+//! 3. Holder A pauses past its lease, B takes over and writes to a fenced store, and
+//!    A's late write with its stale fencing token is rejected.
+//!
+//! Every act checks its own result, so the demo never reports a wrong success.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock::{
+    Capability, DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+};
+use distlock_conformance::FencedStore;
+use tokio::sync::Barrier;
+use tokio::time::timeout;
+
+use crate::error::CliError;
+use crate::print_out;
+
+const START: i64 = 1000;
+const WITHDRAW: i64 = 200;
+const TRANSFER: i64 = 300;
+/// The pretend database round trip between reading and writing the balance.
+const ROUND_TRIP: Duration = Duration::from_millis(20);
+/// The lock key of account 42.
+const KEY: &str = "demo/account-42";
+/// The lease of holder A, who pauses past it.
+const SHORT_TTL: Duration = Duration::from_millis(300);
+/// The lease of everyone else: far longer than the demo.
+const LONG_TTL: Duration = Duration::from_secs(30);
+/// The most any acquire may wait (someone else may hold the key on a shared server).
+const MAX_WAIT: Duration = Duration::from_secs(15);
+
+/// The balance of account 42, standing for a row in a database.
+struct Account {
+    balance: AtomicI64,
+}
+
+impl Account {
+    fn new(balance: i64) -> Self {
+        Account {
+            balance: AtomicI64::new(balance),
+        }
+    }
+
+    /// `SELECT balance`, one round trip.
+    async fn read(&self) -> i64 {
+        tokio::time::sleep(ROUND_TRIP).await;
+        self.balance.load(Ordering::SeqCst)
+    }
+
+    /// `UPDATE … SET balance = value`, one round trip.
+    async fn write(&self, value: i64) {
+        tokio::time::sleep(ROUND_TRIP).await;
+        self.balance.store(value, Ordering::SeqCst);
+    }
+
+    fn balance(&self) -> i64 {
+        self.balance.load(Ordering::SeqCst)
+    }
+}
+
+/// Runs the demo against the backend at `url`, printing about ten lines.
+///
+/// # Errors
+/// A usage error when `url` is refused; a failure when the backend cannot be reached,
+/// an acquire times out, or any act's result is not the expected one.
+pub async fn run(url: &str) -> Result<(), CliError> {
+    // Two clients, as if the two requests ran in two processes.
+    let first = distlock::connect(url).await?;
+    let second = distlock::connect(url).await?;
+    let key = LockKey::new(KEY).map_err(LockError::from)?;
+    say(format!(
+        "account 42 holds {START}; a withdrawal of {WITHDRAW} and a transfer of {TRANSFER} arrive at once (backend: {})",
+        first.info().name
+    ))?;
+
+    let lost = without_lock().await;
+    if lost != START - TRANSFER {
+        return Err(CliError::failed(format!(
+            "without a lock the balance ended at {lost}, not at the expected lost update {}",
+            START - TRANSFER
+        )));
+    }
+    say(format!(
+        "without a lock: both read {START}, the withdrawal wrote {}, then the transfer wrote {lost} -> balance {lost} (lost update: the withdrawal vanished)",
+        START - WITHDRAW
+    ))?;
+
+    let (balance, mut tokens) = with_lock(&*first, &*second, &key).await?;
+    if balance != START - WITHDRAW - TRANSFER {
+        return Err(CliError::failed(format!(
+            "with the lock the balance ended at {balance}, not {}",
+            START - WITHDRAW - TRANSFER
+        )));
+    }
+    tokens.sort();
+    say(format!(
+        "with the lock {KEY}: the requests took turns (fencing tokens {} and {}) -> balance {balance} (correct)",
+        tokens[0], tokens[1]
+    ))?;
+
+    fencing(first, second, &key).await?;
+    say(format!(
+        "demo passed: {} without a lock, {} with it, stale write rejected",
+        START - TRANSFER,
+        START - WITHDRAW - TRANSFER
+    ))
+}
+
+/// Act 1: both requests read, then the withdrawal writes, then the transfer writes.
+/// The barriers make the bad interleaving certain rather than likely.
+async fn without_lock() -> i64 {
+    let account = Account::new(START);
+    let both_read = Barrier::new(2);
+    let withdrawal_written = Barrier::new(2);
+    let withdraw = async {
+        let seen = account.read().await;
+        both_read.wait().await;
+        account.write(seen - WITHDRAW).await;
+        withdrawal_written.wait().await;
+    };
+    let transfer = async {
+        let seen = account.read().await;
+        both_read.wait().await;
+        withdrawal_written.wait().await;
+        account.write(seen - TRANSFER).await;
+    };
+    tokio::join!(withdraw, transfer);
+    account.balance()
+}
+
+/// Act 2: the same two requests, each inside `with_lock` on its own client. Returns
+/// the final balance and the two grants' fencing tokens.
+async fn with_lock(
+    first: &dyn DistributedLock,
+    second: &dyn DistributedLock,
+    key: &LockKey,
+) -> Result<(i64, [u64; 2]), CliError> {
+    let account = Account::new(START);
+    let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
+    let request = |lock, amount| {
+        let account = &account;
+        let options = &options;
+        distlock::with_lock(lock, key, options, move |token| async move {
+            let seen = account.read().await;
+            account.write(seen - amount).await;
+            token
+        })
+    };
+    let (withdrawal, transfer) = tokio::join!(request(first, WITHDRAW), request(second, TRANSFER));
+    Ok((account.balance(), [withdrawal?.get(), transfer?.get()]))
+}
+
+/// Act 3: fencing. A takes the lock with a short lease and pauses; B waits, takes over
+/// when A's lease runs out, and writes; A wakes and writes with its stale token.
+async fn fencing(
+    first: Arc<dyn DistributedLock>,
+    second: Arc<dyn DistributedLock>,
+    key: &LockKey,
+) -> Result<(), CliError> {
+    let info = first.info();
+    for (capability, what) in [
+        (info.capabilities.fencing, "fencing tokens"),
+        (info.capabilities.ttl_expiry, "leases that expire by TTL"),
+    ] {
+        if let Capability::Unsupported(why) = capability {
+            return say(format!(
+                "fencing: skipped, the {} backend does not offer {what}: {why}",
+                info.name
+            ));
+        }
+    }
+
+    let store = Arc::new(FencedStore::new(START));
+    let options_a = LockOptions::new(SHORT_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
+    let guard_a = first.acquire(key, &options_a).await?;
+    let token_a = guard_a.fencing_token();
+    say(format!(
+        "fencing: A took the lock with token {token_a} and a {} ms lease, then paused (a GC pause, a stalled VM)",
+        SHORT_TTL.as_millis()
+    ))?;
+
+    // B asks for the lock while A is paused, and writes once it has it.
+    let holder_b = tokio::spawn({
+        let store = store.clone();
+        let key = key.clone();
+        async move {
+            let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
+            let guard = second.acquire(&key, &options).await?;
+            store
+                .write(guard.fencing_token(), START - WITHDRAW)
+                .map_err(|e| CliError::failed(format!("B's write was refused: {e}")))?;
+            Ok::<_, CliError>(guard)
+        }
+    });
+
+    // A's pause outlasts its lease: A sleeps until `lost()` fires.
+    timeout(SHORT_TTL + MAX_WAIT, guard_a.lost())
+        .await
+        .map_err(|_| CliError::failed("A's lease never ran out"))?;
+    let guard_b = timeout(MAX_WAIT + MAX_WAIT, holder_b)
+        .await
+        .map_err(|_| CliError::failed("B never got the lock"))?
+        .map_err(|e| CliError::failed(format!("holder B stopped: {e}")))??;
+    let token_b = guard_b.fencing_token();
+    if token_b <= token_a {
+        return Err(CliError::failed(format!(
+            "B's fencing token {token_b} is not above A's {token_a}"
+        )));
+    }
+    say(format!(
+        "fencing: A's lease ran out during the pause; B took the lock with token {token_b} and wrote to the fenced store"
+    ))?;
+
+    // A wakes up, unaware, and writes with its old token.
+    match store.write(token_a, START - TRANSFER) {
+        Ok(()) => {
+            return Err(CliError::failed(format!(
+                "the fenced store accepted A's stale write with token {token_a}"
+            )))
+        }
+        Err(stale) => say(format!(
+            "fencing: A woke up and wrote with its stale token {token_a} -> rejected ({stale})"
+        ))?,
+    }
+    if store.read() != START - WITHDRAW {
+        return Err(CliError::failed("the fenced store lost B's write"));
+    }
+
+    match guard_a.release().await? {
+        ReleaseOutcome::HeldByOther => say(
+            "fencing: A's late release found B holding the lock and left B's lock alone".into(),
+        )?,
+        other => {
+            return Err(CliError::failed(format!(
+                "A's late release reported {other:?} while B held the lock"
+            )))
+        }
+    }
+    match guard_b.release().await? {
+        ReleaseOutcome::Released => Ok(()),
+        other => Err(CliError::failed(format!(
+            "B's release reported {other:?} instead of Released"
+        ))),
+    }
+}
+
+/// Prints one line of the story.
+fn say(line: String) -> Result<(), CliError> {
+    print_out(&format!("{line}\n"))
+}

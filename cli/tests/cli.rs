@@ -1,0 +1,138 @@
+//! End-to-end tests of the `distlock` binary.
+
+use std::process::{Command, Output};
+
+fn distlock(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(args)
+        .env_remove("DISTLOCK_BACKEND")
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("the distlock binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts a failed run printed exactly one `error: ` line and no panic.
+fn assert_one_line_error(out: &Output, code: i32) -> String {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!stderr.contains("backtrace"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line expected: {stderr:?}");
+    assert!(stderr.starts_with("error: "), "{stderr}");
+    stderr
+}
+
+#[test]
+fn demo_shows_lost_update_lock_and_fencing() {
+    let out = distlock(&["demo"]);
+    let stdout = text(&out.stdout);
+    assert!(
+        out.status.success(),
+        "stdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    assert!(stdout.contains("balance 700"), "{stdout}");
+    assert!(stdout.contains("lost update"), "{stdout}");
+    assert!(stdout.contains("balance 500"), "{stdout}");
+    assert!(stdout.contains("stale token"), "{stdout}");
+    assert!(stdout.contains("rejected"), "{stdout}");
+    assert!(stdout.contains("demo passed"), "{stdout}");
+    assert!(stdout.lines().count() <= 12, "{stdout}");
+}
+
+#[test]
+fn demo_takes_a_named_memory_backend_from_the_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .arg("demo")
+        .env("DISTLOCK_BACKEND", "memory://cli-test-env")
+        .output()
+        .expect("the distlock binary runs");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("balance 500"));
+}
+
+#[test]
+fn conformance_on_memory_passes() {
+    let out = distlock(&["conformance", "--backend", "memory://"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "stdout: {stdout}\nstderr: {}",
+        text(&out.stderr)
+    );
+    let last = stdout.lines().last().unwrap_or_default();
+    let words: Vec<&str> = last.split(' ').collect();
+    assert!(
+        matches!(
+            words.as_slice(),
+            [n, "passed,", "0", "failed,", m, "skipped"]
+                if n.parse::<u32>().is_ok_and(|n| n > 0) && m.parse::<u32>().is_ok()
+        ),
+        "last line: {last:?}"
+    );
+}
+
+#[test]
+fn conformance_json_parses() {
+    let out = distlock(&[
+        "conformance",
+        "--backend",
+        "memory://cli-test-json",
+        "--json",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let report: serde_json::Value =
+        serde_json::from_slice(&out.stdout).expect("the report is JSON");
+    let results = report["results"].as_array().expect("results is an array");
+    assert!(!results.is_empty());
+    assert!(results.iter().all(|r| r["verdict"]["status"] != "failed"));
+}
+
+#[test]
+fn invalid_backend_urls_are_one_line_usage_errors() {
+    for url in [
+        "",
+        "nonsense",
+        "mysql://user:secret@db",
+        "memory://a b",
+        "memory://x?y",
+    ] {
+        for command in ["demo", "conformance"] {
+            let out = distlock(&[command, "--backend", url]);
+            let stderr = assert_one_line_error(&out, 2);
+            assert!(!stderr.contains("secret"), "{stderr}");
+            assert!(out.stdout.is_empty(), "{url}: {}", text(&out.stdout));
+        }
+    }
+}
+
+#[test]
+fn backends_not_in_this_build_name_their_feature() {
+    let out = distlock(&["demo", "--backend", "redis://127.0.0.1:6379"]);
+    let stderr = assert_one_line_error(&out, 2);
+    assert!(stderr.contains("`redis` feature"), "{stderr}");
+}
+
+#[test]
+fn invalid_backend_from_the_environment_is_a_usage_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .arg("demo")
+        .env("DISTLOCK_BACKEND", "bogus")
+        .output()
+        .expect("the distlock binary runs");
+    assert_one_line_error(&out, 2);
+}
+
+#[test]
+fn usage_errors_exit_with_2() {
+    let out = distlock(&["demo", "--no-such-flag"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).starts_with("error: "));
+    let out = distlock(&[]);
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -1,0 +1,395 @@
+//! distlock: one distributed-lock API over several backends.
+//!
+//! This crate re-exports the whole API of `distlock-api` ([`DistributedLock`],
+//! [`LockKey`], [`LockOptions`], [`LockGuard`], [`LockError`], [`with_lock`], the
+//! in-memory backend in [`memory`], …) and adds [`connect`], which picks a backend from
+//! a URL, sqlx-style.
+//!
+//! | URL | Backend |
+//! |-----|---------|
+//! | `memory://` | the process-wide default in-memory store |
+//! | `memory://NAME` | the process-wide in-memory store called `NAME` |
+//! | `redis://`, `rediss://`, `redis+redlock://` | Redis (not built yet) |
+//! | `postgres://`, `postgresql://` | Postgres advisory locks (not built yet) |
+//! | `zookeeper://`, `zk://` | ZooKeeper (not built yet) |
+//!
+//! Each server backend will be turned on by a Cargo feature of this crate; until it
+//! exists, its schemes are recognised and refused with a [`LockError::Config`] that
+//! says so.
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock::{LockKey, LockOptions, WaitPolicy};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), distlock::LockError> {
+//! // Every client connected by the same `memory://` URL shares the same locks.
+//! let locks = distlock::connect("memory://orders").await?;
+//! let key = LockKey::new("invoices/2026-11")?;
+//! let options = LockOptions::new(Duration::from_secs(10))
+//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+//! let guard = locks.acquire(&key, &options).await?;
+//! // Send guard.fencing_token() with every write the lock protects.
+//! guard.release().await?;
+//!
+//! // Unknown or unavailable schemes are configuration errors, never panics.
+//! assert!(matches!(
+//!     distlock::connect("mysql://db").await,
+//!     Err(distlock::LockError::Config { .. })
+//! ));
+//! # Ok(()) }
+//! ```
+
+pub use distlock_api::memory;
+pub use distlock_api::*;
+
+use std::sync::Arc;
+
+/// The backends [`connect`] knows, whether or not they are compiled in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Memory,
+    Redis,
+    Postgres,
+    ZooKeeper,
+}
+
+impl Backend {
+    /// The Cargo feature of this crate that will turn the backend on.
+    fn feature(self) -> &'static str {
+        match self {
+            // Always compiled: no feature.
+            Backend::Memory => "",
+            Backend::Redis => "redis",
+            Backend::Postgres => "postgres",
+            Backend::ZooKeeper => "zookeeper",
+        }
+    }
+
+    /// The backend's name in prose.
+    fn title(self) -> &'static str {
+        match self {
+            Backend::Memory => "in-memory",
+            Backend::Redis => "Redis",
+            Backend::Postgres => "Postgres",
+            Backend::ZooKeeper => "ZooKeeper",
+        }
+    }
+}
+
+/// Every URL scheme [`connect`] recognises (lowercase), and its backend.
+const SCHEMES: &[(&str, Backend)] = &[
+    ("memory", Backend::Memory),
+    ("redis", Backend::Redis),
+    ("rediss", Backend::Redis),
+    ("redis+redlock", Backend::Redis),
+    ("postgres", Backend::Postgres),
+    ("postgresql", Backend::Postgres),
+    ("zookeeper", Backend::ZooKeeper),
+    ("zk", Backend::ZooKeeper),
+];
+
+/// Connects to the lock backend named by `url`, choosing it by the URL's scheme.
+///
+/// Schemes are matched case-insensitively:
+/// - `memory://` is a client of the process-wide default in-memory store
+///   ([`memory::MemoryStore::named`]`("")`), and `memory://NAME` of the store called
+///   `NAME` (taken verbatim). Every client connected by the same URL shares locks, like
+///   processes sharing a server; different names are independent. Memory URLs take no
+///   options, so `NAME` must not contain `?` or `#`.
+/// - `redis://`, `rediss://`, `redis+redlock://`, `postgres://`, `postgresql://`,
+///   `zookeeper://` and `zk://` are recognised, but their backends are not part of this
+///   build yet, so they are refused with a configuration error that names the backend.
+///
+/// Each call returns a new, independent client. Error messages never repeat the URL
+/// beyond its scheme, because server URLs may carry passwords.
+///
+/// # Errors
+/// [`LockError::Config`] when `url` is empty, contains whitespace or control
+/// characters, lacks a `scheme://` prefix, has an unknown scheme, names a backend not
+/// available in this build, or is a memory URL with options. Connection errors will
+/// come from server backends once they exist.
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+    let (scheme, rest) = split_scheme(url)?;
+    let backend = SCHEMES
+        .iter()
+        .find(|(known, _)| known.eq_ignore_ascii_case(scheme))
+        .map(|&(_, backend)| backend)
+        .ok_or_else(|| {
+            config(format!(
+                "unknown URL scheme `{}://`; known schemes: {}",
+                shorten(scheme),
+                known_schemes()
+            ))
+        })?;
+    match backend {
+        Backend::Memory => connect_memory(rest),
+        // Each server backend adds its arm here, e.g.
+        // `#[cfg(feature = "redis")] Backend::Redis => distlock_redis::connect(url).await,`
+        // and then rewords this message for its scheme: "rebuild with the feature".
+        #[allow(unreachable_patterns)]
+        unavailable => Err(config(format!(
+            "{scheme}:// needs the {title} backend, which is not available in this build \
+             (it is not built yet; once it ships, enable the `{feature}` feature of distlock)",
+            scheme = scheme.to_ascii_lowercase(),
+            title = unavailable.title(),
+            feature = unavailable.feature(),
+        ))),
+    }
+}
+
+/// A client of the memory store named by the rest of a `memory://` URL.
+fn connect_memory(name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+    if name.contains(['?', '#']) {
+        return Err(LockError::config(
+            memory::MEMORY_BACKEND,
+            "memory:// URLs take no options: use memory:// or memory://NAME, where NAME has no `?` or `#`",
+        ));
+    }
+    Ok(Arc::new(MemoryLock::with_store(
+        memory::MemoryStore::named(name),
+    )))
+}
+
+/// Splits `url` into its scheme and what follows `://`, checking the scheme's syntax.
+fn split_scheme(url: &str) -> Result<(&str, &str), LockError> {
+    if url.is_empty() {
+        return Err(config(format!(
+            "the backend URL is empty; known schemes: {}",
+            known_schemes()
+        )));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(config(
+            "the backend URL contains whitespace or control characters",
+        ));
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(config(format!(
+            "the backend URL has no `scheme://` prefix (for example memory:// or redis://host:6379); known schemes: {}",
+            known_schemes()
+        )));
+    };
+    // RFC 3986: ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )
+    let mut chars = scheme.chars();
+    let valid = chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !valid {
+        return Err(config(format!(
+            "the backend URL has no valid scheme before `://`; known schemes: {}",
+            known_schemes()
+        )));
+    }
+    Ok((scheme, rest))
+}
+
+/// A configuration error raised before any backend is involved.
+fn config(message: impl Into<String>) -> LockError {
+    LockError::config(API_BACKEND_NAME, message)
+}
+
+/// `memory://, redis://, …` for error messages.
+fn known_schemes() -> String {
+    SCHEMES
+        .iter()
+        .map(|(scheme, _)| format!("{scheme}://"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// At most 32 characters of a (valid, hence ASCII) scheme, for error messages.
+fn shorten(scheme: &str) -> String {
+    const MAX: usize = 32;
+    match scheme.get(..MAX) {
+        Some(head) if scheme.len() > MAX => format!("{head}…"),
+        _ => scheme.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn key() -> LockKey {
+        LockKey::new("facade-tests/account-42").unwrap()
+    }
+
+    fn no_wait() -> LockOptions {
+        LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::NoWait)
+    }
+
+    /// The config message of a refused URL; panics unless it is a config error.
+    async fn refused(url: &str) -> String {
+        match connect(url).await {
+            Err(LockError::Config { message, .. }) => message,
+            Err(other) => panic!("{url:?}: expected a config error, got {other}"),
+            Ok(lock) => panic!("{url:?}: expected a config error, connected to {lock:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn empty_url_is_a_config_error() {
+        let message = refused("").await;
+        assert!(message.contains("empty"), "{message}");
+        assert!(message.contains("memory://"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn whitespace_and_control_characters_are_config_errors() {
+        for url in [
+            " memory://",
+            "memory:// ",
+            "memory://a b",
+            "\tmemory://",
+            "memory://a\nb",
+            "memory://\0",
+            "   ",
+        ] {
+            let message = refused(url).await;
+            assert!(message.contains("whitespace"), "{url:?}: {message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn missing_separator_is_a_config_error() {
+        for url in [
+            "memory",
+            "memory:",
+            "memory:/x",
+            "localhost:6379",
+            "redis:host",
+        ] {
+            let message = refused(url).await;
+            assert!(message.contains("scheme://"), "{url:?}: {message}");
+            assert!(message.contains("redis+redlock://"), "{url:?}: {message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn malformed_schemes_are_config_errors() {
+        for url in [
+            "://",
+            "://host",
+            "1redis://h",
+            "re%dis://h",
+            "ré://h",
+            "a_b://h",
+        ] {
+            let message = refused(url).await;
+            assert!(
+                message.contains("scheme") && message.contains("memory://"),
+                "{url:?}: {message}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_schemes_name_the_known_ones() {
+        let message = refused("mysql://user:secret@db/x").await;
+        assert!(message.contains("`mysql://`"), "{message}");
+        for scheme in [
+            "memory://",
+            "redis://",
+            "rediss://",
+            "redis+redlock://",
+            "postgres://",
+            "postgresql://",
+            "zookeeper://",
+            "zk://",
+        ] {
+            assert!(message.contains(scheme), "{scheme} missing from {message}");
+        }
+        assert!(!message.contains("secret"), "the URL leaked: {message}");
+        let long = format!("{}://x", "a".repeat(10_000));
+        assert!(refused(&long).await.len() < 400);
+    }
+
+    #[tokio::test]
+    async fn backends_not_built_name_their_feature() {
+        for (url, feature, title) in [
+            ("redis://127.0.0.1:6379", "redis", "Redis"),
+            ("rediss://h", "redis", "Redis"),
+            ("redis+redlock://a,b,c", "redis", "Redis"),
+            ("REDIS://h", "redis", "Redis"),
+            ("postgres://user:secret@h/db", "postgres", "Postgres"),
+            ("postgresql://h", "postgres", "Postgres"),
+            ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),
+            ("zk://h", "zookeeper", "ZooKeeper"),
+        ] {
+            let message = refused(url).await;
+            assert!(
+                message.contains(&format!("`{feature}` feature")),
+                "{url}: {message}"
+            );
+            assert!(
+                message.contains(&format!("the {title} backend")),
+                "{url}: {message}"
+            );
+            assert!(message.contains("not available"), "{url}: {message}");
+            assert!(!message.contains("secret"), "the URL leaked: {message}");
+        }
+        let message = refused("redis+redlock://h").await;
+        assert!(message.starts_with("redis+redlock://"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn memory_urls_with_options_are_config_errors() {
+        for url in ["memory://a?x=1", "memory://#frag", "memory://?"] {
+            let err = connect(url).await.unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{url}: {err}");
+            assert_eq!(err.backend(), memory::MEMORY_BACKEND);
+        }
+    }
+
+    #[tokio::test]
+    async fn same_memory_url_shares_locks() {
+        let a = connect("memory://facade-shared").await.unwrap();
+        let b = connect("memory://facade-shared").await.unwrap();
+        assert_eq!(a.info().name, "memory");
+        let guard = a.acquire(&key(), &no_wait()).await.unwrap();
+        assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
+        assert!(matches!(
+            b.acquire(&key(), &no_wait()).await,
+            Err(LockError::Timeout { .. })
+        ));
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+        let again = b.try_acquire(&key(), &no_wait()).await.unwrap();
+        assert!(again.is_some(), "free after release");
+    }
+
+    #[tokio::test]
+    async fn scheme_is_case_insensitive_and_name_is_verbatim() {
+        let a = connect("memory://facade-case").await.unwrap();
+        let b = connect("MEMORY://facade-case").await.unwrap();
+        let c = connect("memory://FACADE-CASE").await.unwrap();
+        let _held = a.acquire(&key(), &no_wait()).await.unwrap();
+        assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
+        assert!(c.try_acquire(&key(), &no_wait()).await.unwrap().is_some());
+    }
+
+    #[tokio::test]
+    async fn different_memory_names_are_independent() {
+        let a = connect("memory://facade-one").await.unwrap();
+        let b = connect("memory://facade-two").await.unwrap();
+        let _one = a.acquire(&key(), &no_wait()).await.unwrap();
+        let two = b.try_acquire(&key(), &no_wait()).await.unwrap();
+        assert!(two.is_some(), "another name is another store");
+    }
+
+    #[tokio::test]
+    async fn bare_memory_url_is_the_default_named_store() {
+        let url = connect("memory://").await.unwrap();
+        let direct = MemoryLock::with_store(memory::MemoryStore::named(""));
+        let key = LockKey::new("facade-tests/default-store").unwrap();
+        let _held = url.acquire(&key, &no_wait()).await.unwrap();
+        assert!(direct
+            .try_acquire(&key, &no_wait())
+            .await
+            .unwrap()
+            .is_none());
+        let other = connect("memory://facade-not-default").await.unwrap();
+        assert!(other.try_acquire(&key, &no_wait()).await.unwrap().is_some());
+    }
+}
