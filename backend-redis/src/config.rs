@@ -1,0 +1,146 @@
+//! Parsing `redis://`, `rediss://` and `redis+redlock://` URLs into node URLs.
+
+use std::time::Duration;
+
+use distlock_api::LockError;
+
+use crate::REDIS_BACKEND;
+
+/// Settings of a Redis lock client.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct RedisConfig {
+    /// Limit on connecting and on each reply (default 2 s). On a single node, a
+    /// request without a reply in this time fails with a connection error (and any
+    /// grant it may have made is released).
+    pub request_timeout: Duration,
+    /// Redlock only: each node's acquire must answer within this, else the node counts
+    /// as failed. `None` (the default) means TTL/10, clamped to 50 ms ..= 1 s.
+    pub redlock_node_timeout: Option<Duration>,
+    /// Clock drift allowance as a fraction of the TTL (default 0.01); 2 ms is added.
+    pub clock_drift_factor: f64,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            request_timeout: Duration::from_secs(2),
+            redlock_node_timeout: None,
+            clock_drift_factor: 0.01,
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The validity lost to clock drift for a lease of `ttl`.
+    pub(crate) fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.clock_drift_factor.clamp(0.0, 0.5)) + Duration::from_millis(2)
+    }
+}
+
+/// Splits a URL into one `redis://` URL per node.
+///
+/// - `redis://[user:pass@]host[:port][/db]` is a single node;
+/// - `redis+redlock://[user:pass@]host:port,host:port,host:port[/db]` lists Redlock's
+///   independent nodes, which share the credentials and database. There must be an
+///   odd number of them, at least 3, none listed twice.
+///
+/// # Errors
+/// [`LockError::Config`] for any other scheme, `rediss://` (TLS is not built in yet), an
+/// empty, even or duplicated node list.
+pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
+    let config_error = |message: String| LockError::config(REDIS_BACKEND, message);
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| config_error(format!("{url:?} is not a URL")))?;
+    match scheme {
+        "redis" => Ok(vec![url.to_owned()]),
+        "rediss" => Err(config_error(
+            "rediss:// (TLS) is not supported by this build of distlock-redis".to_owned(),
+        )),
+        "redis+redlock" => {
+            let (userinfo, hosts_and_path) = match rest.rsplit_once('@') {
+                Some((userinfo, after)) => (format!("{userinfo}@"), after),
+                None => (String::new(), rest),
+            };
+            let (hosts, path) = match hosts_and_path.find(['/', '?']) {
+                Some(at) => hosts_and_path.split_at(at),
+                None => (hosts_and_path, ""),
+            };
+            let nodes: Vec<&str> = hosts.split(',').map(str::trim).collect();
+            if nodes.iter().all(|n| n.is_empty()) {
+                return Err(config_error(
+                    "a Redlock URL needs at least 3 nodes; it lists none".into(),
+                ));
+            }
+            if let Some(empty) = nodes.iter().position(|n| n.is_empty()) {
+                return Err(config_error(format!(
+                    "node #{} of the Redlock URL is empty",
+                    empty + 1
+                )));
+            }
+            if nodes.len() % 2 == 0 || nodes.len() < 3 {
+                return Err(config_error(format!(
+                    "Redlock needs an odd number of nodes, at least 3, for a majority; got {}",
+                    nodes.len()
+                )));
+            }
+            let mut seen = std::collections::HashSet::new();
+            for node in &nodes {
+                let normalised = if node.contains(':') {
+                    node.to_string()
+                } else {
+                    format!("{node}:6379")
+                };
+                if !seen.insert(normalised.to_ascii_lowercase()) {
+                    return Err(config_error(format!("Redlock node {node} is listed twice")));
+                }
+            }
+            Ok(nodes
+                .iter()
+                .map(|n| format!("redis://{userinfo}{n}{path}"))
+                .collect())
+        }
+        other => Err(config_error(format!(
+            "{other}:// is not a Redis URL scheme (use redis:// or redis+redlock://)"
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_and_redlock_urls() {
+        assert_eq!(node_urls("redis://h:1/2").unwrap(), ["redis://h:1/2"]);
+        assert_eq!(
+            node_urls("redis+redlock://:pw@a:1,b:2,c:3/4").unwrap(),
+            [
+                "redis://:pw@a:1/4",
+                "redis://:pw@b:2/4",
+                "redis://:pw@c:3/4"
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_redlock_node_lists() {
+        for url in [
+            "redis+redlock://",
+            "redis+redlock://a:1,b:2",
+            "redis+redlock://a:1,b:2,,c:3",
+            "redis+redlock://a:1,b:2,A:1",
+            "redis+redlock://a,b:2,a:6379",
+            "redis+redlock://a:1",
+            "rediss://a:1",
+            "http://a",
+            "nothing",
+        ] {
+            assert!(
+                matches!(node_urls(url), Err(LockError::Config { .. })),
+                "{url}"
+            );
+        }
+    }
+}

@@ -1,0 +1,42 @@
+//! The Redis names one lock key maps to.
+
+use distlock_api::LockKey;
+
+/// The three Redis names behind one [`LockKey`] `K`.
+///
+/// All three start with the hash tag `{K}`, so they live in one Redis Cluster slot
+/// (except when `K` itself starts with `}`, which makes the tag empty).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyNames {
+    /// `{K}`: holds the owner token, with a `PX` expiry.
+    pub lock: String,
+    /// `{K}:fence`: the fencing counter, `INCR`ed on every grant; never expires.
+    pub fence: String,
+    /// `{K}:released`: the pub/sub channel a release publishes on.
+    pub channel: String,
+}
+
+impl KeyNames {
+    /// The names for `key`.
+    pub fn for_key(key: &LockKey) -> Self {
+        let lock = format!("{{{key}}}");
+        KeyNames {
+            fence: format!("{lock}:fence"),
+            channel: format!("{lock}:released"),
+            lock,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documented_layout() {
+        let names = KeyNames::for_key(&LockKey::new("orders/42").unwrap());
+        assert_eq!(names.lock, "{orders/42}");
+        assert_eq!(names.fence, "{orders/42}:fence");
+        assert_eq!(names.channel, "{orders/42}:released");
+    }
+}

@@ -1,0 +1,58 @@
+//! The Redis backend of distlock: one node, or Redlock over N independent nodes.
+//!
+//! # Protocol
+//! For a lock key `K` (see [`KeyNames`]):
+//! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
+//!   succeeds, `INCR {K}:fence`, returning the new fencing token; when the key is held
+//!   it returns the holder's `PTTL` instead, the longest a waiter has to wait;
+//! - **release** is an owner-checked `DEL` in Lua that also `PUBLISH`es on
+//!   `{K}:released`; **extend** is an owner-checked `PEXPIRE` in Lua. Both tell
+//!   "gone" apart from "held by another owner".
+//!
+//! The owner token is 32 lowercase hex digits (128 random bits). The stored value is the
+//! bare token with a `PX` expiry, the layout redis-py's `Lock`, redsync and rslock use:
+//! a lock they hold on the Redis key `{K}` excludes ours on `K`, and ours excludes theirs.
+//!
+//! # Waiting
+//! A waiter's first failed attempt subscribes the client's connection to `{K}:released`
+//! (once per channel, however many tasks wait), then retries at once, so a release in
+//! between is not missed. Releases wake it within a round trip. As a safety net (for
+//! foreign holders, which do not publish, and for lost connections) it also retries
+//! after the holder's remaining TTL or the backoff's maximum, whichever is sooner; when
+//! the subscription is down it falls back to exponential backoff with jitter.
+//!
+//! # Connections
+//! One multiplexed RESP3 connection per node (redis-rs `ConnectionManager`, which
+//! reconnects and resubscribes on its own) carries commands and wake-ups for every lock
+//! and waiter of a [`RedisLock`]. Redis 6 or later is needed for RESP3.
+//!
+//! # Guarantees and caveats
+//! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
+//!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
+//! - Fencing: the `{K}:fence` counter. It survives a restart only with AOF persistence
+//!   (`appendfsync always`); without persistence a restarted server hands out smaller
+//!   tokens *and* forgets held locks. Failover to an asynchronous replica can grant a
+//!   lock twice.
+//! - Redlock: needs a majority of nodes and a remaining validity
+//!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses. Its
+//!   fencing tokens (the max over the majority's counters) are best effort, so its
+//!   capabilities report fencing unsupported.
+//! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
+//!   for any grant that may have landed.
+
+mod config;
+mod keys;
+mod lock;
+mod node;
+mod scripts;
+mod wakeups;
+
+pub use config::{node_urls, RedisConfig};
+pub use keys::KeyNames;
+pub use lock::RedisLock;
+
+/// The backend name of a single-node client, in errors and reports.
+pub const REDIS_BACKEND: &str = "redis";
+
+/// The backend name of a Redlock client.
+pub const REDLOCK_BACKEND: &str = "redlock";

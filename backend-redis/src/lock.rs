@@ -1,0 +1,428 @@
+//! [`RedisLock`]: the [`DistributedLock`] over one Redis node or a Redlock quorum.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+};
+use futures_util::future::{join_all, select_all};
+use tokio::time::{timeout, Instant};
+
+use crate::config::{node_urls, RedisConfig};
+use crate::keys::KeyNames;
+use crate::node::{Node, NodeGrant};
+use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
+
+/// How long an acquire that waits forever keeps retrying a single node that fails.
+const ERROR_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A Redis lock client: one node, or Redlock over N independent nodes.
+///
+/// Each node gets one multiplexed, auto-reconnecting connection, shared by every lock
+/// and waiter of this client. Cloning is cheap and shares the connections.
+#[derive(Debug, Clone)]
+pub struct RedisLock {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    nodes: Vec<Node>,
+    config: RedisConfig,
+}
+
+/// One acquire attempt's result, when it did not fail.
+enum Attempt {
+    Granted(LockGuard),
+    /// Held elsewhere; the holder's remaining TTL when known.
+    Held(Option<Duration>),
+}
+
+impl RedisLock {
+    /// Connects to the node(s) named by `url` with default settings. See
+    /// [`crate::node_urls`] for the URL forms.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a bad URL or a server that does not speak RESP3,
+    /// [`LockError::Connection`] when a node cannot be reached.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        RedisLock::connect_with(url, RedisConfig::default()).await
+    }
+
+    /// Connects with `config`.
+    ///
+    /// # Errors
+    /// As [`RedisLock::connect`].
+    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
+        let urls = node_urls(url)?;
+        let nodes = join_all(
+            urls.iter()
+                .map(|u| Node::connect(u, config.request_timeout)),
+        )
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+        Ok(RedisLock {
+            inner: Arc::new(Inner { nodes, config }),
+        })
+    }
+
+    fn is_redlock(&self) -> bool {
+        self.inner.nodes.len() > 1
+    }
+
+    fn name(&self) -> &'static str {
+        if self.is_redlock() {
+            REDLOCK_BACKEND
+        } else {
+            REDIS_BACKEND
+        }
+    }
+
+    fn quorum(&self) -> usize {
+        self.inner.nodes.len() / 2 + 1
+    }
+
+    fn node_timeout(&self, ttl: Duration) -> Duration {
+        if self.is_redlock() {
+            self.inner.config.redlock_node_timeout.unwrap_or_else(|| {
+                (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+            })
+        } else {
+            self.inner.config.request_timeout
+        }
+    }
+
+    /// Channels with local waiters, summed over nodes (a test hook for leaks).
+    #[doc(hidden)]
+    pub fn tracked_wakeup_channels(&self) -> usize {
+        self.inner.nodes.iter().map(Node::tracked_channels).sum()
+    }
+
+    /// Runs `op` on every node in parallel, each bounded by `limit`.
+    async fn on_all_nodes<'a, T, F, Fut>(
+        &'a self,
+        limit: Duration,
+        op: F,
+    ) -> Vec<Result<T, LockError>>
+    where
+        F: Fn(&'a Node) -> Fut,
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
+        join_all(self.inner.nodes.iter().map(|node| {
+            let call = op(node);
+            async move {
+                timeout(limit, call).await.unwrap_or_else(|_| {
+                    Err(LockError::connection(
+                        REDIS_BACKEND,
+                        format!("{} did not answer within {limit:?}", node.address()),
+                    ))
+                })
+            }
+        }))
+        .await
+    }
+
+    /// The error for too few nodes answering, or the single node's own error.
+    fn quorum_error(&self, mut errors: Vec<LockError>) -> LockError {
+        if !self.is_redlock() {
+            if let Some(error) = errors.pop() {
+                return error;
+            }
+        }
+        let failed = errors.len();
+        let first = errors
+            .into_iter()
+            .next()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        LockError::connection(
+            REDLOCK_BACKEND,
+            format!(
+                "{failed} of {} Redlock nodes failed, so no majority of {} is possible (first: {first})",
+                self.inner.nodes.len(),
+                self.quorum()
+            ),
+        )
+    }
+
+    /// Owner-checked release on every node, including ones that failed or timed out.
+    async fn release_everywhere(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Vec<Result<ReleaseOutcome, LockError>> {
+        self.on_all_nodes(
+            self.node_timeout(ttl)
+                .max(self.inner.config.request_timeout),
+            |node| node.release(names, owner),
+        )
+        .await
+    }
+
+    async fn attempt(
+        &self,
+        key: &LockKey,
+        names: &KeyNames,
+        options: &LockOptions,
+    ) -> Result<Attempt, LockError> {
+        let (owner, ttl) = (OwnerToken::random(), options.ttl());
+        let started = Instant::now();
+        // Until we hand out a guard, a drop of this future must undo any grant.
+        let compensation = Compensation {
+            lock: self.clone(),
+            names: names.clone(),
+            owner,
+            ttl,
+            armed: true,
+        };
+        let results = self
+            .on_all_nodes(self.node_timeout(ttl), |node| {
+                node.try_grant(names, owner, ttl)
+            })
+            .await;
+        let (mut granted, mut fence, mut held_for, mut errors) =
+            (0, 0, None::<Duration>, Vec::new());
+        for result in results {
+            match result {
+                Ok(NodeGrant::Granted(token)) => {
+                    granted += 1;
+                    fence = fence.max(token.get());
+                }
+                Ok(NodeGrant::Held(pttl)) => {
+                    held_for = match (held_for, pttl) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    }
+                }
+                Err(error) => errors.push(error),
+            }
+        }
+        let valid_until = started
+            .checked_add(ttl)
+            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|end| *end > Instant::now());
+        if let (true, Some(valid_until)) = (granted >= self.quorum(), valid_until) {
+            compensation.disarm();
+            let lease = Lease::new(key.clone(), owner, FencingToken::new(fence), ttl, started);
+            let guard = LockGuard::new(
+                lease,
+                LeaseMonitor::new(valid_until),
+                Arc::new(self.clone()),
+                options.auto_renew(),
+            );
+            return Ok(Attempt::Granted(guard));
+        }
+        if granted > 0 || !errors.is_empty() {
+            // Partial wins, and nodes whose answer we never saw, are undone everywhere.
+            self.release_everywhere(names, owner, ttl).await;
+        }
+        compensation.disarm();
+        if errors.len() > self.inner.nodes.len() - self.quorum() {
+            return Err(self.quorum_error(errors));
+        }
+        Ok(Attempt::Held(held_for))
+    }
+}
+
+/// Releases a grant that may have happened if the acquire future is dropped mid-flight.
+struct Compensation {
+    lock: RedisLock,
+    names: KeyNames,
+    owner: OwnerToken,
+    ttl: Duration,
+    armed: bool,
+}
+
+impl Compensation {
+    fn disarm(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for Compensation {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            let (lock, names, owner, ttl) =
+                (self.lock.clone(), self.names.clone(), self.owner, self.ttl);
+            runtime.spawn(async move {
+                lock.release_everywhere(&names, owner, ttl).await;
+            });
+        }
+    }
+}
+
+fn validated(backend: &'static str, options: &LockOptions) -> Result<(), LockError> {
+    options
+        .validate()
+        .map_err(|e| LockError::invalid_options(backend, e))
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn info(&self) -> BackendInfo {
+        let mut capabilities = Capabilities::all_supported();
+        if self.is_redlock() {
+            capabilities.fencing = Capability::Unsupported(
+                "Redlock has no consensus: after a node restart or failover its per-node counters can disagree, so a token is best effort only",
+            );
+        }
+        BackendInfo {
+            name: self.name(),
+            capabilities,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        validated(self.name(), options)?;
+        match self.attempt(key, &KeyNames::for_key(key), options).await? {
+            Attempt::Granted(guard) => Ok(Some(guard)),
+            Attempt::Held(_) => Ok(None),
+        }
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        validated(self.name(), options)?;
+        let names = KeyNames::for_key(key);
+        let started = Instant::now();
+        let deadline = options.wait().deadline_from(started);
+        let mut backoff = options.backoff().delays();
+        let mut tickets = Vec::new();
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            // Register for wake-ups before the attempt, so a release in between counts.
+            let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
+                .iter()
+                .map(|(ticket, _): &(crate::wakeups::WakeTicket, bool)| {
+                    Box::pin(ticket.notify().notified())
+                })
+                .collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            let held_for = match self.attempt(key, &names, options).await {
+                Ok(Attempt::Granted(guard)) => return Ok(guard),
+                Ok(Attempt::Held(held_for)) => {
+                    failing_since = None;
+                    held_for
+                }
+                // A single node restarting: keep trying while the wait allows.
+                Err(error)
+                    if error.is_retryable() && !self.is_redlock() && deadline != Some(started) =>
+                {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    let out_of_time =
+                        deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
+                    if out_of_time {
+                        return Err(error);
+                    }
+                    None
+                }
+                Err(error) => return Err(error),
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(LockError::Timeout {
+                    backend: self.name(),
+                    key: key.clone(),
+                    waited: started.elapsed(),
+                });
+            }
+            if tickets.is_empty() {
+                // First contention: subscribe on every node, then retry at once.
+                drop(woken);
+                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
+                continue;
+            }
+            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing_since.is_none();
+            // A safety-net poll even when subscribed: foreign holders do not publish.
+            let poll = if subscribed {
+                options.backoff().max()
+            } else {
+                backoff.next_delay()
+            };
+            let mut nap = held_for
+                .map_or(poll, |h| h.min(poll))
+                .max(Duration::from_millis(1));
+            if let Some(d) = deadline {
+                nap = nap.min(d.saturating_duration_since(Instant::now()));
+            }
+            tokio::select! {
+                _ = select_all(woken) => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let names = KeyNames::for_key(lease.key());
+        let results = self
+            .release_everywhere(&names, lease.owner(), lease.ttl())
+            .await;
+        let (mut outcomes, mut errors) = (Vec::new(), Vec::new());
+        for result in results {
+            match result {
+                Ok(outcome) => outcomes.push(outcome),
+                Err(error) => errors.push(error),
+            }
+        }
+        if outcomes.contains(&ReleaseOutcome::Released) {
+            return Ok(ReleaseOutcome::Released);
+        }
+        if errors.len() > self.inner.nodes.len() - self.quorum() {
+            return Err(self.quorum_error(errors));
+        }
+        if outcomes.contains(&ReleaseOutcome::HeldByOther) {
+            return Ok(ReleaseOutcome::HeldByOther);
+        }
+        Ok(ReleaseOutcome::Expired)
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        check_ttl(ttl).map_err(|e| LockError::invalid_options(self.name(), e))?;
+        let names = KeyNames::for_key(lease.key());
+        let started = Instant::now();
+        let results = self
+            .on_all_nodes(
+                self.node_timeout(ttl)
+                    .max(self.inner.config.request_timeout),
+                |node| node.extend(&names, lease.owner(), ttl),
+            )
+            .await;
+        let (mut extended, mut held_by_other, mut errors) = (0, false, Vec::new());
+        for result in results {
+            match result {
+                Ok(ExtendOutcome::Extended { .. }) => extended += 1,
+                Ok(ExtendOutcome::HeldByOther) => held_by_other = true,
+                Ok(ExtendOutcome::Expired) => {}
+                Err(error) => errors.push(error),
+            }
+        }
+        let valid_until = started
+            .checked_add(ttl)
+            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|end| *end > Instant::now());
+        if let (true, Some(valid_until)) = (extended >= self.quorum(), valid_until) {
+            return Ok(ExtendOutcome::Extended { valid_until });
+        }
+        if errors.len() > self.inner.nodes.len() - self.quorum() {
+            return Err(self.quorum_error(errors));
+        }
+        Ok(if held_by_other {
+            ExtendOutcome::HeldByOther
+        } else {
+            ExtendOutcome::Expired
+        })
+    }
+}

@@ -1,0 +1,183 @@
+//! One Redis server: a multiplexed, auto-reconnecting RESP3 connection, the scripts run
+//! on it, and the wake-ups it carries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+
+use crate::keys::KeyNames;
+use crate::wakeups::{WakeTicket, Wakeups};
+use crate::REDIS_BACKEND;
+
+/// What one node said to an acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeGrant {
+    /// Granted, with the node's fencing counter after `INCR`.
+    Granted(FencingToken),
+    /// Held by another owner for at most this long (`None`: no expiry set).
+    Held(Option<Duration>),
+}
+
+/// A connection to one Redis server.
+#[derive(Clone)]
+pub(crate) struct Node {
+    address: String,
+    conn: ConnectionManager,
+    wakeups: Arc<Wakeups>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("address", &self.address)
+            .finish()
+    }
+}
+
+/// Maps a driver error to the API's error kinds.
+pub(crate) fn lock_error(error: RedisError) -> LockError {
+    if error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+    {
+        LockError::connection(REDIS_BACKEND, error)
+    } else {
+        LockError::backend_error(REDIS_BACKEND, error)
+    }
+}
+
+impl Node {
+    /// Connects to the server at `url` (`redis://…`), speaking RESP3 so that pub/sub
+    /// pushes share the command connection.
+    pub(crate) async fn connect(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
+        let info = url.into_connection_info().map_err(|e| LockError::Config {
+            backend: REDIS_BACKEND,
+            message: format!("invalid Redis URL {url:?}"),
+            source: Some(Box::new(e)),
+        })?;
+        let settings = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let info = info.set_redis_settings(settings);
+        let address = info.addr().to_string();
+        let client = redis::Client::open(info).map_err(lock_error)?;
+        let wakeups = Arc::new(Wakeups::default());
+        let router = wakeups.clone();
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(connect_timeout))
+            .set_response_timeout(Some(connect_timeout))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500))
+            .set_automatic_resubscription()
+            .set_push_sender(move |push| {
+                router.on_push(push);
+                Ok::<(), ()>(())
+            });
+        let conn = client
+            .get_connection_manager_with_config(config)
+            .await
+            .map_err(|e| match lock_error(e) {
+                LockError::Backend { source, .. } => LockError::Config {
+                    backend: REDIS_BACKEND,
+                    message: format!("{address} did not accept a RESP3 Redis connection (Redis 6 or later is needed)"),
+                    source: Some(source),
+                },
+                other => other,
+            })?;
+        Ok(Node {
+            address,
+            conn,
+            wakeups,
+        })
+    }
+
+    /// `host:port` of the server.
+    pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// Runs the acquire script.
+    pub(crate) async fn try_grant(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Result<NodeGrant, LockError> {
+        let (granted, value): (i64, i64) = crate::scripts::ACQUIRE
+            .key(&names.lock)
+            .key(&names.fence)
+            .arg(owner.to_string())
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(lock_error)?;
+        Ok(match granted {
+            1 => NodeGrant::Granted(FencingToken::new(value.max(0) as u64)),
+            _ => NodeGrant::Held(u64::try_from(value).ok().map(Duration::from_millis)),
+        })
+    }
+
+    /// Runs the owner-checked release script.
+    pub(crate) async fn release(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let found: i64 = crate::scripts::RELEASE
+            .key(&names.lock)
+            .key(&names.channel)
+            .arg(owner.to_string())
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(lock_error)?;
+        Ok(match found {
+            1 => ReleaseOutcome::Released,
+            2 => ReleaseOutcome::HeldByOther,
+            _ => ReleaseOutcome::Expired,
+        })
+    }
+
+    /// Runs the owner-checked extend script. `Extended`'s deadline is filled in by the caller.
+    pub(crate) async fn extend(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let found: i64 = crate::scripts::EXTEND
+            .key(&names.lock)
+            .arg(owner.to_string())
+            .arg(ttl_millis(ttl))
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(lock_error)?;
+        Ok(match found {
+            1 => ExtendOutcome::Extended {
+                valid_until: tokio::time::Instant::now(),
+            },
+            2 => ExtendOutcome::HeldByOther,
+            _ => ExtendOutcome::Expired,
+        })
+    }
+
+    /// Subscribes (once per channel per client) to `names`' release channel.
+    pub(crate) async fn watch(&self, names: &KeyNames) -> (WakeTicket, bool) {
+        self.wakeups.watch(&self.conn, &names.channel).await
+    }
+
+    /// Channels this node's connection currently tracks.
+    pub(crate) fn tracked_channels(&self) -> usize {
+        self.wakeups.tracked()
+    }
+}
+
+/// Milliseconds for `PX`/`PEXPIRE`; TTLs are validated to at least 10 ms, so nothing
+/// rounds to zero.
+fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}

@@ -1,0 +1,160 @@
+//! Release wake-ups: a per-key pub/sub channel, shared by every waiter of one client.
+//!
+//! The client's single RESP3 connection carries the subscriptions; pushed messages are
+//! routed here and wake the local waiters of that channel. Each channel is subscribed
+//! once however many tasks wait on it, and unsubscribed when the last one leaves.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use redis::aio::ConnectionManager;
+use redis::{PushInfo, PushKind, Value};
+use tokio::sync::Notify;
+
+#[derive(Debug)]
+struct Channel {
+    notify: Arc<Notify>,
+    waiters: usize,
+    subscribed: bool,
+}
+
+/// The channels this client's waiters listen on.
+#[derive(Debug, Default)]
+pub(crate) struct Wakeups {
+    channels: Mutex<HashMap<String, Channel>>,
+    /// Serialises SUBSCRIBE and UNSUBSCRIBE, so an unsubscribe of a channel's last
+    /// waiter cannot overtake a newer waiter's subscribe.
+    commands: tokio::sync::Mutex<()>,
+}
+
+impl Wakeups {
+    fn channels(&self) -> MutexGuard<'_, HashMap<String, Channel>> {
+        self.channels.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Routes one push from the server: a message wakes its channel's waiters; a lost
+    /// connection wakes everyone, so they retry (and find out) at once.
+    pub(crate) fn on_push(&self, push: PushInfo) {
+        match push.kind {
+            PushKind::Message => {
+                if let Some(Value::BulkString(name)) = push.data.first() {
+                    let name = String::from_utf8_lossy(name);
+                    if let Some(channel) = self.channels().get(name.as_ref()) {
+                        channel.notify.notify_waiters();
+                    }
+                }
+            }
+            PushKind::Disconnection => {
+                for channel in self.channels().values_mut() {
+                    // The new connection resubscribes only what the manager tracked;
+                    // make our own bookkeeping resubscribe on the next watch.
+                    channel.subscribed = false;
+                    channel.notify.notify_waiters();
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Registers a waiter on `channel` and makes sure the connection is subscribed.
+    /// The subscription is confirmed by the server before this returns, so a release
+    /// after it is never missed. Returns the ticket and whether the subscription holds;
+    /// without it the caller must poll.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        conn: &ConnectionManager,
+        channel: &str,
+    ) -> (WakeTicket, bool) {
+        let notify = {
+            let mut channels = self.channels();
+            let entry = channels
+                .entry(channel.to_owned())
+                .or_insert_with(|| Channel {
+                    notify: Arc::new(Notify::new()),
+                    waiters: 0,
+                    subscribed: false,
+                });
+            entry.waiters += 1;
+            entry.notify.clone()
+        };
+        let ticket = WakeTicket {
+            wakeups: self.clone(),
+            conn: conn.clone(),
+            channel: channel.to_owned(),
+            notify,
+        };
+        let _serial = self.commands.lock().await;
+        let needs_subscribe = self.channels().get(channel).is_some_and(|c| !c.subscribed);
+        if !needs_subscribe {
+            return (ticket, true);
+        }
+        let subscribed = conn.clone().subscribe(channel).await.is_ok();
+        if let Some(c) = self.channels().get_mut(channel) {
+            c.subscribed = subscribed;
+        }
+        (ticket, subscribed)
+    }
+
+    async fn forget(self: Arc<Self>, mut conn: ConnectionManager, channel: String) {
+        let _serial = self.commands.lock().await;
+        let subscribed = {
+            let mut channels = self.channels();
+            match channels.get(&channel) {
+                Some(c) if c.waiters == 0 => {
+                    let subscribed = c.subscribed;
+                    channels.remove(&channel);
+                    subscribed
+                }
+                _ => return,
+            }
+        };
+        if subscribed {
+            // If this fails the connection is gone, and its subscriptions with it.
+            let _ = conn.unsubscribe(&channel).await;
+        }
+    }
+
+    /// How many channels are tracked (for tests and metrics).
+    pub(crate) fn tracked(&self) -> usize {
+        self.channels().len()
+    }
+}
+
+/// One waiter's interest in a channel; dropping it unsubscribes the channel's last waiter.
+pub(crate) struct WakeTicket {
+    wakeups: Arc<Wakeups>,
+    conn: ConnectionManager,
+    channel: String,
+    notify: Arc<Notify>,
+}
+
+impl WakeTicket {
+    /// The notifier woken by a release on this channel.
+    pub(crate) fn notify(&self) -> &Notify {
+        &self.notify
+    }
+}
+
+impl Drop for WakeTicket {
+    fn drop(&mut self) {
+        let last = {
+            let mut channels = self.wakeups.channels();
+            match channels.get_mut(&self.channel) {
+                Some(c) => {
+                    c.waiters -= 1;
+                    c.waiters == 0
+                }
+                None => false,
+            }
+        };
+        if last {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(
+                    self.wakeups
+                        .clone()
+                        .forget(self.conn.clone(), self.channel.clone()),
+                );
+            }
+        }
+    }
+}
