@@ -9,13 +9,13 @@
 //! |-----|---------|
 //! | `memory://` | the process-wide default in-memory store |
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
-//! | `redis://`, `rediss://`, `redis+redlock://` | Redis (not built yet) |
+//! | `redis://HOST:PORT[/DB]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node or Redlock (feature `redis`) |
 //! | `postgres://`, `postgresql://` | Postgres advisory locks (not built yet) |
 //! | `zookeeper://`, `zk://` | ZooKeeper (not built yet) |
 //!
-//! Each server backend will be turned on by a Cargo feature of this crate; until it
-//! exists, its schemes are recognised and refused with a [`LockError::Config`] that
-//! says so.
+//! Each server backend is turned on by a Cargo feature of this crate and re-exported
+//! as a module (`distlock::redis`). A scheme whose feature is off is refused with a
+//! [`LockError::Config`] that names the feature.
 //!
 //! ```
 //! use std::time::Duration;
@@ -42,6 +42,10 @@
 
 pub use distlock_api::memory;
 pub use distlock_api::*;
+
+/// The Redis backend (feature `redis`).
+#[cfg(feature = "redis")]
+pub use distlock_redis as redis;
 
 use std::sync::Arc;
 
@@ -97,9 +101,12 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `NAME` (taken verbatim). Every client connected by the same URL shares locks, like
 ///   processes sharing a server; different names are independent. Memory URLs take no
 ///   options, so `NAME` must not contain `?` or `#`.
-/// - `redis://`, `rediss://`, `redis+redlock://`, `postgres://`, `postgresql://`,
-///   `zookeeper://` and `zk://` are recognised, but their backends are not part of this
-///   build yet, so they are refused with a configuration error that names the backend.
+/// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`); see
+///   `distlock_redis::node_urls` for the forms. `rediss://` is recognised but TLS is not
+///   built in yet.
+/// - `postgres://`, `postgresql://`, `zookeeper://` and `zk://` are recognised, but
+///   their backends are not part of this build yet, so they are refused with a
+///   configuration error that names the backend.
 ///
 /// Each call returns a new, independent client. Error messages never repeat the URL
 /// beyond its scheme, because server URLs may carry passwords.
@@ -107,8 +114,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// # Errors
 /// [`LockError::Config`] when `url` is empty, contains whitespace or control
 /// characters, lacks a `scheme://` prefix, has an unknown scheme, names a backend not
-/// available in this build, or is a memory URL with options. Connection errors will
-/// come from server backends once they exist.
+/// available in this build, or is a memory URL with options; the backend's own
+/// connection and configuration errors otherwise.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
     let (scheme, rest) = split_scheme(url)?;
     let backend = SCHEMES
@@ -124,18 +131,30 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         })?;
     match backend {
         Backend::Memory => connect_memory(rest),
-        // Each server backend adds its arm here, e.g.
-        // `#[cfg(feature = "redis")] Backend::Redis => distlock_redis::connect(url).await,`
-        // and then rewords this message for its scheme: "rebuild with the feature".
-        #[allow(unreachable_patterns)]
-        unavailable => Err(config(format!(
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        Backend::Redis => Err(feature_off(scheme, backend)),
+        // Postgres and ZooKeeper backends are not built yet.
+        Backend::Postgres | Backend::ZooKeeper => Err(config(format!(
             "{scheme}:// needs the {title} backend, which is not available in this build \
              (it is not built yet; once it ships, enable the `{feature}` feature of distlock)",
             scheme = scheme.to_ascii_lowercase(),
-            title = unavailable.title(),
-            feature = unavailable.feature(),
+            title = backend.title(),
+            feature = backend.feature(),
         ))),
     }
+}
+
+/// The error for a scheme whose backend's feature is off.
+#[allow(dead_code)]
+fn feature_off(scheme: &str, backend: Backend) -> LockError {
+    config(format!(
+        "{scheme}:// needs the {title} backend: rebuild with the `{feature}` feature of distlock",
+        scheme = scheme.to_ascii_lowercase(),
+        title = backend.title(),
+        feature = backend.feature(),
+    ))
 }
 
 /// A client of the memory store named by the rest of a `memory://` URL.
@@ -308,16 +327,20 @@ mod tests {
 
     #[tokio::test]
     async fn backends_not_built_name_their_feature() {
-        for (url, feature, title) in [
-            ("redis://127.0.0.1:6379", "redis", "Redis"),
-            ("rediss://h", "redis", "Redis"),
-            ("redis+redlock://a,b,c", "redis", "Redis"),
-            ("REDIS://h", "redis", "Redis"),
+        let mut cases = vec![
             ("postgres://user:secret@h/db", "postgres", "Postgres"),
             ("postgresql://h", "postgres", "Postgres"),
             ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),
             ("zk://h", "zookeeper", "ZooKeeper"),
-        ] {
+        ];
+        if cfg!(not(feature = "redis")) {
+            cases.extend([
+                ("redis://127.0.0.1:6379", "redis", "Redis"),
+                ("REDIS://h", "redis", "Redis"),
+                ("redis+redlock://a,b,c", "redis", "Redis"),
+            ]);
+        }
+        for (url, feature, title) in cases {
             let message = refused(url).await;
             assert!(
                 message.contains(&format!("`{feature}` feature")),
@@ -327,11 +350,23 @@ mod tests {
                 message.contains(&format!("the {title} backend")),
                 "{url}: {message}"
             );
-            assert!(message.contains("not available"), "{url}: {message}");
             assert!(!message.contains("secret"), "the URL leaked: {message}");
         }
-        let message = refused("redis+redlock://h").await;
-        assert!(message.starts_with("redis+redlock://"), "{message}");
+    }
+
+    #[cfg(feature = "redis")]
+    #[tokio::test]
+    async fn bad_redis_urls_are_config_errors_from_the_redis_backend() {
+        for url in [
+            "rediss://h",
+            "redis+redlock://a:1,b:2",
+            "redis+redlock://a:1,a:1,b:2",
+            "redis+redlock://",
+        ] {
+            let err = connect(url).await.unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{url}: {err}");
+            assert_eq!(err.backend(), redis::REDIS_BACKEND, "{url}");
+        }
     }
 
     #[tokio::test]

@@ -113,9 +113,9 @@ fn invalid_backend_urls_are_one_line_usage_errors() {
 
 #[test]
 fn backends_not_in_this_build_name_their_feature() {
-    let out = distlock(&["demo", "--backend", "redis://127.0.0.1:6379"]);
+    let out = distlock(&["demo", "--backend", "zookeeper://127.0.0.1:2181"]);
     let stderr = assert_one_line_error(&out, 2);
-    assert!(stderr.contains("`redis` feature"), "{stderr}");
+    assert!(stderr.contains("`zookeeper` feature"), "{stderr}");
 }
 
 #[test]
