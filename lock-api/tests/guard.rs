@@ -107,7 +107,7 @@ async fn extend_after_expiry_marks_the_guard_lost() {
     guard.lost().await;
     match guard.extend(Duration::from_secs(1)).await {
         Err(LockError::NotHeld {
-            reason: NotHeldReason::Expired,
+            reason: NotHeldReason::Lost,
             ..
         }) => {}
         other => panic!("extend after expiry gave {other:?}"),

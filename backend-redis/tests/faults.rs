@@ -1,0 +1,335 @@
+//! Redis under faults: killed connections, a restarted server, Redlock losing nodes,
+//! and partial grants undone.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use distlock_api::{
+    AutoRenew, DistributedLock, LeaseState, LockError, LockKey, LockOptions, WaitPolicy,
+};
+use distlock_redis::{KeyNames, RedisLock};
+use redis::AsyncCommands;
+use tokio::time::{timeout, Instant};
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
+}
+
+/// The server-side id of every client connection except the asking one.
+async fn other_client_ids(raw: &mut redis::aio::MultiplexedConnection) -> Vec<i64> {
+    let me: i64 = redis::cmd("CLIENT")
+        .arg("ID")
+        .query_async(raw)
+        .await
+        .unwrap();
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(raw)
+        .await
+        .unwrap();
+    list.lines()
+        .filter_map(|line| line.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .filter_map(|id| id.parse().ok())
+        .filter(|id| *id != me)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_that_cannot_come_back_frees_the_lock_and_fires_lost() {
+    let h = common::start(1).await;
+    let (holder, proxies) = h.proxied_client().await;
+    let ttl = Duration::from_millis(600);
+    let k = key("client-kill");
+    let guard = holder
+        .acquire(&k, &LockOptions::new(ttl).with_auto_renew(AutoRenew::new()))
+        .await
+        .unwrap();
+    // The holder's host goes away: its connection is killed server-side and it cannot reconnect.
+    proxies[0].refuse_new(true);
+    let mut raw = h.raw(0).await;
+    for id in other_client_ids(&mut raw).await {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    let killed_at = Instant::now();
+    timeout(ttl + Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() fires once renewal fails");
+    assert_eq!(guard.state(), LeaseState::Lost);
+    let other = RedisLock::connect(&h.url()).await.unwrap();
+    let taken = other
+        .acquire(&k, &waiting(ttl, ttl + Duration::from_secs(2)))
+        .await
+        .expect("the lock frees within the TTL");
+    assert!(killed_at.elapsed() <= ttl + Duration::from_secs(2));
+    taken.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connection_of_a_live_client_reconnects_and_keeps_renewing() {
+    let h = common::start(1).await;
+    let holder = RedisLock::connect(&h.url()).await.unwrap();
+    let ttl = Duration::from_millis(600);
+    let k = key("client-kill-reconnect");
+    let guard = holder
+        .acquire(&k, &LockOptions::new(ttl).with_auto_renew(AutoRenew::new()))
+        .await
+        .unwrap();
+    let mut raw = h.raw(0).await;
+    for id in other_client_ids(&mut raw).await {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+    }
+    // Several TTLs later the watchdog, reconnected, still holds the lock.
+    tokio::time::sleep(ttl * 3).await;
+    assert_eq!(
+        guard.state(),
+        LeaseState::Held,
+        "the lease did not recover after a reconnect"
+    );
+    let other = RedisLock::connect(&h.url()).await.unwrap();
+    assert!(other
+        .try_acquire(&k, &LockOptions::new(ttl))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        guard.release().await.unwrap(),
+        distlock_api::ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_while_tasks_wait() {
+    let h = common::start(1).await;
+    let url = h.url();
+    let k = key("restart");
+    let holder = RedisLock::connect(&url).await.unwrap();
+    let _held = holder
+        .acquire(&k, &LockOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for _ in 0..4 {
+        let lock = RedisLock::connect(&url).await.unwrap();
+        let (k, inside) = (k.clone(), inside.clone());
+        waiters.push(tokio::spawn(async move {
+            let options = waiting(Duration::from_secs(5), Duration::from_secs(8));
+            let guard = lock.acquire(&k, &options).await?;
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            // A short critical section; the next waiter is woken by the release.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.map(|_| ())
+        }));
+    }
+    {
+        let mut servers = h.servers.lock().await;
+        servers[0].kill();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        servers[0].restart().await.unwrap();
+    }
+    // Without persistence the restarted server forgot the held lock: waiters get it.
+    let mut acquired = 0;
+    for waiter in waiters {
+        match timeout(Duration::from_secs(20), waiter)
+            .await
+            .expect("a waiter hung")
+            .expect("a waiter panicked")
+        {
+            Ok(()) => acquired += 1,
+            Err(LockError::Timeout { .. }) => {}
+            Err(other) => panic!("a waiter failed uncleanly: {other}"),
+        }
+    }
+    assert!(acquired >= 1, "no waiter acquired after the restart");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_one_of_three_nodes_down_still_acquires() {
+    let h = common::start(3).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    h.servers.lock().await[2].kill();
+    let k = key("redlock-minority");
+    let guard = lock
+        .acquire(&k, &waiting(Duration::from_secs(5), Duration::from_secs(5)))
+        .await
+        .expect("a majority is enough");
+    let other = RedisLock::connect(&common::url_for(&h.ports[..1]))
+        .await
+        .unwrap();
+    assert!(other
+        .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        guard.release().await.unwrap(),
+        distlock_api::ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_with_two_of_three_nodes_down_fails_fast_and_leaves_no_key() {
+    let h = common::start(3).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    {
+        let mut servers = h.servers.lock().await;
+        servers[1].kill();
+        servers[2].kill();
+    }
+    let k = key("redlock-majority");
+    let started = Instant::now();
+    let result = lock
+        .acquire(
+            &k,
+            &waiting(Duration::from_secs(5), Duration::from_secs(30)),
+        )
+        .await;
+    let took = started.elapsed();
+    match result {
+        Err(LockError::Connection { source, .. }) => {
+            assert!(
+                source.to_string().contains("majority"),
+                "unclear error: {source}"
+            )
+        }
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+    assert!(took < Duration::from_secs(10), "took {took:?}: not fast");
+    {
+        let mut servers = h.servers.lock().await;
+        servers[1].restart().await.unwrap();
+        servers[2].restart().await.unwrap();
+    }
+    let names = KeyNames::for_key(&k);
+    for node in 0..3 {
+        let exists: bool = h.raw(node).await.exists(&names.lock).await.unwrap();
+        assert!(
+            !exists,
+            "node {node} kept the lock key after a failed acquire"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_partial_acquisition_is_released() {
+    let h = common::start(3).await;
+    let k = key("redlock-partial");
+    let names = KeyNames::for_key(&k);
+    // A foreign owner holds the key on two of three nodes.
+    for node in [1, 2] {
+        let set: Option<String> = redis::cmd("SET")
+            .arg(&names.lock)
+            .arg("foreign")
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .query_async(&mut h.raw(node).await)
+            .await
+            .unwrap();
+        assert_eq!(set.as_deref(), Some("OK"));
+    }
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    assert!(lock
+        .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    let ours: bool = h.raw(0).await.exists(&names.lock).await.unwrap();
+    assert!(!ours, "the win on node 0 was not released");
+    for node in [1, 2] {
+        let theirs: Option<String> = h.raw(node).await.get(&names.lock).await.unwrap();
+        assert_eq!(
+            theirs.as_deref(),
+            Some("foreign"),
+            "node {node}: the foreign lock was touched"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interop_with_plain_set_nx_px_holders() {
+    let h = common::start(1).await;
+    let k = key("interop");
+    let names = KeyNames::for_key(&k);
+    let mut raw = h.raw(0).await;
+    // A foreign client (redis-py's Lock, redsync, rslock) takes the key: ours is excluded.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&names.lock)
+        .arg("py-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(set.as_deref(), Some("OK"));
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    assert!(lock
+        .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    // The foreign holder releases by compare-and-delete, without publishing: our waiter
+    // still gets the key, by its safety-net retry.
+    let waiter = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move {
+            lock.acquire(
+                &k,
+                &waiting(Duration::from_secs(5), Duration::from_secs(10)),
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let deleted: i64 = redis::Script::new("if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0")
+        .key(&names.lock).arg("py-token").invoke_async(&mut raw).await.unwrap();
+    assert_eq!(deleted, 1);
+    let guard = waiter
+        .await
+        .unwrap()
+        .expect("our waiter gets the key after the foreign release");
+    // Ours excludes theirs, and the stored value is our owner token.
+    let theirs: Option<String> = redis::cmd("SET")
+        .arg(&names.lock)
+        .arg("py-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(theirs, None, "a foreign SET NX took a key we hold");
+    let stored: String = raw.get(&names.lock).await.unwrap();
+    assert_eq!(stored, guard.lease().owner().to_string());
+    let pttl: i64 = raw.pttl(&names.lock).await.unwrap();
+    assert!(
+        pttl > 0 && pttl <= 5_000,
+        "PX expiry expected, got PTTL {pttl}"
+    );
+    guard.release().await.unwrap();
+}
