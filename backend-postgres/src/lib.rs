@@ -1,0 +1,1 @@
+//! The postgres backend of distlock (in progress).

@@ -1,0 +1,1 @@
+//! The zookeeper backend of distlock (in progress).
