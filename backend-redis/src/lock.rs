@@ -17,8 +17,12 @@ use crate::keys::KeyNames;
 use crate::node::{Node, NodeGrant};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
-/// How long an acquire that waits forever keeps retrying a single node that fails.
+/// How long an acquire keeps retrying a single node that fails.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
+
+/// How many Redlock attempts in a row may miss the majority through node failures
+/// before an acquire gives up: slow nodes get another chance, a lost majority fails fast.
+const REDLOCK_ATTEMPTS: u32 = 3;
 
 /// A Redis lock client: one node, or Redlock over N independent nodes.
 ///
@@ -90,7 +94,7 @@ impl RedisLock {
     fn node_timeout(&self, ttl: Duration) -> Duration {
         if self.is_redlock() {
             self.inner.config.redlock_node_timeout.unwrap_or_else(|| {
-                (ttl / 10).clamp(Duration::from_millis(50), Duration::from_secs(1))
+                (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
             })
         } else {
             self.inner.config.request_timeout
@@ -103,7 +107,8 @@ impl RedisLock {
         self.inner.nodes.iter().map(Node::tracked_channels).sum()
     }
 
-    /// Runs `op` on every node in parallel, each bounded by `limit`.
+    /// Runs `op` on every node in parallel, each bounded by `limit` (Redlock) or by the
+    /// connection's response timeout (one node).
     async fn on_all_nodes<'a, T, F, Fut>(
         &'a self,
         limit: Duration,
@@ -113,6 +118,11 @@ impl RedisLock {
         F: Fn(&'a Node) -> Fut,
         Fut: std::future::Future<Output = Result<T, LockError>>,
     {
+        if let [node] = self.inner.nodes.as_slice() {
+            // The connection's own response timeout (`request_timeout`) bounds a single
+            // node; skipping the extra timer and join keeps the hot path lean.
+            return vec![op(node).await];
+        }
         join_all(self.inner.nodes.iter().map(|node| {
             let call = op(node);
             async move {
@@ -163,6 +173,30 @@ impl RedisLock {
             |node| node.release(names, owner),
         )
         .await
+    }
+
+    /// Whether a failed attempt may be retried: only while waiting, until the deadline,
+    /// and for at most [`ERROR_PATIENCE`] (one node) or [`REDLOCK_ATTEMPTS`] attempts
+    /// (Redlock) of consecutive failures.
+    fn retry_or_give_up(
+        &self,
+        error: LockError,
+        deadline: Option<Instant>,
+        started: Instant,
+        failing: &mut Option<(Instant, u32)>,
+    ) -> Result<Option<Duration>, LockError> {
+        let (since, attempts) = failing.get_or_insert((Instant::now(), 0));
+        *attempts += 1;
+        let patience_spent = if self.is_redlock() {
+            *attempts >= REDLOCK_ATTEMPTS
+        } else {
+            since.elapsed() >= ERROR_PATIENCE
+        };
+        let out_of_time = deadline.is_some_and(|d| d == started || Instant::now() >= d);
+        if patience_spent || out_of_time {
+            return Err(error);
+        }
+        Ok(None)
     }
 
     async fn attempt(
@@ -300,7 +334,7 @@ impl DistributedLock for RedisLock {
         let deadline = options.wait().deadline_from(started);
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
-        let mut failing_since: Option<Instant> = None;
+        let mut failing: Option<(Instant, u32)> = None;
         loop {
             // Register for wake-ups before the attempt, so a release in between counts.
             let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
@@ -315,20 +349,13 @@ impl DistributedLock for RedisLock {
             let held_for = match self.attempt(key, &names, options).await {
                 Ok(Attempt::Granted(guard)) => return Ok(guard),
                 Ok(Attempt::Held(held_for)) => {
-                    failing_since = None;
+                    failing = None;
                     held_for
                 }
-                // A single node restarting: keep trying while the wait allows.
-                Err(error)
-                    if error.is_retryable() && !self.is_redlock() && deadline != Some(started) =>
-                {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    let out_of_time =
-                        deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
-                    if out_of_time {
-                        return Err(error);
-                    }
-                    None
+                // A single node restarting, or Redlock nodes slow to answer: keep trying
+                // while the wait allows, within a bounded patience.
+                Err(error) if error.is_retryable() => {
+                    self.retry_or_give_up(error, deadline, started, &mut failing)?
                 }
                 Err(error) => return Err(error),
             };
@@ -345,7 +372,7 @@ impl DistributedLock for RedisLock {
                 tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
                 continue;
             }
-            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing_since.is_none();
+            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
             // A safety-net poll even when subscribed: foreign holders do not publish.
             let poll = if subscribed {
                 options.backoff().max()
