@@ -333,3 +333,85 @@ async fn interop_with_plain_set_nx_px_holders() {
     );
     guard.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let holder = RedisLock::connect(&h.url()).await.unwrap();
+    let mut raw = h.raw(0).await;
+    let connections_before = other_client_ids(&mut raw).await.len();
+    let keys: Vec<LockKey> = (0..10).map(|i| key(&format!("many-waiters/{i}"))).collect();
+    let mut held = Vec::new();
+    for k in &keys {
+        held.push(
+            holder
+                .acquire(k, &LockOptions::new(Duration::from_secs(30)))
+                .await
+                .unwrap(),
+        );
+    }
+    // 200 waiters, 20 per key, all on one client.
+    let mut waiters = Vec::new();
+    for i in 0..200 {
+        let (lock, k) = (lock.clone(), keys[i % keys.len()].clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = lock
+                .acquire(
+                    &k,
+                    &waiting(Duration::from_secs(30), Duration::from_secs(30)),
+                )
+                .await?;
+            guard.release().await
+        }));
+    }
+    // One subscription per key, not per waiter, all on the client's one connection.
+    timeout(Duration::from_secs(10), async {
+        loop {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if channels.len() == keys.len() {
+                break;
+            }
+            assert!(channels.len() < keys.len(), "{channels:?}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await
+    .expect("waiters subscribe");
+    assert_eq!(lock.tracked_wakeup_channels(), keys.len());
+    assert_eq!(
+        other_client_ids(&mut raw).await.len(),
+        connections_before,
+        "waiting opened connections"
+    );
+    for guard in held {
+        guard.release().await.unwrap();
+    }
+    for waiter in waiters {
+        timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("a waiter hung")
+            .unwrap()
+            .unwrap();
+    }
+    // The last waiter of each key unsubscribes.
+    timeout(Duration::from_secs(10), async {
+        loop {
+            let channels: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .query_async(&mut raw)
+                .await
+                .unwrap();
+            if channels.is_empty() && lock.tracked_wakeup_channels() == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("subscriptions are dropped when nobody waits");
+}
