@@ -37,6 +37,11 @@ if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/in
     missing+=(postgresql)
 fi
 
+# The TLS test makes a throwaway certificate with the openssl tool.
+if ! command -v openssl >/dev/null 2>&1; then
+    missing+=(openssl)
+fi
+
 if ((${#missing[@]} > 0)); then
     if [[ "$(id -u)" -eq 0 ]]; then
         echo "scripts/test.sh: installing ${missing[*]}" >&2

@@ -101,9 +101,9 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `NAME` (taken verbatim). Every client connected by the same URL shares locks, like
 ///   processes sharing a server; different names are independent. Memory URLs take no
 ///   options, so `NAME` must not contain `?` or `#`.
-/// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`); see
-///   `distlock_redis::node_urls` for the forms. `rediss://` is recognised but TLS is not
-///   built in yet.
+/// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
+///   `rediss://` over TLS (feature `redis-tls`); see `distlock_redis::node_urls` for
+///   the forms.
 /// - `postgres://`, `postgresql://`, `zookeeper://` and `zk://` are recognised, but
 ///   their backends are not part of this build yet, so they are refused with a
 ///   configuration error that names the backend.
@@ -357,8 +357,11 @@ mod tests {
     #[cfg(feature = "redis")]
     #[tokio::test]
     async fn bad_redis_urls_are_config_errors_from_the_redis_backend() {
+        if cfg!(not(feature = "redis-tls")) {
+            let err = connect("rediss://h").await.unwrap_err();
+            assert!(err.to_string().contains("`tls` feature"), "{err}");
+        }
         for url in [
-            "rediss://h",
             "redis+redlock://a:1,b:2",
             "redis+redlock://a:1,a:1,b:2",
             "redis+redlock://",

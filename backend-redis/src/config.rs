@@ -40,14 +40,16 @@ impl RedisConfig {
 
 /// Splits a URL into one `redis://` URL per node.
 ///
-/// - `redis://[user:pass@]host[:port][/db]` is a single node;
+/// - `redis://[user:pass@]host[:port][/db]` is a single node; so is
+///   `rediss://…` (TLS) with the `tls` feature, where a `#insecure` fragment skips
+///   certificate verification;
 /// - `redis+redlock://[user:pass@]host:port,host:port,host:port[/db]` lists Redlock's
 ///   independent nodes, which share the credentials and database. There must be an
 ///   odd number of them, at least 3, none listed twice.
 ///
 /// # Errors
-/// [`LockError::Config`] for any other scheme, `rediss://` (TLS is not built in yet), an
-/// empty, even or duplicated node list.
+/// [`LockError::Config`] for any other scheme, `rediss://` without the `tls` feature,
+/// or an empty, even or duplicated Redlock node list.
 pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
     let config_error = |message: String| LockError::config(REDIS_BACKEND, message);
     let (scheme, rest) = url
@@ -55,8 +57,9 @@ pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
         .ok_or_else(|| config_error(format!("{url:?} is not a URL")))?;
     match scheme {
         "redis" => Ok(vec![url.to_owned()]),
+        "rediss" if cfg!(feature = "tls") => Ok(vec![url.to_owned()]),
         "rediss" => Err(config_error(
-            "rediss:// (TLS) is not supported by this build of distlock-redis".to_owned(),
+            "rediss:// (TLS) needs the `tls` feature of distlock-redis".to_owned(),
         )),
         "redis+redlock" => {
             let (userinfo, hosts_and_path) = match rest.rsplit_once('@') {
@@ -125,6 +128,11 @@ mod tests {
     }
 
     #[test]
+    fn tls_needs_its_feature() {
+        assert_eq!(node_urls("rediss://a:1").is_ok(), cfg!(feature = "tls"));
+    }
+
+    #[test]
     fn bad_redlock_node_lists() {
         for url in [
             "redis+redlock://",
@@ -133,7 +141,6 @@ mod tests {
             "redis+redlock://a:1,b:2,A:1",
             "redis+redlock://a,b:2,a:6379",
             "redis+redlock://a:1",
-            "rediss://a:1",
             "http://a",
             "nothing",
         ] {

@@ -65,6 +65,11 @@ impl Node {
             .set_protocol(ProtocolVersion::RESP3);
         let info = info.set_redis_settings(settings);
         let address = info.addr().to_string();
+        #[cfg(feature = "tls")]
+        {
+            // One process-wide crypto provider; another crate may have installed one first.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         let client = redis::Client::open(info).map_err(lock_error)?;
         let wakeups = Arc::new(Wakeups::default());
         let router = wakeups.clone();
