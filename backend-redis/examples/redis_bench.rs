@@ -2,7 +2,7 @@
 //! in the same run: a bare redis-rs multiplexed connection issuing the same two round
 //! trips (`SET key token NX PX` + a compare-and-delete `EVAL`).
 //!
-//! `cargo run --release -p distlock-redis --example bench [SECONDS_PER_CASE]`
+//! `cargo run --release -p distlock-redis --example redis_bench [SECONDS_PER_CASE]`
 //! starts its own throwaway redis-server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
