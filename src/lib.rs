@@ -11,7 +11,7 @@
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
 //! | `redis://HOST:PORT[/DB]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node or Redlock (feature `redis`) |
 //! | `postgres://`, `postgresql://` | Postgres advisory locks (not built yet) |
-//! | `zookeeper://`, `zk://` | ZooKeeper (not built yet) |
+//! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported
 //! as a module (`distlock::redis`). A scheme whose feature is off is refused with a
@@ -46,6 +46,10 @@ pub use distlock_api::*;
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
 pub use distlock_redis as redis;
+
+/// The ZooKeeper backend (feature `zookeeper`).
+#[cfg(feature = "zookeeper")]
+pub use distlock_zookeeper as zookeeper;
 
 use std::sync::Arc;
 
@@ -104,9 +108,10 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
 ///   `rediss://` over TLS (feature `redis-tls`); see `distlock_redis::node_urls` for
 ///   the forms.
-/// - `postgres://`, `postgresql://`, `zookeeper://` and `zk://` are recognised, but
-///   their backends are not part of this build yet, so they are refused with a
-///   configuration error that names the backend.
+/// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`); see
+///   `distlock_zookeeper::parse_url` for the form.
+/// - `postgres://` and `postgresql://` are recognised, but that backend is not part of
+///   this build yet, so they are refused with a configuration error that names it.
 ///
 /// Each call returns a new, independent client. Error messages never repeat the URL
 /// beyond its scheme, because server URLs may carry passwords.
@@ -135,8 +140,14 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
         #[cfg(not(feature = "redis"))]
         Backend::Redis => Err(feature_off(scheme, backend)),
-        // Postgres and ZooKeeper backends are not built yet.
-        Backend::Postgres | Backend::ZooKeeper => Err(config(format!(
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url).await?,
+        )),
+        #[cfg(not(feature = "zookeeper"))]
+        Backend::ZooKeeper => Err(feature_off(scheme, backend)),
+        // The Postgres backend is not built yet.
+        Backend::Postgres => Err(config(format!(
             "{scheme}:// needs the {title} backend, which is not available in this build \
              (it is not built yet; once it ships, enable the `{feature}` feature of distlock)",
             scheme = scheme.to_ascii_lowercase(),
@@ -330,9 +341,13 @@ mod tests {
         let mut cases = vec![
             ("postgres://user:secret@h/db", "postgres", "Postgres"),
             ("postgresql://h", "postgres", "Postgres"),
-            ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),
-            ("zk://h", "zookeeper", "ZooKeeper"),
         ];
+        if cfg!(not(feature = "zookeeper")) {
+            cases.extend([
+                ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),
+                ("zk://h", "zookeeper", "ZooKeeper"),
+            ]);
+        }
         if cfg!(not(feature = "redis")) {
             cases.extend([
                 ("redis://127.0.0.1:6379", "redis", "Redis"),

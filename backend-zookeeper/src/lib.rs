@@ -1,1 +1,151 @@
-//! The zookeeper backend of distlock (in progress).
+//! The ZooKeeper backend of distlock: Curator-compatible ephemeral-sequential locks,
+//! predecessor watches, a lease that is the ZooKeeper session, and the lock node's
+//! `czxid` as fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), distlock_api::LockError> {
+//! use std::time::Duration;
+//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_zookeeper::ZooKeeperLock;
+//!
+//! let locks = ZooKeeperLock::connect("zookeeper://zk1:2181,zk2:2181,zk3:2181/app").await?;
+//! let key = LockKey::new("invoices/2026-11")?;
+//! let options = LockOptions::new(Duration::from_secs(30))
+//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+//! let guard = locks.acquire(&key, &options).await?;
+//! // Send guard.fencing_token() (the lock node's czxid) with every protected write.
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Protocol
+//! Lock key `K` has the lock directory `[chroot]/distlock/{encode_key(K)}` (see
+//! [`encode_key`] for the injective, path-safe encoding, and
+//! [`ZooKeeperConfig::base_path`]). Its ancestors are created on demand as **container
+//! nodes**, which the server deletes once they are empty.
+//!
+//! - **acquire** creates an ephemeral-sequential contender node
+//!   `_c_<guid>-lock-<sequence>` in the directory. The contender with the lowest
+//!   sequence holds the lock. The create is one multi transaction with an empty
+//!   `setData` on the directory, whose returned `Stat` says how many children the
+//!   directory has right after our create: one means we hold the lock, so an
+//!   uncontended acquire is a single round trip (the same as a bare create). Otherwise
+//!   the client lists the directory. (Should the directory's ACL refuse the write, a
+//!   plain create is pipelined with the listing instead.)
+//! - A contender that does not hold the lock sets a data watch on the **next lower**
+//!   node only, so a release wakes exactly one waiter (no herd effect) and the lock
+//!   passes on in FIFO order of arrival. When the watch fires the waiter lists again:
+//!   the predecessor may have been a waiter that gave up.
+//! - **release** deletes the node. **extend** sends a `sync` and, right behind it,
+//!   checks that the node still exists with the lease's `czxid`, owned by our live
+//!   session (see *Lease* below).
+//! - **try-acquire** (and `NoWait`) create, look, and delete their node again if they
+//!   do not hold the lock.
+//!
+//! # Curator interoperability
+//! The `<guid>` is the lease's owner token written as a UUID, so contender names have
+//! exactly the layout of Apache Curator's protected nodes (`ProtectedUtils`) and its
+//! `InterProcessMutex` (lock name `lock-`, ordered by the digits after the last
+//! `lock-`). A Java service using `new InterProcessMutex(client, dir)` on the same
+//! directory ([`ZooKeeperLock::lock_dir`]) and a Rust service using this crate exclude
+//! each other and queue fairly together. Children without a `lock-<digits>` suffix are
+//! ignored (Curator would sort them by name).
+//!
+//! The GUID also makes creates safe to retry: after a `ConnectionLoss` during the
+//! create, the client lists the directory and looks for its own GUID before it creates
+//! anything again (the create may have been applied), and a lease can be released by
+//! any client that has it, even after a reconnect.
+//!
+//! # Sessions
+//! One ZooKeeper session serves every lock and waiter of a [`ZooKeeperLock`] and its
+//! clones. The session timeout asked for ([`ZooKeeperConfig::session_timeout`], or
+//! `?session_timeout_ms=` in the URL) is negotiated by the server; the negotiated value
+//! is read back ([`ZooKeeperLock::session_timeout`]) and used everywhere below. An
+//! expired session is never resumed: the next operation opens a new one.
+//!
+//! # Lease, loss and fencing
+//! - **The lease is the session.** A lock is held until it is released or its session
+//!   ends, whatever TTL the options ask for: the capabilities report `ttl_expiry`
+//!   unsupported. **Liveness bound:** a crashed or cut-off holder keeps its locks until
+//!   the server expires its session, the negotiated session timeout after it last
+//!   heard from it (rounded up to the server's tick). The options' TTL is kept in the
+//!   lease and only sets the auto-renew watchdog's cadence (TTL/3).
+//! - **Validity.** The guard's deadline is `t + session timeout`, where `t` is when the
+//!   last request the server answered on that session was sent: the server heard from
+//!   us after `t`, so it cannot expire the session before then. While locks are held a
+//!   per-session task sends a `sync` (which goes through the leader) every third of the
+//!   session timeout and pushes every lease's deadline forward, so no auto-renew is
+//!   needed to keep a lock; the same beat reads all held nodes in one multi-read.
+//!   **extend** proves the session alive *and* the node present and pushes the
+//!   deadline the same way (the TTL it is given only has to be valid), so the
+//!   auto-renew watchdog adds a periodic check of the node.
+//! - **Three states.** A disconnect makes the session's leases *suspect*; a reconnect
+//!   within the session makes them *held* again at the next `sync`. Session expiry (or
+//!   close) makes them *lost* and fires `lost()` at once, and so does a held lock node
+//!   found deleted (by an operator) at the next beat. Without any news, a lease whose
+//!   deadline passes reads lost on the client's clock, before the server can have
+//!   expired the session.
+//! - **Fencing token: the lock node's `czxid`**, the zxid of the transaction that
+//!   created it. It is 64-bit and totally ordered across the ensemble; contenders of a
+//!   key are granted in creation order, so tokens strictly increase with every grant,
+//!   across expiry takeovers and even after the container directory was deleted and
+//!   recreated. (The sequence suffix is not a token: it is per directory and 32-bit.)
+//!   On the fast path it is read as the directory's `mzxid` from the same transaction,
+//!   which equals our node's `czxid` (a create's own `Stat` inside a multi is not
+//!   reliable before ZooKeeper 3.8.2, ZOOKEEPER-4026).
+//!
+//! # Cancel-safety
+//! Until a grant is handed out, an acquire holds a drop guard. Dropping the acquire
+//! future at any await point (or giving up after an error or a timeout) spawns, on the
+//! current runtime, a task that lists the directory through the same session and
+//! deletes every node with our GUID. Because it is sent after the create, it also
+//! catches a create whose reply was still in flight. It retries through connection
+//! trouble until it succeeds or the session ends, which removes the ephemeral node
+//! anyway: an orphaned contender never outlives our session. Waiters that give up
+//! delete their own node before returning.
+//!
+//! # Why not `zookeeper-client`'s own lock recipe
+//! `zookeeper_client::Client::lock(LockPrefix::new_curator(dir, "lock-"), …)` implements
+//! the same Curator-compatible recipe (protected names, predecessor watch, GUID lookup
+//! after `ConnectionLoss`, a drop guard). This crate builds beside it, on the same
+//! client, because:
+//! - it generates its own random UUID, so the GUID cannot be the lease's owner token,
+//!   and it drops the create's `Stat`, so the fencing `czxid` would cost another round
+//!   trip;
+//! - it only waits forever (no deadline, no try-once): a `NoWait` or zero-timeout try
+//!   built by cancelling it cannot tell "held" from "granted just now";
+//! - it creates, then lists in a second round trip; our multi (create + directory
+//!   `Stat`) makes an uncontended acquire one request and one round trip;
+//! - it treats only `ConnectionLoss` as an uncertain create (the client reports a reset
+//!   connection as an I/O error), retries with no backoff, and its lock handle borrows
+//!   the client, which does not fit a [`distlock_api::LockGuard`] that outlives the call.
+//!
+//! The node layout, ordering and watch strategy are the same, so locks taken through
+//! either exclude each other (a test checks this).
+//!
+//! # Caveats
+//! - A holder whose session survives a long partition can be reported lost by its own
+//!   clock (conservative) while the server still has its node; the guard's drop or
+//!   release then deletes the node.
+//! - ZooKeeper 3.5 or later is needed (container nodes, `create2`).
+//! - Nodes are created with the open ACL (`world:anyone`), as Curator's defaults; the
+//!   GUIDs in node names are readable by anyone who can list the directory, and a
+//!   lease's GUID is all it takes to release it.
+//! - Every acquire writes the lock directory's (empty) data, so its data version
+//!   counts acquires; nothing, Curator included, reads it.
+
+mod config;
+mod error;
+mod keys;
+mod lock;
+mod recipe;
+mod session;
+
+pub use config::{parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT};
+pub use keys::{
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
+};
+pub use lock::ZooKeeperLock;
+
+/// The backend name, in errors and reports.
+pub const ZOOKEEPER_BACKEND: &str = "zookeeper";

@@ -112,13 +112,6 @@ fn invalid_backend_urls_are_one_line_usage_errors() {
 }
 
 #[test]
-fn backends_not_in_this_build_name_their_feature() {
-    let out = distlock(&["demo", "--backend", "zookeeper://127.0.0.1:2181"]);
-    let stderr = assert_one_line_error(&out, 2);
-    assert!(stderr.contains("`zookeeper` feature"), "{stderr}");
-}
-
-#[test]
 fn invalid_backend_from_the_environment_is_a_usage_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
         .arg("demo")

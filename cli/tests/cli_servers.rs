@@ -1,8 +1,8 @@
-//! The CLI against a real redis-server: the demo and an all-pass conformance table.
+//! The CLI against real servers: the demo and an all-pass conformance table.
 
 use std::process::Command;
 
-use distlock_conformance::servers::RedisServer;
+use distlock_conformance::servers::{RedisServer, ZooKeeperServer};
 
 async fn server() -> RedisServer {
     RedisServer::start()
@@ -10,12 +10,11 @@ async fn server() -> RedisServer {
         .unwrap_or_else(|e| panic!("could not start redis-server (run scripts/test.sh): {e}"))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn demo_and_conformance_pass_on_redis() {
-    let server = server().await;
-    let url = server.url();
+/// Runs the demo and the conformance table against `url`, asserting both pass; the
+/// demo's fencing act runs when `fencing_act` is true and says it is skipped otherwise.
+fn demo_and_conformance_pass(url: &str, fencing_act: bool) {
     let demo = Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(["demo", "--backend", &url])
+        .args(["demo", "--backend", url])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&demo.stdout);
@@ -25,13 +24,16 @@ async fn demo_and_conformance_pass_on_redis() {
         "{stdout}{}",
         String::from_utf8_lossy(&demo.stderr)
     );
-    assert!(
-        stdout.contains("700") && stdout.contains("500") && stdout.contains("rejected"),
-        "{stdout}"
-    );
+    assert!(stdout.contains("700") && stdout.contains("500"), "{stdout}");
+    let expected = if fencing_act {
+        "stale write rejected"
+    } else {
+        "fencing act skipped"
+    };
+    assert!(stdout.contains(expected), "{stdout}");
 
     let run = Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(["conformance", "--backend", &url])
+        .args(["conformance", "--backend", url])
         .output()
         .unwrap();
     let table = String::from_utf8_lossy(&run.stdout);
@@ -44,6 +46,21 @@ async fn demo_and_conformance_pass_on_redis() {
     let last = table.lines().last().unwrap_or_default();
     assert!(last.contains(" passed, 0 failed"), "{table}");
     assert!(!table.contains("FAIL "), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_and_conformance_pass_on_redis() {
+    let server = server().await;
+    demo_and_conformance_pass(&server.url(), true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_and_conformance_pass_on_zookeeper() {
+    let server = ZooKeeperServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
+    // A session-bound lease has no TTL expiry for the fencing act to use.
+    demo_and_conformance_pass(&server.url(), false);
 }
 
 #[tokio::test]

@@ -1,0 +1,248 @@
+//! Lock keys to ZooKeeper node names, and the Curator-compatible contender names.
+
+use distlock_api::{LockKey, OwnerToken};
+
+/// The lock name Curator's `InterProcessMutex` uses: contender nodes are called
+/// `_c_<guid>-lock-<sequence>`.
+pub const LOCK_NAME: &str = "lock-";
+
+/// Curator's prefix of protected node names (`CreateBuilder.withProtection()`).
+pub const PROTECTED_PREFIX: &str = "_c_";
+
+/// Encodes a lock key as one ZooKeeper node name (one path segment).
+///
+/// The encoding works byte by byte on the key's UTF-8:
+/// - ASCII letters, digits, `-` and `_` are kept;
+/// - `.` is kept, except as the first byte;
+/// - every other byte (including `/`, `%`, a leading `.`, spaces, control characters
+///   and every byte of a non-ASCII character) is written as `%XX`, two uppercase hex
+///   digits.
+///
+/// It is injective (`%` itself is always escaped, so [`decode_key`] undoes it), and
+/// its output is always a valid node name: never empty, never `.` or `..`, no `/`,
+/// and only printable ASCII, so none of the characters ZooKeeper's path validation
+/// refuses. A key of [`distlock_api::MAX_KEY_LEN`] bytes encodes to at most three times
+/// that, well within ZooKeeper's packet limit. Keys that differ only by case stay
+/// distinct (ZooKeeper names are case-sensitive).
+///
+/// A Java service that locks the same key with Curator uses
+/// `new InterProcessMutex(client, base + "/" + encode(key))` with the same rule.
+///
+/// ```
+/// use distlock_api::LockKey;
+/// use distlock_zookeeper::encode_key;
+///
+/// let key = LockKey::new("invoices/2026-11").unwrap();
+/// assert_eq!(encode_key(&key), "invoices%2F2026-11");
+/// assert_eq!(encode_key(&LockKey::new("..").unwrap()), "%2E.");
+/// assert_eq!(encode_key(&LockKey::new("🔒").unwrap()), "%F0%9F%94%92");
+/// ```
+pub fn encode_key(key: &LockKey) -> String {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let bytes = key.as_str().as_bytes();
+    let mut out = String::with_capacity(bytes.len());
+    for (i, &b) in bytes.iter().enumerate() {
+        let keep = b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0);
+        if keep {
+            out.push(char::from(b));
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0x0f)]));
+        }
+    }
+    out
+}
+
+/// Reverses [`encode_key`]: the key a node name stands for, or `None` if the name is
+/// not the encoding of any key.
+///
+/// ```
+/// use distlock_api::LockKey;
+/// use distlock_zookeeper::{decode_key, encode_key};
+///
+/// let key = LockKey::new("a/../ü").unwrap();
+/// assert_eq!(decode_key(&encode_key(&key)), Some(key));
+/// assert_eq!(decode_key("%zz"), None);
+/// ```
+pub fn decode_key(name: &str) -> Option<LockKey> {
+    let bytes = name.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = name.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    let key = LockKey::new(String::from_utf8(out).ok()?).ok()?;
+    // Only canonical encodings decode: this keeps the mapping a bijection.
+    (encode_key(&key) == name).then_some(key)
+}
+
+/// The owner token in UUID form (`8-4-4-4-12` lowercase hex digits), the GUID of
+/// Curator's protected names.
+pub fn owner_guid(owner: OwnerToken) -> String {
+    let v = owner.as_u128();
+    format!(
+        "{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        v >> 96,
+        (v >> 80) & 0xffff,
+        (v >> 64) & 0xffff,
+        (v >> 48) & 0xffff,
+        v & 0xffff_ffff_ffff
+    )
+}
+
+/// `_c_<guid>-`: every node of one contender starts with this.
+pub(crate) fn protected_prefix(owner: OwnerToken) -> String {
+    format!("{PROTECTED_PREFIX}{}-", owner_guid(owner))
+}
+
+/// `_c_<guid>-lock-`: the name a contender asks ZooKeeper to append a sequence to.
+pub(crate) fn contender_prefix(owner: OwnerToken) -> String {
+    format!("{}{LOCK_NAME}", protected_prefix(owner))
+}
+
+/// The owner token in a protected contender name, if it is one of ours (or Curator's).
+pub fn owner_of(name: &str) -> Option<OwnerToken> {
+    let rest = name.strip_prefix(PROTECTED_PREFIX)?;
+    let guid = rest.get(..36)?;
+    if rest.as_bytes().get(36) != Some(&b'-') {
+        return None;
+    }
+    let shape_ok = guid.char_indices().all(|(i, c)| match i {
+        8 | 13 | 18 | 23 => c == '-',
+        _ => c.is_ascii_hexdigit(),
+    });
+    if !shape_ok {
+        return None;
+    }
+    let hex: String = guid.chars().filter(|c| *c != '-').collect();
+    u128::from_str_radix(&hex, 16)
+        .ok()
+        .map(OwnerToken::from_u128)
+}
+
+/// The sequence number of a contender node name: the digits after the last `lock-`,
+/// as Curator's `StandardLockInternalsDriver.fixForSorting` reads them.
+pub fn lock_sequence(name: &str) -> Option<i64> {
+    let at = name.rfind(LOCK_NAME)?;
+    let digits = &name[at + LOCK_NAME.len()..];
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The contenders among `children`, lowest sequence (the holder) first. Children that
+/// are not contender nodes are ignored.
+pub(crate) fn rank(children: &[String]) -> Vec<(i64, &str)> {
+    let mut ranked: Vec<(i64, &str)> = children
+        .iter()
+        .filter_map(|name| lock_sequence(name).map(|seq| (seq, name.as_str())))
+        .collect();
+    ranked.sort_unstable();
+    ranked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use distlock_api::MAX_KEY_LEN;
+
+    fn key(s: &str) -> LockKey {
+        LockKey::new(s).unwrap()
+    }
+
+    #[test]
+    fn encoding_is_path_safe_and_reversible() {
+        let long = "é".repeat(MAX_KEY_LEN / 2);
+        for raw in [
+            "a",
+            ".",
+            "..",
+            "...",
+            "a/b",
+            "/",
+            "a/../b",
+            "%",
+            "%2F",
+            "A",
+            "a.b",
+            ".hidden",
+            "with space",
+            "🔒 lock",
+            "tab\there",
+            "zookeeper",
+            &long,
+        ] {
+            let encoded = encode_key(&key(raw));
+            assert!(!encoded.is_empty());
+            assert_ne!(encoded, ".");
+            assert_ne!(encoded, "..");
+            assert!(!encoded.starts_with('.'), "{encoded}");
+            assert!(
+                encoded.bytes().all(|b| b.is_ascii_graphic() && b != b'/'),
+                "{encoded}"
+            );
+            assert!(encoded.len() <= 3 * MAX_KEY_LEN);
+            assert_eq!(decode_key(&encoded), Some(key(raw)), "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn encoding_is_injective_on_tricky_pairs() {
+        let pairs = [
+            ("a/b", "a%2Fb"),
+            ("job", "Job"),
+            ("a", "a/"),
+            (".", "%2E"),
+            ("x.", "x%2E"),
+        ];
+        for (a, b) in pairs {
+            assert_ne!(encode_key(&key(a)), encode_key(&key(b)), "{a:?} vs {b:?}");
+        }
+    }
+
+    #[test]
+    fn non_canonical_names_do_not_decode() {
+        for name in ["%2e", "a%2Db", ".x", "%", "%G0", "", "%00"] {
+            assert_eq!(decode_key(name), None, "{name:?}");
+        }
+    }
+
+    #[test]
+    fn guid_round_trips_through_curator_names() {
+        let owner = OwnerToken::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
+        assert_eq!(owner_guid(owner), "01234567-89ab-cdef-0011-223344556677");
+        let name = format!("{}0000000042", contender_prefix(owner));
+        assert_eq!(
+            name,
+            "_c_01234567-89ab-cdef-0011-223344556677-lock-0000000042"
+        );
+        assert_eq!(owner_of(&name), Some(owner));
+        assert_eq!(lock_sequence(&name), Some(42));
+        assert_eq!(owner_of("lock-0000000001"), None);
+        assert_eq!(owner_of("_c_not-a-guid-lock-0000000001"), None);
+    }
+
+    #[test]
+    fn ranking_follows_sequence_and_skips_strangers() {
+        let children: Vec<String> = [
+            "_c_aaaaaaaa-aaaa-aaaa-aaaa-aaaaaaaaaaaa-lock-0000000003",
+            "garbage",
+            "_c_bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb-lock-0000000001",
+            "lock-0000000002",
+            "lock-",
+        ]
+        .map(String::from)
+        .to_vec();
+        let ranked: Vec<i64> = rank(&children).into_iter().map(|(s, _)| s).collect();
+        assert_eq!(ranked, [1, 2, 3]);
+    }
+}

@@ -1,0 +1,545 @@
+//! [`ZooKeeperLock`]: the [`DistributedLock`] over ZooKeeper.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex as StdMutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+};
+use tokio::sync::Mutex;
+use tokio::time::{sleep_until, Instant};
+use zookeeper_client as zk;
+
+use crate::config::{parse_url, validate_path, ZooKeeperConfig};
+use crate::error::within;
+use crate::keys::{encode_key, protected_prefix, rank};
+use crate::recipe::{create_contender, remove_own, Cleanup};
+use crate::session::{spawn_watcher, Held, Registry, Session};
+use crate::ZOOKEEPER_BACKEND;
+
+/// How long an acquire that waits forever keeps retrying while ZooKeeper is unreachable.
+const ERROR_PATIENCE: Duration = Duration::from_secs(30);
+
+/// A ZooKeeper lock client.
+///
+/// One ZooKeeper session at a time carries every lock and waiter of the client (and
+/// of its clones); when that session expires, the locks on it are lost and the next
+/// operation opens a new session. Cloning is cheap and shares the session.
+#[derive(Debug, Clone)]
+pub struct ZooKeeperLock {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// The connect string, without chroot.
+    hosts: String,
+    /// Chroot + base path: lock directories are `{root}/{encoded key}`.
+    root: String,
+    config: ZooKeeperConfig,
+    /// The current session; replaced (never resumed) once it has ended.
+    session: StdMutex<Option<Arc<Session>>>,
+    /// Held while a new session is being opened, so only one is.
+    opening: Mutex<()>,
+    registry: Arc<Registry>,
+    /// Predecessor-watch notifications received by waiters (a test hook).
+    wakeups: AtomicU64,
+}
+
+/// One contention's end.
+enum Contend {
+    Granted(LockGuard),
+    /// Not the holder, and not waiting (any longer); our node is gone.
+    Held,
+    /// The session ended or our node vanished: start over.
+    Restart,
+}
+
+impl ZooKeeperLock {
+    /// Connects to the ensemble named by `url` with default settings, and opens a
+    /// session. See [`crate::parse_url`] for the URL forms.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a bad URL, [`LockError::Connection`] when no session
+    /// can be established within the connect timeout.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        ZooKeeperLock::connect_with(url, ZooKeeperConfig::default()).await
+    }
+
+    /// Connects with `config`; a `session_timeout_ms` in the URL overrides the
+    /// config's session timeout.
+    ///
+    /// # Errors
+    /// As [`ZooKeeperLock::connect`], and [`LockError::Config`] for a zero timeout or a
+    /// base path that is not a valid absolute ZooKeeper path below `/`.
+    pub async fn connect_with(url: &str, mut config: ZooKeeperConfig) -> Result<Self, LockError> {
+        let url = parse_url(url)?;
+        if let Some(timeout) = url.session_timeout {
+            config.session_timeout = timeout;
+        }
+        let config_error = |message: String| LockError::config(ZOOKEEPER_BACKEND, message);
+        let zero = |d: Option<Duration>| d.is_some_and(|d| d.is_zero());
+        if config.session_timeout.is_zero()
+            || zero(config.request_timeout)
+            || zero(config.connect_timeout)
+        {
+            return Err(config_error("ZooKeeper timeouts must be above zero".into()));
+        }
+        validate_path(&config.base_path)
+            .map_err(|why| config_error(format!("base path {:?}: {why}", config.base_path)))?;
+        if config.base_path == "/" {
+            return Err(config_error(
+                "the base path must be below / (lock directories next to /zookeeper are refused)"
+                    .into(),
+            ));
+        }
+        let root = format!(
+            "{}{}",
+            url.chroot.as_deref().unwrap_or(""),
+            config.base_path
+        );
+        let lock = ZooKeeperLock {
+            inner: Arc::new(Inner {
+                hosts: url.connect_string(),
+                root,
+                config,
+                session: StdMutex::new(None),
+                opening: Mutex::new(()),
+                registry: Arc::new(Registry::default()),
+                wakeups: AtomicU64::new(0),
+            }),
+        };
+        lock.session().await?;
+        Ok(lock)
+    }
+
+    /// The lock directory of `key`: `[chroot]{base_path}/{encode_key(key)}`. Contender
+    /// nodes are its children; a Curator `InterProcessMutex` on this path excludes ours.
+    pub fn lock_dir(&self, key: &LockKey) -> String {
+        format!("{}/{}", self.inner.root, encode_key(key))
+    }
+
+    /// The current session's id, or `None` when no live session is open.
+    pub fn session_id(&self) -> Option<i64> {
+        self.current().map(|s| s.id)
+    }
+
+    /// The session timeout the server negotiated for the current session: how long a
+    /// crashed holder keeps its locks at most. `None` as for
+    /// [`ZooKeeperLock::session_id`].
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.current().map(|s| s.timeout)
+    }
+
+    /// The current session's id and password, to inject a session expiry in tests
+    /// (a second client resumes the session, then closes it).
+    #[doc(hidden)]
+    pub fn session_info(&self) -> Option<zk::SessionInfo> {
+        self.current().map(|s| s.client.session().clone())
+    }
+
+    /// How many predecessor-watch notifications this client's waiters received
+    /// (a test hook: one release should wake one waiter).
+    #[doc(hidden)]
+    pub fn wakeups(&self) -> u64 {
+        self.inner.wakeups.load(Ordering::Relaxed)
+    }
+
+    fn current(&self) -> Option<Arc<Session>> {
+        self.inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .filter(|s| s.is_alive())
+    }
+
+    /// The live session, opening a new one if the last has ended.
+    async fn session(&self) -> Result<Arc<Session>, LockError> {
+        if let Some(session) = self.current() {
+            return Ok(session);
+        }
+        let _opening = self.inner.opening.lock().await;
+        if let Some(session) = self.current() {
+            return Ok(session);
+        }
+        let session = Arc::new(Session::open(&self.inner.hosts, &self.inner.config).await?);
+        tracing::debug!(
+            session = format_args!("{:#x}", session.id),
+            timeout = ?session.timeout,
+            "ZooKeeper session established"
+        );
+        spawn_watcher(&session, &self.inner.registry);
+        *self
+            .inner
+            .session
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(session.clone());
+        Ok(session)
+    }
+
+    fn limit(&self, session: &Session) -> Duration {
+        self.inner.config.request_timeout.unwrap_or(session.timeout)
+    }
+
+    /// Takes `key`, waiting if `waits`, until the options' deadline.
+    async fn obtain(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+        waits: bool,
+    ) -> Result<Option<LockGuard>, LockError> {
+        options
+            .validate()
+            .map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
+        let dir = self.lock_dir(key);
+        let started = Instant::now();
+        let deadline = if waits {
+            options.wait().deadline_from(started)
+        } else {
+            Some(started)
+        };
+        let waits = deadline != Some(started);
+        let mut delays = options.backoff().delays();
+        let mut failing_since: Option<Instant> = None;
+        let mut restarts = 0u32;
+        loop {
+            let attempt = match self.session().await {
+                Ok(session) => {
+                    self.contend(&session, key, &dir, options, deadline, waits)
+                        .await
+                }
+                Err(error) => Err(error),
+            };
+            match attempt {
+                Ok(Contend::Granted(guard)) => return Ok(Some(guard)),
+                Ok(Contend::Held) => return Ok(None),
+                // A one-shot try still gets one go on a fresh session.
+                Ok(Contend::Restart) if waits || restarts == 0 => {
+                    restarts += 1;
+                    failing_since = None;
+                }
+                Ok(Contend::Restart) => return Ok(None),
+                Err(error) if error.is_retryable() && waits => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    let out_of_time = match deadline {
+                        Some(d) => Instant::now() >= d,
+                        None => since.elapsed() >= ERROR_PATIENCE,
+                    };
+                    if out_of_time {
+                        return Err(error);
+                    }
+                    tracing::debug!(%key, %error, "ZooKeeper trouble while acquiring; retrying");
+                }
+                Err(error) => return Err(error),
+            }
+            let mut pause = delays.next_delay();
+            if let Some(d) = deadline {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() && restarts > 1 {
+                    return Ok(None);
+                }
+                pause = pause.min(left);
+            }
+            // `sleep` saturates: an enormous backoff cannot overflow the clock.
+            tokio::time::sleep(pause).await;
+        }
+    }
+
+    /// One contender's life: create, then hold, give up, or wait on the predecessor.
+    async fn contend(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        dir: &str,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        waits: bool,
+    ) -> Result<Contend, LockError> {
+        let limit = self.limit(session);
+        let owner = OwnerToken::random();
+        // Armed from before the create is sent: a drop at any await removes our node.
+        let mut cleanup = Cleanup::new(session.clone(), dir, owner, limit);
+        let Some(created) = create_contender(session, dir, owner, limit).await? else {
+            return Ok(Contend::Restart);
+        };
+        let fence = u64::try_from(created.fence).map_err(|_| {
+            LockError::backend_error(
+                ZOOKEEPER_BACKEND,
+                format!("the server gave a negative czxid {}", created.fence),
+            )
+        })?;
+        let (name, mut listing, mut sent) = (created.name, created.listing, created.sent);
+        let path = format!("{dir}/{name}");
+        loop {
+            let children = match listing.take() {
+                Some(children) => children,
+                None => {
+                    sent = Instant::now();
+                    match within(limit, session.client.list_children(dir)).await {
+                        Ok(children) => children,
+                        Err(f) if f.is_no_node() || f.session_ended() => {
+                            return Ok(Contend::Restart)
+                        }
+                        Err(f) => return Err(f.into()),
+                    }
+                }
+            };
+            let ranked = rank(&children);
+            let Some(index) = ranked.iter().position(|(_, n)| *n == name) else {
+                // Our node is gone: the session expired, or someone deleted it.
+                return Ok(Contend::Restart);
+            };
+            if index == 0 {
+                cleanup.disarm();
+                return Ok(Contend::Granted(
+                    self.grant(session, key, options, owner, path, fence, sent),
+                ));
+            }
+            if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
+                match within(limit, session.client.delete(&path, None)).await {
+                    Ok(()) => cleanup.disarm(),
+                    Err(f) if f.is_no_node() || f.session_ended() => cleanup.disarm(),
+                    // Still armed: the node is removed in the background.
+                    Err(f) => return Err(f.into()),
+                }
+                return Ok(Contend::Held);
+            }
+            // Watch only the next lower contender: a release wakes one waiter.
+            let predecessor = format!("{dir}/{}", ranked[index - 1].1);
+            let watcher = match within(limit, session.client.get_and_watch_data(&predecessor)).await
+            {
+                Ok((_, _, watcher)) => watcher,
+                Err(f) if f.is_no_node() => continue,
+                Err(f) if f.session_ended() => return Ok(Contend::Restart),
+                Err(f) => return Err(f.into()),
+            };
+            let event = match deadline {
+                Some(d) => tokio::select! {
+                    event = watcher.changed() => Some(event),
+                    _ = sleep_until(d) => None,
+                },
+                None => Some(watcher.changed().await),
+            };
+            if let Some(event) = event {
+                self.inner.wakeups.fetch_add(1, Ordering::Relaxed);
+                if event.event_type == zk::EventType::Session {
+                    // Only terminal session states reach node watchers.
+                    return Ok(Contend::Restart);
+                }
+            }
+            // The predecessor changed or the wait ran out: look again (a last chance
+            // before giving up, which then deletes our node).
+        }
+    }
+
+    /// Registers a grant and wraps it in a guard.
+    #[allow(clippy::too_many_arguments)]
+    fn grant(
+        &self,
+        session: &Arc<Session>,
+        key: &LockKey,
+        options: &LockOptions,
+        owner: OwnerToken,
+        path: String,
+        fence: u64,
+        sent: Instant,
+    ) -> LockGuard {
+        // The session cannot expire before `sent + timeout`: the server heard from us
+        // after `sent`.
+        let valid_until = sent.checked_add(session.timeout).unwrap_or(sent);
+        let monitor = LeaseMonitor::new(valid_until);
+        self.inner.registry.insert(
+            owner,
+            Held {
+                path: path.clone(),
+                session: session.clone(),
+                fence,
+                monitor: monitor.clone(),
+            },
+        );
+        let lease = Lease::new(
+            key.clone(),
+            owner,
+            FencingToken::new(fence),
+            options.ttl(),
+            sent,
+        );
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
+    }
+
+    /// Whether anyone contends for `dir` (some node holds it), through the live session.
+    async fn held_by_other(&self, dir: &str, except: OwnerToken) -> Result<bool, LockError> {
+        let session = self.session().await?;
+        let mine = protected_prefix(except);
+        match within(self.limit(&session), session.client.list_children(dir)).await {
+            Ok(children) => Ok(rank(&children)
+                .iter()
+                .any(|(_, name)| !name.starts_with(&mine))),
+            Err(f) if f.is_no_node() => Ok(false),
+            Err(f) => Err(f.into()),
+        }
+    }
+}
+
+#[async_trait]
+impl DistributedLock for ZooKeeperLock {
+    fn info(&self) -> BackendInfo {
+        let mut capabilities = Capabilities::all_supported();
+        capabilities.ttl_expiry = Capability::Unsupported(
+            "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
+        );
+        BackendInfo {
+            name: ZOOKEEPER_BACKEND,
+            capabilities,
+        }
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        self.obtain(key, options, false).await
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        match self.obtain(key, options, true).await? {
+            Some(guard) => Ok(guard),
+            None => Err(LockError::Timeout {
+                backend: ZOOKEEPER_BACKEND,
+                key: key.clone(),
+                waited: started.elapsed(),
+            }),
+        }
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let dir = self.lock_dir(lease.key());
+        if let Some(held) = self.inner.registry.remove(lease.owner()) {
+            if held.session.is_alive() {
+                let limit = self.limit(&held.session);
+                match within(limit, held.session.client.delete(&held.path, None)).await {
+                    Ok(()) => return Ok(ReleaseOutcome::Released),
+                    Err(f) if f.is_no_node() || f.session_ended() => {}
+                    // The delete stays queued and lands once the connection is back.
+                    Err(f) => return Err(f.into()),
+                }
+            }
+        }
+        // Not (or no longer) tracked here: remove any node carrying the lease's GUID.
+        let session = self.session().await?;
+        let mine = protected_prefix(lease.owner());
+        if remove_own(&session.client, &dir, &mine, self.limit(&session)).await? {
+            return Ok(ReleaseOutcome::Released);
+        }
+        Ok(if self.held_by_other(&dir, lease.owner()).await? {
+            ReleaseOutcome::HeldByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        check_ttl(ttl).map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
+        let dir = self.lock_dir(lease.key());
+        match self.inner.registry.lookup(lease.owner()) {
+            Some((path, session, fence)) => {
+                if session.is_alive() {
+                    let sent = Instant::now();
+                    // The sync goes through the leader and the read is answered after
+                    // it, so a follower lagging behind our session's expiry cannot
+                    // vouch for the node.
+                    let synced = session.client.sync("/");
+                    let checked = session.client.check_stat(&path);
+                    let both = async {
+                        let (synced, checked) = tokio::join!(synced, checked);
+                        synced.and(checked)
+                    };
+                    match within(self.limit(&session), both).await {
+                        Ok(Some(stat))
+                            if u64::try_from(stat.czxid) == Ok(fence)
+                                && stat.ephemeral_owner == session.id =>
+                        {
+                            if let Some(valid_until) = sent.checked_add(session.timeout) {
+                                return Ok(ExtendOutcome::Extended { valid_until });
+                            }
+                        }
+                        Ok(_) => {}
+                        Err(f) if f.session_ended() => {}
+                        Err(f) => return Err(f.into()),
+                    }
+                }
+                // Our node or its session is gone: the lease is lost.
+                self.inner.registry.lose(lease.owner(), &path);
+            }
+            None => {
+                let session = self.session().await?;
+                let mine = protected_prefix(lease.owner());
+                let children =
+                    match within(self.limit(&session), session.client.list_children(&dir)).await {
+                        Ok(children) => children,
+                        Err(f) if f.is_no_node() => Vec::new(),
+                        Err(f) => return Err(f.into()),
+                    };
+                if children.iter().any(|name| name.starts_with(&mine)) {
+                    return Err(LockError::Unsupported {
+                        backend: ZOOKEEPER_BACKEND,
+                        operation: "extend",
+                        reason: "only the client whose session holds a ZooKeeper lock can vouch for its lease",
+                    });
+                }
+            }
+        }
+        Ok(if self.held_by_other(&dir, lease.owner()).await? {
+            ExtendOutcome::HeldByOther
+        } else {
+            ExtendOutcome::Expired
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn bad_urls_and_configs_fail_before_connecting() {
+        for url in ["", "redis://h:1", "zk://", "zk://h:1?x=1"] {
+            assert!(matches!(
+                ZooKeeperLock::connect(url).await,
+                Err(LockError::Config { .. })
+            ));
+        }
+        for config in [
+            ZooKeeperConfig::default().with_base_path("/"),
+            ZooKeeperConfig::default().with_base_path("relative"),
+            ZooKeeperConfig::default().with_base_path("/a/"),
+            ZooKeeperConfig::default().with_session_timeout(Duration::ZERO),
+            ZooKeeperConfig::default().with_request_timeout(Duration::ZERO),
+        ] {
+            assert!(matches!(
+                ZooKeeperLock::connect_with("zk://127.0.0.1:1", config).await,
+                Err(LockError::Config { .. })
+            ));
+        }
+    }
+
+    #[tokio::test]
+    async fn unreachable_server_is_a_connection_error() {
+        // Port 1 on loopback refuses connections; fail-eagerly makes it quick.
+        let config = ZooKeeperConfig::default().with_session_timeout(Duration::from_secs(2));
+        let started = Instant::now();
+        let result = ZooKeeperLock::connect_with("zk://127.0.0.1:1", config).await;
+        assert!(
+            matches!(result, Err(LockError::Connection { .. })),
+            "{result:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(Registry::default().len(), 0);
+    }
+}

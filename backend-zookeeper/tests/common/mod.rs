@@ -1,0 +1,240 @@
+//! A conformance harness over a real ZooKeeper server started for the test binary, with
+//! each client behind its own fault proxy so it can be cut off like a crashed process.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::{DistributedLock, LockError};
+use distlock_conformance::fault_proxy::FaultProxy;
+use distlock_conformance::servers::{ZooKeeperConfig as ServerConfig, ZooKeeperServer};
+use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
+use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
+use zookeeper_client as zk;
+
+/// The session timeout conformance clients ask for: short, so that a crashed holder's
+/// lock frees fast, yet long enough for a busy two-core machine.
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The server's tick: session expiry is checked (and rounded up) per tick.
+pub const TICK: Duration = Duration::from_millis(200);
+
+/// The server settings every test uses: a 200 ms tick, sessions of 0.4 ..= 20 s.
+pub fn server_config() -> ServerConfig {
+    ServerConfig::default()
+}
+
+/// Starts a standalone server of our own; one that cannot start fails the test.
+pub async fn start_server() -> ZooKeeperServer {
+    ZooKeeperServer::start_with(server_config())
+        .await
+        .unwrap_or_else(|e| {
+            panic!("could not start ZooKeeper (run scripts/test.sh, which installs the Debian package `zookeeper`): {e}")
+        })
+}
+
+static SHARED: Mutex<Option<ZooKeeperServer>> = Mutex::new(None);
+
+extern "C" fn stop_shared_server() {
+    // Dropping the handle kills the JVM and deletes its directory.
+    if let Ok(mut shared) = SHARED.lock() {
+        shared.take();
+    }
+}
+
+/// The port of one server shared by every test of this binary (started on first use,
+/// stopped when the test process exits). For tests that do not kill or pause it.
+pub fn shared_port() -> u16 {
+    static PORT: OnceLock<u16> = OnceLock::new();
+    *PORT.get_or_init(|| {
+        // Empty container nodes are reaped every 500 ms instead of every minute, so a
+        // test can watch a lock directory go. The JVM reads this from its environment.
+        // Every test of a binary that uses the shared server calls this first and
+        // waits on the `OnceLock`, so nothing else reads the environment meanwhile.
+        if std::env::var_os("JAVA_TOOL_OPTIONS").is_none() {
+            std::env::set_var("JAVA_TOOL_OPTIONS", "-Dznode.container.checkIntervalMs=500");
+        }
+        // The handle does not depend on a runtime; start it on a private one.
+        let server = std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start ZooKeeper on")
+                .block_on(start_server())
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the shared ZooKeeper server panicked"));
+        let port = server.port();
+        *SHARED.lock().expect("shared server slot") = Some(server);
+        // SAFETY: registers a plain `extern "C"` function with no captured state.
+        unsafe {
+            libc::atexit(stop_shared_server);
+        }
+        port
+    })
+}
+
+pub fn url_for(port: u16) -> String {
+    format!("zookeeper://127.0.0.1:{port}")
+}
+
+pub fn config(session_timeout: Duration) -> ZooKeeperConfig {
+    ZooKeeperConfig::default().with_session_timeout(session_timeout)
+}
+
+/// A direct client of the server on `port`.
+pub async fn direct(port: u16, session_timeout: Duration) -> ZooKeeperLock {
+    ZooKeeperLock::connect_with(&url_for(port), config(session_timeout))
+        .await
+        .expect("connects to ZooKeeper")
+}
+
+/// A client whose connection goes through its own fault proxy, and the proxy.
+pub async fn proxied(
+    port: u16,
+    session_timeout: Duration,
+    tune: impl FnOnce(ZooKeeperConfig) -> ZooKeeperConfig,
+) -> (ZooKeeperLock, FaultProxy) {
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("fault proxy starts");
+    let lock = ZooKeeperLock::connect_with(
+        &url_for(proxy.local_addr().port()),
+        tune(config(session_timeout)),
+    )
+    .await
+    .expect("connects through the proxy");
+    (lock, proxy)
+}
+
+/// A raw `zookeeper-client` session, for looking at nodes.
+pub async fn raw(port: u16) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&format!("127.0.0.1:{port}"))
+        .await
+        .expect("raw ZooKeeper client connects")
+}
+
+/// Waits (on child watches, not by polling) until `dir` has exactly `n` children.
+pub async fn wait_children(raw: &zk::Client, dir: &str, n: usize, limit: Duration) -> Vec<String> {
+    let wait = async {
+        loop {
+            match raw.get_and_watch_children(dir).await {
+                Ok((children, _, watcher)) => {
+                    if children.len() == n {
+                        return children;
+                    }
+                    watcher.changed().await;
+                }
+                Err(zk::Error::NoNode) if n == 0 => return Vec::new(),
+                Err(zk::Error::NoNode) => {
+                    // Not created yet: wait for it to appear.
+                    let (stat, watcher) = raw
+                        .check_and_watch_stat(dir)
+                        .await
+                        .expect("exists watch on the lock directory");
+                    if stat.is_none() {
+                        watcher.changed().await;
+                    }
+                }
+                Err(e) => panic!("listing {dir}: {e}"),
+            }
+        }
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .unwrap_or_else(|_| panic!("{dir} did not get {n} children within {limit:?}"))
+}
+
+/// The standalone harness: one shared server, every client behind its own proxy.
+pub struct ZkHarness {
+    port: u16,
+    /// Every client's proxy, kept for the harness's life: scenarios drop a client's
+    /// fault hooks but keep its lock.
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+pub async fn harness() -> Arc<dyn Harness> {
+    Arc::new(ZkHarness {
+        port: shared_port(),
+        proxies: Mutex::new(Vec::new()),
+    })
+}
+
+/// Cuts one client's proxy: its process is gone as far as the server can tell.
+struct CutProxy(FaultProxy);
+
+#[async_trait]
+impl ClientFaults for CutProxy {
+    async fn crash(&self) -> Result<(), LockError> {
+        self.0.cut();
+        Ok(())
+    }
+}
+
+#[async_trait]
+impl Harness for ZkHarness {
+    fn name(&self) -> String {
+        url_for(self.port)
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let (lock, proxy) = proxied(self.port, SESSION_TIMEOUT, |c| c).await;
+        if let Ok(mut kept) = self.proxies.lock() {
+            kept.push(proxy.clone());
+        }
+        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
+        Ok(Client::new(lock).with_faults(Arc::new(CutProxy(proxy))))
+    }
+
+    /// A cut-off holder keeps its lock until the server expires its session: the
+    /// negotiated timeout, rounded up to the server's tick, plus a tick for the
+    /// expiry sweep.
+    fn crash_bound(&self, _ttl: Duration) -> Duration {
+        SESSION_TIMEOUT + 2 * TICK
+    }
+
+    fn url_connector(&self) -> Option<UrlConnector> {
+        Some(connector())
+    }
+}
+
+/// Clients made from the URL alone, with default settings, and no fault hooks.
+pub struct UrlHarness {
+    port: u16,
+}
+
+pub async fn url_harness() -> Arc<dyn Harness> {
+    Arc::new(UrlHarness {
+        port: shared_port(),
+    })
+}
+
+fn connector() -> UrlConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock = ZooKeeperLock::connect(&url).await?;
+            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+        })
+    })
+}
+
+#[async_trait]
+impl Harness for UrlHarness {
+    fn name(&self) -> String {
+        url_for(self.port)
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let lock = ZooKeeperLock::connect(&url_for(self.port)).await?;
+        Ok(Client::new(Arc::new(lock)))
+    }
+
+    fn url_connector(&self) -> Option<UrlConnector> {
+        Some(connector())
+    }
+}
