@@ -32,9 +32,31 @@ impl Default for RedisConfig {
 }
 
 impl RedisConfig {
+    /// Checks the settings.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a zero timeout or a drift factor outside `0.0..=0.5`.
+    pub fn validate(&self) -> Result<(), LockError> {
+        if !(0.0..=0.5).contains(&self.clock_drift_factor) {
+            return Err(LockError::config(
+                REDIS_BACKEND,
+                "clock_drift_factor must be within 0.0..=0.5",
+            ));
+        }
+        if self.request_timeout.is_zero() || self.redlock_node_timeout.is_some_and(|t| t.is_zero())
+        {
+            return Err(LockError::config(
+                REDIS_BACKEND,
+                "timeouts must be above zero",
+            ));
+        }
+        Ok(())
+    }
+
     /// The validity lost to clock drift for a lease of `ttl`.
     pub(crate) fn drift(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.clock_drift_factor.clamp(0.0, 0.5)) + Duration::from_millis(2)
+        // `validate` keeps the factor finite and small, so this cannot panic.
+        ttl.mul_f64(self.clock_drift_factor) + Duration::from_millis(2)
     }
 }
 
@@ -54,10 +76,12 @@ pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
     let config_error = |message: String| LockError::config(REDIS_BACKEND, message);
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| config_error(format!("{url:?} is not a URL")))?;
-    match scheme {
-        "redis" => Ok(vec![url.to_owned()]),
-        "rediss" if cfg!(feature = "tls") => Ok(vec![url.to_owned()]),
+        .ok_or_else(|| config_error("the Redis URL has no scheme:// prefix".to_owned()))?;
+    let scheme = scheme.to_ascii_lowercase();
+    match scheme.as_str() {
+        "redis" | "rediss" if scheme == "redis" || cfg!(feature = "tls") => {
+            Ok(vec![format!("{scheme}://{rest}")])
+        }
         "rediss" => Err(config_error(
             "rediss:// (TLS) needs the `tls` feature of distlock-redis".to_owned(),
         )),
@@ -117,6 +141,7 @@ mod tests {
     #[test]
     fn single_and_redlock_urls() {
         assert_eq!(node_urls("redis://h:1/2").unwrap(), ["redis://h:1/2"]);
+        assert_eq!(node_urls("REDIS://h:1").unwrap(), ["redis://h:1"]);
         assert_eq!(
             node_urls("redis+redlock://:pw@a:1,b:2,c:3/4").unwrap(),
             [
@@ -125,6 +150,18 @@ mod tests {
                 "redis://:pw@c:3/4"
             ]
         );
+    }
+
+    #[test]
+    fn config_is_checked() {
+        for factor in [f64::NAN, -0.1, 0.6, f64::INFINITY] {
+            let config = RedisConfig {
+                clock_drift_factor: factor,
+                ..RedisConfig::default()
+            };
+            assert!(config.validate().is_err(), "{factor}");
+        }
+        assert!(RedisConfig::default().validate().is_ok());
     }
 
     #[test]

@@ -60,8 +60,9 @@ impl RedisLock {
     /// Connects with `config`.
     ///
     /// # Errors
-    /// As [`RedisLock::connect`].
+    /// As [`RedisLock::connect`], and [`LockError::Config`] for invalid `config`.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
+        config.validate()?;
         let urls = node_urls(url)?;
         let nodes = join_all(
             urls.iter()
@@ -94,7 +95,7 @@ impl RedisLock {
     fn node_timeout(&self, ttl: Duration) -> Duration {
         if self.is_redlock() {
             self.inner.config.redlock_node_timeout.unwrap_or_else(|| {
-                (ttl / 10).clamp(Duration::from_millis(100), Duration::from_secs(1))
+                (ttl / 10).clamp(Duration::from_millis(200), Duration::from_secs(1))
             })
         } else {
             self.inner.config.request_timeout
@@ -260,8 +261,21 @@ impl RedisLock {
         if errors.len() > self.inner.nodes.len() - self.quorum() {
             return Err(self.quorum_error(errors));
         }
+        if granted >= self.quorum() {
+            // Granted, but the answers came too late to leave any validity.
+            return Err(too_late(self.name(), "acquire"));
+        }
         Ok(Attempt::Held(held_for))
     }
+}
+
+/// The error for a grant or extend whose answers arrived after its validity ran out:
+/// the servers or the network are slow, so it is worth retrying.
+fn too_late(backend: &'static str, operation: &str) -> LockError {
+    LockError::connection(
+        backend,
+        format!("the {operation} succeeded, but its answers arrived after the lease's validity ran out (slow server or network)"),
+    )
 }
 
 /// Releases a grant that may have happened if the acquire future is dropped mid-flight.
@@ -375,7 +389,9 @@ impl DistributedLock for RedisLock {
             let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
             // A safety-net poll even when subscribed: foreign holders do not publish.
             let poll = if subscribed {
-                options.backoff().max()
+                // Jittered, so many waiters' safety-net polls do not come in lockstep.
+                let cap = options.backoff().max();
+                distlock_api::Backoff::new(cap, cap).delays().next_delay()
             } else {
                 backoff.next_delay()
             };
@@ -445,6 +461,9 @@ impl DistributedLock for RedisLock {
         }
         if errors.len() > self.inner.nodes.len() - self.quorum() {
             return Err(self.quorum_error(errors));
+        }
+        if extended >= self.quorum() {
+            return Err(too_late(self.name(), "extend"));
         }
         Ok(if held_by_other {
             ExtendOutcome::HeldByOther

@@ -56,7 +56,8 @@ impl Node {
     pub(crate) async fn connect(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
         let info = url.into_connection_info().map_err(|e| LockError::Config {
             backend: REDIS_BACKEND,
-            message: format!("invalid Redis URL {url:?}"),
+            // Not the URL itself: it may carry a password.
+            message: "invalid Redis URL".to_owned(),
             source: Some(Box::new(e)),
         })?;
         let settings = info

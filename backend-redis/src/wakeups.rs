@@ -97,21 +97,17 @@ impl Wakeups {
 
     async fn forget(self: Arc<Self>, mut conn: ConnectionManager, channel: String) {
         let _serial = self.commands.lock().await;
-        let subscribed = {
+        {
             let mut channels = self.channels();
             match channels.get(&channel) {
-                Some(c) if c.waiters == 0 => {
-                    let subscribed = c.subscribed;
-                    channels.remove(&channel);
-                    subscribed
-                }
+                Some(c) if c.waiters == 0 => channels.remove(&channel),
                 _ => return,
-            }
-        };
-        if subscribed {
-            // If this fails the connection is gone, and its subscriptions with it.
-            let _ = conn.unsubscribe(&channel).await;
+            };
         }
+        // Always: the connection manager may have resubscribed after a reconnect even if
+        // our flag says otherwise, and UNSUBSCRIBE of an unknown channel is harmless.
+        // If it fails the connection is gone, and its subscriptions with it.
+        let _ = conn.unsubscribe(&channel).await;
     }
 
     /// How many channels are tracked (for tests and metrics).

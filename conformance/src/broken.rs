@@ -21,7 +21,7 @@ const BROKEN_BACKEND: &str = "broken";
 
 /// The pause between the check and the delete of [`Mistake::CheckThenDelete`]: a slow
 /// round trip or a GC pause, the window the real bug needs.
-pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(25);
+pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(100);
 
 /// One classic mistake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,10 +6,15 @@
 /// evaluated afresh in every test. A test fails with the scenario's reason when the
 /// scenario fails, and passes, printing why, when it is skipped by a capability.
 ///
-/// ```ignore
+/// ```no_run
+/// use std::sync::Arc;
+/// use distlock_conformance::{Harness, MemoryHarness};
+///
+/// // In a test file of your backend's crate, with your own harness in place of this one:
 /// distlock_conformance::conformance_tests!(async {
-///     std::sync::Arc::new(MyHarness::start().await) as std::sync::Arc<dyn distlock_conformance::Harness>
+///     Arc::new(MemoryHarness::new()) as Arc<dyn Harness>
 /// });
+/// # fn main() {}
 /// ```
 #[macro_export]
 macro_rules! conformance_tests {

@@ -52,9 +52,13 @@ pub async fn run_scenario(harness: Arc<dyn Harness>, scenario: &Scenario) -> Sce
         Err(e) => Verdict::Failed(e),
         Ok(Some(why)) => Verdict::Skipped(why),
         Ok(None) => {
-            let task = tokio::spawn(async move { run(&*harness).await });
-            match tokio::time::timeout(SCENARIO_LIMIT, task).await {
-                Err(_) => Verdict::Failed(format!("did not finish within {SCENARIO_LIMIT:?}")),
+            let mut task = tokio::spawn(async move { run(&*harness).await });
+            match tokio::time::timeout(SCENARIO_LIMIT, &mut task).await {
+                Err(_) => {
+                    // Stop it, so it holds no locks while the next scenarios run.
+                    task.abort();
+                    Verdict::Failed(format!("did not finish within {SCENARIO_LIMIT:?}"))
+                }
                 Ok(Err(join)) => Verdict::Failed(format!("panicked: {join}")),
                 Ok(Ok(Ok(detail))) => Verdict::Passed(detail),
                 Ok(Ok(Err(Failure::Failed(why)))) => Verdict::Failed(why),

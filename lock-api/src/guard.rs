@@ -116,14 +116,14 @@ impl LockGuard {
                 reason,
             }
         };
+        let _turn = self.monitor.renewal_turn().await;
         // Lost is final: reviving the server's key now would leave a lock nobody holds.
         if self.monitor.state() == LeaseState::Lost {
             return Err(not_held(NotHeldReason::Lost));
         }
         match self.backend.extend(&self.lease, ttl).await? {
             ExtendOutcome::Extended { valid_until } => {
-                self.monitor.renewed(valid_until);
-                if self.monitor.state() == LeaseState::Lost {
+                if !self.monitor.renewed(valid_until) {
                     // The deadline passed while the extend was in flight.
                     let _ = self.backend.release(&self.lease).await;
                     return Err(not_held(NotHeldReason::Lost));
@@ -141,8 +141,10 @@ impl LockGuard {
     /// Connection and backend errors; the lease then runs out on its own.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.stop_watchdog();
+        let outcome = self.backend.release(&self.lease).await;
+        // Only now: if this future is dropped mid-release, `Drop` releases instead.
         self.released = true;
-        self.backend.release(&self.lease).await
+        outcome
     }
 
     fn stop_watchdog(&mut self) {

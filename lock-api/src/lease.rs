@@ -151,6 +151,8 @@ struct Status {
 #[derive(Debug, Clone)]
 pub struct LeaseMonitor {
     status: Arc<watch::Sender<Status>>,
+    /// Taken around every extend, so renewals reach the server and apply here in order.
+    renewals: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl LeaseMonitor {
@@ -162,6 +164,7 @@ impl LeaseMonitor {
         });
         LeaseMonitor {
             status: Arc::new(status),
+            renewals: Arc::default(),
         }
     }
 
@@ -181,10 +184,18 @@ impl LeaseMonitor {
     }
 
     /// A renewal succeeded: held until `valid_until`. Ignored once lost.
-    pub fn renewed(&self, valid_until: Instant) {
+    ///
+    /// A lease whose deadline has already passed is lost, even if nobody said so yet: a
+    /// renewal that lands late cannot revive it. Returns whether the lease is held now.
+    pub fn renewed(&self, valid_until: Instant) -> bool {
+        let now = Instant::now();
         self.status.send_if_modified(|s| {
             if s.state == LeaseState::Lost {
                 return false;
+            }
+            if now >= s.valid_until {
+                s.state = LeaseState::Lost;
+                return true;
             }
             *s = Status {
                 state: LeaseState::Held,
@@ -192,6 +203,13 @@ impl LeaseMonitor {
             };
             true
         });
+        self.state() == LeaseState::Held
+    }
+
+    /// Serialises extends of this lease (the guard's and the watchdog's), so their
+    /// results apply in the order the server saw them.
+    pub(crate) async fn renewal_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.renewals.lock().await
     }
 
     /// The lease may be lost (connection trouble). Ignored once lost.

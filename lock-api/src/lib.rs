@@ -36,7 +36,10 @@ pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::{DistributedLock, ExtendOutcome, ReleaseOutcome};
 pub use memory::MemoryLock;
-pub use options::{check_ttl, AutoRenew, LockOptions, OptionsError, WaitPolicy, MAX_TTL, MIN_TTL};
+pub use options::{
+    check_ttl, AutoRenew, LockOptions, OptionsError, WaitPolicy, MAX_TTL, MIN_RENEW_INTERVAL,
+    MIN_TTL,
+};
 pub use scoped::with_lock;
 
 /// Re-exported so backends and users name the same `async_trait`.

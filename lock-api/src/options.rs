@@ -13,6 +13,9 @@ pub const MIN_TTL: Duration = Duration::from_millis(10);
 /// holder frees it within one TTL.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The shortest renewal period [`AutoRenew`] accepts: anything shorter is a tight loop.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(5);
+
 /// How long `acquire` waits for a held lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WaitPolicy {
@@ -66,7 +69,8 @@ pub enum OptionsError {
 
 /// Renews a held lease in the background (a watchdog).
 ///
-/// The watchdog extends the lease every `interval` (default: TTL/3) by the lock's TTL,
+/// The watchdog extends the lease every `interval` (default: TTL/3; at least
+/// [`MIN_RENEW_INTERVAL`] and at most TTL/2, so a renewal has time to land) by the lock's TTL,
 /// stops as soon as the guard is released or dropped, and stops renewing once
 /// `max_hold` has passed since the grant, letting the lease run out. If a renewal is
 /// refused, or the validity deadline passes while renewals fail, the lease is marked
@@ -173,9 +177,9 @@ impl LockOptions {
         self.backoff.check().map_err(OptionsError::Backoff)?;
         if let Some(renew) = self.auto_renew {
             let interval = renew.interval_for(self.ttl);
-            if interval.is_zero() || interval >= self.ttl {
+            if interval < MIN_RENEW_INTERVAL || interval > self.ttl / 2 {
                 return Err(OptionsError::AutoRenew(
-                    "auto-renew interval must be above zero and below the ttl",
+                    "auto-renew interval must be at least 5ms and at most half the ttl",
                 ));
             }
             if renew.max_hold.is_some_and(|m| m.is_zero()) {

@@ -35,9 +35,16 @@ pub(crate) async fn renew_until_stopped(
             tracing::debug!(key = %lease.key(), "max hold time reached; renewal stops");
             return;
         }
-        match backend.extend(&lease, extension).await {
+        let turn = monitor.renewal_turn().await;
+        let outcome = backend.extend(&lease, extension).await;
+        drop(turn);
+        match outcome {
             Ok(ExtendOutcome::Extended { valid_until }) => {
-                monitor.renewed(valid_until);
+                if !monitor.renewed(valid_until) {
+                    tracing::warn!(key = %lease.key(), "renewal landed after the lease ran out; lock lost");
+                    let _ = backend.release(&lease).await;
+                    return;
+                }
                 pause = interval;
             }
             Ok(outcome) => {

@@ -209,7 +209,7 @@ pub(super) async fn late_release_after_expiry_keeps_new_holder(
 }
 
 /// How long before its validity deadline the racing release is sent.
-const RACE_LEAD: Duration = Duration::from_millis(10);
+const RACE_LEAD: Duration = Duration::from_millis(40);
 
 pub(super) async fn release_racing_expiry_keeps_new_holder(
     h: &dyn Harness,
@@ -271,10 +271,16 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
     after.release().await?;
     // Another client took the key.
     let key = unique_key("late-extend-taken");
-    let (_a, stale) = expired_holder(h, &key, ttl).await?;
+    let (a, stale) = expired_holder(h, &key, ttl).await?;
     let b = h.client().await?.lock;
     let fresh = b.acquire(&key, &waiting(ttl, ttl + h.slack())).await?;
     let fresh_deadline = fresh.valid_until();
+    // Straight to the backend: the guard alone would refuse a lost lease without asking.
+    let direct = a.extend(stale.lease(), LONG_TTL).await?;
+    check!(
+        matches!(direct, ExtendOutcome::HeldByOther | ExtendOutcome::Expired),
+        "the backend extended a lease over a new holder: {direct:?}"
+    );
     match stale.extend(LONG_TTL).await {
         Err(LockError::NotHeld {
             reason: NotHeldReason::HeldByOther | NotHeldReason::Expired | NotHeldReason::Lost,
