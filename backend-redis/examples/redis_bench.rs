@@ -2,7 +2,7 @@
 //! in the same run: a bare redis-rs multiplexed connection issuing the same two round
 //! trips (`SET key token NX PX` + a compare-and-delete `EVAL`).
 //!
-//! `cargo run --release -p distlock-redis --example redis_bench [SECONDS_PER_CASE]`
+//! `cargo run --release -p distlock-redis --example redis_bench [ROUNDS]`
 //! starts its own throwaway redis-server.
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -185,30 +185,51 @@ fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted.get(index).copied().unwrap_or_default()
 }
 
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
-    let seconds: u64 = std::env::args()
+    let rounds: usize = std::env::args()
         .nth(1)
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
-    let duration = Duration::from_secs(seconds);
+        .unwrap_or(7);
+    let slice = Duration::from_secs(1);
     let server = RedisServer::start().await?;
     let url = server.url();
-    println!("redis-server on {url}; {seconds} s per case; distinct keys\n");
-    println!("| tasks | distlock cycles/s | raw SET NX PX + EVAL cycles/s | ratio | raw client, distlock's scripts, cycles/s | ratio |");
+    println!("redis-server on {url}; {rounds} rounds of 1 s per side, alternating; distinct keys");
+    println!("ratios are the median over rounds of (distlock / reference) within a round\n");
+    println!("| tasks | distlock cycles/s | raw SET NX PX + EVAL cycles/s | ratio | raw client running distlock's scripts, cycles/s | ratio |");
     println!("|---:|---:|---:|---:|---:|---:|");
     for tasks in [1, 16] {
-        // One after another in the same run, so the machine's drift hits all alike.
-        let raw_rate = raw(&url, tasks, duration).await?;
-        let same_rate = raw_same_scripts(&url, tasks, duration).await?;
-        let ours_rate = ours(&url, tasks, duration).await?;
+        let (mut ours_rates, mut raw_rates, mut same_rates) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            // Side by side within each round, so the machine's drift hits all alike.
+            raw_rates.push(raw(&url, tasks, slice).await?);
+            same_rates.push(raw_same_scripts(&url, tasks, slice).await?);
+            ours_rates.push(ours(&url, tasks, slice).await?);
+        }
+        let ratio = |reference: &[f64]| {
+            median(
+                ours_rates
+                    .iter()
+                    .zip(reference)
+                    .map(|(o, r)| o / r)
+                    .collect(),
+            )
+        };
         println!(
-            "| {tasks} | {ours_rate:.0} | {raw_rate:.0} | {:.2} | {same_rate:.0} | {:.2} |",
-            ours_rate / raw_rate,
-            ours_rate / same_rate
+            "| {tasks} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} |",
+            median(ours_rates.clone()),
+            median(raw_rates.clone()),
+            ratio(&raw_rates),
+            median(same_rates.clone()),
+            ratio(&same_rates),
         );
     }
-    let latencies = handoff(&url, 500).await?;
+    let latencies = handoff(&url, 1000).await?;
     println!(
         "\nhand-off, 8 waiting clients on one key, {} hand-offs: p50 {:.3} ms, p99 {:.3} ms",
         latencies.len(),

@@ -210,8 +210,8 @@ impl RedisLock {
         let started = Instant::now();
         // Until we hand out a guard, a drop of this future must undo any grant.
         let compensation = Compensation {
-            lock: self.clone(),
-            names: names.clone(),
+            lock: self,
+            key,
             owner,
             ttl,
             armed: true,
@@ -279,28 +279,33 @@ fn too_late(backend: &'static str, operation: &str) -> LockError {
 }
 
 /// Releases a grant that may have happened if the acquire future is dropped mid-flight.
-struct Compensation {
-    lock: RedisLock,
-    names: KeyNames,
+/// Borrows, so the common path (disarmed) costs no clones.
+struct Compensation<'a> {
+    lock: &'a RedisLock,
+    key: &'a LockKey,
     owner: OwnerToken,
     ttl: Duration,
     armed: bool,
 }
 
-impl Compensation {
+impl Compensation<'_> {
     fn disarm(mut self) {
         self.armed = false;
     }
 }
 
-impl Drop for Compensation {
+impl Drop for Compensation<'_> {
     fn drop(&mut self) {
         if !self.armed {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (lock, names, owner, ttl) =
-                (self.lock.clone(), self.names.clone(), self.owner, self.ttl);
+            let (lock, names, owner, ttl) = (
+                self.lock.clone(),
+                KeyNames::for_key(self.key),
+                self.owner,
+                self.ttl,
+            );
             runtime.spawn(async move {
                 lock.release_everywhere(&names, owner, ttl).await;
             });
