@@ -10,7 +10,7 @@
 //! | `memory://` | the process-wide default in-memory store |
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
 //! | `redis://HOST:PORT[/DB]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node or Redlock (feature `redis`) |
-//! | `postgres://`, `postgresql://` | Postgres advisory locks (not built yet) |
+//! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`) |
 //! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported
@@ -42,6 +42,10 @@
 
 pub use distlock_api::memory;
 pub use distlock_api::*;
+
+/// The Postgres advisory-lock backend (feature `postgres`).
+#[cfg(feature = "postgres")]
+pub use distlock_postgres as postgres;
 
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
@@ -110,8 +114,7 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   the forms.
 /// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`); see
 ///   `distlock_zookeeper::parse_url` for the form.
-/// - `postgres://` and `postgresql://` are recognised, but that backend is not part of
-///   this build yet, so they are refused with a configuration error that names it.
+/// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`).
 ///
 /// Each call returns a new, independent client. Error messages never repeat the URL
 /// beyond its scheme, because server URLs may carry passwords.
@@ -146,18 +149,17 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
         )),
         #[cfg(not(feature = "zookeeper"))]
         Backend::ZooKeeper => Err(feature_off(scheme, backend)),
-        // The Postgres backend is not built yet.
-        Backend::Postgres => Err(config(format!(
-            "{scheme}:// needs the {title} backend, which is not available in this build \
-             (it is not built yet; once it ships, enable the `{feature}` feature of distlock)",
-            scheme = scheme.to_ascii_lowercase(),
-            title = backend.title(),
-            feature = backend.feature(),
-        ))),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url).await?,
+        )),
+        #[cfg(not(feature = "postgres"))]
+        Backend::Postgres => Err(feature_off(scheme, backend)),
     }
 }
 
 /// The error for a scheme whose backend's feature is off.
+// Unused when every backend feature is on.
 #[allow(dead_code)]
 fn feature_off(scheme: &str, backend: Backend) -> LockError {
     config(format!(
@@ -338,10 +340,13 @@ mod tests {
 
     #[tokio::test]
     async fn backends_not_built_name_their_feature() {
-        let mut cases = vec![
-            ("postgres://user:secret@h/db", "postgres", "Postgres"),
-            ("postgresql://h", "postgres", "Postgres"),
-        ];
+        let mut cases = Vec::new();
+        if cfg!(not(feature = "postgres")) {
+            cases.extend([
+                ("postgres://user:secret@h/db", "postgres", "Postgres"),
+                ("postgresql://h", "postgres", "Postgres"),
+            ]);
+        }
         if cfg!(not(feature = "zookeeper")) {
             cases.extend([
                 ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),

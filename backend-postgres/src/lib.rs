@@ -1,1 +1,129 @@
-//! The postgres backend of distlock (in progress).
+//! The Postgres backend of distlock: session-level advisory locks, multiplexed over a
+//! few sessions, with server-side waiting, client-enforced leases, loss detection, a
+//! persisted fencing sequence, and a transaction-scoped mode.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), distlock_api::LockError> {
+//! use std::time::Duration;
+//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_postgres::PostgresLock;
+//!
+//! let locks = PostgresLock::connect("postgres://app@db.internal/app").await?;
+//! let key = LockKey::new("invoices/2026-11")?;
+//! let options = LockOptions::new(Duration::from_secs(30))
+//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+//! let guard = locks.acquire(&key, &options).await?;
+//! // Send guard.fencing_token() with every write the lock protects.
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Protocol
+//! A lock key `K` is the advisory lock [`advisory_key`]`(K)`: the first 8 bytes of
+//! SHA-256 of `K`, as a `bigint`. A [`PostgresLock`] client keeps two kinds of
+//! sessions (connections), each owned by one task that runs its statements in order:
+//! - **shared sessions** (at most [`PostgresConfig::shared_sessions`], default 10)
+//!   carry every grant that does not wait, and its release. Requests queued on a
+//!   session go to the server together: all queued grants as one statement
+//!   `SELECT k, CASE WHEN pg_try_advisory_lock(k) THEN nextval('distlock.fencing_token') END
+//!   FROM unnest($1::int8[])` (each with its fencing token), all queued releases as one
+//!   `pg_advisory_unlock` statement, all queued extends answered by one round trip.
+//!   A client uses about one shared session per 8 requests in flight (opening more in
+//!   the background as the load grows), so a busy client batches rather than spreading
+//!   thin. Any number of held locks share these sessions: 10,000 held locks need at
+//!   most 10 connections.
+//! - **wait sessions** (at most [`PostgresConfig::wait_sessions`], default 16): an
+//!   `acquire` whose key is held waits in the server's own lock queue with a blocking
+//!   `pg_advisory_lock` under `lock_timeout` (the time left of its wait policy), on a
+//!   session dedicated to that wait. The release of the holder hands the lock to the
+//!   first waiter inside the server, in about one round trip, fairly (FIFO), with no
+//!   polling. The session then holds that lock until it ends, and waits again for the
+//!   next caller afterwards. When every wait session is in use, further contended
+//!   acquires queue in the client for one, within their wait policy.
+//!
+//! Release is `pg_advisory_unlock` on the session that holds the lock; extend proves
+//! that session alive with a round trip. Owner checks are done by the client: it knows
+//! which session holds which owner token, and a session can only unlock its own locks.
+//! Advisory locks are re-entrant per session, so a client never lets two grants of one
+//! key meet on its shared sessions: a second request for a key it holds or is taking
+//! there is answered "held" (or waits on a wait session, behind the first).
+//!
+//! A server connection is never returned anywhere while it may hold a lock: sessions
+//! are not pooled, and a session whose state is unknown (a reply timed out, a wait
+//! was abandoned) is closed, which ends its locks.
+//!
+//! # Lease and loss
+//! The lock lives as long as its session, and the lease is enforced on top of it:
+//! - **TTL.** The holding client unlocks a lease at `acquired_at + TTL` unless extended,
+//!   and the guard's `lost()` fires then. `extend` (and auto-renew) proves the session
+//!   alive and pushes that deadline. So a hung task loses its lock after one TTL.
+//! - **Session.** Every session runs with `idle_session_timeout` =
+//!   [`PostgresConfig::session_timeout`] (default 10 s). A session holding locks sends a
+//!   heartbeat every [`PostgresConfig::heartbeat`] (default 2 s) when nothing else ran. A
+//!   frozen, paused or silently cut-off holder stops sending, and the server ends its
+//!   session, freeing its locks, at most `session_timeout` after its last round trip
+//!   ([`PostgresConfig::dead_holder_bound`]). A crashed process's connection closes and
+//!   its locks are freed at once. TCP keepalives and `tcp_user_timeout`
+//!   ([`PostgresConfig::dead_peer_timeout`]) and `client_connection_check_interval`
+//!   (1 s) make the server drop the waits of dead waiters too.
+//! - **Validity.** The guard's validity deadline is the earlier of the TTL deadline and
+//!   the session's last proof of life + `session_timeout` (less 1 % + 2 ms), pushed by
+//!   heartbeats: the server cannot have ended the session for idleness before it. For a
+//!   grant that waited, the lease starts at the grant as timed by the server; the wait
+//!   is not charged to it.
+//! - **Suspect and lost.** A reply slower than the heartbeat period marks every lease
+//!   of the session suspect; a failed or timed-out round trip ends the session and
+//!   marks every lease on it lost, so `lost()` fires within a heartbeat period plus the
+//!   request timeout of the session's death (`pg_terminate_backend`, a restart, a cut
+//!   connection). That death frees the lock on the server at once, so another client
+//!   can take it before this one notices: fence your writes.
+//!
+//! # Fencing
+//! Every grant takes `nextval` of the sequence `distlock.fencing_token` (`bigint`,
+//! `MINVALUE 1`, `CACHE 1`) in the same statement that takes the lock: tokens strictly
+//! increase across all grants of all keys, hence per key, in grant order. The schema and
+//! sequence are created on first connect if missing (`CREATE SCHEMA IF NOT EXISTS`,
+//! `CREATE SEQUENCE IF NOT EXISTS`, serialised by a transaction-scoped advisory lock on
+//! the two-`int4` key `(0x64697374, 0x6c6f636b)`), or by an owner once; another schema is
+//! chosen with [`PostgresConfig::schema`]. A sequence has no row per key, so it does not
+//! grow with the number of keys. Sessions run with `synchronous_commit = on` and read
+//! the grant's reply to the end (after the commit), so a token handed out is durable:
+//! after a crash the sequence resumes above it.
+//!
+//! # Transaction-scoped mode
+//! [`PostgresXactLock`] takes `pg_advisory_xact_lock` inside a transaction and runs the
+//! caller's work in the same transaction; the lock ends with it. It uses unnamed
+//! statements and a plain sqlx pool, so it works behind PgBouncer in transaction mode,
+//! which breaks session locks (and refuses the startup settings [`PostgresLock`] sends).
+//!
+//! # Caveats
+//! - Advisory locks are not WAL-logged: they are lost on failover to a replica, and on a
+//!   server restart (holders see `lost()`; waiters retry and get the lock).
+//! - Every held lock takes a slot in the server's lock table, shared by all sessions and
+//!   sized `max_locks_per_transaction × (max_connections + max_prepared_transactions)`.
+//!   When it is full the server refuses further locks; this is reported as
+//!   [`LockError::Backend`](distlock_api::LockError::Backend) with a [`LockTableFull`]
+//!   source.
+//! - Needs PostgreSQL 14 or later (`idle_session_timeout`,
+//!   `client_connection_check_interval`). No TLS in this build.
+//! - A hash collision between two keys makes them contend as one lock; it never lets
+//!   two holders in.
+
+#![warn(missing_docs)]
+
+mod config;
+mod error;
+mod hash;
+mod lock;
+mod session;
+mod sql;
+mod xact;
+
+pub use config::{PostgresConfig, URL_SCHEMES};
+pub use error::LockTableFull;
+pub use hash::advisory_key;
+pub use lock::PostgresLock;
+pub use xact::{PostgresXactLock, XactError, XactFuture};
+
+/// The backend name, in errors and reports.
+pub const POSTGRES_BACKEND: &str = "postgres";

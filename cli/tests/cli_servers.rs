@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use distlock_conformance::servers::{RedisServer, ZooKeeperServer};
+use distlock_conformance::servers::{PostgresServer, RedisServer, ZooKeeperServer};
 
 async fn server() -> RedisServer {
     RedisServer::start()
@@ -51,6 +51,14 @@ fn demo_and_conformance_pass(url: &str, fencing_act: bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_and_conformance_pass_on_redis() {
     let server = server().await;
+    demo_and_conformance_pass(&server.url(), true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_and_conformance_pass_on_postgres() {
+    let server = PostgresServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start PostgreSQL (run scripts/test.sh): {e}"));
     demo_and_conformance_pass(&server.url(), true);
 }
 

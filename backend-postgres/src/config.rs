@@ -1,0 +1,321 @@
+//! [`PostgresConfig`] and the connection options every session is opened with.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use distlock_api::LockError;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::ConnectOptions as _;
+
+use crate::POSTGRES_BACKEND;
+
+/// Settings of a Postgres lock client ([`crate::PostgresLock`]).
+///
+/// Start from [`PostgresConfig::default`] and change fields; [`crate::PostgresLock::connect_with`]
+/// checks them (see [`PostgresConfig::validate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresConfig {
+    /// How many sessions (connections) carry the locks taken without waiting: every
+    /// `try_acquire`, and every `acquire` that finds its key free. Default 10. Sessions
+    /// are opened on demand, up to this many: about one per 8 requests in flight.
+    pub shared_sessions: usize,
+    /// How many connections may be dedicated to waiting in the server's queue at once,
+    /// each keeping the lock it was granted until that lock ends. Default 16. When all
+    /// are busy, a further contended `acquire` waits in the client (FIFO) for one, within
+    /// its wait policy.
+    pub wait_sessions: usize,
+    /// The server setting `idle_session_timeout` of every lock session: a session that
+    /// sends nothing for this long is ended by the server, and its locks with it.
+    /// Sessions holding a lock send a heartbeat well within it, so this is the bound on
+    /// how long a frozen, paused or silently cut-off holder keeps its locks. It also caps
+    /// every lease's validity at the last proof of life of its session plus this
+    /// (less 1 % + 2 ms). Default 10 s; at least 500 ms.
+    pub session_timeout: Duration,
+    /// How often a session holding locks proves it is alive, when no other command has
+    /// done so. `None` (the default) means `session_timeout / 5`. At most half of
+    /// `session_timeout`.
+    pub heartbeat: Option<Duration>,
+    /// Limit on connecting and on each reply (default 5 s). A session whose reply does
+    /// not come in time is closed, and its leases are marked lost.
+    pub request_timeout: Duration,
+    /// How soon the server gives up on a client host that stopped answering, through
+    /// the server's TCP keepalive settings (`tcp_keepalives_idle`, `_interval`, `_count`)
+    /// and `tcp_user_timeout` on every session. This frees the wait of a dead waiter; a
+    /// dead holder is freed by `session_timeout` already. Default 10 s; whole seconds,
+    /// at least 2 s.
+    pub dead_peer_timeout: Duration,
+    /// The schema holding the fencing sequence, created on first connect if missing.
+    /// Default `distlock`. Lowercase ASCII letters, digits and `_`, not starting with a
+    /// digit, at most 63 bytes.
+    pub schema: String,
+}
+
+impl Default for PostgresConfig {
+    fn default() -> Self {
+        PostgresConfig {
+            shared_sessions: 10,
+            wait_sessions: 16,
+            session_timeout: Duration::from_secs(10),
+            heartbeat: None,
+            request_timeout: Duration::from_secs(5),
+            dead_peer_timeout: Duration::from_secs(10),
+            schema: "distlock".to_owned(),
+        }
+    }
+}
+
+/// The shortest [`PostgresConfig::session_timeout`] accepted.
+const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(500);
+/// The server's limit on millisecond settings.
+const MAX_SETTING_MS: u128 = i32::MAX as u128;
+/// How often a waiting session's server checks that its client is still connected.
+pub(crate) const CLIENT_CHECK_INTERVAL_MS: u64 = 1000;
+
+impl PostgresConfig {
+    /// Checks the bounds documented on each field.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] naming the first field out of bounds.
+    pub fn validate(&self) -> Result<(), LockError> {
+        let bad = |message: String| Err(LockError::config(POSTGRES_BACKEND, message));
+        if self.shared_sessions == 0 {
+            return bad("shared_sessions must be at least 1".into());
+        }
+        if self.wait_sessions == 0 {
+            return bad("wait_sessions must be at least 1".into());
+        }
+        if self.session_timeout < MIN_SESSION_TIMEOUT
+            || self.session_timeout.as_millis() > MAX_SETTING_MS
+        {
+            return bad(format!(
+                "session_timeout {:?} must be between {MIN_SESSION_TIMEOUT:?} and {MAX_SETTING_MS} ms",
+                self.session_timeout
+            ));
+        }
+        let heartbeat = self.heartbeat();
+        if heartbeat.is_zero() || heartbeat > self.session_timeout / 2 {
+            return bad(format!(
+                "heartbeat {heartbeat:?} must be above zero and at most half the session_timeout ({:?})",
+                self.session_timeout
+            ));
+        }
+        if self.request_timeout.is_zero() {
+            return bad("request_timeout must be above zero".into());
+        }
+        if self.dead_peer_timeout < Duration::from_secs(2)
+            || self.dead_peer_timeout.as_millis() > MAX_SETTING_MS
+        {
+            return bad(format!(
+                "dead_peer_timeout {:?} must be at least 2 s and below {MAX_SETTING_MS} ms",
+                self.dead_peer_timeout
+            ));
+        }
+        let schema_ok = !self.schema.is_empty()
+            && self.schema.len() <= 63
+            && self
+                .schema
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !self.schema.as_bytes()[0].is_ascii_digit();
+        if !schema_ok {
+            return bad(format!(
+                "schema {:?} must be 1 to 63 lowercase ASCII letters, digits or `_`, not starting with a digit",
+                self.schema
+            ));
+        }
+        Ok(())
+    }
+
+    /// The heartbeat period in force.
+    pub fn heartbeat(&self) -> Duration {
+        self.heartbeat.unwrap_or(self.session_timeout / 5)
+    }
+
+    /// How long after its last proof of life a session is surely still alive on the
+    /// server: `session_timeout` less 1 % and 2 ms for clock-rate differences.
+    pub(crate) fn lease_horizon(&self) -> Duration {
+        let margin = self.session_timeout / 100 + Duration::from_millis(2);
+        self.session_timeout.saturating_sub(margin)
+    }
+
+    /// A session holding nothing and unused for this long closes itself, before the
+    /// server's idle timeout would end it.
+    pub(crate) fn idle_close(&self) -> Duration {
+        self.session_timeout / 2
+    }
+
+    /// The longest a cut-off client's locks outlive its last round trip: the
+    /// `session_timeout`, plus the server's timer slack.
+    pub fn dead_holder_bound(&self) -> Duration {
+        self.session_timeout + Duration::from_millis(100)
+    }
+}
+
+/// The URL schemes a Postgres lock client accepts.
+pub const URL_SCHEMES: [&str; 2] = ["postgres", "postgresql"];
+
+/// Parses `url` into sqlx connect options, with the server settings every distlock
+/// session runs with (see the crate docs).
+///
+/// Error messages never repeat the URL, which may carry a password.
+pub(crate) fn connect_options(
+    url: &str,
+    config: &PostgresConfig,
+) -> Result<PgConnectOptions, LockError> {
+    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
+    match scheme {
+        Some(s) if URL_SCHEMES.iter().any(|k| k.eq_ignore_ascii_case(s)) => {}
+        Some(s) if s.len() <= 32 && s.bytes().all(|b| b.is_ascii_graphic()) => {
+            return Err(LockError::config(
+                POSTGRES_BACKEND,
+                format!("{s}:// is not a Postgres URL scheme (use postgres:// or postgresql://)"),
+            ))
+        }
+        _ => {
+            return Err(LockError::config(
+                POSTGRES_BACKEND,
+                "not a postgres:// or postgresql:// URL",
+            ))
+        }
+    }
+    let options = PgConnectOptions::from_str(url).map_err(|e| LockError::Config {
+        backend: POSTGRES_BACKEND,
+        message: "the Postgres URL could not be parsed".into(),
+        source: Some(e.into()),
+    })?;
+    let options = if options.get_application_name().is_none() {
+        options.application_name("distlock")
+    } else {
+        options
+    };
+    let peer_secs = config.dead_peer_timeout.as_secs().max(2);
+    let keepalive_idle = peer_secs / 2;
+    let keepalive_count = (peer_secs - keepalive_idle).max(1);
+    let settings: Vec<(&str, String)> = vec![
+        (
+            "idle_session_timeout",
+            config.session_timeout.as_millis().to_string(),
+        ),
+        // Shared sessions never wait on a lock; waits set their own limit.
+        (
+            "lock_timeout",
+            config
+                .request_timeout
+                .as_millis()
+                .min(MAX_SETTING_MS)
+                .to_string(),
+        ),
+        (
+            "client_connection_check_interval",
+            CLIENT_CHECK_INTERVAL_MS.to_string(),
+        ),
+        ("tcp_keepalives_idle", keepalive_idle.to_string()),
+        ("tcp_keepalives_interval", "1".to_string()),
+        ("tcp_keepalives_count", keepalive_count.to_string()),
+        (
+            "tcp_user_timeout",
+            config.dead_peer_timeout.as_millis().to_string(),
+        ),
+        // Fencing tokens must survive a server crash once handed out.
+        ("synchronous_commit", "on".to_string()),
+    ];
+    // Waits are long statements by design: keep sqlx from logging them as slow.
+    Ok(options.options(settings).disable_statement_logging())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid() {
+        assert!(PostgresConfig::default().validate().is_ok());
+        assert_eq!(
+            PostgresConfig::default().heartbeat(),
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn bad_configs_are_config_errors() {
+        let d = PostgresConfig::default;
+        let mut bad = vec![
+            PostgresConfig {
+                shared_sessions: 0,
+                ..d()
+            },
+            PostgresConfig {
+                wait_sessions: 0,
+                ..d()
+            },
+            PostgresConfig {
+                session_timeout: Duration::from_millis(10),
+                ..d()
+            },
+            PostgresConfig {
+                heartbeat: Some(Duration::from_secs(9)),
+                ..d()
+            },
+            PostgresConfig {
+                heartbeat: Some(Duration::ZERO),
+                ..d()
+            },
+            PostgresConfig {
+                request_timeout: Duration::ZERO,
+                ..d()
+            },
+            PostgresConfig {
+                dead_peer_timeout: Duration::from_secs(1),
+                ..d()
+            },
+        ];
+        for schema in ["", "Distlock", "1abc", "a-b", "a;drop", &"x".repeat(64)] {
+            bad.push(PostgresConfig {
+                schema: schema.to_owned(),
+                ..d()
+            });
+        }
+        for c in bad {
+            assert!(
+                matches!(c.validate(), Err(LockError::Config { .. })),
+                "{c:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn urls() {
+        let c = PostgresConfig::default();
+        for url in [
+            "postgres://u@h:5/db",
+            "postgresql://u:pw@h/db",
+            "POSTGRES://h",
+        ] {
+            let o = connect_options(url, &c).unwrap_or_else(|e| panic!("{url}: {e}"));
+            assert!(o
+                .get_options()
+                .is_some_and(|s| s.contains("idle_session_timeout=10000")));
+            assert_eq!(o.get_application_name(), Some("distlock"));
+        }
+        let o = connect_options("postgres://h/db?application_name=mine", &c).unwrap();
+        assert_eq!(o.get_application_name(), Some("mine"));
+        for url in [
+            "",
+            "   ",
+            "memory://x",
+            "redis://h",
+            "postgres:/h",
+            "not a url",
+            "://nothing",
+            "postgres://u:secret@h:notaport/db",
+        ] {
+            match connect_options(url, &c) {
+                Err(LockError::Config { message, .. }) => {
+                    assert!(!message.contains("secret"), "{message}")
+                }
+                other => panic!("{url:?}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Mapping sqlx errors to [`LockError`], and the typed errors this backend adds.
+
+use std::fmt;
+
+use distlock_api::LockError;
+use sqlx::postgres::{PgDatabaseError, PgSeverity};
+
+use crate::POSTGRES_BACKEND;
+
+/// The server's shared lock table is full, so it refused another lock.
+///
+/// PostgreSQL keeps every lock of every session in one table sized
+/// `max_locks_per_transaction × (max_connections + max_prepared_transactions)`
+/// (plus some spare shared memory). Advisory locks held by long-lived sessions count
+/// against it. Release locks, or raise `max_locks_per_transaction` (a restart is
+/// needed). Reported as [`LockError::Backend`] with this as its source:
+///
+/// ```
+/// # fn check(error: &distlock_api::LockError) -> bool {
+/// use std::error::Error as _;
+/// error.source().is_some_and(|s| s.is::<distlock_postgres::LockTableFull>())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LockTableFull {
+    /// The server's message and hint.
+    pub server_message: String,
+}
+
+impl fmt::Display for LockTableFull {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "the server's lock table is full (max_locks_per_transaction × max_connections locks \
+             across all sessions); release locks or raise max_locks_per_transaction \
+             (server said: {})",
+            self.server_message
+        )
+    }
+}
+
+impl std::error::Error for LockTableFull {}
+
+/// The SQLSTATE of a server error, if `error` is one.
+pub(crate) fn sqlstate(error: &sqlx::Error) -> Option<&str> {
+    match error {
+        sqlx::Error::Database(db) => db
+            .try_downcast_ref::<PgDatabaseError>()
+            .map(PgDatabaseError::code),
+        _ => None,
+    }
+}
+
+/// Whether `error` left the connection unusable: I/O and protocol failures, and
+/// server errors that end the session (FATAL, PANIC, connection class 08, shutdown).
+pub(crate) fn ends_session(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(db) => match db.try_downcast_ref::<PgDatabaseError>() {
+            Some(pg) => {
+                matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic)
+                    || pg.code().starts_with("08")
+                    || pg.code().starts_with("57P")
+            }
+            None => false,
+        },
+        sqlx::Error::Io(_)
+        | sqlx::Error::Protocol(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::WorkerCrashed
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed => true,
+        _ => false,
+    }
+}
+
+/// The lock-table-full error, if `error` is the server running out of lock slots.
+fn lock_table_full(error: &sqlx::Error) -> Option<LockTableFull> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    let pg = db.try_downcast_ref::<PgDatabaseError>()?;
+    // 53200 out_of_memory, "out of shared memory", hint: max_locks_per_transaction.
+    let about_locks = pg.message().contains("shared memory")
+        || pg
+            .hint()
+            .is_some_and(|h| h.contains("max_locks_per_transaction"));
+    (pg.code() == "53200" && about_locks).then(|| LockTableFull {
+        server_message: match pg.hint() {
+            Some(hint) => format!("{} ({hint})", pg.message()),
+            None => pg.message().to_owned(),
+        },
+    })
+}
+
+/// Maps an error from a lock statement to a [`LockError`].
+pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
+    if let Some(full) = lock_table_full(&error) {
+        return LockError::backend_error(POSTGRES_BACKEND, full);
+    }
+    if ends_session(&error) {
+        return LockError::connection(POSTGRES_BACKEND, error);
+    }
+    match error {
+        sqlx::Error::Configuration(source) => LockError::Config {
+            backend: POSTGRES_BACKEND,
+            message: "invalid connection settings".into(),
+            source: Some(source),
+        },
+        other => LockError::backend_error(POSTGRES_BACKEND, other),
+    }
+}
+
+/// Maps an error from opening a session: refusals that retrying cannot fix
+/// (authentication, missing database, a server too old for the settings) are
+/// configuration errors; the rest are connection errors.
+pub(crate) fn connect_error(error: sqlx::Error) -> LockError {
+    if let Some(full) = lock_table_full(&error) {
+        // A new session needs lock slots too.
+        return LockError::backend_error(POSTGRES_BACKEND, full);
+    }
+    let hint = match sqlstate(&error) {
+        Some(code) if code.starts_with("28") => Some("the server refused the credentials"),
+        Some("3D000") => Some("the database does not exist"),
+        Some("42704") => Some(
+            "the server does not know a session setting distlock needs \
+             (idle_session_timeout and client_connection_check_interval need PostgreSQL 14 or later)",
+        ),
+        Some("42501") => Some("the user may not connect or lacks a privilege"),
+        _ => None,
+    };
+    match (hint, error) {
+        (Some(message), error) => LockError::Config {
+            backend: POSTGRES_BACKEND,
+            message: message.to_owned(),
+            source: Some(error.into()),
+        },
+        (None, sqlx::Error::Configuration(source)) => LockError::Config {
+            backend: POSTGRES_BACKEND,
+            message: "invalid connection settings".into(),
+            source: Some(source),
+        },
+        (None, error) => LockError::connection(POSTGRES_BACKEND, error),
+    }
+}
+
+/// A connection error with a message of ours.
+pub(crate) fn connection(message: impl Into<String>) -> LockError {
+    LockError::connection(POSTGRES_BACKEND, message.into())
+}

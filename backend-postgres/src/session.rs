@@ -1,0 +1,1102 @@
+//! One Postgres session (connection) and the task that owns it.
+//!
+//! A session task runs the session's commands one statement at a time, in the order
+//! they were sent, batching runs of grants, unlocks and extends into one statement
+//! each. It owns what the session holds: for each lease, its key hash, its
+//! client-enforced TTL deadline and its [`LeaseMonitor`]. It unlocks a lease when its
+//! TTL runs out, proves the session alive (a heartbeat) while it holds anything, marks
+//! every lease it holds suspect when a reply is slow and lost when the session ends,
+//! and closes the session once it holds nothing and has been unused for a while.
+//!
+//! Nothing here can leave an advisory lock behind a caller's back: a grant whose
+//! caller went away is unlocked by the task (or by the caller's drop guard, whose
+//! release is queued behind the grant), and a session whose protocol state is unknown
+//! (a reply timed out, a wait was abandoned) is closed, which ends its locks.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use sqlx::{Connection, PgConnection};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+
+use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
+use crate::hash::pg_locks_ids;
+use crate::lock::Shared;
+use crate::POSTGRES_BACKEND;
+
+/// The most commands of one kind sent as one statement.
+const MAX_BATCH: usize = 256;
+/// SQLSTATE lock_not_available: `lock_timeout` fired.
+const LOCK_TIMEOUT: &str = "55P03";
+
+/// What a session is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Carries grants that did not wait, for any number of keys.
+    Shared,
+    /// Waits in the server's queue for one key, then holds that one lock.
+    Wait,
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The session closed before running the command: nothing happened, retry elsewhere.
+    Closed,
+    /// The command ran, or may have, and failed.
+    Lock(LockError),
+}
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
+
+/// A lock granted to a session.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub token: i64,
+    /// When the lease starts, on the client's clock (conservative).
+    pub acquired_at: Instant,
+    pub monitor: LeaseMonitor,
+}
+
+/// A command for a session task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// `pg_try_advisory_lock`, and a fencing token if granted.
+    TryGrant {
+        hash: i64,
+        owner: u128,
+        ttl: Duration,
+        requested_at: Instant,
+        reply: Reply<Option<Granted>>,
+    },
+    /// `pg_advisory_lock` under `lock_timeout` (ms, 0 for none); dedicated sessions only.
+    Wait {
+        hash: i64,
+        owner: u128,
+        ttl: Duration,
+        lock_timeout_ms: u64,
+        slot: OwnedSemaphorePermit,
+        reply: Reply<Option<Granted>>,
+    },
+    /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
+    /// reply it is the compensation for a grant whose caller went away.
+    Release {
+        owner: u128,
+        reply: Option<Reply<bool>>,
+    },
+    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
+    /// the new validity deadline, or `None` if this session does not hold the lease.
+    Extend {
+        owner: u128,
+        ttl: Duration,
+        reply: Reply<Option<Instant>>,
+    },
+    /// Whether any session of the database holds `hash`.
+    HeldByAnyone { hash: i64, reply: Reply<bool> },
+}
+
+impl Command {
+    fn fail(self, failure: Failure) {
+        match self {
+            Command::TryGrant { reply, .. } | Command::Wait { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+            Command::Release { reply, .. } => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(failure));
+                }
+            }
+            Command::Extend { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+            Command::HeldByAnyone { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+        }
+    }
+}
+
+/// The client's handle on a session task.
+#[derive(Debug)]
+pub(crate) struct SessionHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    /// Commands sent and not yet finished, for picking the least busy session.
+    load: AtomicUsize,
+    alive: AtomicBool,
+}
+
+impl SessionHandle {
+    /// Queues `command`; gives it back if the task has stopped taking commands.
+    pub fn send(&self, command: Command) -> Result<(), Command> {
+        self.load.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(command).map_err(|e| {
+            self.load.fetch_sub(1, Ordering::Relaxed);
+            e.0
+        })
+    }
+
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire) && !self.tx.is_closed()
+    }
+}
+
+/// One held lease.
+#[derive(Debug)]
+struct Held {
+    hash: i64,
+    ttl_deadline: Instant,
+    monitor: LeaseMonitor,
+    /// A dedicated session's wait slot, freed when the lock ends.
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// A grant the server just made, for [`Task::grant`].
+struct NewGrant {
+    hash: i64,
+    owner: u128,
+    token: i64,
+    /// When the lease starts (its TTL counts from here).
+    lease_start: Instant,
+    ttl: Duration,
+    /// A dedicated session's wait slot.
+    slot: Option<OwnedSemaphorePermit>,
+}
+
+/// Why a session task stops.
+#[derive(Debug)]
+enum End {
+    /// Every handle was dropped.
+    ClientGone,
+    /// Held nothing and was unused for the idle period.
+    Idle,
+    /// The connection failed or its state is unknown; the message says why.
+    Broken(String),
+}
+
+/// The result of one round trip.
+enum Trip<T> {
+    Done(T),
+    /// The server refused the statement; the session is fine.
+    Refused(sqlx::Error),
+    /// The session is unusable.
+    Broken(String),
+}
+
+/// Opens a session of `kind` and starts its task.
+pub(crate) async fn open(
+    kind: Kind,
+    client: &Arc<Shared>,
+) -> Result<Arc<SessionHandle>, LockError> {
+    let config = &client.settings.config;
+    let conn = timeout(
+        config.request_timeout,
+        PgConnection::connect_with(&client.settings.connect),
+    )
+    .await
+    .map_err(|_| {
+        error::connection(format!(
+            "no session within the request timeout of {:?}",
+            config.request_timeout
+        ))
+    })?
+    .map_err(connect_error)?;
+    Ok(start(kind, conn, client))
+}
+
+/// Starts the task of a session over `conn`.
+pub(crate) fn start(kind: Kind, conn: PgConnection, client: &Arc<Shared>) -> Arc<SessionHandle> {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let handle = Arc::new(SessionHandle {
+        tx,
+        load: AtomicUsize::new(0),
+        alive: AtomicBool::new(true),
+    });
+    match kind {
+        Kind::Shared => &client.open_shared,
+        Kind::Wait => &client.open_waits,
+    }
+    .fetch_add(1, Ordering::Relaxed);
+    let now = Instant::now();
+    let task = Task {
+        conn: Some(conn),
+        rx,
+        me: Arc::downgrade(&handle),
+        kind,
+        client: Arc::downgrade(client),
+        shared: client.settings.clone(),
+        held: HashMap::new(),
+        expiries: BTreeSet::new(),
+        last_proof: now,
+        last_renewal: now,
+        last_used: now,
+        suspected: false,
+    };
+    tokio::spawn(task.run());
+    handle
+}
+
+struct Task {
+    /// `None` once abandoned mid-protocol.
+    conn: Option<PgConnection>,
+    rx: mpsc::UnboundedReceiver<Command>,
+    me: Weak<SessionHandle>,
+    kind: Kind,
+    client: Weak<Shared>,
+    shared: Arc<crate::lock::Settings>,
+    held: HashMap<u128, Held>,
+    /// `(TTL deadline, owner)` of every held lease.
+    expiries: BTreeSet<(Instant, u128)>,
+    /// The start of the last successful round trip: the server's idle clock started
+    /// after it.
+    last_proof: Instant,
+    /// The last time held leases' validity was pushed to the proof's horizon.
+    last_renewal: Instant,
+    last_used: Instant,
+    /// Held leases were marked suspect since the last proof.
+    suspected: bool,
+}
+
+impl Task {
+    async fn run(mut self) {
+        let end = self.serve().await;
+        self.stop(end).await;
+    }
+
+    async fn serve(&mut self) -> End {
+        let heartbeat = self.shared.config.heartbeat();
+        let idle_close = self.shared.config.idle_close();
+        loop {
+            // Timers first, so a steady stream of commands cannot starve them.
+            if let Err(end) = self.due_work(heartbeat, idle_close).await {
+                return end;
+            }
+            let wake_at = self.next_timer(heartbeat, idle_close);
+            tokio::select! {
+                command = self.rx.recv() => {
+                    let Some(command) = command else { return End::ClientGone };
+                    let mut batch = vec![command];
+                    while batch.len() < MAX_BATCH {
+                        match self.rx.try_recv() {
+                            Ok(command) => batch.push(command),
+                            Err(_) => break,
+                        }
+                    }
+                    let count = batch.len();
+                    let result = self.process(batch).await;
+                    if let Some(me) = self.me.upgrade() {
+                        me.load.fetch_sub(count, Ordering::Relaxed);
+                    }
+                    self.last_used = Instant::now();
+                    if let Err(end) = result {
+                        return end;
+                    }
+                }
+                _ = sleep_until(wake_at) => {}
+            }
+        }
+    }
+
+    fn next_timer(&self, heartbeat: Duration, idle_close: Duration) -> Instant {
+        let far = Instant::now() + Duration::from_secs(3600);
+        let mut at = far;
+        if let Some((expiry, _)) = self.expiries.first() {
+            at = at.min(*expiry);
+        }
+        if self.held.is_empty() {
+            at = at.min(self.last_used + idle_close);
+        } else {
+            at = at.min(self.last_renewal + heartbeat);
+        }
+        at
+    }
+
+    /// Expires leases past their TTL, renews or proves the session, or ends it when idle.
+    async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
+        let now = Instant::now();
+        if self.expiries.first().is_some_and(|(t, _)| *t <= now) {
+            let due: Vec<u128> = self
+                .expiries
+                .iter()
+                .take_while(|(t, _)| *t <= now)
+                .map(|(_, owner)| *owner)
+                .collect();
+            self.unlock(due, Vec::new()).await?;
+        }
+        if self.held.is_empty() {
+            if now >= self.last_used + idle_close {
+                return Err(End::Idle);
+            }
+            return Ok(());
+        }
+        if now >= self.last_renewal + heartbeat {
+            // A recent command already proved the session alive: no ping needed.
+            if now.saturating_duration_since(self.last_proof) >= heartbeat / 2 {
+                self.ping().await?;
+            }
+            self.renew_all(false);
+        }
+        Ok(())
+    }
+
+    /// The validity deadline of a lease ending at `ttl_deadline`.
+    fn deadline(&self, ttl_deadline: Instant) -> Instant {
+        ttl_deadline.min(self.last_proof + self.shared.config.lease_horizon())
+    }
+
+    /// Pushes every held lease's validity to the current proof's horizon.
+    fn renew_all(&mut self, force: bool) {
+        self.last_renewal = Instant::now();
+        let horizon = self.last_proof + self.shared.config.lease_horizon();
+        for held in self.held.values() {
+            // Lost is final, also when only the deadline says so: never revive.
+            if held.monitor.state() == LeaseState::Lost {
+                continue;
+            }
+            let deadline = held.ttl_deadline.min(horizon);
+            if force || deadline > held.monitor.valid_until() {
+                held.monitor.renewed(deadline);
+            }
+        }
+        self.suspected = false;
+    }
+
+    fn note_proof(&mut self, started: Instant) {
+        if started > self.last_proof {
+            self.last_proof = started;
+        }
+        if self.suspected {
+            self.renew_all(true);
+        }
+    }
+
+    /// Runs one statement, bounded by the request timeout; marks held leases suspect
+    /// while the reply is late.
+    async fn trip<T, F>(&mut self, run: F) -> Trip<T>
+    where
+        F: for<'c> FnOnce(
+            &'c mut PgConnection,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>,
+        >,
+    {
+        let Some(conn) = self.conn.as_mut() else {
+            return Trip::Broken("the session was abandoned".into());
+        };
+        let started = Instant::now();
+        let limit = self.shared.config.request_timeout;
+        let suspect_after = self.shared.config.heartbeat().min(limit);
+        let result = {
+            let fut = run(conn);
+            tokio::pin!(fut);
+            let early = tokio::select! {
+                result = &mut fut => Some(result),
+                _ = sleep(suspect_after) => None,
+            };
+            match early {
+                Some(result) => result,
+                None => {
+                    for held in self.held.values() {
+                        held.monitor.suspect();
+                    }
+                    self.suspected = !self.held.is_empty();
+                    match timeout_at(started + limit, fut).await {
+                        Ok(result) => result,
+                        Err(_) => {
+                            return Trip::Broken(format!(
+                                "the server did not answer within {limit:?}"
+                            ))
+                        }
+                    }
+                }
+            }
+        };
+        match result {
+            Ok(value) => {
+                self.note_proof(started);
+                Trip::Done(value)
+            }
+            Err(e) if ends_session(&e) => Trip::Broken(format!("the session ended: {e}")),
+            Err(e) => {
+                // The server answered: the session is alive.
+                self.note_proof(started);
+                Trip::Refused(e)
+            }
+        }
+    }
+
+    async fn ping(&mut self) -> Result<(), End> {
+        let sql = self.shared.sql.ping;
+        match self
+            .trip(move |c| {
+                Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
+            })
+            .await
+        {
+            Trip::Done(_) => Ok(()),
+            Trip::Refused(e) => Err(End::Broken(format!("heartbeat refused: {e}"))),
+            Trip::Broken(why) => Err(End::Broken(why)),
+        }
+    }
+
+    /// Runs a batch of commands: all grants as one statement, then all releases as
+    /// one, then all extends with one proof of life, then the rest in order.
+    ///
+    /// Reordering is safe: a release that compensates a grant comes after it (grants
+    /// go first), and a key is never granted while a release of it by this client is
+    /// pending (the client reserves a key until its unlock has run).
+    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+        let (mut grants, mut releases, mut extends, mut others) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for command in batch {
+            match command {
+                Command::TryGrant { .. } => grants.push(command),
+                Command::Release { .. } => releases.push(command),
+                Command::Extend { .. } => extends.push(command),
+                _ => others.push(command),
+            }
+        }
+        let mut groups = [grants, releases, extends]
+            .into_iter()
+            .filter(|g| !g.is_empty());
+        let mut others = others.into_iter();
+        loop {
+            let result = if let Some(group) = groups.next() {
+                match group.first() {
+                    Some(Command::TryGrant { .. }) => self.try_grants(group).await,
+                    Some(Command::Release { .. }) => self.releases(group).await,
+                    _ => self.extends(group).await,
+                }
+            } else if let Some(command) = others.next() {
+                match command {
+                    Command::HeldByAnyone { hash, reply } => self.held_by_anyone(hash, reply).await,
+                    command => self.wait(command).await,
+                }
+            } else {
+                return Ok(());
+            };
+            if let Err(end) = result {
+                let why = match &end {
+                    End::Broken(why) => why.clone(),
+                    _ => "the session closed".to_owned(),
+                };
+                for command in groups.flatten().chain(others) {
+                    self.forget_command(&command);
+                    command.fail(Failure::Lock(error::connection(why.clone())));
+                }
+                return Err(end);
+            }
+        }
+    }
+
+    /// Undoes the client's bookkeeping for a grant that will not happen.
+    fn forget_command(&self, command: &Command) {
+        if let Command::TryGrant { hash, owner, .. } = command {
+            self.forget_pending(*hash, *owner);
+        }
+    }
+
+    fn forget_pending(&self, hash: i64, owner: u128) {
+        if let Some(client) = self.client.upgrade() {
+            client.forget_shared_key(hash, owner);
+        }
+    }
+
+    /// Records a grant and hands it to its caller; unlocks at once if the caller left.
+    async fn grant(&mut self, grant: NewGrant, reply: Reply<Option<Granted>>) -> Result<(), End> {
+        let NewGrant {
+            hash,
+            owner,
+            token,
+            lease_start,
+            ttl,
+            slot,
+        } = grant;
+        let ttl_deadline = lease_start
+            .checked_add(ttl)
+            .unwrap_or_else(|| lease_start + distlock_api::MAX_TTL);
+        let monitor = LeaseMonitor::new(self.deadline(ttl_deadline));
+        let (client, me) = (self.client.upgrade(), self.me.upgrade());
+        let registered = match (&client, me) {
+            (Some(client), Some(me)) => {
+                client.add_route(owner, me);
+                true
+            }
+            _ => false,
+        };
+        self.held.insert(
+            owner,
+            Held {
+                hash,
+                ttl_deadline,
+                monitor: monitor.clone(),
+                _slot: slot,
+            },
+        );
+        self.expiries.insert((ttl_deadline, owner));
+        let granted = Granted {
+            token,
+            acquired_at: lease_start,
+            monitor,
+        };
+        if !registered || reply.send(Ok(Some(granted))).is_err() {
+            // Nobody will ever release it: undo the grant now.
+            self.unlock(vec![owner], Vec::new()).await?;
+        }
+        Ok(())
+    }
+
+    async fn try_grants(&mut self, group: Vec<Command>) -> Result<(), End> {
+        let hashes: Vec<i64> = group
+            .iter()
+            .filter_map(|c| match c {
+                Command::TryGrant { hash, .. } => Some(*hash),
+                _ => None,
+            })
+            .collect();
+        let sql = self.shared.clone();
+        let batch = hashes.clone();
+        let outcome = self
+            .trip(move |c| {
+                Box::pin(async move {
+                    match batch[..] {
+                        [hash] => sqlx::query_scalar::<_, Option<i64>>(&sql.sql.try_grant_one)
+                            .bind(hash)
+                            .fetch_one(c)
+                            .await
+                            .map(|token| vec![(hash, token)]),
+                        _ => {
+                            sqlx::query_as::<_, (i64, Option<i64>)>(&sql.sql.try_grant)
+                                .bind(batch)
+                                .fetch_all(c)
+                                .await
+                        }
+                    }
+                })
+            })
+            .await;
+        let (tokens, failure) = match outcome {
+            Trip::Done(rows) => (
+                rows.into_iter().collect::<HashMap<i64, Option<i64>>>(),
+                None,
+            ),
+            Trip::Refused(e) => {
+                // Keys granted before the error would be held by nobody: unlock them.
+                let cleanup = self.unlock_any_held(hashes).await;
+                (HashMap::new(), Some((lock_error(e), cleanup)))
+            }
+            Trip::Broken(why) => (
+                HashMap::new(),
+                Some((error::connection(why.clone()), Err(End::Broken(why)))),
+            ),
+        };
+        if let Some((error, cleanup)) = failure {
+            let mut group = group.into_iter();
+            let last = group.next_back();
+            for command in group {
+                self.forget_command(&command);
+                command.fail(Failure::Lock(copy_error(&error)));
+            }
+            if let Some(command) = last {
+                self.forget_command(&command);
+                command.fail(Failure::Lock(error));
+            }
+            return cleanup;
+        }
+        for command in group {
+            let Command::TryGrant {
+                hash,
+                owner,
+                ttl,
+                requested_at,
+                reply,
+            } = command
+            else {
+                continue;
+            };
+            match tokens.get(&hash).copied().flatten() {
+                Some(token) => {
+                    self.grant(
+                        NewGrant {
+                            hash,
+                            owner,
+                            token,
+                            lease_start: requested_at,
+                            ttl,
+                            slot: None,
+                        },
+                        reply,
+                    )
+                    .await?
+                }
+                None => {
+                    self.forget_pending(hash, owner);
+                    let _ = reply.send(Ok(None));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// After a failed statement: unlocks whichever of `hashes` this session holds.
+    async fn unlock_any_held(&mut self, hashes: Vec<i64>) -> Result<(), End> {
+        let fallback = hashes.clone();
+        let sql = self.shared.sql.unlock_any_held;
+        match self
+            .trip(move |c| {
+                Box::pin(async move {
+                    sqlx::query_as::<_, (i64, bool)>(sql)
+                        .bind(hashes)
+                        .fetch_all(c)
+                        .await
+                })
+            })
+            .await
+        {
+            Trip::Done(_) => return Ok(()),
+            Trip::Refused(e) => {
+                tracing::debug!(error = %e, "pg_locks unreadable; unlocking every key of the failed statement");
+            }
+            Trip::Broken(why) => return Err(End::Broken(why)),
+        }
+        // None of `hashes` was held by this session before the failed statement, so
+        // unlocking each is right (the server warns about those it did not grant).
+        let sql = self.shared.sql.unlock;
+        match self
+            .trip(move |c| {
+                Box::pin(async move {
+                    sqlx::query_as::<_, (i64, bool)>(sql)
+                        .bind(fallback)
+                        .fetch_all(c)
+                        .await
+                })
+            })
+            .await
+        {
+            Trip::Done(_) => Ok(()),
+            // Cannot tell what the session holds: end it, which ends its locks.
+            Trip::Refused(e) => Err(End::Broken(format!(
+                "could not clean up after an error: {e}"
+            ))),
+            Trip::Broken(why) => Err(End::Broken(why)),
+        }
+    }
+
+    /// Unlocks the held leases of `owners` (those still held), replying `true` to the
+    /// matching `replies`; marks them lost and forgets them.
+    async fn unlock(
+        &mut self,
+        owners: Vec<u128>,
+        replies: Vec<(u128, Reply<bool>)>,
+    ) -> Result<(), End> {
+        let owners: Vec<u128> = owners
+            .into_iter()
+            .filter(|o| self.held.contains_key(o))
+            .collect();
+        let hashes: Vec<i64> = owners
+            .iter()
+            .filter_map(|o| self.held.get(o))
+            .map(|h| h.hash)
+            .collect();
+        let mut result = Ok(());
+        let unlocked: HashMap<i64, bool> = if hashes.is_empty() {
+            HashMap::new()
+        } else {
+            let (many, one) = (self.shared.sql.unlock, self.shared.sql.unlock_one);
+            match self
+                .trip(move |c| {
+                    Box::pin(async move {
+                        match hashes[..] {
+                            [hash] => {
+                                sqlx::query_as::<_, (i64, bool)>(one)
+                                    .bind(hash)
+                                    .fetch_all(c)
+                                    .await
+                            }
+                            _ => {
+                                sqlx::query_as::<_, (i64, bool)>(many)
+                                    .bind(hashes)
+                                    .fetch_all(c)
+                                    .await
+                            }
+                        }
+                    })
+                })
+                .await
+            {
+                Trip::Done(rows) => rows.into_iter().collect(),
+                Trip::Refused(e) => {
+                    let why = format!("unlock refused: {e}");
+                    result = Err(End::Broken(why));
+                    HashMap::new()
+                }
+                Trip::Broken(why) => {
+                    result = Err(End::Broken(why));
+                    HashMap::new()
+                }
+            }
+        };
+        if let Err(End::Broken(why)) = &result {
+            for (_, reply) in replies {
+                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+            }
+            return result;
+        }
+        let mut released = HashMap::new();
+        let mut ended = Vec::new();
+        for owner in owners {
+            if let Some(held) = self.forget_held(owner) {
+                let was_held = unlocked.get(&held.hash).copied().unwrap_or(false);
+                if !was_held {
+                    tracing::warn!(
+                        hash = held.hash,
+                        "the session did not hold a lock it had been granted"
+                    );
+                }
+                released.insert(owner, was_held);
+                ended.push(held);
+            }
+        }
+        for (owner, reply) in replies {
+            let _ = reply.send(Ok(released.get(&owner).copied().unwrap_or(false)));
+        }
+        // Back on the idle list before the wait slot frees, so the next waiter finds
+        // this session instead of opening another.
+        self.return_if_idle();
+        drop(ended);
+        Ok(())
+    }
+
+    /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
+    /// the client's tables.
+    fn forget_held(&mut self, owner: u128) -> Option<Held> {
+        let held = self.held.remove(&owner)?;
+        self.expiries.remove(&(held.ttl_deadline, owner));
+        held.monitor.mark_lost();
+        if let Some(client) = self.client.upgrade() {
+            client.remove_route(owner, held.hash);
+        }
+        Some(held)
+    }
+
+    /// A dedicated session that holds nothing goes back to the client's idle list.
+    fn return_if_idle(&self) {
+        if self.kind != Kind::Wait || !self.held.is_empty() {
+            return;
+        }
+        if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
+            client.return_wait_session(me);
+        }
+    }
+
+    async fn releases(&mut self, group: Vec<Command>) -> Result<(), End> {
+        let mut owners = Vec::new();
+        let mut replies = Vec::new();
+        for command in group {
+            let Command::Release { owner, reply } = command else {
+                continue;
+            };
+            if self.held.contains_key(&owner) {
+                owners.push(owner);
+                if let Some(reply) = reply {
+                    replies.push((owner, reply));
+                }
+            } else if let Some(reply) = reply {
+                let _ = reply.send(Ok(false));
+            }
+        }
+        if owners.is_empty() {
+            return Ok(());
+        }
+        self.unlock(owners, replies).await
+    }
+
+    async fn extends(&mut self, group: Vec<Command>) -> Result<(), End> {
+        let mut live = Vec::new();
+        let mut lost = Vec::new();
+        for command in group {
+            let Command::Extend { owner, ttl, reply } = command else {
+                continue;
+            };
+            match self.held.get(&owner) {
+                // Lost is final (the TTL ran out, or the session's horizon passed): the
+                // lock must go, not be revived.
+                Some(held) if held.monitor.state() == LeaseState::Lost => {
+                    lost.push(owner);
+                    let _ = reply.send(Ok(None));
+                }
+                Some(_) => live.push((owner, ttl, reply)),
+                None => {
+                    let _ = reply.send(Ok(None));
+                }
+            }
+        }
+        if !lost.is_empty() {
+            self.unlock(lost, Vec::new()).await?;
+        }
+        if live.is_empty() {
+            return Ok(());
+        }
+        let started = Instant::now();
+        if let Err(End::Broken(why)) = self.ping().await {
+            for (_, _, reply) in live {
+                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+            }
+            return Err(End::Broken(why));
+        }
+        let horizon = started + self.shared.config.lease_horizon();
+        let mut lapsed = Vec::new();
+        for (owner, ttl, reply) in live {
+            let Some(held) = self.held.get_mut(&owner) else {
+                let _ = reply.send(Ok(None));
+                continue;
+            };
+            let ttl_deadline = match started.checked_add(ttl) {
+                // The validity ran out while the proof was on its way: lost is final.
+                Some(_) if held.monitor.state() == LeaseState::Lost => None,
+                deadline => deadline,
+            };
+            let Some(ttl_deadline) = ttl_deadline else {
+                lapsed.push(owner);
+                let _ = reply.send(Ok(None));
+                continue;
+            };
+            self.expiries.remove(&(held.ttl_deadline, owner));
+            held.ttl_deadline = ttl_deadline;
+            self.expiries.insert((ttl_deadline, owner));
+            let valid_until = ttl_deadline.min(horizon);
+            held.monitor.renewed(valid_until);
+            let _ = reply.send(Ok(Some(valid_until)));
+        }
+        if !lapsed.is_empty() {
+            self.unlock(lapsed, Vec::new()).await?;
+        }
+        Ok(())
+    }
+
+    async fn held_by_anyone(&mut self, hash: i64, reply: Reply<bool>) -> Result<(), End> {
+        let sql = self.shared.sql.held_by_anyone;
+        let (high, low) = pg_locks_ids(hash);
+        match self
+            .trip(move |c| {
+                Box::pin(async move {
+                    sqlx::query_scalar::<_, bool>(sql)
+                        .bind(high)
+                        .bind(low)
+                        .fetch_one(c)
+                        .await
+                })
+            })
+            .await
+        {
+            Trip::Done(held) => {
+                let _ = reply.send(Ok(held));
+                Ok(())
+            }
+            Trip::Refused(e) => {
+                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                Ok(())
+            }
+            Trip::Broken(why) => {
+                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                Err(End::Broken(why))
+            }
+        }
+    }
+
+    /// Waits in the server's queue. If the caller goes away meanwhile, the session is
+    /// abandoned (closed), which ends the wait, or the lock if it was just granted.
+    async fn wait(&mut self, command: Command) -> Result<(), End> {
+        let Command::Wait {
+            hash,
+            owner,
+            ttl,
+            lock_timeout_ms,
+            slot,
+            mut reply,
+        } = command
+        else {
+            return Ok(());
+        };
+        let started = Instant::now();
+        let shared = self.shared.clone();
+        let limit = match lock_timeout_ms {
+            0 => None,
+            ms => Some(Duration::from_millis(ms) + shared.config.request_timeout),
+        };
+        let Some(conn) = self.conn.as_mut() else {
+            let _ = reply.send(Err(Failure::Closed));
+            return Err(End::Broken("the session was abandoned".into()));
+        };
+        let query = sqlx::query_as::<_, (i64, f64)>(&shared.sql.wait_grant)
+            .bind(hash)
+            .bind(lock_timeout_ms.to_string())
+            .fetch_one(conn);
+        let bounded = async {
+            match limit {
+                Some(limit) => timeout(limit, query).await.ok(),
+                None => Some(query.await),
+            }
+        };
+        let outcome = tokio::select! {
+            outcome = bounded => outcome,
+            _ = reply.closed() => {
+                // Mid-statement: the connection cannot be reused. Closing it makes the
+                // server drop the wait (or the lock, if it was granted meanwhile).
+                self.conn = None;
+                return Err(End::Broken("the waiting caller went away".into()));
+            }
+        };
+        match outcome {
+            Some(Ok((token, waited))) => {
+                // The server's idle clock starts after the grant, which came `waited`
+                // seconds into the statement: charge the lease from there.
+                let waited =
+                    Duration::try_from_secs_f64(waited.max(0.0) * 0.99).unwrap_or_default();
+                let granted_at = (started + waited).min(Instant::now());
+                self.note_proof(granted_at);
+                self.grant(
+                    NewGrant {
+                        hash,
+                        owner,
+                        token,
+                        lease_start: granted_at,
+                        ttl,
+                        slot: Some(slot),
+                    },
+                    reply,
+                )
+                .await
+            }
+            Some(Err(e)) if sqlstate(&e) == Some(LOCK_TIMEOUT) => {
+                // The lock may have been granted just as the timeout fired.
+                let checked = Instant::now();
+                let (high, low) = pg_locks_ids(hash);
+                let trip = self
+                    .trip(move |c| {
+                        Box::pin(async move {
+                            sqlx::query_scalar::<_, Option<i64>>(&shared.sql.granted_after_timeout)
+                                .bind(high)
+                                .bind(low)
+                                .fetch_one(c)
+                                .await
+                        })
+                    })
+                    .await;
+                match trip {
+                    Trip::Done(Some(token)) => {
+                        self.grant(
+                            NewGrant {
+                                hash,
+                                owner,
+                                token,
+                                lease_start: checked,
+                                ttl,
+                                slot: Some(slot),
+                            },
+                            reply,
+                        )
+                        .await
+                    }
+                    Trip::Done(None) => {
+                        let _ = reply.send(Ok(None));
+                        self.return_if_idle();
+                        drop(slot);
+                        Ok(())
+                    }
+                    Trip::Refused(e) => {
+                        let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                        Err(End::Broken(
+                            "could not check pg_locks after a lock timeout".into(),
+                        ))
+                    }
+                    Trip::Broken(why) => {
+                        let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                        Err(End::Broken(why))
+                    }
+                }
+            }
+            Some(Err(e)) if ends_session(&e) => {
+                let why = format!("the session ended while waiting: {e}");
+                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                Err(End::Broken(why))
+            }
+            Some(Err(e)) => {
+                // Refused for another reason: make sure nothing stayed held.
+                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                self.unlock_any_held(vec![hash]).await?;
+                self.return_if_idle();
+                drop(slot);
+                Ok(())
+            }
+            None => {
+                let why =
+                    "the server did not end the wait within lock_timeout plus the request timeout";
+                let _ = reply.send(Err(Failure::Lock(error::connection(why))));
+                Err(End::Broken(why.into()))
+            }
+        }
+    }
+
+    async fn stop(mut self, end: End) {
+        if let Some(me) = self.me.upgrade() {
+            me.alive.store(false, Ordering::Release);
+        }
+        if let Some(client) = self.client.upgrade() {
+            if let Some(me) = self.me.upgrade() {
+                client.drop_session(&me);
+            }
+            match self.kind {
+                Kind::Shared => &client.open_shared,
+                Kind::Wait => &client.open_waits,
+            }
+            .fetch_sub(1, Ordering::Relaxed);
+        }
+        self.rx.close();
+        while let Ok(command) = self.rx.try_recv() {
+            self.forget_command(&command);
+            command.fail(Failure::Closed);
+        }
+        let owners: Vec<u128> = self.held.keys().copied().collect();
+        if !owners.is_empty() {
+            tracing::warn!(
+                locks = owners.len(),
+                reason = ?end,
+                "a Postgres lock session ended while holding locks; they are lost"
+            );
+        }
+        for owner in owners {
+            self.forget_held(owner);
+        }
+        if let Some(conn) = self.conn.take() {
+            match end {
+                End::Broken(_) => drop(conn),
+                End::ClientGone | End::Idle => {
+                    let _ = timeout(Duration::from_secs(1), conn.close()).await;
+                }
+            }
+        }
+    }
+}
+
+/// A fresh copy of `error` for one more caller of a failed batch.
+fn copy_error(error: &LockError) -> LockError {
+    match error {
+        LockError::Backend { source, .. } => match source.downcast_ref::<LockTableFull>() {
+            Some(full) => LockError::backend_error(POSTGRES_BACKEND, full.clone()),
+            None => LockError::backend_error(POSTGRES_BACKEND, source.to_string()),
+        },
+        LockError::Connection { source, .. } => {
+            LockError::connection(POSTGRES_BACKEND, source.to_string())
+        }
+        other => LockError::backend_error(POSTGRES_BACKEND, other.to_string()),
+    }
+}

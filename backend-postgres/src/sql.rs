@@ -1,0 +1,203 @@
+//! The SQL this backend runs, and the idempotent creation of its schema.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use distlock_api::LockError;
+use sqlx::{Connection, PgConnection};
+
+use crate::error::lock_error;
+use crate::POSTGRES_BACKEND;
+
+/// The two-`int4` advisory key that serialises schema creation across clients. The
+/// two-key form (`objsubid` 2) never collides with the `bigint` keys of locks.
+const SETUP_LOCK: (i32, i32) = (0x6469_7374, 0x6c6f_636b); // "dist", "lock"
+
+/// Every statement, with the fencing sequence's name filled in.
+#[derive(Debug)]
+pub(crate) struct Statements {
+    /// The schema-qualified fencing sequence.
+    pub sequence: String,
+    /// `$1 int8[]`: try-locks each key; returns `(key, token or NULL when held)`.
+    pub try_grant: String,
+    /// `$1 int8`: [`Statements::try_grant`] for one key (cheaper): the token or NULL.
+    pub try_grant_one: String,
+    /// `$1 int8, $2 text` (lock_timeout in ms, `0` for none): waits in the server's
+    /// queue; returns `(token, seconds waited on the server)`.
+    pub wait_grant: String,
+    /// `$1, $2` (`pg_locks` ids): after a lock-timeout error, the token if the lock was
+    /// granted to this session after all (the lock is then kept), else NULL.
+    pub granted_after_timeout: String,
+    /// `$1 int8[]`: unlocks each key; returns `(key, whether it was held)`.
+    pub unlock: &'static str,
+    /// `$1 int8`: [`Statements::unlock`] for one key.
+    pub unlock_one: &'static str,
+    /// `$1 int8[]`: unlocks those of the keys this session holds, per `pg_locks`.
+    pub unlock_any_held: &'static str,
+    /// A round trip proving the session is alive.
+    pub ping: &'static str,
+    /// `$1, $2` (`pg_locks` ids): whether any session of this database holds the key.
+    pub held_by_anyone: &'static str,
+    /// `$1 int8`: transaction-scoped try-lock; the token, or NULL when held.
+    pub xact_try: String,
+    /// `$1 int8, $2 text` (lock_timeout in ms, `0` for none): transaction-scoped wait;
+    /// the token.
+    pub xact_wait: String,
+}
+
+impl Statements {
+    pub(crate) fn new(schema: &str) -> Self {
+        // `schema` was validated as a plain lowercase identifier: no quoting needed.
+        let sequence = format!("{schema}.fencing_token");
+        Statements {
+            try_grant: format!(
+                "SELECT t.k, CASE WHEN pg_try_advisory_lock(t.k) THEN nextval('{sequence}') END \
+                 FROM unnest($1::int8[]) AS t(k)"
+            ),
+            wait_grant: format!(
+                "WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', $2, false) AS v), \
+                 lk AS MATERIALIZED (SELECT pg_advisory_lock($1) AS l FROM cfg) \
+                 SELECT nextval('{sequence}'), \
+                 extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 FROM lk"
+            ),
+            granted_after_timeout: format!(
+                "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid) \
+                 THEN nextval('{sequence}') END"
+            ),
+            try_grant_one: format!(
+                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{sequence}') END"
+            ),
+            unlock: "SELECT t.k, pg_advisory_unlock(t.k) FROM unnest($1::int8[]) AS t(k)",
+            unlock_one: "SELECT $1::int8, pg_advisory_unlock($1)",
+            unlock_any_held: "SELECT t.k, pg_advisory_unlock(t.k) FROM unnest($1::int8[]) AS t(k) \
+                 WHERE EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+                 AND l.pid = pg_backend_pid() AND l.granted AND l.objsubid = 1 \
+                 AND l.classid = ((t.k >> 32) & 4294967295)::oid \
+                 AND l.objid = (t.k & 4294967295)::oid)",
+            ping: "SELECT 1::int4",
+            held_by_anyone: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+                 AND granted AND objsubid = 1 \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND classid = $1::int8::oid AND objid = $2::int8::oid)",
+            xact_try: format!(
+                "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval('{sequence}') END"
+            ),
+            xact_wait: format!(
+                "WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', $2, true) AS v), \
+                 lk AS MATERIALIZED (SELECT pg_advisory_xact_lock($1) AS l FROM cfg) \
+                 SELECT nextval('{sequence}') FROM lk"
+            ),
+            sequence,
+        }
+    }
+}
+
+/// Creates the schema and fencing sequence if missing, and checks the sequence
+/// hands out values in call order across sessions (`CACHE 1`).
+///
+/// Idempotent and safe to run from many clients at once: creation happens under a
+/// transaction-scoped advisory lock.
+///
+/// # Errors
+/// [`LockError::Config`] when the objects are missing and this user may not create
+/// them, or the sequence has a cache; connection errors otherwise.
+pub(crate) fn ensure_schema<'a>(
+    conn: &'a mut PgConnection,
+    schema: &'a str,
+    statements: &'a Statements,
+) -> Pin<Box<dyn Future<Output = Result<(), LockError>> + Send + 'a>> {
+    // Boxed with its `Send` bound spelled out: sqlx's executor impls otherwise make
+    // callers' futures fail "not general enough" checks when they are boxed as `Send`.
+    Box::pin(ensure_schema_inner(conn, schema, statements))
+}
+
+async fn ensure_schema_inner(
+    conn: &mut PgConnection,
+    schema: &str,
+    statements: &Statements,
+) -> Result<(), LockError> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(statements.sequence.clone())
+        .persistent(false)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(lock_error)?;
+    if !exists {
+        create_schema(conn, schema, statements)
+            .await
+            .map_err(|e| match e {
+                LockError::Backend { source, .. } => LockError::Config {
+                    backend: POSTGRES_BACKEND,
+                    message: format!(
+                        "could not create the fencing sequence {seq}; have an owner run once: \
+                         CREATE SCHEMA IF NOT EXISTS {schema}; \
+                         CREATE SEQUENCE IF NOT EXISTS {seq} AS bigint MINVALUE 1 NO CYCLE",
+                        seq = statements.sequence
+                    ),
+                    source: Some(source),
+                },
+                other => other,
+            })?;
+    }
+    let cache: i64 = sqlx::query_scalar(
+        "SELECT seqcache FROM pg_catalog.pg_sequence WHERE seqrelid = to_regclass($1)",
+    )
+    .bind(statements.sequence.clone())
+    .persistent(false)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(lock_error)?
+    .ok_or_else(|| {
+        LockError::config(
+            POSTGRES_BACKEND,
+            format!("{} exists but is not a sequence", statements.sequence),
+        )
+    })?;
+    if cache != 1 {
+        return Err(LockError::config(
+            POSTGRES_BACKEND,
+            format!(
+                "the fencing sequence {} has CACHE {cache}; it must be CACHE 1, or tokens from \
+                 different sessions would not increase in grant order",
+                statements.sequence
+            ),
+        ));
+    }
+    Ok(())
+}
+
+async fn create_schema(
+    conn: &mut PgConnection,
+    schema: &str,
+    statements: &Statements,
+) -> Result<(), LockError> {
+    let mut tx = conn.begin().await.map_err(lock_error)?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+        .bind(SETUP_LOCK.0)
+        .bind(SETUP_LOCK.1)
+        .persistent(false)
+        .execute(&mut *tx)
+        .await
+        .map_err(lock_error)?;
+    for ddl in [
+        format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
+        format!(
+            "CREATE SEQUENCE IF NOT EXISTS {} AS bigint MINVALUE 1 NO CYCLE CACHE 1",
+            statements.sequence
+        ),
+        format!(
+            "COMMENT ON SEQUENCE {} IS 'distlock fencing tokens: every lock grant takes nextval; \
+             must stay CACHE 1'",
+            statements.sequence
+        ),
+    ] {
+        sqlx::query(&ddl)
+            .persistent(false)
+            .execute(&mut *tx)
+            .await
+            .map_err(lock_error)?;
+    }
+    tx.commit().await.map_err(lock_error)
+}

@@ -1,0 +1,474 @@
+//! Postgres under faults: a terminated backend, a restarted or paused server, waits
+//! that time out or are abandoned, reset connections, and one client asking twice.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{lock_entries, wait_for_entries};
+use distlock_api::{
+    AutoRenew, DistributedLock, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
+    WaitPolicy,
+};
+use distlock_postgres::advisory_key;
+use tokio::time::{timeout, Instant};
+
+const LONG: Duration = Duration::from_secs(60);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("faults/{name}")).unwrap()
+}
+
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
+}
+
+fn no_wait(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terminated_backend_fires_lost_and_the_waiter_acquires() {
+    let h = common::start().await;
+    let holder = h.named_client("holder").await;
+    let other = h.named_client("waiter").await;
+    let k = key("terminate");
+    let hash = advisory_key(&k);
+    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    let waiter = {
+        let k = k.clone();
+        tokio::spawn(async move {
+            other
+                .acquire(&k, &waiting(LONG, Duration::from_secs(20)))
+                .await
+        })
+    };
+    let mut raw = h.raw().await;
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "the waiter queued",
+        |e| e.contains(&("waiter".into(), false)),
+    )
+    .await;
+    let killed: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder'",
+    )
+    .fetch_all(&mut raw)
+    .await
+    .unwrap();
+    assert!(!killed.is_empty() && killed.iter().all(|k| *k));
+    let killed_at = Instant::now();
+    let bound = h.config.heartbeat() + h.config.request_timeout + Duration::from_secs(1);
+    timeout(bound, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not fire within {bound:?} of pg_terminate_backend"));
+    assert_eq!(guard.state(), LeaseState::Lost);
+    let taken = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter hung")
+        .expect("the waiter panicked")
+        .expect("the waiter gets the lock of the terminated session");
+    assert!(taken.fencing_token() > guard.fencing_token());
+    assert!(killed_at.elapsed() < bound + Duration::from_secs(5));
+    let entries = lock_entries(&mut raw, hash).await;
+    assert_eq!(entries, vec![("waiter".to_string(), true)]);
+    // The old guard's release touches nothing: the key is someone else's.
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::HeldByOther);
+    assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(lock_entries(&mut raw, hash).await.is_empty());
+    // The holder's client recovers with a new session.
+    let again = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_restart_while_tasks_wait_and_hold() {
+    let h = common::start().await;
+    let k = key("restart");
+    let hash = advisory_key(&k);
+    let holder = h.named_client("holder").await;
+    let held = holder
+        .acquire(
+            &k,
+            &LockOptions::new(Duration::from_secs(2)).with_auto_renew(AutoRenew::new()),
+        )
+        .await
+        .unwrap();
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut waiters = Vec::new();
+    for i in 0..4 {
+        let lock = h.named_client(&format!("waiter{i}")).await;
+        let (k, inside) = (k.clone(), inside.clone());
+        waiters.push(tokio::spawn(async move {
+            let options = waiting(Duration::from_secs(5), Duration::from_secs(12));
+            let guard = lock.acquire(&k, &options).await?;
+            assert_eq!(
+                inside.fetch_add(1, Ordering::SeqCst),
+                0,
+                "two holders at once"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            inside.fetch_sub(1, Ordering::SeqCst);
+            guard.release().await.map(|_| ())
+        }));
+    }
+    {
+        let mut raw = h.raw().await;
+        wait_for_entries(
+            &mut raw,
+            hash,
+            Duration::from_secs(10),
+            "4 queued waiters",
+            |e| e.iter().filter(|(_, granted)| !granted).count() == 4,
+        )
+        .await;
+    }
+    h.server
+        .lock()
+        .await
+        .restart()
+        .await
+        .expect("the server restarts");
+    // The restart ended every session: the holder learns it lost the lock.
+    let bound = h.config.heartbeat() + h.config.request_timeout + Duration::from_secs(2);
+    timeout(bound, held.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not fire within {bound:?} of the restart"));
+    let mut acquired = 0;
+    for waiter in waiters {
+        match timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("a waiter hung")
+            .expect("a waiter panicked")
+        {
+            Ok(()) => acquired += 1,
+            Err(LockError::Timeout { .. }) => {}
+            Err(other) => panic!("a waiter failed uncleanly: {other}"),
+        }
+    }
+    assert!(acquired >= 1, "no waiter acquired after the restart");
+    // The holder's client works again, and its old lease reads as gone.
+    assert_eq!(held.release().await.unwrap(), ReleaseOutcome::Expired);
+    let again = holder
+        .acquire(&k, &waiting(LONG, Duration::from_secs(5)))
+        .await
+        .expect("the holder's client recovers after the restart");
+    again.release().await.unwrap();
+    let mut raw = h.raw().await;
+    assert!(lock_entries(&mut raw, hash).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_retries_through_a_short_outage() {
+    let h = common::start().await;
+    let lock = h.client().await;
+    h.server.lock().await.kill();
+    let k = key("outage");
+    // The server is down: a no-wait attempt fails cleanly, as a connection error.
+    let started = Instant::now();
+    match lock.try_acquire(&k, &no_wait(LONG)).await {
+        Err(LockError::Connection { .. }) => {}
+        other => panic!("expected a connection error, got {other:?}"),
+    }
+    assert!(started.elapsed() < h.config.request_timeout * 2 + Duration::from_secs(1));
+    // A waiting acquire keeps retrying, with backoff, until the server is back.
+    let waiter = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move {
+            lock.acquire(&k, &waiting(LONG, Duration::from_secs(20)))
+                .await
+        })
+    };
+    h.server
+        .lock()
+        .await
+        .restart()
+        .await
+        .expect("the server restarts");
+    let guard = timeout(Duration::from_secs(25), waiter)
+        .await
+        .expect("the acquire hung")
+        .expect("the acquire panicked")
+        .expect("the acquire succeeds once the server is back");
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_gives_clean_errors_then_recovers() {
+    let h = common::start().await;
+    let lock = h.client().await;
+    let k = key("pause");
+    let guard = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
+    h.server.lock().await.pause().unwrap();
+    let started = Instant::now();
+    let result = lock.try_acquire(&key("pause-other"), &no_wait(LONG)).await;
+    let took = started.elapsed();
+    // The shared session is stuck, so the try fails as a connection error within
+    // about two request timeouts (the stuck session, then a fresh one), never hangs.
+    assert!(
+        matches!(result, Err(LockError::Connection { .. })),
+        "{result:?}"
+    );
+    assert!(took < h.config.request_timeout * 3, "took {took:?}");
+    // The stuck session was given up, with the lease on it.
+    assert_eq!(guard.state(), LeaseState::Lost);
+    h.server.lock().await.resume().unwrap();
+    let again = lock
+        .acquire(&key("pause-other"), &waiting(LONG, Duration::from_secs(10)))
+        .await
+        .expect("works again after the server resumes");
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
+    let h = common::start().await;
+    let holder = h.named_client("holder").await;
+    let waiter = h.named_client("waiter").await;
+    let k = key("lock-timeout");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    let limit = Duration::from_millis(300);
+    let started = Instant::now();
+    match waiter.acquire(&k, &waiting(LONG, limit)).await {
+        Err(LockError::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    assert!(started.elapsed() >= limit);
+    assert_eq!(
+        lock_entries(&mut raw, hash).await,
+        vec![("holder".to_string(), true)],
+        "after its lock_timeout the waiter must hold nothing and wait no more"
+    );
+    guard.release().await.unwrap();
+    assert!(lock_entries(&mut raw, hash).await.is_empty());
+
+    // The race: the holder releases right as the waiter's lock_timeout fires. Either
+    // the waiter gets the lock (and holds it), or it times out holding nothing.
+    let (mut granted, mut timed_out) = (0, 0);
+    let wait = Duration::from_millis(150);
+    for round in 0..24u32 {
+        let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+        let started = Instant::now();
+        let task = {
+            let (waiter, k) = (waiter.clone(), k.clone());
+            tokio::spawn(async move { waiter.acquire(&k, &waiting(LONG, wait)).await })
+        };
+        wait_for_entries(
+            &mut raw,
+            hash,
+            Duration::from_secs(5),
+            "the waiter queued",
+            |e| e.contains(&("waiter".into(), false)),
+        )
+        .await;
+        // Release from 6 ms before to 6 ms after the waiter's deadline.
+        let offset = Duration::from_micros(500) * round;
+        tokio::time::sleep_until(started + wait - Duration::from_millis(6) + offset).await;
+        guard.release().await.unwrap();
+        match task.await.unwrap() {
+            Ok(taken) => {
+                granted += 1;
+                assert_eq!(
+                    lock_entries(&mut raw, hash).await,
+                    vec![("waiter".to_string(), true)]
+                );
+                assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
+            }
+            Err(LockError::Timeout { .. }) => timed_out += 1,
+            Err(other) => panic!("round {round}: {other}"),
+        }
+        let entries = lock_entries(&mut raw, hash).await;
+        assert!(entries.is_empty(), "round {round}: left behind {entries:?}");
+    }
+    eprintln!("lock_timeout race: {granted} granted, {timed_out} timed out");
+    assert_eq!(granted + timed_out, 24);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abandoned_wait_leaves_the_queue_and_holds_nothing() {
+    let h = common::start().await;
+    let holder = h.named_client("holder").await;
+    let waiter = h.named_client("waiter").await;
+    let k = key("abandoned");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    let forever = LockOptions::new(LONG).with_wait(WaitPolicy::Forever);
+    for _ in 0..3 {
+        let cut = timeout(Duration::from_millis(150), waiter.acquire(&k, &forever)).await;
+        assert!(cut.is_err(), "a held key was granted");
+    }
+    // The abandoned waits' connections were closed: the server drops them from the
+    // queue within its client_connection_check_interval (1 s).
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "the queue emptied",
+        |e| e.iter().all(|(_, granted)| *granted),
+    )
+    .await;
+    guard.release().await.unwrap();
+    assert!(lock_entries(&mut raw, hash).await.is_empty());
+    // And the waiter's client still works.
+    let taken = waiter.acquire(&k, &no_wait(LONG)).await.unwrap();
+    taken.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_connection_fires_lost_and_the_client_recovers() {
+    let h = common::start().await;
+    let (lock, proxy) = h.proxied_client().await;
+    let other = h.client().await;
+    let k = key("reset");
+    let guard = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
+    proxy.reset_all();
+    // The server saw the reset and ended the session: the lock is free at once.
+    let taken = other
+        .acquire(&k, &waiting(LONG, Duration::from_secs(2)))
+        .await
+        .expect("the reset session's lock is freed at once");
+    let bound = h.config.heartbeat() + h.config.request_timeout + Duration::from_secs(1);
+    timeout(bound, guard.lost())
+        .await
+        .unwrap_or_else(|_| panic!("lost() did not fire within {bound:?} of the reset"));
+    taken.release().await.unwrap();
+    let again = lock
+        .acquire(&k, &waiting(LONG, Duration::from_secs(5)))
+        .await
+        .expect("the client opens new sessions after a reset");
+    again.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_never_grants_a_key_twice() {
+    let h = common::start().await;
+    let lock = h.named_client("one").await;
+    let k = key("reentrant");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    let first = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
+    // Advisory locks are re-entrant per session; the client must still refuse.
+    assert!(lock
+        .try_acquire(&k, &no_wait(LONG))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(matches!(
+        lock.acquire(&k, &no_wait(LONG)).await,
+        Err(LockError::Timeout { .. })
+    ));
+    let second = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move {
+            lock.acquire(&k, &waiting(LONG, Duration::from_secs(10)))
+                .await
+        })
+    };
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "the second queued",
+        |e| e.len() == 2 && e.iter().filter(|(_, g)| *g).count() == 1,
+    )
+    .await;
+    assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
+    let second = second
+        .await
+        .unwrap()
+        .expect("the second gets it after release");
+    assert_eq!(
+        lock_entries(&mut raw, hash).await,
+        vec![("one".to_string(), true)]
+    );
+    assert_eq!(second.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // Many tasks of one client on one key: one at a time.
+    let inside = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..12 {
+        let (lock, k, inside, most) = (lock.clone(), k.clone(), inside.clone(), most.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..10 {
+                let guard = lock
+                    .acquire(&k, &waiting(LONG, Duration::from_secs(30)))
+                    .await?;
+                let now = inside.fetch_add(1, Ordering::SeqCst) + 1;
+                most.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                guard.release().await?;
+            }
+            Ok::<_, LockError>(())
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(most.load(Ordering::SeqCst), 1);
+    assert!(lock_entries(&mut raw, hash).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_sessions_are_bounded() {
+    let h = common::start().await;
+    let holder = h.client().await;
+    let mut config = h.config.clone();
+    config.shared_sessions = 2;
+    config.wait_sessions = 2;
+    let lock = h.named_client_with("bounded", config).await;
+    let k = key("bounded-waits");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    let order = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let (lock, k, order) = (lock.clone(), k.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let guard = lock
+                .acquire(&k, &waiting(LONG, Duration::from_secs(30)))
+                .await?;
+            order.fetch_add(1, Ordering::SeqCst);
+            guard.release().await.map(|_| ())
+        }));
+    }
+    // Two wait in the server's queue; the other four wait in the client for a slot.
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "2 queued waiters",
+        |e| e.iter().filter(|(_, g)| !g).count() == 2,
+    )
+    .await;
+    let connections: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'bounded'",
+    )
+    .fetch_one(&mut raw)
+    .await
+    .unwrap();
+    assert!(
+        connections <= 4,
+        "{connections} connections for 2 + 2 sessions"
+    );
+    assert_eq!(lock.session_counts().1, 2);
+    guard.release().await.unwrap();
+    for task in tasks {
+        timeout(Duration::from_secs(30), task)
+            .await
+            .expect("a waiter hung")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(order.load(Ordering::SeqCst), 6);
+    assert!(lock.session_counts().1 <= 2);
+}
