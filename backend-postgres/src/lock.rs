@@ -562,12 +562,6 @@ impl PostgresLock {
     }
 }
 
-fn validated(options: &LockOptions) -> Result<(), LockError> {
-    options
-        .validate()
-        .map_err(|e| LockError::invalid_options(POSTGRES_BACKEND, e))
-}
-
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
@@ -582,12 +576,12 @@ impl DistributedLock for PostgresLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        validated(options)?;
+        options.validate_for(POSTGRES_BACKEND)?;
         self.try_shared(key, advisory_key(key), options).await
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        validated(options)?;
+        options.validate_for(POSTGRES_BACKEND)?;
         let hash = advisory_key(key);
         let started = Instant::now();
         let deadline = options.wait().deadline_from(started);

@@ -313,12 +313,6 @@ impl Drop for Compensation<'_> {
     }
 }
 
-fn validated(backend: &'static str, options: &LockOptions) -> Result<(), LockError> {
-    options
-        .validate()
-        .map_err(|e| LockError::invalid_options(backend, e))
-}
-
 #[async_trait]
 impl DistributedLock for RedisLock {
     fn info(&self) -> BackendInfo {
@@ -339,7 +333,7 @@ impl DistributedLock for RedisLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        validated(self.name(), options)?;
+        options.validate_for(self.name())?;
         match self.attempt(key, &KeyNames::for_key(key), options).await? {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Held(_) => Ok(None),
@@ -347,7 +341,7 @@ impl DistributedLock for RedisLock {
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        validated(self.name(), options)?;
+        options.validate_for(self.name())?;
         let names = KeyNames::for_key(key);
         let started = Instant::now();
         let deadline = options.wait().deadline_from(started);

@@ -192,9 +192,7 @@ impl ZooKeeperLock {
         options: &LockOptions,
         waits: bool,
     ) -> Result<Option<LockGuard>, LockError> {
-        options
-            .validate()
-            .map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
+        options.validate_for(ZOOKEEPER_BACKEND)?;
         let dir = self.lock_dir(key);
         let started = Instant::now();
         let deadline = if waits {

@@ -138,12 +138,6 @@ impl BrokenLock {
     }
 }
 
-fn validated(options: &LockOptions) -> Result<(), LockError> {
-    options
-        .validate()
-        .map_err(|e| LockError::invalid_options(BROKEN_BACKEND, e))
-}
-
 #[async_trait]
 impl DistributedLock for BrokenLock {
     fn info(&self) -> BackendInfo {
@@ -159,12 +153,12 @@ impl DistributedLock for BrokenLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        validated(options)?;
+        options.validate_for(BROKEN_BACKEND)?;
         Ok(self.attempt(key, options)?.ok())
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        validated(options)?;
+        options.validate_for(BROKEN_BACKEND)?;
         self.store
             .acquire_woken(key, options, BROKEN_BACKEND, || self.attempt(key, options))
             .await

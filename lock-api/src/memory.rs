@@ -396,12 +396,6 @@ impl MemoryLock {
     }
 }
 
-fn validated(options: &LockOptions) -> Result<(), LockError> {
-    options
-        .validate()
-        .map_err(|e| LockError::invalid_options(MEMORY_BACKEND, e))
-}
-
 #[async_trait]
 impl DistributedLock for MemoryLock {
     fn info(&self) -> BackendInfo {
@@ -416,12 +410,12 @@ impl DistributedLock for MemoryLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        validated(options)?;
+        options.validate_for(MEMORY_BACKEND)?;
         Ok(self.attempt(key, options)?.ok())
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        validated(options)?;
+        options.validate_for(MEMORY_BACKEND)?;
         self.store
             .acquire_woken(key, options, MEMORY_BACKEND, || self.attempt(key, options))
             .await

@@ -192,6 +192,18 @@ impl LockOptions {
     }
 }
 
+impl LockOptions {
+    /// [`LockOptions::validate`], for a backend to call first thing: a refusal becomes
+    /// [`crate::LockError::InvalidOptions`] naming `backend`.
+    ///
+    /// # Errors
+    /// [`crate::LockError::InvalidOptions`] naming the first bound broken.
+    pub fn validate_for(&self, backend: &'static str) -> Result<(), crate::LockError> {
+        self.validate()
+            .map_err(|e| crate::LockError::invalid_options(backend, e))
+    }
+}
+
 impl Default for LockOptions {
     /// A 30 s lease, waiting forever.
     fn default() -> Self {
