@@ -41,6 +41,19 @@ async fn other_client_ids(raw: &mut redis::aio::MultiplexedConnection) -> Vec<i6
         .collect()
 }
 
+/// `CLIENT KILL`s every connection but the asking one.
+async fn kill_other_clients(raw: &mut redis::aio::MultiplexedConnection) {
+    for id in other_client_ids(raw).await {
+        let _: redis::Value = redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("ID")
+            .arg(id)
+            .query_async(raw)
+            .await
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connection_that_cannot_come_back_frees_the_lock_and_fires_lost() {
     let h = common::start(1).await;
@@ -53,16 +66,7 @@ async fn killed_connection_that_cannot_come_back_frees_the_lock_and_fires_lost()
         .unwrap();
     // The holder's host goes away: its connection is killed server-side and it cannot reconnect.
     proxies[0].refuse_new(true);
-    let mut raw = h.raw(0).await;
-    for id in other_client_ids(&mut raw).await {
-        let _: redis::Value = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("ID")
-            .arg(id)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-    }
+    kill_other_clients(&mut h.raw(0).await).await;
     let killed_at = Instant::now();
     timeout(ttl + Duration::from_secs(2), guard.lost())
         .await
@@ -87,16 +91,7 @@ async fn killed_connection_of_a_live_client_reconnects_and_keeps_renewing() {
         .acquire(&k, &LockOptions::new(ttl).with_auto_renew(AutoRenew::new()))
         .await
         .unwrap();
-    let mut raw = h.raw(0).await;
-    for id in other_client_ids(&mut raw).await {
-        let _: redis::Value = redis::cmd("CLIENT")
-            .arg("KILL")
-            .arg("ID")
-            .arg(id)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-    }
+    kill_other_clients(&mut h.raw(0).await).await;
     // Several TTLs later the watchdog, reconnected, still holds the lock.
     tokio::time::sleep(ttl * 3).await;
     assert_eq!(
