@@ -23,7 +23,25 @@ impl CliError {
         }
     }
 
-    /// The message, flattened to one line.
+    /// A usage or configuration error (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        Self::with_code(message, Self::USAGE)
+    }
+
+    /// An error with its own exit code.
+    pub fn with_code(message: impl Into<String>, code: u8) -> Self {
+        CliError {
+            message: message.into(),
+            code,
+        }
+    }
+
+    /// Exits with `code` and prints nothing (e.g. `exec` passing on its command's code).
+    pub fn silent(code: u8) -> Self {
+        Self::with_code(String::new(), code)
+    }
+
+    /// The message, flattened to one line; empty for [`CliError::silent`].
     pub fn message(&self) -> String {
         self.message
             .split_whitespace()

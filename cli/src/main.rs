@@ -2,12 +2,15 @@
 //! a conformance runner for any backend URL.
 //!
 //! Exit codes: 0 on success, 1 when a run fails (a conformance scenario, the demo's own
-//! checks, a backend that cannot be reached), 2 for usage and configuration errors.
+//! checks, a backend that cannot be reached), 2 for usage and configuration errors;
+//! `exec` passes on its command's code and has its own codes (see `exec --help`).
 //! Every error is one line on stderr, starting with `error: `.
 
 mod conformance;
 mod demo;
+mod duration;
 mod error;
+mod exec;
 mod url_harness;
 
 use std::process::ExitCode;
@@ -45,6 +48,8 @@ enum Command {
         #[arg(long)]
         self_test: bool,
     },
+    /// Runs a command while holding a lock; exits with the command's exit code.
+    Exec(exec::ExecArgs),
 }
 
 /// The backend option shared by every subcommand that uses a backend.
@@ -94,6 +99,7 @@ async fn run(command: Command) -> Result<(), CliError> {
                 conformance::run(&backend.backend, json).await
             }
         }
+        Command::Exec(args) => exec::run(args).await,
     }
 }
 
@@ -110,7 +116,11 @@ pub(crate) fn print_out(text: &str) -> Result<(), CliError> {
 /// Prints `error: …` on one line and returns the error's exit code.
 fn report(error: CliError) -> ExitCode {
     use std::io::Write as _;
+    let message = error.message();
+    if message.is_empty() {
+        return ExitCode::from(error.exit_code());
+    }
     // Nothing more can be done if stderr is closed; the exit code still tells.
-    let _ = writeln!(std::io::stderr(), "error: {}", error.message());
+    let _ = writeln!(std::io::stderr(), "error: {message}");
     ExitCode::from(error.exit_code())
 }

@@ -2,6 +2,7 @@
 //! [`LeaseMonitor`] that tracks a lease's state over time.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -153,6 +154,8 @@ pub struct LeaseMonitor {
     status: Arc<watch::Sender<Status>>,
     /// Taken around every extend, so renewals reach the server and apply here in order.
     renewals: Arc<tokio::sync::Mutex<()>>,
+    /// How many renewals succeeded.
+    renewed_count: Arc<AtomicU64>,
 }
 
 impl LeaseMonitor {
@@ -165,6 +168,7 @@ impl LeaseMonitor {
         LeaseMonitor {
             status: Arc::new(status),
             renewals: Arc::default(),
+            renewed_count: Arc::default(),
         }
     }
 
@@ -203,7 +207,16 @@ impl LeaseMonitor {
             };
             true
         });
-        self.state() == LeaseState::Held
+        let held = self.state() == LeaseState::Held;
+        if held {
+            self.renewed_count.fetch_add(1, Ordering::Relaxed);
+        }
+        held
+    }
+
+    /// How many renewals (watchdog or explicit extends) succeeded so far.
+    pub fn renewals(&self) -> u64 {
+        self.renewed_count.load(Ordering::Relaxed)
     }
 
     /// Serialises extends of this lease (the guard's and the watchdog's), so their
