@@ -116,7 +116,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `distlock_zookeeper::parse_url` for the form.
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`).
 ///
-/// Each call returns a new, independent client. Error messages never repeat the URL
+/// Each call returns a new, independent client, wrapped in [`observe::Observed`] so
+/// that acquires are measured (see [`observe`]). Error messages never repeat the URL
 /// beyond its scheme, because server URLs may carry passwords.
 ///
 /// # Errors
@@ -125,6 +126,11 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// available in this build, or is a memory URL with options; the backend's own
 /// connection and configuration errors otherwise.
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+    connect_backend(url).await.map(observe::observed)
+}
+
+/// [`connect`] without the metrics wrapper.
+async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
     let (scheme, rest) = split_scheme(url)?;
     let backend = SCHEMES
         .iter()

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use crate::{
     AutoRenew, DistributedLock, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState,
@@ -27,6 +28,8 @@ pub struct LockGuard {
     watchdog: Option<JoinHandle<()>>,
     runtime: Option<Handle>,
     released: bool,
+    /// Whether the hold time (and loss) has been recorded; once per guard.
+    observed: bool,
 }
 
 impl LockGuard {
@@ -58,6 +61,7 @@ impl LockGuard {
             watchdog,
             runtime,
             released: false,
+            observed: false,
         }
     }
 
@@ -108,6 +112,14 @@ impl LockGuard {
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
     /// on backends without extend, and connection and backend errors.
     pub async fn extend(&self, ttl: Duration) -> Result<Instant, LockError> {
+        let backend = self.backend.info().name;
+        let span = tracing::debug_span!("extend", backend, key = %self.key(), ttl = ?ttl);
+        let extended = self.extend_inner(ttl).instrument(span).await;
+        crate::observe::renewal(backend, extended.is_ok());
+        extended
+    }
+
+    async fn extend_inner(&self, ttl: Duration) -> Result<Instant, LockError> {
         let not_held = |reason| {
             self.monitor.mark_lost();
             LockError::NotHeld {
@@ -141,10 +153,26 @@ impl LockGuard {
     /// Connection and backend errors; the lease then runs out on its own.
     pub async fn release(mut self) -> Result<ReleaseOutcome, LockError> {
         self.stop_watchdog();
-        let outcome = self.backend.release(&self.lease).await;
+        self.record_end();
+        let span =
+            tracing::debug_span!("release", backend = self.backend.info().name, key = %self.key());
+        let outcome = self.backend.release(&self.lease).instrument(span).await;
         // Only now: if this future is dropped mid-release, `Drop` releases instead.
         self.released = true;
         outcome
+    }
+
+    /// Records the hold time, and the loss if the lease was lost; once.
+    fn record_end(&mut self) {
+        if !self.observed {
+            self.observed = true;
+            crate::observe::guard_ended(
+                self.backend.info().name,
+                self.key(),
+                self.lease.acquired_at().elapsed(),
+                self.monitor.state() == LeaseState::Lost,
+            );
+        }
     }
 
     fn stop_watchdog(&mut self) {
@@ -160,14 +188,16 @@ impl Drop for LockGuard {
         if self.released {
             return;
         }
+        self.record_end();
         let Some(runtime) = self.runtime.take() else {
             return;
         };
         let backend = self.backend.clone();
         let lease = self.lease.clone();
         // Spawning on a runtime that has shut down drops the task; it does not panic.
+        let span = tracing::debug_span!("release", backend = backend.info().name, key = %lease.key(), on_drop = true);
         runtime.spawn(async move {
-            if let Err(error) = backend.release(&lease).await {
+            if let Err(error) = backend.release(&lease).instrument(span).await {
                 tracing::warn!(key = %lease.key(), %error, "release on drop failed; the lease will run out");
             }
         });

@@ -24,6 +24,7 @@ mod key;
 mod lease;
 mod lock;
 pub mod memory;
+pub mod observe;
 mod options;
 mod renew;
 mod scoped;

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use tokio::time::{sleep, Instant};
+use tracing::Instrument as _;
 
 use crate::{AutoRenew, DistributedLock, ExtendOutcome, Lease, LeaseMonitor, LeaseState, MIN_TTL};
 
@@ -15,6 +16,7 @@ pub(crate) async fn renew_until_stopped(
     monitor: LeaseMonitor,
     policy: AutoRenew,
 ) {
+    let name = backend.info().name;
     let ttl = lease.ttl();
     let interval = policy.interval_for(ttl);
     let hold_until = policy
@@ -36,8 +38,10 @@ pub(crate) async fn renew_until_stopped(
             return;
         }
         let turn = monitor.renewal_turn().await;
-        let outcome = backend.extend(&lease, extension).await;
+        let span = tracing::debug_span!("renew", backend = name, key = %lease.key(), extension = ?extension);
+        let outcome = backend.extend(&lease, extension).instrument(span).await;
         drop(turn);
+        crate::observe::renewal(name, matches!(outcome, Ok(ExtendOutcome::Extended { .. })));
         match outcome {
             Ok(ExtendOutcome::Extended { valid_until }) => {
                 if !monitor.renewed(valid_until) {

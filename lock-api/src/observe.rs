@@ -1,0 +1,192 @@
+//! Metrics and tracing for every backend.
+//!
+//! Metrics go through the [`metrics`] facade and tracing through [`tracing`]: both are
+//! no-ops until the application installs a recorder or subscriber, so a library user
+//! pays nothing for them. Every metric carries one label, [`BACKEND_LABEL`] (`memory`,
+//! `redis`, …), and never the key, so cardinality stays at one series per backend.
+//!
+//! Where each is recorded:
+//! - [`Observed`] (which `distlock::connect` wraps around every backend) records
+//!   [`ACQUIRE_SECONDS`], [`WAIT_SECONDS`] and [`CONTENTION_TOTAL`], in the `acquire`
+//!   and `wait` spans;
+//! - [`crate::LockGuard`] records [`HOLD_SECONDS`] and [`LOST_TOTAL`] when it ends
+//!   (released or dropped), in the `release` and `lost` spans, and
+//!   [`RENEWALS_TOTAL`] / [`RENEWAL_FAILURES_TOTAL`] for explicit extends, in the
+//!   `extend` span;
+//! - the auto-renew watchdog records [`RENEWALS_TOTAL`] / [`RENEWAL_FAILURES_TOTAL`]
+//!   in the `renew` span.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::time::Instant;
+use tracing::Instrument as _;
+
+use crate::{
+    BackendInfo, DistributedLock, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions,
+    ReleaseOutcome, WaitPolicy,
+};
+
+/// Histogram, seconds: how long each successful `acquire`/`try_acquire` call took,
+/// waiting included.
+pub const ACQUIRE_SECONDS: &str = "distlock_acquire_seconds";
+/// Histogram, seconds: how long an `acquire` that found the key held waited, whether it
+/// got the lock in the end or timed out.
+pub const WAIT_SECONDS: &str = "distlock_wait_seconds";
+/// Histogram, seconds: how long a lock was held, from the grant request until the
+/// guard was released or dropped.
+pub const HOLD_SECONDS: &str = "distlock_hold_seconds";
+/// Counter: acquire attempts that found the key held by another owner.
+pub const CONTENTION_TOTAL: &str = "distlock_contention_total";
+/// Counter: successful lease renewals (watchdog or [`crate::LockGuard::extend`]).
+pub const RENEWALS_TOTAL: &str = "distlock_renewals_total";
+/// Counter: renewals that failed (an error, or the backend refused).
+pub const RENEWAL_FAILURES_TOTAL: &str = "distlock_renewal_failures_total";
+/// Counter: guards that ended with their lease lost (counted once, when the guard is
+/// released or dropped).
+pub const LOST_TOTAL: &str = "distlock_lost_total";
+/// The one label on every metric: the backend's name from [`BackendInfo::name`].
+pub const BACKEND_LABEL: &str = "backend";
+
+/// Wraps `inner` so its acquires are measured and traced. `distlock::connect` does this
+/// for every backend it returns.
+pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+    Arc::new(Observed { inner })
+}
+
+/// A backend whose `acquire` and `try_acquire` record metrics and spans.
+///
+/// An `acquire` that may wait first tries once without waiting, so that contention and
+/// wait time are measured the same way on every backend; a contended acquire thus costs
+/// one extra round trip, an uncontended one none. Release and extend go straight to the
+/// inner backend (the guard records them).
+#[derive(Debug)]
+pub struct Observed {
+    inner: Arc<dyn DistributedLock>,
+}
+
+#[async_trait]
+impl DistributedLock for Observed {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let backend = self.inner.info().name;
+        let span = tracing::debug_span!("acquire", backend, key = %key, wait = "no");
+        async {
+            let start = Instant::now();
+            let granted = self.inner.try_acquire(key, options).await?;
+            match &granted {
+                Some(_) => acquired(backend, start.elapsed()),
+                None => contended(backend),
+            }
+            Ok(granted)
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        let backend = self.inner.info().name;
+        let span = tracing::debug_span!("acquire", backend, key = %key, wait = ?options.wait());
+        async {
+            let start = Instant::now();
+            if options.wait() == WaitPolicy::NoWait {
+                return match self.inner.acquire(key, options).await {
+                    Ok(guard) => {
+                        acquired(backend, start.elapsed());
+                        Ok(guard)
+                    }
+                    Err(e @ LockError::Timeout { .. }) => {
+                        contended(backend);
+                        Err(e)
+                    }
+                    Err(e) => Err(e),
+                };
+            }
+            if let Some(guard) = self.inner.try_acquire(key, options).await? {
+                acquired(backend, start.elapsed());
+                return Ok(guard);
+            }
+            contended(backend);
+            let remaining = match options.wait() {
+                WaitPolicy::Timeout(limit) => match limit.checked_sub(start.elapsed()) {
+                    Some(left) if !left.is_zero() => WaitPolicy::Timeout(left),
+                    _ => WaitPolicy::NoWait,
+                },
+                other => other,
+            };
+            let waiting = options.clone().with_wait(remaining);
+            let waited = self
+                .inner
+                .acquire(key, &waiting)
+                .instrument(tracing::debug_span!("wait", backend, key = %key))
+                .await;
+            let elapsed = start.elapsed();
+            match waited {
+                Ok(guard) => {
+                    metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
+                    acquired(backend, elapsed);
+                    Ok(guard)
+                }
+                Err(LockError::Timeout {
+                    backend: b, key, ..
+                }) => {
+                    metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
+                    Err(LockError::Timeout {
+                        backend: b,
+                        key,
+                        waited: elapsed,
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(lease, ttl).await
+    }
+}
+
+fn acquired(backend: &'static str, took: Duration) {
+    metrics::histogram!(ACQUIRE_SECONDS, BACKEND_LABEL => backend).record(took);
+    tracing::debug!(took = ?took, "acquired");
+}
+
+fn contended(backend: &'static str) {
+    metrics::counter!(CONTENTION_TOTAL, BACKEND_LABEL => backend).increment(1);
+    tracing::debug!("key held by another owner");
+}
+
+/// A renewal (watchdog or explicit extend) succeeded or failed.
+pub(crate) fn renewal(backend: &'static str, ok: bool) {
+    if ok {
+        metrics::counter!(RENEWALS_TOTAL, BACKEND_LABEL => backend).increment(1);
+    } else {
+        metrics::counter!(RENEWAL_FAILURES_TOTAL, BACKEND_LABEL => backend).increment(1);
+    }
+}
+
+/// A guard ended (release or drop) after holding for `held`; `lost` if its lease was.
+pub(crate) fn guard_ended(backend: &'static str, key: &LockKey, held: Duration, lost: bool) {
+    metrics::histogram!(HOLD_SECONDS, BACKEND_LABEL => backend).record(held);
+    if lost {
+        metrics::counter!(LOST_TOTAL, BACKEND_LABEL => backend).increment(1);
+        tracing::warn_span!("lost", backend, key = %key).in_scope(
+            || tracing::warn!(held = ?held, "the lease was lost while the lock was held"),
+        );
+    }
+}
