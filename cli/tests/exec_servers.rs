@@ -1,0 +1,296 @@
+//! `distlock exec` end to end on real servers: concurrent `exec` processes never run
+//! their commands at the same time; a lock lost under a running command (its
+//! connection cut by a fault proxy) terminates the command's whole process group;
+//! `--no-wait` and `--wait` give up with exit code 75; the lock is released when the
+//! command ends.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock_conformance::fault_proxy::FaultProxy;
+use distlock_conformance::servers::{
+    skip_or_panic, PostgresServer, RedisServer, ServerError, ZooKeeperServer,
+};
+use tokio::process::Command;
+
+fn distlock() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_distlock"));
+    command
+        .env_remove("DISTLOCK_BACKEND")
+        .env("RUST_BACKTRACE", "1")
+        .kill_on_drop(true);
+    command
+}
+
+/// `distlock exec --backend URL [extra…] KEY -- sh -c SCRIPT`, output captured.
+fn exec_sh(url: &str, extra: &[&str], key: &str, script: &str) -> Command {
+    let mut command = distlock();
+    command
+        .args(["exec", "--backend", url])
+        .args(extra)
+        .args([key, "--", "sh", "-c", script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn output(mut command: Command) -> Output {
+    tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .expect("distlock exec finishes within a minute")
+        .expect("the distlock binary runs")
+}
+
+/// Waits (polling the file system, which has no event to wait on) until `path` exists.
+async fn wait_for_file(path: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !path.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "{} never appeared",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Whether `pid` is gone (or a zombie nobody reaped yet, which runs nothing).
+fn is_dead(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
+    }
+}
+
+/// Three `exec` processes started together on one key: their commands' intervals,
+/// written by the commands themselves with nanosecond timestamps, never overlap, and
+/// their fencing tokens increase in the order they ran.
+async fn commands_never_overlap(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("log");
+    let script = format!(
+        r#"echo "start $DISTLOCK_FENCING_TOKEN $(date +%s%N)" >> "{log}"
+           sleep 0.2
+           echo "end $DISTLOCK_FENCING_TOKEN $(date +%s%N)" >> "{log}""#,
+        log = log.display()
+    );
+    let runs: Vec<_> = (0..3)
+        .map(|_| {
+            let mut command = exec_sh(url, &["--wait", "30s"], "exec-e2e/overlap", &script);
+            command.spawn().expect("distlock starts")
+        })
+        .collect();
+    for run in runs {
+        let out = tokio::time::timeout(Duration::from_secs(60), run.wait_with_output())
+            .await
+            .expect("every exec finishes")
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    }
+    let lines = std::fs::read_to_string(&log).unwrap();
+    let events: Vec<(String, u64, u128)> = lines
+        .lines()
+        .map(|line| {
+            let parts: Vec<&str> = line.split(' ').collect();
+            assert_eq!(parts.len(), 3, "{lines}");
+            (
+                parts[0].to_owned(),
+                parts[1].parse().unwrap(),
+                parts[2].parse().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(events.len(), 6, "{lines}");
+    let mut previous: Option<(u64, u128)> = None;
+    for pair in events.chunks(2) {
+        let (start, end) = (&pair[0], &pair[1]);
+        assert_eq!(
+            (start.0.as_str(), end.0.as_str()),
+            ("start", "end"),
+            "{lines}"
+        );
+        assert_eq!(start.1, end.1, "interleaved commands: {lines}");
+        assert!(start.2 <= end.2, "{lines}");
+        if let Some((token, ended)) = previous {
+            assert!(start.2 >= ended, "overlapping commands: {lines}");
+            assert!(start.1 > token, "fencing tokens must increase: {lines}");
+        }
+        previous = Some((end.1, end.2));
+    }
+}
+
+/// A holder whose connection is cut loses its lock; its command (and the command's
+/// children) is terminated: with SIGTERM, or SIGKILL after `--kill-after` when the
+/// command ignores SIGTERM. distlock exits 124 and says so on stderr.
+async fn lost_lock_terminates_the_command(
+    upstream: SocketAddr,
+    url_for: impl Fn(SocketAddr) -> String,
+    ignore_term: bool,
+) {
+    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let url = url_for(proxy.local_addr());
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let pid_file = dir.path().join("pid");
+    let termed = dir.path().join("termed");
+    let trap = if ignore_term {
+        "trap '' TERM".to_owned()
+    } else {
+        format!(
+            r#"trap 'touch "{}"; kill $!; exit 0' TERM"#,
+            termed.display()
+        )
+    };
+    let script = format!(
+        r#"{trap}
+           sleep 60 & echo $! > "{pid}"; touch "{ready}"; wait"#,
+        pid = pid_file.display(),
+        ready = ready.display(),
+    );
+    let mut command = exec_sh(
+        &url,
+        &["--ttl", "1500ms", "--kill-after", "1s"],
+        "exec-e2e/lost",
+        &script,
+    );
+    let run = command.spawn().expect("distlock starts");
+    wait_for_file(&ready).await;
+    let grandchild: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let cut_at = Instant::now();
+    proxy.cut();
+    let out = tokio::time::timeout(Duration::from_secs(60), run.wait_with_output())
+        .await
+        .expect("distlock exits after losing the lock")
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    assert!(stderr.contains("lost"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    if ignore_term {
+        assert!(stderr.contains("SIGKILL"), "{stderr}");
+        assert!(cut_at.elapsed() >= Duration::from_secs(1), "grace period");
+    } else {
+        assert!(termed.exists(), "the command never got SIGTERM: {stderr}");
+        assert!(!stderr.contains("SIGKILL"), "{stderr}");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !is_dead(grandchild) {
+        assert!(
+            Instant::now() < deadline,
+            "the command's child {grandchild} survived"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// While one `exec` holds the key, `--no-wait` and `--wait` give up with 75 without
+/// running their command; SIGTERM to the holder reaches its command, whose exit code is
+/// passed on, and the lock is free again afterwards.
+async fn busy_lock_exit_codes_and_release(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got");
+    let ran = dir.path().join("ran");
+    let key = "exec-e2e/busy";
+    let holder_script = format!(
+        r#"trap 'touch "{got}"; kill $!; exit 7' TERM
+           sleep 60 & touch "{ready}"; wait"#,
+        got = got.display(),
+        ready = ready.display(),
+    );
+    let holder = exec_sh(url, &[], key, &holder_script)
+        .spawn()
+        .expect("distlock starts");
+    wait_for_file(&ready).await;
+    let touch_ran = format!(r#"touch "{}""#, ran.display());
+
+    let out = output(exec_sh(url, &["--no-wait"], key, &touch_ran)).await;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(75), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.starts_with("error: ") && stderr.contains("held"),
+        "{stderr}"
+    );
+
+    let started = Instant::now();
+    let out = output(exec_sh(url, &["--wait", "300ms"], key, &touch_ran)).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert!(!ran.exists(), "a command ran without the lock");
+
+    let pid = libc::pid_t::try_from(holder.id().expect("running")).unwrap();
+    // SAFETY: kill(2) on the child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), holder.wait_with_output())
+        .await
+        .expect("the holder exits")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    assert!(got.exists(), "SIGTERM did not reach the command");
+
+    // Released: the next --no-wait gets it at once.
+    let out = output(exec_sh(url, &["--no-wait"], key, &touch_ran)).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(ran.exists());
+}
+
+fn started<T>(test: &str, server: Result<T, ServerError>) -> Option<T> {
+    server.map_err(|e| skip_or_panic(test, &e)).ok()
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_on_redis() {
+    let Some(server) = started("exec_on_redis", RedisServer::start().await) else {
+        return;
+    };
+    commands_never_overlap(&server.url()).await;
+    busy_lock_exit_codes_and_release(&server.url()).await;
+    lost_lock_terminates_the_command(loopback(server.port()), |a| format!("redis://{a}"), false)
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_on_postgres() {
+    let Some(server) = started("exec_on_postgres", PostgresServer::start().await) else {
+        return;
+    };
+    commands_never_overlap(&server.url()).await;
+    lost_lock_terminates_the_command(
+        loopback(server.port()),
+        |a| format!("postgres://postgres@{a}/postgres"),
+        true,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_on_zookeeper() {
+    let Some(server) = started("exec_on_zookeeper", ZooKeeperServer::start().await) else {
+        return;
+    };
+    commands_never_overlap(&server.url()).await;
+    // A short session, so that the cut session expires in seconds.
+    lost_lock_terminates_the_command(
+        loopback(server.port()),
+        |a| format!("zk://{a}?session_timeout_ms=2000"),
+        false,
+    )
+    .await;
+}
