@@ -30,6 +30,7 @@ macro_rules! conformance_tests {
             fenced_store_rejects_stale_holder,
             different_keys_are_independent,
             release_frees_key_at_once,
+            inspect_reports_held_then_free,
             waiter_acquires_promptly_after_release,
             wait_timeout_is_honoured,
             crashed_holder_frees_within_lease,

@@ -28,6 +28,7 @@ pub mod observe;
 mod options;
 mod renew;
 mod scoped;
+mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
@@ -42,6 +43,7 @@ pub use options::{
     MIN_TTL,
 };
 pub use scoped::with_lock;
+pub use status::KeyStatus;
 
 /// Re-exported so backends and users name the same `async_trait`.
 pub use async_trait::async_trait;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::{BackendInfo, Lease, LockError, LockGuard, LockKey, LockOptions};
+use crate::{BackendInfo, KeyStatus, Lease, LockError, LockGuard, LockKey, LockOptions};
 
 /// What an owner-checked release found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,4 +85,20 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// [`LockError::Unsupported`] on backends without extend, and connection and
     /// backend errors; "not ours" is an [`ExtendOutcome`].
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError>;
+
+    /// Looks at `key` without taking or changing it: whether it is held, and whatever
+    /// else the backend can tell (see [`KeyStatus`]). A snapshot: it may be stale by
+    /// the time it returns, so never use it to decide whether to write.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] from backends that cannot look (the default), and
+    /// connection and backend errors.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let _ = key;
+        Err(LockError::Unsupported {
+            backend: self.info().name,
+            operation: "inspect",
+            reason: "this backend cannot look at a key without taking it",
+        })
+    }
 }

@@ -19,8 +19,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{
-    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
 
 /// The backend name in errors and reports.
@@ -38,6 +38,8 @@ struct Holder {
     owner: OwnerToken,
     /// `None`: never expires (only the broken no-TTL backend does this).
     expires_at: Option<Instant>,
+    /// The grant's fencing token; `None` for entries written by raw commands.
+    fencing_token: Option<FencingToken>,
 }
 
 impl Holder {
@@ -53,6 +55,8 @@ pub struct Entry {
     pub owner: OwnerToken,
     /// When the entry expires; `None` for never.
     pub expires_at: Option<Instant>,
+    /// The fencing token of the grant that wrote it; `None` for raw writes.
+    pub fencing_token: Option<FencingToken>,
 }
 
 /// An in-process lock table: the "server" of the memory backend.
@@ -99,6 +103,7 @@ impl MemoryStore {
         Self::live_holder(&self.slots(), key, Instant::now()).map(|h| Entry {
             owner: h.owner,
             expires_at: h.expires_at,
+            fencing_token: h.fencing_token,
         })
     }
 
@@ -115,13 +120,13 @@ impl MemoryStore {
         if let Some(holder) = Self::live_holder(&slots, key, now) {
             return Err(holder.expires_at);
         }
-        Self::put(&mut slots, key, owner, ttl, now);
+        Self::put(&mut slots, key, owner, ttl, None, now);
         Ok(())
     }
 
     /// Stores `owner` under `key` for `ttl`, replacing any entry (`SET PX`, no `NX`).
     pub fn overwrite(&self, key: &LockKey, owner: OwnerToken, ttl: Option<Duration>) {
-        Self::put(&mut self.slots(), key, owner, ttl, Instant::now());
+        Self::put(&mut self.slots(), key, owner, ttl, None, Instant::now());
     }
 
     fn put(
@@ -129,11 +134,13 @@ impl MemoryStore {
         key: &LockKey,
         owner: OwnerToken,
         ttl: Option<Duration>,
+        fencing_token: Option<FencingToken>,
         now: Instant,
     ) {
         let holder = Holder {
             owner,
             expires_at: ttl.and_then(|ttl| now.checked_add(ttl)),
+            fencing_token,
         };
         slots
             .entry(key.clone())
@@ -156,8 +163,9 @@ impl MemoryStore {
         if let Some(holder) = Self::live_holder(&slots, key, now) {
             return Err(holder.expires_at);
         }
-        Self::put(&mut slots, key, owner, Some(ttl), now);
-        Ok(self.next_fencing_token())
+        let token = self.next_fencing_token();
+        Self::put(&mut slots, key, owner, Some(ttl), Some(token), now);
+        Ok(token)
     }
 
     /// A fencing token above every one handed out before by this store (`INCR`).
@@ -432,5 +440,18 @@ impl DistributedLock for MemoryLock {
         Ok(self
             .store
             .expire_if_owner(lease.key(), lease.owner(), ttl, Instant::now()))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        self.check_alive()?;
+        let Some(entry) = self.store.get(key) else {
+            return Ok(KeyStatus::free());
+        };
+        let remaining = entry
+            .expires_at
+            .map(|at| at.saturating_duration_since(Instant::now()));
+        Ok(KeyStatus::held()
+            .with_fencing_token(entry.fencing_token)
+            .with_remaining(remaining))
     }
 }

@@ -29,6 +29,53 @@ pub(super) async fn release_frees_key_at_once(h: &dyn Harness) -> Result<String,
     Ok(String::new())
 }
 
+pub(super) async fn inspect_reports_held_then_free(h: &dyn Harness) -> Result<String, Failure> {
+    let key = unique_key("inspect");
+    let (a, observer) = (h.client().await?.lock, h.client().await?.lock);
+    let before = match observer.inspect(&key).await {
+        Err(LockError::Unsupported { reason, .. }) => {
+            return Err(Failure::Skipped(format!(
+                "inspect is unsupported: {reason}"
+            )))
+        }
+        other => other?,
+    };
+    check!(!before.held, "a never-used key reads held: {before:?}");
+    let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
+    let during = observer.inspect(&key).await?;
+    check!(during.held, "a held key reads free: {during:?}");
+    if let Some(token) = during.fencing_token {
+        check!(
+            token == guard.fencing_token(),
+            "inspect gave token {token}, the holder has {}",
+            guard.fencing_token()
+        );
+    }
+    if let Some(remaining) = during.remaining {
+        check!(
+            remaining <= LONG_TTL && !remaining.is_zero(),
+            "remaining lease {remaining:?} is outside (0, {LONG_TTL:?}]"
+        );
+    }
+    guard.release().await?;
+    let after = observer.inspect(&key).await?;
+    check!(!after.held, "a released key reads held: {after:?}");
+    check!(
+        after.remaining.is_none(),
+        "a free key reports a remaining lease: {after:?}"
+    );
+    Ok(format!(
+        "token {}, remaining {}, holder {}",
+        known(during.fencing_token),
+        known(during.remaining.map(|r| format!("{r:?}"))),
+        known(during.holder)
+    ))
+}
+
+fn known(value: Option<impl std::fmt::Display>) -> String {
+    value.map_or_else(|| "unknown".to_owned(), |v| v.to_string())
+}
+
 const HANDOFFS: usize = 10;
 
 pub(super) async fn waiter_acquires_promptly_after_release(

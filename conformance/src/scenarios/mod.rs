@@ -160,6 +160,8 @@ pub static SCENARIOS: &[Scenario] = &[
         "keys that differ by case, by a prefix, or by path-like characters are separate locks"),
     scenario!(release_frees_key_at_once, Liveness, [],
         "after a release another client takes the key with a single try"),
+    scenario!(inspect_reports_held_then_free, Liveness, [],
+        "inspect (distlock status) reads a key free, then held with the holder's fencing token and a remaining lease within the TTL where the backend can tell, then free after release; skipped where inspect is unsupported"),
     scenario!(waiter_acquires_promptly_after_release, Liveness, [WakeOnRelease],
         "a waiting client gets the lock within the slack of the release (hand-off latency reported)"),
     scenario!(wait_timeout_is_honoured, Liveness, [],
