@@ -24,8 +24,8 @@ use tokio::time::Instant;
 use tracing::Instrument as _;
 
 use crate::{
-    BackendInfo, DistributedLock, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions,
-    ReleaseOutcome, WaitPolicy,
+    BackendInfo, DistributedLock, ExtendOutcome, KeyStatus, Lease, LockError, LockGuard, LockKey,
+    LockOptions, ReleaseOutcome, WaitPolicy,
 };
 
 /// Histogram, seconds: how long each successful `acquire`/`try_acquire` call took,
@@ -59,8 +59,8 @@ pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
 ///
 /// An `acquire` that may wait first tries once without waiting, so that contention and
 /// wait time are measured the same way on every backend; a contended acquire thus costs
-/// one extra round trip, an uncontended one none. Release and extend go straight to the
-/// inner backend (the guard records them).
+/// one extra round trip, an uncontended one none. Release, extend and inspect go
+/// straight to the inner backend (the guard records release and extend).
 #[derive(Debug)]
 pub struct Observed {
     inner: Arc<dyn DistributedLock>,
@@ -158,6 +158,10 @@ impl DistributedLock for Observed {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         self.inner.extend(lease, ttl).await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        self.inner.inspect(key).await
     }
 }
 

@@ -84,6 +84,8 @@ async fn acquire_contention_renewal_and_loss_are_counted() {
     let v = totals.read();
     assert_eq!(get(&v, observe::ACQUIRE_SECONDS), 1);
     assert_eq!(get(&v, observe::CONTENTION_TOTAL), 0);
+    // The wrapper passes inspect through to the backend.
+    assert!(locks.inspect(&key).await.expect("memory inspects").held);
 
     // Contention: a failed try, and a bounded wait that times out.
     assert!(locks
