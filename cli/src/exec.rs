@@ -163,7 +163,8 @@ async fn supervise(
         .command
         .split_first()
         .ok_or_else(|| CliError::usage("no command given after --"))?;
-    let mut child = tokio::process::Command::new(program)
+    let mut command = tokio::process::Command::new(program);
+    command
         .args(rest)
         .env("DISTLOCK_KEY", &args.key)
         .env(
@@ -171,15 +172,15 @@ async fn supervise(
             guard.fencing_token().get().to_string(),
         )
         .env("DISTLOCK_BACKEND", &args.backend)
-        .process_group(0)
-        .spawn()
-        .map_err(|e| {
-            let code = match e.kind() {
-                std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
-                _ => EXIT_CANNOT_RUN,
-            };
-            CliError::with_code(format!("cannot run {program:?}: {e}"), code)
-        })?;
+        .process_group(0);
+    terminate_with_parent(&mut command);
+    let mut child = command.spawn().map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
+            _ => EXIT_CANNOT_RUN,
+        };
+        CliError::with_code(format!("cannot run {program:?}: {e}"), code)
+    })?;
     let Some(pgid) = child.id() else {
         // Already reaped: nothing to supervise.
         return Ok(Ended::Exited(child.wait().await.map_err(wait_error)?));
@@ -219,6 +220,33 @@ async fn supervise(
     child.wait().await.map_err(wait_error)?;
     Ok(Ended::Lost)
 }
+
+/// Linux: the command gets SIGTERM if distlock dies (killed with -9, say), so it does
+/// not run on without the lock. Only the command itself: processes it started are not
+/// told. Elsewhere, a no-op.
+#[cfg(target_os = "linux")]
+fn terminate_with_parent(command: &mut tokio::process::Command) {
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe calls (getpid/getppid, prctl), touching no shared memory.
+    // The death signal follows the thread that forks: `exec::run` runs on the thread
+    // that blocks on the runtime, which lives until distlock exits.
+    let parent = unsafe { libc::getpid() };
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // distlock died before the prctl: do not start the command at all.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::other("distlock exited"));
+            }
+            Ok(())
+        });
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn terminate_with_parent(_command: &mut tokio::process::Command) {}
 
 /// Sends `signo` to the process group `pgid` (the command and its children).
 fn signal_group(pgid: u32, signo: i32) {

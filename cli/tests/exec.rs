@@ -203,3 +203,30 @@ fn sigterm_and_sigint_to_distlock_reach_the_command() {
         assert_eq!(std::fs::read_to_string(&got).unwrap().trim(), name);
     }
 }
+
+#[cfg(target_os = "linux")]
+#[test]
+fn a_command_whose_distlock_is_killed_with_9_gets_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let got = dir.path().join("got");
+    let script = format!(
+        r#"trap 'touch "{got}"; kill $!; exit 0' TERM
+           sleep 60 & touch "{ready}"; wait"#,
+        got = got.display(),
+        ready = ready.display(),
+    );
+    let mut child = distlock()
+        .args(["exec", "--backend", "memory://", "jobs/orphan", "--"])
+        .args(["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for_file(&ready);
+    child.kill().unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(9)
+    );
+    wait_for_file(&got);
+}
