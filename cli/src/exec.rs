@@ -30,6 +30,9 @@ pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit code: the command was not found (as in shells).
 pub const EXIT_NOT_FOUND: u8 = 127;
 
+/// How long `exec` waits for the release after the command ended.
+const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
+
 /// The backend `exec` uses when neither `--backend` nor `DISTLOCK_BACKEND` is given:
 /// OS file locks in the file backend's default directory.
 pub const DEFAULT_BACKEND: &str = "file://";
@@ -118,8 +121,17 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let outcome = supervise(&args, &guard, &mut signals).await;
     let held = guard.lease().acquired_at().elapsed();
     let renewals = guard.monitor().renewals();
-    let release = guard.release().await;
-    if let Err(e) = &release {
+    // Bounded: a backend that stopped answering must not keep distlock (and a cron
+    // slot) waiting; the lease then runs out on its own.
+    let release = match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!(
+            "no answer within {}",
+            duration::format(RELEASE_PATIENCE)
+        )),
+    };
+    if let Err(e) = release {
         warn(&format!(
             "could not release lock {:?} ({e}); it is freed when its lease runs out",
             args.key
