@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, Instant};
@@ -496,9 +497,16 @@ impl DistributedLock for RedisLock {
 /// token (its counters are best effort), and the shortest remaining lease among the
 /// majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
-    let majority_owner = views.iter().filter_map(|v| v.owner.as_deref()).find(|owner| {
-        views.iter().filter(|v| v.owner.as_deref() == Some(*owner)).count() >= quorum
-    });
+    let majority_owner = views
+        .iter()
+        .filter_map(|v| v.owner.as_deref())
+        .find(|owner| {
+            views
+                .iter()
+                .filter(|v| v.owner.as_deref() == Some(*owner))
+                .count()
+                >= quorum
+        });
     let token = |status: KeyStatus| match views {
         [view] if !redlock => status.with_fencing_token(view.fence),
         _ => status,
@@ -506,7 +514,10 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let Some(owner) = majority_owner else {
         let partial = views.iter().filter(|v| v.owner.is_some()).count();
         let note = (partial > 0).then(|| {
-            format!("not held: {partial} of {} nodes keep a minority lock", views.len())
+            format!(
+                "not held: {partial} of {} nodes keep a minority lock",
+                views.len()
+            )
         });
         return token(KeyStatus::free().with_holder(note));
     };
