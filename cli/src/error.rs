@@ -23,6 +23,14 @@ impl CliError {
         }
     }
 
+    /// A usage or configuration error (exit code 2).
+    pub fn usage(message: impl Into<String>) -> Self {
+        CliError {
+            message: message.into(),
+            code: Self::USAGE,
+        }
+    }
+
     /// The message, flattened to one line.
     pub fn message(&self) -> String {
         self.message
