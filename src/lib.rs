@@ -9,6 +9,7 @@
 //! |-----|---------|
 //! | `memory://` | the process-wide default in-memory store |
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
+//! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
 //! | `redis://HOST:PORT[/DB]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node or Redlock (feature `redis`) |
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`) |
 //! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
@@ -43,6 +44,10 @@
 pub use distlock_api::memory;
 pub use distlock_api::*;
 
+/// The file backend: OS file locks on one host (feature `file`, on by default).
+#[cfg(feature = "file")]
+pub use distlock_file as file;
+
 /// The Postgres advisory-lock backend (feature `postgres`).
 #[cfg(feature = "postgres")]
 pub use distlock_postgres as postgres;
@@ -61,6 +66,7 @@ use std::sync::Arc;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     Memory,
+    File,
     Redis,
     Postgres,
     ZooKeeper,
@@ -72,6 +78,7 @@ impl Backend {
         match self {
             // Always compiled: no feature.
             Backend::Memory => "",
+            Backend::File => "file",
             Backend::Redis => "redis",
             Backend::Postgres => "postgres",
             Backend::ZooKeeper => "zookeeper",
@@ -82,6 +89,7 @@ impl Backend {
     fn title(self) -> &'static str {
         match self {
             Backend::Memory => "in-memory",
+            Backend::File => "file",
             Backend::Redis => "Redis",
             Backend::Postgres => "Postgres",
             Backend::ZooKeeper => "ZooKeeper",
@@ -92,6 +100,7 @@ impl Backend {
 /// Every URL scheme [`connect`] recognises (lowercase), and its backend.
 const SCHEMES: &[(&str, Backend)] = &[
     ("memory", Backend::Memory),
+    ("file", Backend::File),
     ("redis", Backend::Redis),
     ("rediss", Backend::Redis),
     ("redis+redlock", Backend::Redis),
@@ -109,6 +118,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `NAME` (taken verbatim). Every client connected by the same URL shares locks, like
 ///   processes sharing a server; different names are independent. Memory URLs take no
 ///   options, so `NAME` must not contain `?` or `#`.
+/// - `file://` uses OS file locks in `distlock_file::default_dir()`, and
+///   `file:///DIR` in `DIR` (feature `file`, on by default).
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
 ///   `rediss://` over TLS (feature `redis-tls`); see `distlock_redis::node_urls` for
 ///   the forms.
@@ -145,6 +156,10 @@ async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockErro
         })?;
     match backend {
         Backend::Memory => connect_memory(rest),
+        #[cfg(feature = "file")]
+        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url)?)),
+        #[cfg(not(feature = "file"))]
+        Backend::File => Err(feature_off(scheme, backend)),
         #[cfg(feature = "redis")]
         Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
         #[cfg(not(feature = "redis"))]
@@ -329,6 +344,7 @@ mod tests {
         assert!(message.contains("`mysql://`"), "{message}");
         for scheme in [
             "memory://",
+            "file://",
             "redis://",
             "rediss://",
             "redis+redlock://",
@@ -359,6 +375,9 @@ mod tests {
                 ("zk://h", "zookeeper", "ZooKeeper"),
             ]);
         }
+        if cfg!(not(feature = "file")) {
+            cases.push(("file:///tmp/locks", "file", "file"));
+        }
         if cfg!(not(feature = "redis")) {
             cases.extend([
                 ("redis://127.0.0.1:6379", "redis", "Redis"),
@@ -378,6 +397,23 @@ mod tests {
             );
             assert!(!message.contains("secret"), "the URL leaked: {message}");
         }
+    }
+
+    #[cfg(feature = "file")]
+    #[tokio::test]
+    async fn file_urls_reach_the_file_backend() {
+        let dir = std::env::temp_dir().join(format!("distlock-facade-{}", std::process::id()));
+        let url = format!("file://{}", dir.display());
+        let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
+        assert_eq!(a.info().name, "file");
+        let guard = a.acquire(&key(), &no_wait()).await.unwrap();
+        assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
+        guard.release().await.unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(
+            connect("file://relative/dir").await,
+            Err(LockError::Config { .. })
+        ));
     }
 
     #[cfg(feature = "redis")]

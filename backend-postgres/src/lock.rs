@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, Lease,
-    LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
+    Lease, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection as _;
@@ -660,6 +660,16 @@ impl DistributedLock for PostgresLock {
             ExtendOutcome::HeldByOther
         } else {
             ExtendOutcome::Expired
+        })
+    }
+
+    /// Held or free, per `pg_locks`. The holder's token lives only in its client and the
+    /// lease is the holder's session, so neither token nor remaining time is reported.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        Ok(if self.held_by_anyone(advisory_key(key)).await? {
+            KeyStatus::held()
+        } else {
+            KeyStatus::free()
         })
     }
 }

@@ -106,7 +106,7 @@ pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
                     empty + 1
                 )));
             }
-            if nodes.len() % 2 == 0 || nodes.len() < 3 {
+            if nodes.len().is_multiple_of(2) || nodes.len() < 3 {
                 return Err(config_error(format!(
                     "Redlock needs an odd number of nodes, at least 3, for a majority; got {}",
                     nodes.len()

@@ -7,14 +7,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
-use crate::node::{Node, NodeGrant};
+use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
 /// How long an acquire keeps retrying a single node that fails.
@@ -470,4 +471,66 @@ impl DistributedLock for RedisLock {
             ExtendOutcome::Expired
         })
     }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let names = KeyNames::for_key(key);
+        let results = self
+            .on_all_nodes(self.inner.config.request_timeout, |node| {
+                node.inspect(&names)
+            })
+            .await;
+        let (mut views, mut errors) = (Vec::new(), Vec::new());
+        for result in results {
+            match result {
+                Ok(view) => views.push(view),
+                Err(error) => errors.push(error),
+            }
+        }
+        if errors.len() > self.inner.nodes.len() - self.quorum() {
+            return Err(self.quorum_error(errors));
+        }
+        Ok(key_status(&views, self.quorum(), self.is_redlock()))
+    }
+}
+
+/// What the nodes' views say: held when a majority store one owner. Redlock reports no
+/// token (its counters are best effort), and the shortest remaining lease among the
+/// majority's nodes.
+fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
+    let majority_owner = views
+        .iter()
+        .filter_map(|v| v.owner.as_deref())
+        .find(|owner| {
+            views
+                .iter()
+                .filter(|v| v.owner.as_deref() == Some(*owner))
+                .count()
+                >= quorum
+        });
+    let token = |status: KeyStatus| match views {
+        [view] if !redlock => status.with_fencing_token(view.fence),
+        _ => status,
+    };
+    let Some(owner) = majority_owner else {
+        let partial = views.iter().filter(|v| v.owner.is_some()).count();
+        let note = (partial > 0).then(|| {
+            format!(
+                "not held: {partial} of {} nodes keep a minority lock",
+                views.len()
+            )
+        });
+        return token(KeyStatus::free().with_holder(note));
+    };
+    let remaining = views
+        .iter()
+        .filter(|v| v.owner.as_deref() == Some(owner))
+        .filter_map(|v| v.remaining)
+        .min();
+    // The owner token authorises release: show only enough to tell holders apart.
+    let short: String = owner.chars().take(8).collect();
+    token(
+        KeyStatus::held()
+            .with_remaining(remaining)
+            .with_holder(Some(format!("owner token {short}…"))),
+    )
 }

@@ -21,6 +21,17 @@ pub(crate) enum NodeGrant {
     Held(Option<Duration>),
 }
 
+/// One node's view of a key, read atomically.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NodeView {
+    /// The stored owner token, if the key is held.
+    pub(crate) owner: Option<String>,
+    /// The lock's remaining `PX`, if held with an expiry.
+    pub(crate) remaining: Option<Duration>,
+    /// The key's fencing counter: the last token this node handed out.
+    pub(crate) fence: Option<FencingToken>,
+}
+
 /// A connection to one Redis server.
 #[derive(Clone)]
 pub(crate) struct Node {
@@ -168,6 +179,21 @@ impl Node {
             },
             2 => ExtendOutcome::HeldByOther,
             _ => ExtendOutcome::Expired,
+        })
+    }
+
+    /// Reads the lock and its counter without changing them.
+    pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<NodeView, LockError> {
+        let (owner, pttl, fence): (String, i64, String) = crate::scripts::INSPECT
+            .key(&names.lock)
+            .key(&names.fence)
+            .invoke_async(&mut self.conn.clone())
+            .await
+            .map_err(lock_error)?;
+        Ok(NodeView {
+            owner: Some(owner).filter(|o| !o.is_empty()),
+            remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
+            fence: fence.parse().ok().map(FencingToken::new),
         })
     }
 

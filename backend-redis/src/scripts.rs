@@ -53,3 +53,15 @@ return 0
 ",
     )
 });
+
+/// `KEYS = [lock, fence]`. Returns `{owner or '', PTTL of the lock, counter or ''}`:
+/// one consistent read of a key's state, for `inspect`.
+pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local owner = redis.call('GET', KEYS[1]) or ''
+local fence = redis.call('GET', KEYS[2]) or ''
+return {owner, redis.call('PTTL', KEYS[1]), fence}
+",
+    )
+});

@@ -7,7 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 use tokio::sync::Mutex;
 use tokio::time::{sleep_until, Instant};
@@ -498,6 +499,35 @@ impl DistributedLock for ZooKeeperLock {
         } else {
             ExtendOutcome::Expired
         })
+    }
+
+    /// The lowest contender node is the holder: its `czxid` is the token and its
+    /// ephemeral owner the session. The lease is that session, so no remaining time.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let dir = self.lock_dir(key);
+        let session = self.session().await?;
+        let limit = self.limit(&session);
+        // The holder may release between the listing and the stat: look again.
+        for _ in 0..3 {
+            let children = match within(limit, session.client.list_children(&dir)).await {
+                Ok(children) => children,
+                Err(f) if f.is_no_node() => return Ok(KeyStatus::free()),
+                Err(f) => return Err(f.into()),
+            };
+            let Some((_, first)) = rank(&children).first().copied() else {
+                return Ok(KeyStatus::free());
+            };
+            let path = format!("{dir}/{first}");
+            if let Some(stat) = within(limit, session.client.check_stat(&path)).await? {
+                return Ok(KeyStatus::held()
+                    .with_fencing_token(u64::try_from(stat.czxid).ok().map(FencingToken::new))
+                    .with_holder(Some(format!("session 0x{:x}", stat.ephemeral_owner))));
+            }
+        }
+        Err(LockError::backend_error(
+            ZOOKEEPER_BACKEND,
+            "the lock's holder changed three times while being read; try again",
+        ))
     }
 }
 

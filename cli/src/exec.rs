@@ -55,7 +55,8 @@ distlock are forwarded to that group. If the lock is lost, the group gets SIGTER
 SIGKILL after --kill-after. The lock is released when the command ends. If distlock
 itself is killed with -9, the lock is freed when its lease (--ttl) or session ends.")]
 pub struct ExecArgs {
-    /// Lock backend URL: file://[DIR], redis://…, postgres://…, zk://…, memory://
+    /// Lock backend URL: file:// (default: a per-user directory), file:///DIR,
+    /// redis://…, postgres://…, zk://…
     #[arg(
         long,
         value_name = "URL",

@@ -1,5 +1,5 @@
-//! The `distlock` command-line tool: a demo of why locks and fencing tokens matter, and
-//! a conformance runner for any backend URL.
+//! The `distlock` command-line tool: a demo of why locks and fencing tokens matter, a
+//! conformance runner for any backend URL, and `status` for operators.
 //!
 //! Exit codes: 0 on success, 1 when a run fails (a conformance scenario, the demo's own
 //! checks, a backend that cannot be reached), 2 for usage and configuration errors;
@@ -11,6 +11,7 @@ mod demo;
 mod duration;
 mod error;
 mod exec;
+mod status;
 mod url_harness;
 
 use std::process::ExitCode;
@@ -50,6 +51,33 @@ enum Command {
     },
     /// Runs a command while holding a lock; exits with the command's exit code.
     Exec(exec::ExecArgs),
+    /// Shows whether KEY is held, its fencing token and remaining lease where the
+    /// backend can tell, without taking the lock.
+    Status {
+        #[command(flatten)]
+        backend: LockBackendArgs,
+        /// The lock key.
+        key: String,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The backend option of commands that act on real locks: the default is the file
+/// backend, shared by every process on this host.
+#[derive(Debug, Args)]
+struct LockBackendArgs {
+    /// Lock backend URL: file:// (default: a per-user directory), file:///DIR,
+    /// redis://…, postgres://…, zk://…
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "DISTLOCK_BACKEND",
+        default_value = "file://",
+        hide_env_values = true
+    )]
+    backend: String,
 }
 
 /// The backend option shared by every subcommand that uses a backend.
@@ -88,6 +116,7 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> Result<(), CliError> {
     match command {
         Command::Demo { backend } => demo::run(&backend.backend).await,
+        Command::Status { backend, key, json } => status::run(&backend.backend, &key, json).await,
         Command::Conformance {
             backend,
             json,

@@ -1,8 +1,8 @@
-//! `distlock exec` end to end on real servers: concurrent `exec` processes never run
-//! their commands at the same time; a lock lost under a running command (its
-//! connection cut by a fault proxy) terminates the command's whole process group;
-//! `--no-wait` and `--wait` give up with exit code 75; the lock is released when the
-//! command ends.
+//! `distlock exec` end to end on real servers and on the file backend: concurrent
+//! `exec` processes never run their commands at the same time; a lock lost under a
+//! running command (its connection cut by a fault proxy) terminates the command's whole
+//! process group; `--no-wait` and `--wait` give up with exit code 75; the lock is
+//! released when the command ends, and freed when a holder is killed with -9.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -293,4 +293,68 @@ async fn exec_on_zookeeper() {
         false,
     )
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_on_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    commands_never_overlap(&url).await;
+    busy_lock_exit_codes_and_release(&url).await;
+    holder_killed_with_9_frees_the_lock(&url).await;
+}
+
+/// A holder `distlock` killed with -9 leaves no lock behind on the file backend: the
+/// kernel drops its file lock with the process.
+async fn holder_killed_with_9_frees_the_lock(url: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let key = "exec-e2e/killed";
+    let script = format!(
+        r#"trap 'kill $!; exit 0' TERM
+           sleep 60 & touch "{ready}"; wait"#,
+        ready = ready.display(),
+    );
+    let mut holder = exec_sh(url, &[], key, &script)
+        .spawn()
+        .expect("distlock starts");
+    wait_for_file(&ready).await;
+    let out = output(exec_sh(url, &["--no-wait"], key, "true")).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+    holder.kill().await.expect("kill -9 the holder");
+    let out = output(exec_sh(url, &["--no-wait"], key, "true")).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+}
+
+/// Without `--backend` or `DISTLOCK_BACKEND`, exec uses `file://`: the file backend's
+/// default directory, here `$XDG_RUNTIME_DIR/distlock` in a temporary directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_defaults_to_the_file_backend() {
+    let runtime_dir = tempfile::tempdir().unwrap();
+    let ready = runtime_dir.path().join("ready");
+    let key = "exec-e2e/default";
+    let mut holder = distlock();
+    holder
+        .env("XDG_RUNTIME_DIR", runtime_dir.path())
+        .args(["exec", key, "--", "sh", "-c"])
+        .arg(format!(
+            r#"test "$DISTLOCK_BACKEND" = file:// || exit 9
+               trap 'kill $!; exit 0' TERM
+               sleep 60 & touch "{}"; wait"#,
+            ready.display()
+        ));
+    let holder = holder.spawn().expect("distlock starts");
+    wait_for_file(&ready).await;
+    let explicit = format!("file://{}/distlock", runtime_dir.path().display());
+    let out = output(exec_sh(&explicit, &["--no-wait"], key, "true")).await;
+    assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
+
+    let pid = libc::pid_t::try_from(holder.id().expect("running")).unwrap();
+    // SAFETY: kill(2) on the child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), holder.wait_with_output())
+        .await
+        .expect("the holder exits")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }

@@ -1,0 +1,82 @@
+//! Key to file name: injective, portable and free of path tricks.
+
+use distlock_api::LockKey;
+use sha2::{Digest, Sha256};
+
+/// Longest file name we produce; most file systems allow 255 bytes.
+const MAX_NAME: usize = 255;
+const SUFFIX: &str = ".lock";
+
+/// The lock file name for `key`.
+///
+/// `k-` + the key with every byte outside `[a-z0-9._-]` written as `%xx` (so `/`, `..`,
+/// upper case and NUL-free UTF-8 all map to plain, distinct names, also on
+/// case-insensitive file systems) + `.lock`. Keys whose name would pass 255 bytes use
+/// `h-` + the SHA-256 of the key instead: still distinct unless SHA-256 collides.
+pub(crate) fn file_name(key: &LockKey) -> String {
+    let mut name = String::with_capacity(2 + key.as_str().len() + SUFFIX.len());
+    name.push_str("k-");
+    for byte in key.as_str().bytes() {
+        if byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"._-".contains(&byte) {
+            name.push(char::from(byte));
+        } else {
+            name.push_str(&format!("%{byte:02x}"));
+        }
+    }
+    name.push_str(SUFFIX);
+    if name.len() <= MAX_NAME {
+        return name;
+    }
+    let digest = Sha256::digest(key.as_str().as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("h-{hex}{SUFFIX}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(key: &str) -> String {
+        file_name(&LockKey::new(key).expect("valid key"))
+    }
+
+    #[test]
+    fn plain_keys_stay_readable() {
+        assert_eq!(name("nightly-report.v2"), "k-nightly-report.v2.lock");
+    }
+
+    #[test]
+    fn path_tricks_and_case_are_escaped() {
+        assert_eq!(name(".."), "k-...lock");
+        assert_eq!(name("../etc/passwd"), "k-..%2fetc%2fpasswd.lock");
+        assert_eq!(name("A"), "k-%41.lock");
+        assert_ne!(name("A"), name("a"));
+        assert_eq!(name("%41"), "k-%2541.lock");
+        assert_ne!(name("%41"), name("A"));
+        assert_eq!(name("é"), "k-%c3%a9.lock");
+    }
+
+    #[test]
+    fn long_keys_are_hashed_within_the_name_limit() {
+        let long = "x".repeat(300);
+        let hashed = name(&long);
+        assert!(
+            hashed.starts_with("h-") && hashed.len() <= MAX_NAME,
+            "{hashed}"
+        );
+        assert_ne!(hashed, name(&"x".repeat(301)));
+        let longest_plain = "x".repeat(MAX_NAME - 2 - SUFFIX.len());
+        assert!(name(&longest_plain).starts_with("k-"));
+    }
+
+    #[test]
+    fn names_never_contain_separators() {
+        for key in ["a/b", "a\\b", "/", "a b", "\u{7f}", "ü/../x"] {
+            let n = name(key);
+            assert!(
+                !n.contains('/') && !n.contains('\\') && !n.contains(' '),
+                "{n}"
+            );
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! Waiting without polling: per client and key, one thread blocked in `flock(2)`, which
+//! the kernel wakes when the holder unlocks or dies.
+//!
+//! A blocked `flock` cannot be cancelled, so waiters that give up leave the thread
+//! blocked until the lock frees; it then hands the lock to the next waiter still
+//! waiting, or, with none left, unlocks at once and ends. Sharing the thread bounds
+//! them to one per key being waited on, however many acquires time out.
+
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
+use std::fs::File;
+use std::io;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use distlock_api::FencingToken;
+use tokio::sync::oneshot;
+
+use crate::lock_file;
+
+/// A lock taken for a waiter: the locked file and the token recorded in it.
+pub(crate) type Grant = io::Result<(File, FencingToken)>;
+
+/// The waiters of one client, per lock file.
+#[derive(Debug, Default)]
+pub(crate) struct Waiters {
+    queues: Mutex<HashMap<PathBuf, VecDeque<oneshot::Sender<Grant>>>>,
+}
+
+impl Waiters {
+    fn queues(&self) -> MutexGuard<'_, HashMap<PathBuf, VecDeque<oneshot::Sender<Grant>>>> {
+        // Every update is a push or pop under the lock: a panic cannot leave it torn.
+        self.queues.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Queues a waiter for `path`, starting the key's blocked thread if none runs.
+    /// Dropping the receiver gives up the place.
+    pub(crate) fn wait(self: &Arc<Self>, path: PathBuf) -> io::Result<oneshot::Receiver<Grant>> {
+        let (sender, receiver) = oneshot::channel();
+        let mut queues = self.queues();
+        match queues.entry(path.clone()) {
+            Entry::Occupied(mut queue) => queue.get_mut().push_back(sender),
+            Entry::Vacant(slot) => {
+                let waiters = Arc::clone(self);
+                std::thread::Builder::new()
+                    .name("distlock-file-wait".into())
+                    .spawn(move || waiters.block_and_hand_over(path))?;
+                slot.insert(VecDeque::from([sender]));
+            }
+        }
+        Ok(receiver)
+    }
+
+    /// The blocked thread: takes the lock, hands it to the first waiter still waiting,
+    /// and goes on while others wait.
+    fn block_and_hand_over(&self, path: PathBuf) {
+        loop {
+            let grant = lock_file::open(&path).and_then(|file| {
+                file.lock()?;
+                let token = lock_file::take_next_token(&file)?;
+                Ok((file, token))
+            });
+            let mut queues = self.queues();
+            let Some(queue) = queues.get_mut(&path) else {
+                return;
+            };
+            match grant {
+                Ok(grant) => {
+                    let mut unclaimed: Grant = Ok(grant);
+                    while let Some(waiter) = queue.pop_front() {
+                        match waiter.send(unclaimed) {
+                            Ok(()) => break,
+                            // That waiter gave up; try the next.
+                            Err(returned) => unclaimed = returned,
+                        }
+                    }
+                    // Unclaimed: dropped here, which closes the file and unlocks it.
+                }
+                Err(e) => {
+                    for waiter in queue.drain(..) {
+                        let _ = waiter.send(Err(io::Error::new(e.kind(), e.to_string())));
+                    }
+                }
+            }
+            if queue.is_empty() {
+                queues.remove(&path);
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,78 @@
+//! `distlock status`: whether a key is held, read without taking it.
+
+use std::time::Duration;
+
+use distlock::{KeyStatus, LockKey};
+use serde::Serialize;
+
+use crate::error::CliError;
+use crate::print_out;
+
+/// What `--json` prints.
+#[derive(Debug, Serialize)]
+struct StatusJson<'a> {
+    key: &'a str,
+    backend: &'static str,
+    held: bool,
+    fencing_token: Option<u64>,
+    remaining_ms: Option<u128>,
+    holder: Option<&'a str>,
+}
+
+/// Prints the status of `key` on the backend at `url`.
+///
+/// # Errors
+/// A usage error for a bad key or URL; a failure when the backend cannot be reached
+/// or cannot look at keys.
+pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
+    let key = LockKey::new(key).map_err(|e| CliError::usage(format!("invalid key: {e}")))?;
+    let locks = distlock::connect(url).await?;
+    let backend = locks.info().name;
+    let status = locks.inspect(&key).await?;
+    let text = if json {
+        let json = StatusJson {
+            key: key.as_str(),
+            backend,
+            held: status.held,
+            fencing_token: status.fencing_token.map(|t| t.get()),
+            remaining_ms: status.remaining.map(|r| r.as_millis()),
+            holder: status.holder.as_deref(),
+        };
+        serde_json::to_string_pretty(&json)
+            .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?
+            + "\n"
+    } else {
+        table(&key, backend, &status)
+    };
+    print_out(&text)
+}
+
+fn table(key: &LockKey, backend: &str, status: &KeyStatus) -> String {
+    let unknown = || "unknown".to_owned();
+    let token_label = if status.held {
+        "fencing token"
+    } else {
+        "last token"
+    };
+    let remaining = match (status.held, status.remaining) {
+        (false, _) => "-".to_owned(),
+        (true, Some(left)) => seconds(left),
+        (true, None) => "until released (or its session or process ends)".to_owned(),
+    };
+    format!(
+        "key:            {key}\nbackend:        {backend}\nstate:          {state}\n{token_label:<15} {token}\nremaining:      {remaining}\nholder:         {holder}\n",
+        key = key.as_str(),
+        state = if status.held { "held" } else { "free" },
+        token_label = format!("{token_label}:"),
+        token = status.fencing_token.map_or_else(unknown, |t| t.to_string()),
+        holder = match (&status.holder, status.held) {
+            (Some(holder), _) => holder.clone(),
+            (None, true) => unknown(),
+            (None, false) => "-".to_owned(),
+        },
+    )
+}
+
+fn seconds(d: Duration) -> String {
+    format!("{:.3}s", d.as_secs_f64())
+}
