@@ -33,10 +33,6 @@ pub const EXIT_NOT_FOUND: u8 = 127;
 /// How long `exec` waits for the release after the command ended.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
-/// The backend `exec` uses when neither `--backend` nor `DISTLOCK_BACKEND` is given:
-/// OS file locks in the file backend's default directory.
-pub const DEFAULT_BACKEND: &str = "file://";
-
 /// Arguments of `distlock exec`.
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -55,16 +51,8 @@ distlock are forwarded to that group. If the lock is lost, the group gets SIGTER
 SIGKILL after --kill-after. The lock is released when the command ends. If distlock
 itself is killed with -9, the lock is freed when its lease (--ttl) or session ends.")]
 pub struct ExecArgs {
-    /// Lock backend URL: file:// (default: a per-user directory), file:///DIR,
-    /// redis://…, postgres://…, zk://…
-    #[arg(
-        long,
-        value_name = "URL",
-        env = "DISTLOCK_BACKEND",
-        default_value = DEFAULT_BACKEND,
-        hide_env_values = true
-    )]
-    backend: String,
+    #[command(flatten)]
+    backend: crate::LockBackendArgs,
     /// Lease time-to-live, renewed every third of it while the command runs; a crashed
     /// distlock frees the lock after at most this long.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
@@ -107,7 +95,9 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         .map_err(|e| CliError::usage(format!("invalid --ttl: {e}")))?;
     let mut signals = Signals::new()?;
 
-    let locks = distlock::connect(&args.backend).await.map_err(lock_error)?;
+    let locks = distlock::connect(&args.backend.backend)
+        .await
+        .map_err(lock_error)?;
     let backend_name = locks.info().name;
     let started = Instant::now();
     let guard = tokio::select! {
@@ -184,7 +174,7 @@ async fn supervise(
             "DISTLOCK_FENCING_TOKEN",
             guard.fencing_token().get().to_string(),
         )
-        .env("DISTLOCK_BACKEND", &args.backend)
+        .env("DISTLOCK_BACKEND", &args.backend.backend)
         .process_group(0);
     terminate_with_parent(&mut command);
     let mut child = command.spawn().map_err(|e| {

@@ -64,10 +64,10 @@ enum Command {
     },
 }
 
-/// The backend option of commands that act on real locks: the default is the file
-/// backend, shared by every process on this host.
+/// The backend option of commands that act on real locks (`exec`, `status`): the
+/// default is the file backend, shared by every process of this user on this host.
 #[derive(Debug, Args)]
-struct LockBackendArgs {
+pub(crate) struct LockBackendArgs {
     /// Lock backend URL: file:// (default: a per-user directory), file:///DIR,
     /// redis://…, postgres://…, zk://…
     #[arg(
@@ -77,7 +77,7 @@ struct LockBackendArgs {
         default_value = "file://",
         hide_env_values = true
     )]
-    backend: String,
+    pub(crate) backend: String,
 }
 
 /// The backend option shared by every subcommand that uses a backend.
