@@ -5,6 +5,7 @@
 //! checks, a backend that cannot be reached), 2 for usage and configuration errors.
 //! Every error is one line on stderr, starting with `error: `.
 
+mod bench;
 mod conformance;
 mod demo;
 mod error;
@@ -44,6 +45,14 @@ enum Command {
         /// (--backend is ignored).
         #[arg(long)]
         self_test: bool,
+    },
+    /// Benchmarks distlock on a backend; with --compare, beside the raw bound and the
+    /// peer crates, as figures and ratios from one run.
+    Bench {
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[command(flatten)]
+        args: bench::BenchArgs,
     },
 }
 
@@ -94,6 +103,7 @@ async fn run(command: Command) -> Result<(), CliError> {
                 conformance::run(&backend.backend, json).await
             }
         }
+        Command::Bench { backend, args } => bench::run(&backend.backend, args).await,
     }
 }
 
