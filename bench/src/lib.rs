@@ -18,7 +18,7 @@ mod zookeeper;
 use std::time::Duration;
 
 pub use report::{
-    BackendReport, HandoffRow, HoldingRow, LatencyRow, Ratio, SideRate, ThroughputRow,
+    BackendReport, HandoffRow, HoldingRow, LatencyRow, Ratio, SideCpu, SideRate, ThroughputRow,
 };
 
 use crate::side::{BoxError, Side};
@@ -46,6 +46,8 @@ pub struct BenchConfig {
     pub handoffs: usize,
     /// Longest hot-key run per side.
     pub hot_limit: Duration,
+    /// A hot-key worker's pause between its release and its next acquire.
+    pub think: Duration,
     /// Locks held at once for the cost-of-holding row (0 skips it).
     pub hold: usize,
 }
@@ -56,14 +58,15 @@ impl BenchConfig {
         BenchConfig {
             url: url.into(),
             compare: false,
-            rounds: 5,
+            rounds: 9,
             slice: Duration::from_secs(1),
             warm_up: Duration::from_millis(200),
             concurrencies: vec![1, 16, 64],
             latency_concurrencies: vec![1, 16],
             hot_workers: 16,
             handoffs: 2000,
-            hot_limit: Duration::from_secs(5),
+            hot_limit: Duration::from_secs(10),
+            think: Duration::from_millis(1),
             hold: 10_000,
         }
     }
@@ -223,6 +226,30 @@ pub async fn run(
 ) -> Result<BackendReport, BenchError> {
     let backend = Backend::of(&config.url)?;
     let mut notes = Vec::new();
+    // First, while the process is fresh: its memory growth is then the locks' cost,
+    // not noise from the allocator reusing what earlier measurements freed.
+    let mut holding_row = None;
+    if config.hold > 0 {
+        progress(&format!(
+            "{}: cost of holding {} locks",
+            backend.name(),
+            config.hold
+        ));
+        let row = holding::measure(&config.url, config.hold, |url| {
+            let url = url.to_owned();
+            async move {
+                match backend {
+                    Backend::Redis => redis::connected_clients(&url).await,
+                    Backend::Postgres => postgres::client_connections(&url).await,
+                    Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
+                }
+            }
+        })
+        .await
+        .map_err(|e| BenchError::run("distlock, holding locks", e))?;
+        holding_row = Some(row);
+    }
+
     let server = server_version(backend, &config.url).await;
     let mut sides = connect_sides(backend, &config.url, config.compare, &mut notes).await?;
     let mut failed = vec![false; sides.len()];
@@ -246,6 +273,8 @@ pub async fn run(
         ));
         let mut rates = vec![Vec::new(); sides.len()];
         let mut latencies = vec![Vec::new(); sides.len()];
+        // CPU per cycle, microseconds: (client, server where the server tells).
+        let mut cpu = vec![(Vec::new(), Vec::new()); sides.len()];
         for round in 0..config.rounds {
             // Rotate who goes first, so drift in the machine's load hits all alike.
             for turn in 0..sides.len() {
@@ -254,6 +283,10 @@ pub async fn run(
                     continue;
                 }
                 let side = &sides[index];
+                let server_before = match backend {
+                    Backend::Redis => redis::server_cpu(&config.url).await.ok(),
+                    _ => None,
+                };
                 match measure::slice(
                     side.as_ref(),
                     workers,
@@ -265,6 +298,16 @@ pub async fn run(
                 .await
                 {
                     Ok(slice) => {
+                        let cycles = slice.all_cycles.max(1) as f64;
+                        cpu[index]
+                            .0
+                            .push(slice.client_cpu.as_secs_f64() * 1e6 / cycles);
+                        if let Some(before) = server_before {
+                            if let Ok(after) = redis::server_cpu(&config.url).await {
+                                let used = after.saturating_sub(before);
+                                cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
+                            }
+                        }
                         rates[index].push(Some(slice.rate));
                         latencies[index].extend(slice.latencies);
                     }
@@ -282,7 +325,7 @@ pub async fn run(
                 }
             }
         }
-        report.add_throughput(workers, &rates);
+        report.add_throughput(workers, &rates, &cpu);
         if config.latency_concurrencies.contains(&workers) {
             report.add_latency(workers, latencies);
         }
@@ -331,6 +374,7 @@ pub async fn run(
             &format!("{run_id}/hot"),
             config.handoffs,
             config.hot_limit,
+            config.think,
         )
         .await
         {
@@ -342,26 +386,7 @@ pub async fn run(
     drop(clients);
     sides.truncate(1);
 
-    if config.hold > 0 {
-        progress(&format!(
-            "{}: cost of holding {} locks",
-            backend.name(),
-            config.hold
-        ));
-        let row = holding::measure(&config.url, config.hold, |url| {
-            let url = url.to_owned();
-            async move {
-                match backend {
-                    Backend::Redis => redis::connected_clients(&url).await,
-                    Backend::Postgres => postgres::client_connections(&url).await,
-                    Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
-                }
-            }
-        })
-        .await
-        .map_err(|e| BenchError::run("distlock, holding locks", e))?;
-        report.holding = Some(row);
-    }
+    report.holding = holding_row;
     report.notes = notes;
     Ok(report)
 }

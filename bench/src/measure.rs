@@ -12,6 +12,25 @@ use crate::side::{BoxError, Contender, Side};
 pub(crate) struct Slice {
     pub(crate) rate: f64,
     pub(crate) latencies: Vec<Duration>,
+    /// Cycles including the warm-up.
+    pub(crate) all_cycles: u64,
+    /// This process's CPU time (user + system) over warm-up and measurement.
+    pub(crate) client_cpu: Duration,
+}
+
+/// CPU time (user + system) this process has used so far.
+pub(crate) fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct we pass, which is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage struct; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
 }
 
 /// Runs `workers` contenders of `side` on their own keys (`keys` per worker, cycled)
@@ -28,6 +47,7 @@ pub(crate) async fn slice(
     for worker in 0..workers {
         contenders.push(side.contender(worker).await?);
     }
+    let cpu_before = process_cpu();
     let warm_end = Instant::now() + warm_up;
     let end = warm_end + length;
     let mut set = JoinSet::new();
@@ -53,16 +73,21 @@ pub(crate) async fn slice(
                 }
                 n += 1;
             }
-            Ok::<_, BoxError>(latencies)
+            Ok::<_, BoxError>((latencies, n))
         });
     }
     let mut latencies = Vec::new();
+    let mut all_cycles = 0;
     while let Some(joined) = set.join_next().await {
-        latencies.extend(joined??);
+        let (worker_latencies, cycles) = joined??;
+        latencies.extend(worker_latencies);
+        all_cycles += cycles;
     }
     Ok(Slice {
         rate: latencies.len() as f64 / length.as_secs_f64(),
         latencies,
+        all_cycles,
+        client_cpu: process_cpu().saturating_sub(cpu_before),
     })
 }
 
@@ -72,6 +97,8 @@ pub(crate) struct HotKey {
     pub(crate) handoffs: Vec<Duration>,
     /// Grants that went straight back to the worker that had just released.
     pub(crate) regrants: u64,
+    /// Each grant's wait: from calling acquire to being granted.
+    pub(crate) waits: Vec<Duration>,
     /// Grants per worker.
     pub(crate) per_worker: Vec<u64>,
     /// From the first grant to the last.
@@ -85,9 +112,11 @@ struct Baton {
     last_grant: Option<Instant>,
     handoffs: Vec<Duration>,
     regrants: u64,
+    waits: Vec<Duration>,
 }
 
-/// `contenders` (each on its own client) loop on one key until `handoffs` hand-offs
+/// `contenders` (each on its own client) loop on one key, pausing `think` between a
+/// release and their next acquire, until `handoffs` hand-offs
 /// were seen or `limit` passed; then every worker stops, a waiting one by dropping its
 /// acquire. The holder stamps the time just before it releases; the next holder takes
 /// the difference right after its grant. Both stamps are taken in this process, so no
@@ -98,6 +127,7 @@ pub(crate) async fn hot_key(
     key: &str,
     handoffs: usize,
     limit: Duration,
+    think: Duration,
 ) -> Result<HotKey, BoxError> {
     let workers = contenders.len();
     let baton = Arc::new(Mutex::new(Baton {
@@ -106,6 +136,7 @@ pub(crate) async fn hot_key(
         last_grant: None,
         handoffs: Vec::with_capacity(handoffs),
         regrants: 0,
+        waits: Vec::new(),
     }));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let stop_tx = Arc::new(stop_tx);
@@ -117,6 +148,7 @@ pub(crate) async fn hot_key(
             let mut grants = 0u64;
             let mut failure = None;
             while !*stop_rx.borrow() {
+                let started = Instant::now();
                 let mut on_grant = || {
                     let granted = Instant::now();
                     let Ok(mut baton) = baton.lock() else {
@@ -131,6 +163,7 @@ pub(crate) async fn hot_key(
                         Some(_) => baton.regrants += 1,
                         None => {}
                     }
+                    baton.waits.push(granted - started);
                     baton.first_grant.get_or_insert(granted);
                     baton.last_grant = Some(granted);
                     grants += 1;
@@ -143,6 +176,13 @@ pub(crate) async fn hot_key(
                 let cycle = contender.cycle(&key, &mut on_grant);
                 tokio::select! {
                     outcome = cycle => outcome?,
+                    _ = stop_rx.wait_for(|stop| *stop) => break,
+                }
+                // Work outside the lock before wanting it again, as a real worker
+                // would; without it a polling lock goes straight back to its releaser
+                // and few hand-offs happen at all.
+                tokio::select! {
+                    () = tokio::time::sleep(think) => {}
                     _ = stop_rx.wait_for(|stop| *stop) => break,
                 }
                 if let Some(failure) = failure.take() {
@@ -190,6 +230,7 @@ pub(crate) async fn hot_key(
     Ok(HotKey {
         handoffs: baton.handoffs.clone(),
         regrants: baton.regrants,
+        waits: baton.waits.clone(),
         per_worker,
         elapsed,
     })

@@ -94,7 +94,7 @@ fn panel(out: &mut String, x0: f64, y0: f64, title: &str, series: &[Series<'_>],
         );
         decade += 1.0;
     }
-    for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
+    for q in [0.0, 0.25, 0.5, 0.75, 0.9, 1.0] {
         let y = y_of(q);
         let _ = writeln!(
             out,
@@ -154,7 +154,12 @@ pub fn svg(report: &BackendReport) -> String {
                 samples: &l.2,
             })
             .collect();
-        panels.push((format!("Acquire latency, {c} concurrent"), series));
+        let workers = if c == 1 {
+            "1 worker".to_owned()
+        } else {
+            format!("{c} workers")
+        };
+        panels.push((format!("Acquire latency, {workers}, uncontended"), series));
     }
     let handoff = report
         .samples
@@ -162,7 +167,7 @@ pub fn svg(report: &BackendReport) -> String {
         .iter()
         .map(|(side, samples)| Series { side, samples })
         .collect();
-    panels.push(("Hot-key hand-off, release → next grant".into(), handoff));
+    panels.push(("Hot key: hand-off, release → next holder".into(), handoff));
 
     let width = MARGIN_L + panels.len() as f64 * (PANEL_W + GAP);
     let height = PANEL_H + LEGEND_H + 40.0;

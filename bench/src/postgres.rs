@@ -91,9 +91,11 @@ impl Contender for RawContender {
             return Err(format!("raw pg_try_advisory_lock found {key} held").into());
         }
         held();
-        let _: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")
+        // `execute`, as sqlx's own PgAdvisoryLock does: the answer is not needed, and
+        // it returns sooner than fetching the row.
+        sqlx::query("SELECT pg_advisory_unlock($1)")
             .bind(id)
-            .fetch_one(&mut self.conn)
+            .execute(&mut self.conn)
             .await?;
         Ok(())
     }

@@ -33,6 +33,21 @@ pub(crate) async fn connected_clients(url: &str) -> Result<u64, BoxError> {
         .ok_or_else(|| "INFO clients has no connected_clients".into())
 }
 
+/// CPU time the server has used (`INFO cpu`: used_cpu_user + used_cpu_sys).
+pub(crate) async fn server_cpu(url: &str) -> Result<std::time::Duration, BoxError> {
+    let mut conn = connection(url).await?;
+    let info: String = redis::cmd("INFO").arg("cpu").query_async(&mut conn).await?;
+    let field = |name: &str| -> f64 {
+        info.lines()
+            .find_map(|line| line.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    Ok(std::time::Duration::from_secs_f64(
+        field("used_cpu_user:") + field("used_cpu_sys:"),
+    ))
+}
+
 /// The server's version (`INFO server`), for the report.
 pub(crate) async fn server_version(url: &str) -> Result<String, BoxError> {
     let mut conn = connection(url).await?;

@@ -19,6 +19,10 @@ pub struct BackendReport {
     pub rounds: usize,
     /// Measured length of one turn, in milliseconds.
     pub slice_ms: u64,
+    /// Workers on the hot key.
+    pub hot_workers: usize,
+    /// A hot-key worker's pause after each release, milliseconds.
+    pub think_ms: f64,
     /// The sides measured, distlock first.
     pub sides: Vec<String>,
     /// Uncontended cycles per concurrency.
@@ -54,6 +58,20 @@ pub struct ThroughputRow {
     pub rates: Vec<SideRate>,
     /// distlock's rate over each comparator's, per round.
     pub ratios: Vec<Ratio>,
+    /// CPU time per cycle, per side.
+    pub cpu: Vec<SideCpu>,
+}
+
+/// CPU time per cycle of one side (median over rounds), the profile behind a ratio:
+/// client and server share the machine's cores.
+#[derive(Debug, Clone, Serialize)]
+pub struct SideCpu {
+    /// The side.
+    pub side: String,
+    /// This process's CPU per cycle, microseconds.
+    pub client_us: f64,
+    /// The server's CPU per cycle, microseconds, where the server reports it (Redis).
+    pub server_us: Option<f64>,
 }
 
 /// One side's cycles per second over the rounds.
@@ -112,6 +130,10 @@ pub struct HandoffRow {
     pub p99_us: f64,
     /// Grants that went straight back to the worker that had just released.
     pub regrants: u64,
+    /// Median wait of a grant (acquire called → granted), microseconds.
+    pub wait_p50_us: f64,
+    /// 99th percentile wait, microseconds.
+    pub wait_p99_us: f64,
     /// Grants per second over the run.
     pub acquisitions_per_s: f64,
     /// Fewest grants any worker had.
@@ -148,6 +170,8 @@ impl BackendReport {
             server,
             rounds: config.rounds,
             slice_ms: u64::try_from(config.slice.as_millis()).unwrap_or(u64::MAX),
+            hot_workers: config.hot_workers,
+            think_ms: config.think.as_secs_f64() * 1e3,
             sides: sides.iter().map(|s| (*s).to_owned()).collect(),
             throughput: Vec::new(),
             latency: Vec::new(),
@@ -159,12 +183,28 @@ impl BackendReport {
     }
 
     /// `rates[side][round]`, `None` where the side did not run.
-    pub(crate) fn add_throughput(&mut self, concurrency: usize, rates: &[Vec<Option<f64>>]) {
+    pub(crate) fn add_throughput(
+        &mut self,
+        concurrency: usize,
+        rates: &[Vec<Option<f64>>],
+        cpu: &[(Vec<f64>, Vec<f64>)],
+    ) {
         let mut row = ThroughputRow {
             concurrency,
             rates: Vec::new(),
             ratios: Vec::new(),
+            cpu: Vec::new(),
         };
+        for (side, (client, server)) in self.sides.iter().zip(cpu) {
+            if client.is_empty() {
+                continue;
+            }
+            row.cpu.push(SideCpu {
+                side: side.clone(),
+                client_us: median(client),
+                server_us: (!server.is_empty()).then(|| median(server)),
+            });
+        }
         let ours = rates.first().cloned().unwrap_or_default();
         for (side, side_rates) in self.sides.iter().zip(rates) {
             let values: Vec<f64> = side_rates.iter().flatten().copied().collect();
@@ -221,12 +261,16 @@ impl BackendReport {
     pub(crate) fn add_handoff(&mut self, side: &str, hot: HotKey) {
         let mut handoffs = hot.handoffs;
         handoffs.sort();
+        let mut waits = hot.waits;
+        waits.sort();
         let grants: u64 = hot.per_worker.iter().sum();
         let seconds = hot.elapsed.as_secs_f64();
         self.handoff.push(HandoffRow {
             side: side.to_owned(),
             handoffs: handoffs.len(),
             regrants: hot.regrants,
+            wait_p50_us: us(quantile(&waits, 0.50)),
+            wait_p99_us: us(quantile(&waits, 0.99)),
             p50_us: us(quantile(&handoffs, 0.50)),
             p99_us: us(quantile(&handoffs, 0.99)),
             acquisitions_per_s: if seconds > 0.0 {
@@ -307,6 +351,31 @@ impl fmt::Display for BackendReport {
 
         writeln!(
             f,
+            "\n### CPU per cycle, µs (median over rounds; client = this whole process; + server where it reports it)\n"
+        )?;
+        write!(f, "| concurrency |")?;
+        for side in &self.sides {
+            write!(f, " {side} |")?;
+        }
+        writeln!(f)?;
+        writeln!(f, "|---:|{}", "---:|".repeat(self.sides.len()))?;
+        for row in &self.throughput {
+            write!(f, "| {} |", row.concurrency)?;
+            for side in &self.sides {
+                match row.cpu.iter().find(|c| &c.side == side) {
+                    Some(SideCpu {
+                        client_us,
+                        server_us: Some(server),
+                        ..
+                    }) => write!(f, " {client_us:.1} + {server:.1} |")?,
+                    Some(c) => write!(f, " {:.1} |", c.client_us)?,
+                    None => write!(f, " – |")?,
+                }
+            }
+            writeln!(f)?;
+        }
+        writeln!(
+            f,
             "\n### Acquire latency (ms, every acquire of the rounds above)\n"
         )?;
         writeln!(f, "| concurrency | side | p50 | p99 | p99.9 | samples |")?;
@@ -326,13 +395,14 @@ impl fmt::Display for BackendReport {
 
         writeln!(
             f,
-            "\n### Hot key (one key, each worker its own client; hand-off = holder's release starting → next holder granted, ms)\n"
+            "\n### Hot key ({} workers on one key, each its own client, pausing {} ms after each release; hand-off = holder's release starting → another worker granted; wait = acquire called → granted; ms)\n",
+            self.hot_workers, self.think_ms
         )?;
         writeln!(
             f,
-            "| side | hand-offs | p50 | p99 | p50 vs distlock | acquisitions/s | re-grants to the releaser | per worker min–max | CV |"
+            "| side | hand-offs | p50 | p99 | p50 vs distlock | wait p50 | wait p99 | acquisitions/s | re-grants to the releaser | per worker min–max | CV |"
         )?;
-        writeln!(f, "|---|---:|---:|---:|---:|---:|---:|---:|---:|")?;
+        writeln!(f, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")?;
         let ours_p50 = self
             .handoff
             .iter()
@@ -345,12 +415,14 @@ impl fmt::Display for BackendReport {
             };
             writeln!(
                 f,
-                "| {} | {} | {} | {} | {} | {} | {} | {}–{} | {:.2} |",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}–{} | {:.2} |",
                 row.side,
                 row.handoffs,
                 ms(row.p50_us),
                 ms(row.p99_us),
                 versus,
+                ms(row.wait_p50_us),
+                ms(row.wait_p99_us),
                 thousands(row.acquisitions_per_s),
                 row.regrants,
                 row.min_per_worker,

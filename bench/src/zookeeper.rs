@@ -55,7 +55,11 @@ pub(crate) async fn server_version(url: &str) -> Result<String, BoxError> {
     Ok(answer
         .lines()
         .find_map(|line| line.strip_prefix("Zookeeper version: "))
-        .map(|v| format!("ZooKeeper {}", v.split(',').next().unwrap_or(v).trim()))
+        .map(|v| {
+            // "3.8.0-${mvngit.commit.id}, built on …" in Debian's build: keep "3.8.0".
+            let v = v.split([',', '-']).next().unwrap_or(v);
+            format!("ZooKeeper {}", v.trim())
+        })
         .unwrap_or_else(|| "ZooKeeper (version unknown)".into()))
 }
 
