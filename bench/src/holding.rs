@@ -42,11 +42,12 @@ where
     Ok(last)
 }
 
-/// Connects a fresh distlock client, acquires `count` distinct keys, counts the
+/// Connects a fresh distlock client, acquires `count` distinct keys under `prefix`, counts the
 /// server's client connections with `connections` and the process's memory growth
 /// while all are held, then releases them.
 pub(crate) async fn measure<F, Fut>(
     url: &str,
+    prefix: &str,
     count: usize,
     connections: F,
 ) -> Result<HoldingRow, BoxError>
@@ -61,11 +62,11 @@ where
     let started = Instant::now();
     let mut set = JoinSet::new();
     for part in 0..PARALLEL.min(count.max(1)) {
-        let (lock, options) = (lock.clone(), options.clone());
+        let (lock, options, prefix) = (lock.clone(), options.clone(), prefix.to_owned());
         set.spawn(async move {
             let mut guards = Vec::new();
             for i in (part..count).step_by(PARALLEL) {
-                let key = LockKey::new(format!("bench/hold/{i}"))?;
+                let key = LockKey::new(format!("bench/{prefix}/{i}"))?;
                 guards.push(lock.acquire(&key, &options).await?);
             }
             Ok::<_, BoxError>(guards)

@@ -17,6 +17,7 @@ mod zookeeper;
 
 use std::time::Duration;
 
+pub use plot::svg;
 pub use report::{
     BackendReport, HandoffRow, HoldingRow, LatencyRow, Ratio, SideCpu, SideRate, ThroughputRow,
 };
@@ -225,34 +226,6 @@ pub async fn run(
     progress: &mut (dyn FnMut(&str) + Send),
 ) -> Result<BackendReport, BenchError> {
     let backend = Backend::of(&config.url)?;
-    let mut notes = Vec::new();
-    // First, while the process is fresh: its memory growth is then the locks' cost,
-    // not noise from the allocator reusing what earlier measurements freed.
-    let mut holding_row = None;
-    if config.hold > 0 {
-        progress(&format!(
-            "{}: cost of holding {} locks",
-            backend.name(),
-            config.hold
-        ));
-        let row = holding::measure(&config.url, config.hold, |url| {
-            let url = url.to_owned();
-            async move {
-                match backend {
-                    Backend::Redis => redis::connected_clients(&url).await,
-                    Backend::Postgres => postgres::client_connections(&url).await,
-                    Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
-                }
-            }
-        })
-        .await
-        .map_err(|e| BenchError::run("distlock, holding locks", e))?;
-        holding_row = Some(row);
-    }
-
-    let server = server_version(backend, &config.url).await;
-    let mut sides = connect_sides(backend, &config.url, config.compare, &mut notes).await?;
-    let mut failed = vec![false; sides.len()];
     // Keys are new in every run: a lock a comparator left behind in an earlier run (its
     // TTL not yet over) cannot stall this one.
     let run_id = format!(
@@ -263,91 +236,181 @@ pub async fn run(
             .map(|d| d.as_millis())
             .unwrap_or_default()
     );
-    let names: Vec<&'static str> = sides.iter().map(|s| s.name()).collect();
+    // First, while the process is fresh: its memory growth is then the locks' cost,
+    // not noise from the allocator reusing what earlier measurements freed.
+    let holding = if config.hold > 0 {
+        progress(&format!(
+            "{}: cost of holding {} locks",
+            backend.name(),
+            config.hold
+        ));
+        Some(holding_cost(backend, config, &run_id).await?)
+    } else {
+        None
+    };
 
+    let mut notes = Vec::new();
+    let server = server_version(backend, &config.url).await;
+    let sides = connect_sides(backend, &config.url, config.compare, &mut notes).await?;
+    let names: Vec<&'static str> = sides.iter().map(|s| s.name()).collect();
     let mut report = BackendReport::new(backend.name(), server, config, &names);
+    let mut failed = vec![false; sides.len()];
     for &workers in &config.concurrencies {
         progress(&format!(
             "{}: uncontended cycles at concurrency {workers}",
             backend.name()
         ));
-        let mut rates = vec![Vec::new(); sides.len()];
-        let mut latencies = vec![Vec::new(); sides.len()];
-        // CPU per cycle, microseconds: (client, server where the server tells).
-        let mut cpu = vec![(Vec::new(), Vec::new()); sides.len()];
-        for round in 0..config.rounds {
-            // Rotate who goes first, so drift in the machine's load hits all alike.
-            for turn in 0..sides.len() {
-                let index = (turn + round) % sides.len();
-                if failed[index] {
-                    continue;
-                }
-                let side = &sides[index];
-                let server_before = match backend {
-                    Backend::Redis => redis::server_cpu(&config.url).await.ok(),
-                    _ => None,
-                };
-                match measure::slice(
-                    side.as_ref(),
-                    workers,
-                    &run_id,
-                    backend.keys_per_worker(),
-                    config.warm_up,
-                    config.slice,
-                )
-                .await
-                {
-                    Ok(slice) => {
-                        let cycles = slice.all_cycles.max(1) as f64;
-                        cpu[index]
-                            .0
-                            .push(slice.client_cpu.as_secs_f64() * 1e6 / cycles);
-                        if let Some(before) = server_before {
-                            if let Ok(after) = redis::server_cpu(&config.url).await {
-                                let used = after.saturating_sub(before);
-                                cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
-                            }
-                        }
-                        rates[index].push(Some(slice.rate));
-                        latencies[index].extend(slice.latencies);
-                    }
-                    Err(e) if index == 0 => return Err(BenchError::run("distlock", e)),
-                    Err(e) => {
-                        failed[index] = true;
-                        notes.push(format!("{} failed and was left out: {e}", side.name()));
-                    }
-                }
-            }
-            // Rounds where a side did not run have no ratio for it.
-            for side_rates in &mut rates {
-                if side_rates.len() <= round {
-                    side_rates.push(None);
-                }
-            }
-        }
-        report.add_throughput(workers, &rates, &cpu);
-        if config.latency_concurrencies.contains(&workers) {
-            report.add_latency(workers, latencies);
-        }
+        uncontended(
+            backend,
+            config,
+            &run_id,
+            &sides,
+            workers,
+            &mut failed,
+            &mut report,
+            &mut notes,
+        )
+        .await?;
     }
-
     progress(&format!(
         "{}: hot key, {} workers",
         backend.name(),
         config.hot_workers
     ));
+    hot_key(
+        backend,
+        config,
+        &run_id,
+        &sides,
+        &failed,
+        &mut report,
+        &mut notes,
+    )
+    .await?;
+    report.holding = holding;
+    report.notes = notes;
+    Ok(report)
+}
+
+/// The holding row: a fresh client holds `config.hold` locks at once.
+async fn holding_cost(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+) -> Result<HoldingRow, BenchError> {
+    let prefix = format!("{run_id}/hold");
+    holding::measure(&config.url, &prefix, config.hold, |url| {
+        let url = url.to_owned();
+        async move {
+            match backend {
+                Backend::Redis => redis::connected_clients(&url).await,
+                Backend::Postgres => postgres::client_connections(&url).await,
+                Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
+            }
+        }
+    })
+    .await
+    .map_err(|e| BenchError::run("distlock, holding locks", e))
+}
+
+/// One concurrency of uncontended cycles: `config.rounds` rounds, each side taking a
+/// turn per round in rotating order; adds the throughput (and latency) rows. A
+/// comparator that fails is marked in `failed` and left out from then on.
+#[allow(clippy::too_many_arguments)]
+async fn uncontended(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+    sides: &[Box<dyn Side>],
+    workers: usize,
+    failed: &mut [bool],
+    report: &mut BackendReport,
+    notes: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    let mut rates = vec![Vec::new(); sides.len()];
+    let mut latencies = vec![Vec::new(); sides.len()];
+    // CPU per cycle, microseconds: (client, server where the server tells).
+    let mut cpu = vec![(Vec::new(), Vec::new()); sides.len()];
+    for round in 0..config.rounds {
+        // Rotate who goes first, so drift in the machine's load hits all alike.
+        for turn in 0..sides.len() {
+            let index = (turn + round) % sides.len();
+            if failed[index] {
+                continue;
+            }
+            let side = &sides[index];
+            let server_before = match backend {
+                Backend::Redis => redis::server_cpu(&config.url).await.ok(),
+                _ => None,
+            };
+            let slice = measure::slice(
+                side.as_ref(),
+                workers,
+                run_id,
+                backend.keys_per_worker(),
+                config.warm_up,
+                config.slice,
+            )
+            .await;
+            match slice {
+                Ok(slice) => {
+                    let cycles = slice.all_cycles.max(1) as f64;
+                    cpu[index]
+                        .0
+                        .push(slice.client_cpu.as_secs_f64() * 1e6 / cycles);
+                    if let Some(before) = server_before {
+                        if let Ok(after) = redis::server_cpu(&config.url).await {
+                            let used = after.saturating_sub(before);
+                            cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
+                        }
+                    }
+                    rates[index].push(Some(slice.rate));
+                    latencies[index].extend(slice.latencies);
+                }
+                Err(e) if index == 0 => return Err(BenchError::run("distlock", e)),
+                Err(e) => {
+                    failed[index] = true;
+                    notes.push(format!("{} failed and was left out: {e}", side.name()));
+                }
+            }
+        }
+        // Rounds where a side did not run have no ratio for it.
+        for side_rates in &mut rates {
+            if side_rates.len() <= round {
+                side_rates.push(None);
+            }
+        }
+    }
+    report.add_throughput(workers, &rates, &cpu);
+    if config.latency_concurrencies.contains(&workers) {
+        report.add_latency(workers, latencies);
+    }
+    Ok(())
+}
+
+/// The hot key, side after side, for every side that can wait; adds the hand-off rows.
+async fn hot_key(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+    sides: &[Box<dyn Side>],
+    failed: &[bool],
+    report: &mut BackendReport,
+    notes: &mut Vec<String>,
+) -> Result<(), BenchError> {
     // Every hot-key worker gets its own client, as separate processes would have.
     let mut clients = Vec::with_capacity(config.hot_workers);
     for _ in 0..config.hot_workers {
         let mut ignored = Vec::new();
         clients.push(connect_sides(backend, &config.url, config.compare, &mut ignored).await?);
     }
-    for (index, name) in names.iter().enumerate() {
+    for (index, side) in sides.iter().enumerate() {
+        let name = side.name();
         if failed[index] {
             continue;
         }
-        if !sides[index].waits() {
-            if *name != "raw" {
+        if !side.waits() {
+            if name != "raw" {
                 notes.push(format!(
                     "{name} left out of the hot key: its acquire does not wait for a held key"
                 ));
@@ -357,7 +420,7 @@ pub async fn run(
         let mut contenders = Vec::with_capacity(config.hot_workers);
         let mut connect_error = None;
         for (worker, client) in clients.iter().enumerate() {
-            match client.iter().find(|s| s.name() == *name) {
+            match client.iter().find(|s| s.name() == name) {
                 Some(side) => match side.contender(worker).await {
                     Ok(c) => contenders.push(c),
                     Err(e) => connect_error = Some(e.to_string()),
@@ -369,26 +432,19 @@ pub async fn run(
             notes.push(format!("{name} left out of the hot key: {e}"));
             continue;
         }
-        match measure::hot_key(
+        let hot = measure::hot_key(
             contenders,
             &format!("{run_id}/hot"),
             config.handoffs,
             config.hot_limit,
             config.think,
         )
-        .await
-        {
+        .await;
+        match hot {
             Ok(hot) => report.add_handoff(name, hot),
             Err(e) if index == 0 => return Err(BenchError::run("distlock, hot key", e)),
             Err(e) => notes.push(format!("{name} failed on the hot key: {e}")),
         }
     }
-    drop(clients);
-    sides.truncate(1);
-
-    report.holding = holding_row;
-    report.notes = notes;
-    Ok(report)
+    Ok(())
 }
-
-pub use plot::svg;
