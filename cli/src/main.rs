@@ -6,6 +6,7 @@
 //! `exec` passes on its command's code and has its own codes (see `exec --help`).
 //! Every error is one line on stderr, starting with `error: `.
 
+mod bench;
 mod conformance;
 mod demo;
 mod duration;
@@ -61,6 +62,14 @@ enum Command {
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
+    },
+    /// Benchmarks distlock on a backend; with --compare, beside the raw bound and the
+    /// peer crates, as figures and ratios from one run.
+    Bench {
+        #[command(flatten)]
+        backend: BackendArgs,
+        #[command(flatten)]
+        args: bench::BenchArgs,
     },
 }
 
@@ -129,6 +138,7 @@ async fn run(command: Command) -> Result<(), CliError> {
             }
         }
         Command::Exec(args) => exec::run(args).await,
+        Command::Bench { backend, args } => bench::run(&backend.backend, args).await,
     }
 }
 

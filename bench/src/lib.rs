@@ -1,0 +1,450 @@
+//! Benchmarks of distlock beside the raw server bound and the peer lock crates, run by
+//! `distlock bench`.
+//!
+//! Every figure comes from one run against one server: distlock and each comparator
+//! take turns in alternating rounds in the same process, and ratios are taken within a
+//! round and reported as the median over rounds, with their spread. See
+//! `docs/benchmarks.md` for the method and a reference run.
+
+mod holding;
+mod measure;
+mod plot;
+mod postgres;
+mod redis;
+mod report;
+mod side;
+mod zookeeper;
+
+use std::time::Duration;
+
+pub use plot::svg;
+pub use report::{
+    BackendReport, HandoffRow, HoldingRow, LatencyRow, Ratio, SideCpu, SideRate, ThroughputRow,
+};
+
+use crate::side::{BoxError, Side};
+
+/// What to run and for how long.
+#[derive(Debug, Clone)]
+pub struct BenchConfig {
+    /// The backend URL (`redis://`, `postgres://`, `zookeeper://` or `zk://`).
+    pub url: String,
+    /// Also run the raw bound and the peer crates.
+    pub compare: bool,
+    /// Alternating rounds per concurrency.
+    pub rounds: usize,
+    /// Measured length of one side's turn in a round.
+    pub slice: Duration,
+    /// Unmeasured run before each turn (connections, caches, the server's JIT).
+    pub warm_up: Duration,
+    /// Concurrencies of the uncontended cycles.
+    pub concurrencies: Vec<usize>,
+    /// Concurrencies whose acquire latencies are reported.
+    pub latency_concurrencies: Vec<usize>,
+    /// Workers on the hot key.
+    pub hot_workers: usize,
+    /// Hand-offs to collect per side on the hot key.
+    pub handoffs: usize,
+    /// Longest hot-key run per side.
+    pub hot_limit: Duration,
+    /// A hot-key worker's pause between its release and its next acquire.
+    pub think: Duration,
+    /// Locks held at once for the cost-of-holding row (0 skips it).
+    pub hold: usize,
+}
+
+impl BenchConfig {
+    /// The full run used for published figures.
+    pub fn standard(url: impl Into<String>) -> Self {
+        BenchConfig {
+            url: url.into(),
+            compare: false,
+            rounds: 9,
+            slice: Duration::from_secs(1),
+            warm_up: Duration::from_millis(200),
+            concurrencies: vec![1, 16, 64],
+            latency_concurrencies: vec![1, 16],
+            hot_workers: 16,
+            handoffs: 2000,
+            hot_limit: Duration::from_secs(10),
+            think: Duration::from_millis(1),
+            hold: 10_000,
+        }
+    }
+
+    /// Tiny counts: proves the tool works in a few seconds, measures nothing.
+    pub fn quick(url: impl Into<String>) -> Self {
+        BenchConfig {
+            rounds: 1,
+            slice: Duration::from_millis(100),
+            warm_up: Duration::from_millis(20),
+            handoffs: 20,
+            hot_limit: Duration::from_secs(2),
+            hold: 100,
+            ..Self::standard(url)
+        }
+    }
+}
+
+/// A benchmark that could not run: a bad URL, an unreachable server, or distlock
+/// itself failing mid-run (a peer failing is recorded in the report instead).
+#[derive(Debug, thiserror::Error)]
+#[error("{message}")]
+pub struct BenchError {
+    message: String,
+    usage: bool,
+}
+
+impl BenchError {
+    fn run(context: &str, error: impl std::fmt::Display) -> Self {
+        BenchError {
+            message: format!("{context}: {error}"),
+            usage: false,
+        }
+    }
+
+    /// True for usage errors (an unsupported URL), false for failed runs.
+    pub fn is_usage(&self) -> bool {
+        self.usage
+    }
+}
+
+/// The backends the benchmark knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Backend {
+    Redis,
+    Postgres,
+    ZooKeeper,
+}
+
+impl Backend {
+    fn of(url: &str) -> Result<Backend, BenchError> {
+        let scheme = url.split("://").next().unwrap_or_default();
+        match scheme {
+            "redis" => Ok(Backend::Redis),
+            "postgres" | "postgresql" => Ok(Backend::Postgres),
+            "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
+            _ => Err(BenchError {
+                message: format!(
+                    "bench supports redis://, postgres:// and zookeeper:// URLs, not {scheme}://"
+                ),
+                usage: true,
+            }),
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Backend::Redis => "Redis",
+            Backend::Postgres => "Postgres",
+            Backend::ZooKeeper => "ZooKeeper",
+        }
+    }
+
+    /// Keys each worker cycles through in the uncontended run. ZooKeeper keeps one
+    /// node directory per key, so each worker reuses one key (still uncontended).
+    fn keys_per_worker(self) -> u64 {
+        match self {
+            Backend::ZooKeeper => 1,
+            _ => 1024,
+        }
+    }
+}
+
+/// Connects distlock and, with `compare`, every comparator. A comparator that cannot
+/// connect is left out with a note.
+async fn connect_sides(
+    backend: Backend,
+    url: &str,
+    compare: bool,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Box<dyn Side>>, BenchError> {
+    let ours = side::Ours::connect(url)
+        .await
+        .map_err(|e| BenchError::run("distlock", e))?;
+    let mut sides: Vec<Box<dyn Side>> = vec![Box::new(ours)];
+    if !compare {
+        return Ok(sides);
+    }
+    let mut add = |name: &str, side: Result<Box<dyn Side>, BoxError>| match side {
+        Ok(side) => sides.push(side),
+        Err(e) => notes.push(format!("{name} left out: cannot connect: {e}")),
+    };
+    match backend {
+        Backend::Redis => {
+            add("raw", boxed(redis::Raw::connect(url).await));
+            add("rslock", Ok(Box::new(redis::Rslock::connect(url))));
+            add(
+                "distributed-lock",
+                boxed(redis::DistributedLockRedis::connect(url).await),
+            );
+        }
+        Backend::Postgres => {
+            add("raw", Ok(Box::new(postgres::Raw::new(url))));
+            add(
+                "sqlx PgAdvisoryLock",
+                Ok(Box::new(postgres::SqlxAdvisory::new(url))),
+            );
+            add(
+                "distributed-lock",
+                boxed(postgres::DistributedLockPostgres::connect(url).await),
+            );
+        }
+        Backend::ZooKeeper => {
+            add("raw", boxed(zookeeper::Raw::connect(url).await));
+            add(
+                "zookeeper-client lock",
+                boxed(zookeeper::Recipe::connect(url).await),
+            );
+        }
+    }
+    Ok(sides)
+}
+
+fn boxed<S: Side + 'static>(side: Result<S, BoxError>) -> Result<Box<dyn Side>, BoxError> {
+    side.map(|s| Box::new(s) as Box<dyn Side>)
+}
+
+async fn server_version(backend: Backend, url: &str) -> String {
+    let version = match backend {
+        Backend::Redis => redis::server_version(url).await,
+        Backend::Postgres => postgres::server_version(url).await,
+        Backend::ZooKeeper => zookeeper::server_version(url).await,
+    };
+    version.unwrap_or_else(|e| format!("{} (version unknown: {e})", backend.name()))
+}
+
+/// Runs every measurement against `config.url` and returns the report. `progress` is
+/// told what is running (for a terminal; the figures are in the report).
+///
+/// # Errors
+/// A usage error for a URL of an unsupported scheme; a run error when distlock cannot
+/// connect or fails mid-run. A comparator that fails is left out of later rows and the
+/// failure recorded in the report's notes.
+pub async fn run(
+    config: &BenchConfig,
+    progress: &mut (dyn FnMut(&str) + Send),
+) -> Result<BackendReport, BenchError> {
+    let backend = Backend::of(&config.url)?;
+    // Keys are new in every run: a lock a comparator left behind in an earlier run (its
+    // TTL not yet over) cannot stall this one.
+    let run_id = format!(
+        "{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or_default()
+    );
+    // First, while the process is fresh: its memory growth is then the locks' cost,
+    // not noise from the allocator reusing what earlier measurements freed.
+    let holding = if config.hold > 0 {
+        progress(&format!(
+            "{}: cost of holding {} locks",
+            backend.name(),
+            config.hold
+        ));
+        Some(holding_cost(backend, config, &run_id).await?)
+    } else {
+        None
+    };
+
+    let mut notes = Vec::new();
+    let server = server_version(backend, &config.url).await;
+    let sides = connect_sides(backend, &config.url, config.compare, &mut notes).await?;
+    let names: Vec<&'static str> = sides.iter().map(|s| s.name()).collect();
+    let mut report = BackendReport::new(backend.name(), server, config, &names);
+    let mut failed = vec![false; sides.len()];
+    for &workers in &config.concurrencies {
+        progress(&format!(
+            "{}: uncontended cycles at concurrency {workers}",
+            backend.name()
+        ));
+        uncontended(
+            backend,
+            config,
+            &run_id,
+            &sides,
+            workers,
+            &mut failed,
+            &mut report,
+            &mut notes,
+        )
+        .await?;
+    }
+    progress(&format!(
+        "{}: hot key, {} workers",
+        backend.name(),
+        config.hot_workers
+    ));
+    hot_key(
+        backend,
+        config,
+        &run_id,
+        &sides,
+        &failed,
+        &mut report,
+        &mut notes,
+    )
+    .await?;
+    report.holding = holding;
+    report.notes = notes;
+    Ok(report)
+}
+
+/// The holding row: a fresh client holds `config.hold` locks at once.
+async fn holding_cost(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+) -> Result<HoldingRow, BenchError> {
+    let prefix = format!("{run_id}/hold");
+    holding::measure(&config.url, &prefix, config.hold, |url| {
+        let url = url.to_owned();
+        async move {
+            match backend {
+                Backend::Redis => redis::connected_clients(&url).await,
+                Backend::Postgres => postgres::client_connections(&url).await,
+                Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
+            }
+        }
+    })
+    .await
+    .map_err(|e| BenchError::run("distlock, holding locks", e))
+}
+
+/// One concurrency of uncontended cycles: `config.rounds` rounds, each side taking a
+/// turn per round in rotating order; adds the throughput (and latency) rows. A
+/// comparator that fails is marked in `failed` and left out from then on.
+#[allow(clippy::too_many_arguments)]
+async fn uncontended(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+    sides: &[Box<dyn Side>],
+    workers: usize,
+    failed: &mut [bool],
+    report: &mut BackendReport,
+    notes: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    let mut rates = vec![Vec::new(); sides.len()];
+    let mut latencies = vec![Vec::new(); sides.len()];
+    // CPU per cycle, microseconds: (client, server where the server tells).
+    let mut cpu = vec![(Vec::new(), Vec::new()); sides.len()];
+    for round in 0..config.rounds {
+        // Rotate who goes first, so drift in the machine's load hits all alike.
+        for turn in 0..sides.len() {
+            let index = (turn + round) % sides.len();
+            if failed[index] {
+                continue;
+            }
+            let side = &sides[index];
+            let server_before = match backend {
+                Backend::Redis => redis::server_cpu(&config.url).await.ok(),
+                _ => None,
+            };
+            let slice = measure::slice(
+                side.as_ref(),
+                workers,
+                run_id,
+                backend.keys_per_worker(),
+                config.warm_up,
+                config.slice,
+            )
+            .await;
+            match slice {
+                Ok(slice) => {
+                    let cycles = slice.all_cycles.max(1) as f64;
+                    cpu[index]
+                        .0
+                        .push(slice.client_cpu.as_secs_f64() * 1e6 / cycles);
+                    if let Some(before) = server_before {
+                        if let Ok(after) = redis::server_cpu(&config.url).await {
+                            let used = after.saturating_sub(before);
+                            cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
+                        }
+                    }
+                    rates[index].push(Some(slice.rate));
+                    latencies[index].extend(slice.latencies);
+                }
+                Err(e) if index == 0 => return Err(BenchError::run("distlock", e)),
+                Err(e) => {
+                    failed[index] = true;
+                    notes.push(format!("{} failed and was left out: {e}", side.name()));
+                }
+            }
+        }
+        // Rounds where a side did not run have no ratio for it.
+        for side_rates in &mut rates {
+            if side_rates.len() <= round {
+                side_rates.push(None);
+            }
+        }
+    }
+    report.add_throughput(workers, &rates, &cpu);
+    if config.latency_concurrencies.contains(&workers) {
+        report.add_latency(workers, latencies);
+    }
+    Ok(())
+}
+
+/// The hot key, side after side, for every side that can wait; adds the hand-off rows.
+async fn hot_key(
+    backend: Backend,
+    config: &BenchConfig,
+    run_id: &str,
+    sides: &[Box<dyn Side>],
+    failed: &[bool],
+    report: &mut BackendReport,
+    notes: &mut Vec<String>,
+) -> Result<(), BenchError> {
+    // Every hot-key worker gets its own client, as separate processes would have.
+    let mut clients = Vec::with_capacity(config.hot_workers);
+    for _ in 0..config.hot_workers {
+        let mut ignored = Vec::new();
+        clients.push(connect_sides(backend, &config.url, config.compare, &mut ignored).await?);
+    }
+    for (index, side) in sides.iter().enumerate() {
+        let name = side.name();
+        if failed[index] {
+            continue;
+        }
+        if !side.waits() {
+            if name != "raw" {
+                notes.push(format!(
+                    "{name} left out of the hot key: its acquire does not wait for a held key"
+                ));
+            }
+            continue;
+        }
+        let mut contenders = Vec::with_capacity(config.hot_workers);
+        let mut connect_error = None;
+        for (worker, client) in clients.iter().enumerate() {
+            match client.iter().find(|s| s.name() == name) {
+                Some(side) => match side.contender(worker).await {
+                    Ok(c) => contenders.push(c),
+                    Err(e) => connect_error = Some(e.to_string()),
+                },
+                None => connect_error = Some("client did not connect".into()),
+            }
+        }
+        if let Some(e) = connect_error {
+            notes.push(format!("{name} left out of the hot key: {e}"));
+            continue;
+        }
+        let hot = measure::hot_key(
+            contenders,
+            &format!("{run_id}/hot"),
+            config.handoffs,
+            config.hot_limit,
+            config.think,
+        )
+        .await;
+        match hot {
+            Ok(hot) => report.add_handoff(name, hot),
+            Err(e) if index == 0 => return Err(BenchError::run("distlock, hot key", e)),
+            Err(e) => notes.push(format!("{name} failed on the hot key: {e}")),
+        }
+    }
+    Ok(())
+}

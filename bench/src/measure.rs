@@ -1,0 +1,300 @@
+//! The measurements: timed slices of uncontended cycles (rate and acquire latency) and
+//! the hot-key hand-off run.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinSet;
+
+use crate::side::{BoxError, Contender, Side};
+
+/// One timed slice of one side: cycles per second and every acquire's latency.
+pub(crate) struct Slice {
+    pub(crate) rate: f64,
+    pub(crate) latencies: Vec<Duration>,
+    /// Cycles including the warm-up.
+    pub(crate) all_cycles: u64,
+    /// This process's CPU time (user + system) over warm-up and measurement.
+    pub(crate) client_cpu: Duration,
+}
+
+/// CPU time (user + system) this process has used so far.
+pub(crate) fn process_cpu() -> Duration {
+    // SAFETY: getrusage only writes the struct we pass, which is plain data.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage struct; RUSAGE_SELF is always valid.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) } != 0 {
+        return Duration::ZERO;
+    }
+    let time = |t: libc::timeval| {
+        Duration::from_secs(u64::try_from(t.tv_sec).unwrap_or(0))
+            + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
+    };
+    time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// Runs `workers` contenders of `side` on their own keys (`keys` per worker, cycled)
+/// for `warm_up` unmeasured, then `length` measured.
+pub(crate) async fn slice(
+    side: &dyn Side,
+    workers: usize,
+    run_id: &str,
+    keys: u64,
+    warm_up: Duration,
+    length: Duration,
+) -> Result<Slice, BoxError> {
+    let mut contenders = Vec::with_capacity(workers);
+    for worker in 0..workers {
+        contenders.push(side.contender(worker).await?);
+    }
+    let cpu_before = process_cpu();
+    let warm_end = Instant::now() + warm_up;
+    let end = warm_end + length;
+    let mut set = JoinSet::new();
+    for (worker, mut contender) in contenders.into_iter().enumerate() {
+        let run_id = run_id.to_owned();
+        set.spawn(async move {
+            let mut latencies = Vec::new();
+            let mut n = 0u64;
+            loop {
+                let started = Instant::now();
+                if started >= end {
+                    break;
+                }
+                let mut granted = None;
+                let key = format!("{run_id}/u/{worker}/{}", n % keys.max(1));
+                contender
+                    .cycle(&key, &mut || granted = Some(Instant::now()))
+                    .await?;
+                if started >= warm_end {
+                    if let Some(granted) = granted {
+                        latencies.push(granted - started);
+                    }
+                }
+                n += 1;
+            }
+            Ok::<_, BoxError>((latencies, n))
+        });
+    }
+    let mut latencies = Vec::new();
+    let mut all_cycles = 0;
+    while let Some(joined) = set.join_next().await {
+        let (worker_latencies, cycles) = joined??;
+        latencies.extend(worker_latencies);
+        all_cycles += cycles;
+    }
+    Ok(Slice {
+        rate: latencies.len() as f64 / length.as_secs_f64(),
+        latencies,
+        all_cycles,
+        client_cpu: process_cpu().saturating_sub(cpu_before),
+    })
+}
+
+/// What the hot-key run saw.
+pub(crate) struct HotKey {
+    /// Release-to-next-grant times where the next holder was another worker.
+    pub(crate) handoffs: Vec<Duration>,
+    /// Grants that went straight back to the worker that had just released.
+    pub(crate) regrants: u64,
+    /// Each grant's wait: from calling acquire to being granted.
+    pub(crate) waits: Vec<Duration>,
+    /// Grants per worker.
+    pub(crate) per_worker: Vec<u64>,
+    /// From the first grant to the last.
+    pub(crate) elapsed: Duration,
+}
+
+/// Shared between hot-key workers: who released last and when, and what was seen.
+struct Baton {
+    released: Option<(usize, Instant)>,
+    first_grant: Option<Instant>,
+    last_grant: Option<Instant>,
+    handoffs: Vec<Duration>,
+    regrants: u64,
+    waits: Vec<Duration>,
+}
+
+/// `contenders` (each on its own client) loop on one key, pausing `think` between a
+/// release and their next acquire, until `handoffs` hand-offs
+/// were seen or `limit` passed; then every worker stops, a waiting one by dropping its
+/// acquire. The holder stamps the time just before it releases; the next holder takes
+/// the difference right after its grant. Both stamps are taken in this process, so no
+/// clocks need agreeing. A grant to the worker that just released is no hand-off and
+/// is counted apart.
+pub(crate) async fn hot_key(
+    contenders: Vec<Box<dyn Contender>>,
+    key: &str,
+    handoffs: usize,
+    limit: Duration,
+    think: Duration,
+) -> Result<HotKey, BoxError> {
+    let workers = contenders.len();
+    let baton = Arc::new(Mutex::new(Baton {
+        released: None,
+        first_grant: None,
+        last_grant: None,
+        handoffs: Vec::with_capacity(handoffs),
+        regrants: 0,
+        waits: Vec::new(),
+    }));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let stop_tx = Arc::new(stop_tx);
+    let mut set = JoinSet::new();
+    for (worker, mut contender) in contenders.into_iter().enumerate() {
+        let (baton, stop_tx, mut stop_rx) = (baton.clone(), stop_tx.clone(), stop_rx.clone());
+        let key = key.to_owned();
+        set.spawn(async move {
+            let mut grants = 0u64;
+            let mut failure = None;
+            while !*stop_rx.borrow() {
+                let started = Instant::now();
+                let mut on_grant = || {
+                    let granted = Instant::now();
+                    let Ok(mut baton) = baton.lock() else {
+                        failure = Some("hot-key state poisoned");
+                        return;
+                    };
+                    match baton.released.take() {
+                        Some((by, at)) if by != worker => {
+                            let handoff = granted - at;
+                            baton.handoffs.push(handoff);
+                        }
+                        Some(_) => baton.regrants += 1,
+                        None => {}
+                    }
+                    baton.waits.push(granted - started);
+                    baton.first_grant.get_or_insert(granted);
+                    baton.last_grant = Some(granted);
+                    grants += 1;
+                    if baton.handoffs.len() >= handoffs {
+                        stop_tx.send_replace(true);
+                    }
+                    // Stamped last, just before the release starts.
+                    baton.released = Some((worker, Instant::now()));
+                };
+                let cycle = contender.cycle(&key, &mut on_grant);
+                tokio::select! {
+                    outcome = cycle => outcome?,
+                    _ = stop_rx.wait_for(|stop| *stop) => break,
+                }
+                // Work outside the lock before wanting it again, as a real worker
+                // would; without it a polling lock goes straight back to its releaser
+                // and few hand-offs happen at all.
+                tokio::select! {
+                    () = tokio::time::sleep(think) => {}
+                    _ = stop_rx.wait_for(|stop| *stop) => break,
+                }
+                if let Some(failure) = failure.take() {
+                    return Err(failure.into());
+                }
+            }
+            Ok::<_, BoxError>((worker, grants))
+        });
+    }
+    let timer = tokio::spawn({
+        let stop_tx = stop_tx.clone();
+        async move {
+            tokio::time::sleep(limit).await;
+            stop_tx.send_replace(true);
+        }
+    });
+    let mut per_worker = vec![0; workers];
+    let mut first_error = None;
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok(Ok((worker, grants))) => {
+                if let Some(slot) = per_worker.get_mut(worker) {
+                    *slot = grants;
+                }
+            }
+            Ok(Err(e)) => {
+                first_error.get_or_insert(e);
+                stop_tx.send_replace(true);
+            }
+            Err(e) => {
+                first_error.get_or_insert(e.into());
+                stop_tx.send_replace(true);
+            }
+        }
+    }
+    timer.abort();
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    let baton = baton.lock().map_err(|_| "hot-key state poisoned")?;
+    let elapsed = match (baton.first_grant, baton.last_grant) {
+        (Some(first), Some(last)) => last - first,
+        _ => Duration::ZERO,
+    };
+    Ok(HotKey {
+        handoffs: baton.handoffs.clone(),
+        regrants: baton.regrants,
+        waits: baton.waits.clone(),
+        per_worker,
+        elapsed,
+    })
+}
+
+/// The `p` quantile (0..=1) of sorted samples, nearest rank; zero when empty.
+pub(crate) fn quantile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let rank = ((sorted.len() as f64) * p).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// The median of `values` (upper median for an even count); NaN when empty.
+pub(crate) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Minimum and maximum of `values`; NaNs when empty.
+pub(crate) fn spread(values: &[f64]) -> (f64, f64) {
+    values
+        .iter()
+        .fold((f64::NAN, f64::NAN), |(lo, hi), &v| (lo.min(v), hi.max(v)))
+}
+
+/// Coefficient of variation (standard deviation / mean) of per-worker counts.
+pub(crate) fn coefficient_of_variation(counts: &[u64]) -> f64 {
+    if counts.is_empty() {
+        return f64::NAN;
+    }
+    let n = counts.len() as f64;
+    let mean = counts.iter().sum::<u64>() as f64 / n;
+    if mean == 0.0 {
+        return f64::NAN;
+    }
+    let variance = counts
+        .iter()
+        .map(|&c| (c as f64 - mean).powi(2))
+        .sum::<f64>()
+        / n;
+    variance.sqrt() / mean
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantiles_use_nearest_rank() {
+        let samples: Vec<Duration> = (1..=100).map(Duration::from_millis).collect();
+        assert_eq!(quantile(&samples, 0.5), Duration::from_millis(50));
+        assert_eq!(quantile(&samples, 0.99), Duration::from_millis(99));
+        assert_eq!(quantile(&samples, 0.999), Duration::from_millis(100));
+        assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn summaries() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(spread(&[3.0, 1.0, 2.0]), (1.0, 3.0));
+        assert_eq!(coefficient_of_variation(&[5, 5, 5]), 0.0);
+        assert!((coefficient_of_variation(&[0, 10]) - 1.0).abs() < 1e-9);
+    }
+}

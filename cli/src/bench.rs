@@ -1,0 +1,177 @@
+//! `distlock bench`: distlock beside the raw server bound and the peer crates, as a
+//! table of figures and ratios, optionally JSON and an SVG of the distributions.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+use distlock_bench::{BenchConfig, BenchError};
+use distlock_conformance::servers::{PostgresConfig, PostgresServer, RedisServer, ZooKeeperServer};
+
+use crate::error::CliError;
+use crate::print_out;
+
+/// Options of `distlock bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Also measure the raw bound (bare driver, same round trips) and the peer crates
+    /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock,
+    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe).
+    #[arg(long)]
+    compare: bool,
+    /// Write an SVG of the latency and hand-off distributions to this file.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    json: bool,
+    /// Tiny counts: checks that everything runs, in a few seconds; measures nothing.
+    #[arg(long)]
+    quick: bool,
+    /// Alternating rounds per concurrency (default 5; 1 with --quick).
+    #[arg(long, value_name = "N")]
+    rounds: Option<usize>,
+    /// Measured seconds per side and round (default 1).
+    #[arg(long, value_name = "SECONDS")]
+    slice: Option<f64>,
+    /// Concurrencies of the uncontended cycles, comma-separated (default 1,16,64);
+    /// latencies are reported for 1 and 16 among them.
+    #[arg(long, value_name = "N,…", value_delimiter = ',')]
+    concurrency: Option<Vec<usize>>,
+    /// Hand-offs to collect per side on the hot key (default 2000).
+    #[arg(long, value_name = "N")]
+    handoffs: Option<usize>,
+    /// Locks to hold at once for the cost-of-holding row (default 10000; 0 skips it).
+    #[arg(long, value_name = "N")]
+    hold: Option<usize>,
+    /// Start a throwaway local server of this kind and benchmark it (--backend is
+    /// ignored). Needs the server installed, as for the tests.
+    #[arg(long, value_name = "KIND")]
+    spawn: Option<Spawn>,
+}
+
+/// Servers `--spawn` can start.
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Spawn {
+    Redis,
+    Postgres,
+    Zookeeper,
+}
+
+/// A spawned server, kept alive for the run.
+enum Spawned {
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+    ZooKeeper(ZooKeeperServer),
+}
+
+impl Spawned {
+    fn url(&self) -> String {
+        match self {
+            Spawned::Redis(s) => s.url(),
+            Spawned::Postgres(s) => s.url(),
+            Spawned::ZooKeeper(s) => s.url(),
+        }
+    }
+}
+
+async fn spawn(kind: Spawn) -> Result<Spawned, CliError> {
+    let failed =
+        |e: &dyn std::fmt::Display| CliError::failed(format!("cannot start the server: {e}"));
+    Ok(match kind {
+        Spawn::Redis => Spawned::Redis(RedisServer::start().await.map_err(|e| failed(&e))?),
+        // Bare-driver comparators use a connection per worker: room for 64 of them
+        // beside the other sides' connections.
+        Spawn::Postgres => Spawned::Postgres(
+            PostgresServer::start_with({
+                let mut config = PostgresConfig::default();
+                config
+                    .settings
+                    .push(("max_connections".into(), "300".into()));
+                config
+            })
+            .await
+            .map_err(|e| failed(&e))?,
+        ),
+        Spawn::Zookeeper => {
+            Spawned::ZooKeeper(ZooKeeperServer::start().await.map_err(|e| failed(&e))?)
+        }
+    })
+}
+
+/// A usage error (exit code 2), through the configuration-error path every
+/// subcommand shares.
+fn usage(message: String) -> CliError {
+    CliError::from(distlock::LockError::config("bench", message))
+}
+
+/// Runs the benchmark against `url` (or a spawned server) and prints the report.
+pub async fn run(url: &str, args: BenchArgs) -> Result<(), CliError> {
+    let server = match args.spawn {
+        Some(kind) => Some(spawn(kind).await?),
+        None => None,
+    };
+    let url = server
+        .as_ref()
+        .map(Spawned::url)
+        .unwrap_or_else(|| url.to_owned());
+    let mut config = if args.quick {
+        BenchConfig::quick(url)
+    } else {
+        BenchConfig::standard(url)
+    };
+    config.compare = args.compare;
+    if let Some(rounds) = args.rounds {
+        if rounds == 0 {
+            return Err(usage("--rounds must be at least 1".into()));
+        }
+        config.rounds = rounds;
+    }
+    if let Some(seconds) = args.slice {
+        config.slice = Duration::try_from_secs_f64(seconds)
+            .ok()
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| {
+                usage(format!(
+                    "--slice must be a positive number of seconds, not {seconds}"
+                ))
+            })?;
+    }
+    if let Some(concurrency) = args.concurrency {
+        if concurrency.contains(&0) {
+            return Err(usage("--concurrency values must be at least 1".into()));
+        }
+        config.concurrencies = concurrency;
+    }
+    if let Some(handoffs) = args.handoffs {
+        config.handoffs = handoffs.max(1);
+    }
+    if let Some(hold) = args.hold {
+        config.hold = hold;
+    }
+    let mut progress = |line: &str| {
+        use std::io::Write as _;
+        // Progress is a courtesy; a closed stderr must not stop the run.
+        let _ = writeln!(std::io::stderr(), "{line}");
+    };
+    let report = distlock_bench::run(&config, &mut progress)
+        .await
+        .map_err(|e: BenchError| {
+            if e.is_usage() {
+                usage(e.to_string())
+            } else {
+                CliError::failed(e.to_string())
+            }
+        })?;
+    if let Some(path) = &args.plot {
+        std::fs::write(path, distlock_bench::svg(&report))
+            .map_err(|e| CliError::failed(format!("cannot write {}: {e}", path.display())))?;
+    }
+    if args.json {
+        let json = serde_json::to_string_pretty(&report)
+            .map_err(|e| CliError::failed(format!("cannot encode the report: {e}")))?;
+        print_out(&format!("{json}\n"))
+    } else {
+        print_out(&format!("{report}"))
+    }
+}
