@@ -22,7 +22,9 @@ pub use harness::{
 pub use history::{Event, History, Op, Phase};
 pub use record::{FencedSet, Recorder};
 pub use report::{html_page, FaultReport, FaultResult, FaultVerdict};
-pub use scenarios::{run_fault_scenario, run_faults, FaultScenario, FAULT_SCENARIOS};
+pub use scenarios::{
+    run_fault_scenario, run_faults, run_selected_faults, FaultScenario, FAULT_SCENARIOS,
+};
 pub use server_harness::{ServerHarness, ServerKind};
 
 #[cfg(doc)]

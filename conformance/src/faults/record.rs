@@ -3,7 +3,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use distlock_api::{DistributedLock, LockError, LockGuard, LockKey, LockOptions};
+use distlock_api::{DistributedLock, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome};
 
 use super::history::{Event, History, Op, Phase};
 
@@ -82,16 +82,16 @@ impl Recorder {
     ///
     /// # Errors
     /// Whatever `release` raised.
-    pub async fn release(&self, guard: LockGuard) -> Result<(), LockError> {
+    pub async fn release(&self, guard: LockGuard) -> Result<ReleaseOutcome, LockError> {
         self.history
             .record(self.lease_event(&guard, Op::Release, Phase::Invoke));
         let key = guard.key().clone();
         let owner = guard.lease().owner();
         match guard.release().await {
-            Ok(_) => {
+            Ok(outcome) => {
                 self.history
                     .record(self.event(&key, Op::Release, Phase::Ok).owner(owner));
-                Ok(())
+                Ok(outcome)
             }
             Err(e) => {
                 self.history
