@@ -8,6 +8,7 @@
 mod conformance;
 mod demo;
 mod error;
+mod faults;
 mod url_harness;
 
 use std::process::ExitCode;
@@ -44,6 +45,8 @@ enum Command {
         /// (--backend is ignored).
         #[arg(long)]
         self_test: bool,
+        #[command(flatten)]
+        faults: FaultArgs,
     },
 }
 
@@ -59,6 +62,22 @@ struct BackendArgs {
         hide_env_values = true
     )]
     backend: String,
+}
+
+/// The fault-injection options of `conformance`.
+#[derive(Debug, Args)]
+struct FaultArgs {
+    /// Run the fault scenarios (partitions, lost replies, paused and restarted
+    /// servers, random faults under contention) instead of the plain ones.
+    #[arg(long)]
+    faults: bool,
+    /// With --faults: start throwaway servers of the URL's kind (and node count) and
+    /// run the server-fault scenarios too, instead of proxying the given servers.
+    #[arg(long, requires = "faults")]
+    spawn: bool,
+    /// With --faults: also write a self-contained HTML report with a grant timeline.
+    #[arg(long, value_name = "FILE", requires = "faults")]
+    html: Option<std::path::PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -87,8 +106,11 @@ async fn run(command: Command) -> Result<(), CliError> {
             backend,
             json,
             self_test,
+            faults,
         } => {
-            if self_test {
+            if faults.faults {
+                faults::run(&backend.backend, faults.spawn, json, faults.html.as_deref()).await
+            } else if self_test {
                 conformance::self_test(json).await
             } else {
                 conformance::run(&backend.backend, json).await

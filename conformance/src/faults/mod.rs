@@ -3,13 +3,15 @@
 //!
 //! Implement [`FaultHarness`] for your backend (or use [`ServerHarness`], which starts
 //! throwaway servers through [`crate::servers`] and puts every client behind its own
-//! [`FaultProxy`]), then call [`run_faults`] for a [`FaultReport`]: a table, JSON, or a
+//! [`FaultProxy`], or [`ProxiedHarness`], which puts proxies in front of servers given
+//! by URL, for network faults only), then call [`run_faults`] for a [`FaultReport`]: a table, JSON, or a
 //! self-contained HTML page with a timeline of grants.
 
 pub mod checkers;
 mod harness;
 mod history;
 mod html;
+mod proxied;
 mod record;
 mod report;
 mod scenarios;
@@ -20,6 +22,7 @@ pub use harness::{
     Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology, NOT_CONTROLLED,
 };
 pub use history::{Event, History, Op, Phase};
+pub use proxied::ProxiedHarness;
 pub use record::{FencedSet, Recorder};
 pub use report::{html_page, FaultReport, FaultResult, FaultVerdict};
 pub use scenarios::{
