@@ -35,3 +35,15 @@ async fn memory_runs_what_applies_and_skips_the_rest_with_reasons() {
     let json = serde_json::to_string(&report).expect("serialises");
     assert!(json.contains("\"status\":\"pass\""), "{json}");
 }
+
+#[test]
+fn docs_list_every_fault_scenario() {
+    let docs = include_str!("../../docs/conformance.md");
+    for scenario in FAULT_SCENARIOS {
+        assert!(
+            docs.contains(&format!("| `{}` |", scenario.name)),
+            "docs/conformance.md does not list {}",
+            scenario.name
+        );
+    }
+}
