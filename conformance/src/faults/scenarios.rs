@@ -440,11 +440,12 @@ async fn server_restart_while_held_and_waited(h: &dyn FaultHarness) -> Result<Ou
     let lost = {
         let (ra, lost) = (ra.clone(), guard.lost());
         let monitor = guard.monitor();
-        let key = key.clone();
+        let (key, owner) = (key.clone(), guard.lease().owner());
         tokio::spawn(async move {
             lost.await;
             ra.history.record(
                 Event::new(ra.client, key.as_str(), Op::Lost, Phase::Ok)
+                    .owner(owner)
                     .valid_until_us(ra.history.micros(monitor.valid_until())),
             );
         })
@@ -457,9 +458,14 @@ async fn server_restart_while_held_and_waited(h: &dyn FaultHarness) -> Result<Ou
     while guard.state() == LeaseState::Suspect && Instant::now() < settle {
         sleep(Duration::from_millis(20)).await;
     }
-    // The holder, if it still believes it holds, finishes its work and releases.
+    // The holder, if it still believes it holds, works on for a TTL (renewing), then
+    // writes and releases if it still holds.
     let held_through = guard.state() == LeaseState::Held;
-    let guard = if held_through {
+    if held_through {
+        let _ = timeout(h.ttl(), guard.lost()).await;
+    }
+    let still = guard.state() == LeaseState::Held;
+    let guard = if still {
         set.add(0, guard.fencing_token().get(), 2);
         let _ = ra.release(guard).await;
         None
@@ -487,10 +493,10 @@ async fn server_restart_while_held_and_waited(h: &dyn FaultHarness) -> Result<Ou
     Ok(Outcome {
         detail: format!(
             "holder {} the restart, {acquired}/2 waiters acquired",
-            if held_through {
-                "kept its lease through"
-            } else {
-                "lost its lease in"
+            match (held_through, still) {
+                (true, true) => "kept its lease through",
+                (true, false) => "held on after, then lost its lease in",
+                _ => "lost its lease in",
             }
         ),
         history,
