@@ -126,9 +126,9 @@ fn timeline(r: &FaultResult) -> String {
             );
         }
     }
-    let _ = write!(
+    let _ = writeln!(
         svg,
-        "<text x=\"{LEFT}\" y=\"{}\">0 ms</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0} ms</text></svg>\n",
+        "<text x=\"{LEFT}\" y=\"{}\">0 ms</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.0} ms</text></svg>",
         height - 4.0,
         WIDTH - 10.0,
         height - 4.0,

@@ -115,8 +115,10 @@ impl ServerHarness {
                 Servers::Redis(all)
             }
             ServerKind::Postgres => {
-                let mut config = PostgresConfig::default();
-                config.settings = vec![("max_connections".into(), "400".into())];
+                // 16 contending clients with a few sessions each, and the waits'.
+                let config = PostgresConfig {
+                    settings: vec![("max_connections".into(), "400".into())],
+                };
                 Servers::Postgres(PostgresServer::start_with(config).await?)
             }
             ServerKind::ZooKeeper => Servers::ZooKeeper(ZooKeeperServer::start().await?),
