@@ -23,7 +23,7 @@ pub use harness::{
 };
 pub use history::{Event, History, Op, Phase};
 pub use proxied::ProxiedHarness;
-pub use record::{FencedSet, Recorder};
+pub use record::{pause_holder, FencedSet, Recorder};
 pub use report::{html_page, FaultReport, FaultResult, FaultVerdict};
 pub use scenarios::{
     run_fault_scenario, run_faults, run_selected_faults, FaultScenario, FAULT_SCENARIOS,

@@ -1,10 +1,12 @@
 //! [`Recorder`] (a lock client that logs every call) and [`FencedSet`] (a fenced
 //! resource that logs every access in its own order).
 
+use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use distlock_api::{DistributedLock, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome};
 
+use super::harness::NetFaults;
 use super::history::{Event, History, Op, Phase};
 
 /// Whether a failed call may still have taken effect.
@@ -192,4 +194,21 @@ impl FencedSet {
         );
         state.items.clone()
     }
+}
+
+/// The holder-pause tool: the holder's process stalls (a GC pause, a stopped VM) while
+/// `meanwhile` runs, then wakes up. Its lock calls and renewals simply do not happen
+/// meanwhile (do not call it); if `net` is given, its connections are blackholed too, so
+/// session heartbeats stop as well, and reset when it wakes (a long stall ends in
+/// broken connections). The caller then writes with the stale guard and checks that
+/// fencing refuses it.
+pub async fn pause_holder<F: Future>(net: Option<&NetFaults>, meanwhile: F) -> F::Output {
+    if let Some(net) = net {
+        net.blackhole();
+    }
+    let out = meanwhile.await;
+    if let Some(net) = net {
+        net.heal_with_reset();
+    }
+    out
 }

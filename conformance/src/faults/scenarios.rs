@@ -14,7 +14,7 @@ use tokio::time::{sleep, timeout, Instant};
 use super::checkers::Findings;
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use super::history::{Event, History, Op, Phase};
-use super::record::{FencedSet, Recorder};
+use super::record::{pause_holder, FencedSet, Recorder};
 use super::report::{FaultReport, FaultResult, FaultVerdict};
 use crate::scenarios::{check, unique_key, waiting, Failure};
 
@@ -228,31 +228,22 @@ async fn paused_holder_wakes_to_a_refused_write(h: &dyn FaultHarness) -> Result<
         set.add(0, guard.fencing_token().get(), 1),
         "the holder's first write was refused"
     );
-    // A paused process sends no heartbeats either.
-    if let Some(net) = &a.net {
-        net.blackhole();
-    }
     let paused = Instant::now();
-    // While the holder is stalled, another client takes over and writes.
+    // The stall lasts until another client has taken over and written: the event
+    // the pause spans.
     let other = {
         let (rb, key, set) = (rb.clone(), key.clone(), set.clone());
         let (ttl, wait) = (h.ttl(), takeover(h));
-        tokio::spawn(async move {
+        async move {
             let taken = rb.acquire(&key, &waiting(ttl, wait)).await?;
             let wrote = set.add(1, taken.fencing_token().get(), 2);
             rb.release(taken).await?;
             Ok::<_, LockError>(wrote)
-        })
+        }
     };
-    // The stall lasts until the other client has written: the event the pause spans.
-    let wrote = other
-        .await
-        .map_err(|e| Failure::Failed(format!("the other client panicked: {e}")))??;
+    let wrote = pause_holder(a.net.as_ref(), other).await?;
     check!(wrote, "the new holder's write was refused");
     let stalled = paused.elapsed();
-    if let Some(net) = &a.net {
-        net.heal_with_reset();
-    }
     check!(
         guard.valid_until() <= Instant::now(),
         "the other client acquired while the stalled holder's claimed validity had not run out"
