@@ -136,3 +136,49 @@ fn timeline(r: &FaultResult) -> String {
     );
     svg
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::faults::checkers::{grants, Findings};
+    use crate::faults::harness::{Claim, Fault};
+    use crate::faults::history::{Event, Op, Phase};
+    use crate::faults::report::FaultVerdict;
+
+    #[test]
+    fn overlapping_grants_are_drawn_red_and_text_is_escaped() {
+        let grant = |client, owner: &str, from, to| {
+            let mut e = Event::new(client, "k", Op::Acquire, Phase::Ok)
+                .owner(owner)
+                .token(1)
+                .valid_until_us(to);
+            e.at_us = from;
+            e
+        };
+        let events = vec![
+            grant(0, "a", 0, 1_000),
+            grant(1, "b", 500, 1_500),
+            grant(2, "c", 2_000, 3_000),
+        ];
+        let findings = Findings::of(&events);
+        assert_eq!(findings.exclusion.len(), 1);
+        let report = FaultReport {
+            backend: "x<y>".to_owned(),
+            results: vec![FaultResult {
+                name: "planted",
+                fault: Fault::Partition,
+                verdict: FaultVerdict::Shown("a & b".to_owned()),
+                operations: 3,
+                violations: 1,
+                grants: grants(&events),
+                findings,
+                claim: Claim::NotClaimed("test".to_owned()),
+                elapsed_ms: 1,
+            }],
+        };
+        let html = page(&[report]);
+        assert_eq!(html.matches("class=\"bad\"").count(), 2, "{html}");
+        assert_eq!(html.matches("class=\"ok\"").count(), 1, "{html}");
+        assert!(html.contains("x&lt;y&gt;") && html.contains("a &amp; b"));
+    }
+}
