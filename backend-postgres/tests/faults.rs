@@ -1,4 +1,5 @@
-//! Postgres under faults: a terminated backend, a restarted or paused server, waits
+//! Postgres under faults, beyond the kit's fault scenarios (`fault_conformance.rs`,
+//! which terminate a session): a restarted or paused server seen through `pg_locks`, waits
 //! that time out or are abandoned, reset connections, and one client asking twice.
 
 mod common;
@@ -27,62 +28,6 @@ fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
 
 fn no_wait(ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn terminated_backend_fires_lost_and_the_waiter_acquires() {
-    let h = common::start().await;
-    let holder = h.named_client("holder").await;
-    let other = h.named_client("waiter").await;
-    let k = key("terminate");
-    let hash = advisory_key(&k);
-    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
-    let waiter = {
-        let k = k.clone();
-        tokio::spawn(async move {
-            other
-                .acquire(&k, &waiting(LONG, Duration::from_secs(20)))
-                .await
-        })
-    };
-    let mut raw = h.raw().await;
-    wait_for_entries(
-        &mut raw,
-        hash,
-        Duration::from_secs(5),
-        "the waiter queued",
-        |e| e.contains(&("waiter".into(), false)),
-    )
-    .await;
-    let killed: Vec<bool> = sqlx::query_scalar(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'holder'",
-    )
-    .fetch_all(&mut raw)
-    .await
-    .unwrap();
-    assert!(!killed.is_empty() && killed.iter().all(|k| *k));
-    let killed_at = Instant::now();
-    let bound = h.config.heartbeat() + h.config.request_timeout + Duration::from_secs(1);
-    timeout(bound, guard.lost())
-        .await
-        .unwrap_or_else(|_| panic!("lost() did not fire within {bound:?} of pg_terminate_backend"));
-    assert_eq!(guard.state(), LeaseState::Lost);
-    let taken = timeout(Duration::from_secs(5), waiter)
-        .await
-        .expect("the waiter hung")
-        .expect("the waiter panicked")
-        .expect("the waiter gets the lock of the terminated session");
-    assert!(taken.fencing_token() > guard.fencing_token());
-    assert!(killed_at.elapsed() < bound + Duration::from_secs(5));
-    let entries = lock_entries(&mut raw, hash).await;
-    assert_eq!(entries, vec![("waiter".to_string(), true)]);
-    // The old guard's release touches nothing: the key is someone else's.
-    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::HeldByOther);
-    assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
-    assert!(lock_entries(&mut raw, hash).await.is_empty());
-    // The holder's client recovers with a new session.
-    let again = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
-    assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,10 +1,9 @@
-//! Redis under faults: killed connections, a restarted server, Redlock losing nodes,
-//! and partial grants undone.
+//! Redis under faults, beyond the kit's fault scenarios (`fault_conformance.rs`):
+//! killed connections, Redlock's orphan keys looked up on every node, partial grants
+//! undone, interop with plain `SET NX PX` holders.
 
 mod common;
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
@@ -102,81 +101,6 @@ async fn killed_connection_of_a_live_client_reconnects_and_keeps_renewing() {
     let other = RedisLock::connect(&h.url()).await.unwrap();
     assert!(other
         .try_acquire(&k, &LockOptions::new(ttl))
-        .await
-        .unwrap()
-        .is_none());
-    assert_eq!(
-        guard.release().await.unwrap(),
-        distlock_api::ReleaseOutcome::Released
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn server_restart_while_tasks_wait() {
-    let h = common::start(1).await;
-    let url = h.url();
-    let k = key("restart");
-    let holder = RedisLock::connect(&url).await.unwrap();
-    let _held = holder
-        .acquire(&k, &LockOptions::new(Duration::from_secs(30)))
-        .await
-        .unwrap();
-    let inside = Arc::new(AtomicUsize::new(0));
-    let mut waiters = Vec::new();
-    for _ in 0..4 {
-        let lock = RedisLock::connect(&url).await.unwrap();
-        let (k, inside) = (k.clone(), inside.clone());
-        waiters.push(tokio::spawn(async move {
-            let options = waiting(Duration::from_secs(5), Duration::from_secs(8));
-            let guard = lock.acquire(&k, &options).await?;
-            assert_eq!(
-                inside.fetch_add(1, Ordering::SeqCst),
-                0,
-                "two holders at once"
-            );
-            // A short critical section; the next waiter is woken by the release.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            inside.fetch_sub(1, Ordering::SeqCst);
-            guard.release().await.map(|_| ())
-        }));
-    }
-    {
-        let mut servers = h.servers.lock().await;
-        servers[0].kill();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        servers[0].restart().await.unwrap();
-    }
-    // Without persistence the restarted server forgot the held lock: waiters get it.
-    let mut acquired = 0;
-    for waiter in waiters {
-        match timeout(Duration::from_secs(20), waiter)
-            .await
-            .expect("a waiter hung")
-            .expect("a waiter panicked")
-        {
-            Ok(()) => acquired += 1,
-            Err(LockError::Timeout { .. }) => {}
-            Err(other) => panic!("a waiter failed uncleanly: {other}"),
-        }
-    }
-    assert!(acquired >= 1, "no waiter acquired after the restart");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redlock_with_one_of_three_nodes_down_still_acquires() {
-    let h = common::start(3).await;
-    let lock = RedisLock::connect(&h.url()).await.unwrap();
-    h.servers.lock().await[2].kill();
-    let k = key("redlock-minority");
-    let guard = lock
-        .acquire(&k, &waiting(Duration::from_secs(5), Duration::from_secs(5)))
-        .await
-        .expect("a majority is enough");
-    let other = RedisLock::connect(&common::url_for(&h.ports[..1]))
-        .await
-        .unwrap();
-    assert!(other
-        .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap()
         .is_none());

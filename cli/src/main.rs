@@ -12,6 +12,7 @@ mod demo;
 mod duration;
 mod error;
 mod exec;
+mod faults;
 mod status;
 mod url_harness;
 
@@ -49,6 +50,8 @@ enum Command {
         /// (--backend is ignored).
         #[arg(long)]
         self_test: bool,
+        #[command(flatten)]
+        faults: FaultArgs,
     },
     /// Runs a command while holding a lock; exits with the command's exit code.
     Exec(exec::ExecArgs),
@@ -103,6 +106,22 @@ struct BackendArgs {
     backend: String,
 }
 
+/// The fault-injection options of `conformance`.
+#[derive(Debug, Args)]
+struct FaultArgs {
+    /// Run the fault scenarios (partitions, lost replies, paused and restarted
+    /// servers, random faults under contention) instead of the plain ones.
+    #[arg(long)]
+    faults: bool,
+    /// With --faults: start throwaway servers of the URL's kind (and node count) and
+    /// run the server-fault scenarios too, instead of proxying the given servers.
+    #[arg(long, requires = "faults")]
+    spawn: bool,
+    /// With --faults: also write a self-contained HTML report with a grant timeline.
+    #[arg(long, value_name = "FILE", requires = "faults")]
+    html: Option<std::path::PathBuf>,
+}
+
 fn main() -> ExitCode {
     // Clap prints its own usage errors (exit code 2) and help/version (exit code 0).
     let cli = Cli::parse();
@@ -130,8 +149,11 @@ async fn run(command: Command) -> Result<(), CliError> {
             backend,
             json,
             self_test,
+            faults,
         } => {
-            if self_test {
+            if faults.faults {
+                faults::run(&backend.backend, faults.spawn, json, faults.html.as_deref()).await
+            } else if self_test {
                 conformance::self_test(json).await
             } else {
                 conformance::run(&backend.backend, json).await

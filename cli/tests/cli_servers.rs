@@ -91,3 +91,78 @@ async fn unreachable_redis_is_a_one_line_connection_error() {
         "{stderr}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn faults_report_on_redis_as_table_and_html_and_on_memory_as_json() {
+    let server = server().await;
+    let dir = tempfile::tempdir().unwrap();
+    let page = dir.path().join("faults.html");
+    let run = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args([
+            "conformance",
+            "--faults",
+            "--backend",
+            &server.url(),
+            "--html",
+        ])
+        .arg(&page)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // Network faults run through proxies; server faults need --spawn.
+    for row in [
+        "PASS   partitioned_holder_is_fenced_off",
+        "PASS   lost_reply_after_applied_acquire",
+        "PASS   contention_under_random_faults",
+        "SKIP   server_restart_while_held_and_waited",
+    ] {
+        assert!(table.contains(row), "no {row:?} in\n{table}");
+    }
+    assert!(
+        table.contains("server not controlled by the harness"),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains("0 failed"),
+        "{table}"
+    );
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(
+        html.starts_with("<!DOCTYPE html>") && html.contains("<svg"),
+        "{html}"
+    );
+    assert!(html.contains("contention_under_random_faults") && !html.contains("<script"));
+
+    let run = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args([
+            "conformance",
+            "--faults",
+            "--json",
+            "--backend",
+            "memory://faults-json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(run.status.code(), Some(0));
+    let json: serde_json::Value = serde_json::from_slice(&run.stdout).unwrap();
+    assert_eq!(json["backend"], "memory");
+    let results = json["results"].as_array().unwrap();
+    let pause = results
+        .iter()
+        .find(|r| r["name"] == "paused_holder_wakes_to_a_refused_write")
+        .unwrap();
+    assert_eq!(pause["verdict"]["status"], "pass", "{pause}");
+    assert_eq!(pause["violations"], 0);
+    assert!(pause["operations"].as_u64().unwrap() > 0);
+    assert_eq!(pause["claim"]["claim"], "safe");
+}

@@ -9,6 +9,7 @@
 
 pub mod broken;
 pub mod fault_proxy;
+pub mod faults;
 mod fenced;
 mod harness;
 mod macros;

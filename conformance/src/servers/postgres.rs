@@ -242,6 +242,55 @@ impl PostgresServer {
     pub async fn ping(&self, timeout: Duration) -> Result<(), ServerError> {
         pg_ping(self.port, timeout).await
     }
+
+    /// Terminates (`pg_terminate_backend`) every client session whose
+    /// `application_name` is `application_name`, through the `psql` next to
+    /// the server binaries, and returns how many were terminated.
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::NotInstalled`] without the binaries; [`ServerError::Io`]
+    /// when `psql` cannot run; [`ServerError::Probe`] when it fails (with its
+    /// output) or prints no count.
+    pub async fn terminate_sessions(&self, application_name: &str) -> Result<usize, ServerError> {
+        let psql = pg_bin_dir()?.join("psql");
+        // A literal in SQL: double any quote.
+        let name = application_name.replace('\'', "''");
+        let sql = format!(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+             WHERE application_name = '{name}' AND pid <> pg_backend_pid()"
+        );
+        let output = tokio::process::Command::new(psql)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-tA",
+                "-c",
+            ])
+            .arg(&sql)
+            .arg("-p")
+            .arg(self.port.to_string())
+            .kill_on_drop(true)
+            .output()
+            .await
+            .map_err(|e| ServerError::io("running psql", e))?;
+        let text = String::from_utf8_lossy(&output.stdout);
+        match (output.status.success(), text.trim().parse()) {
+            (true, Ok(count)) => Ok(count),
+            _ => Err(ServerError::Probe {
+                server: SERVER,
+                detail: format!(
+                    "psql failed: {}{}",
+                    text.trim(),
+                    String::from_utf8_lossy(&output.stderr).trim()
+                ),
+            }),
+        }
+    }
 }
 
 impl Drop for PostgresServer {

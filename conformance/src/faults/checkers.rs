@@ -1,0 +1,497 @@
+//! Checkers over a [`History`](super::History): exclusion, the fenced register, and
+//! lost updates. Each returns every violation it finds, typed, with enough detail to
+//! print.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use serde::Serialize;
+
+use super::history::{Event, Op, Phase};
+
+/// One grant's claimed validity window: from the acquire's success to the earliest of
+/// its release, its observed loss, and the last validity deadline it claimed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Grant {
+    /// The holding client.
+    pub client: usize,
+    /// The key.
+    pub key: String,
+    /// The lease's owner token.
+    pub owner: String,
+    /// Its fencing token.
+    pub token: Option<u64>,
+    /// When the holder learned of the grant (µs).
+    pub start_us: u64,
+    /// When its claim ended (µs).
+    pub end_us: u64,
+}
+
+/// Something a checker found wrong.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Violation {
+    /// Two grants of one key overlapped within their claimed validity windows.
+    Overlap {
+        /// The earlier grant.
+        first: Grant,
+        /// The grant that started inside it.
+        second: Grant,
+    },
+    /// The fenced store accepted a write whose token is below one it had already seen.
+    StaleWriteAccepted {
+        /// The writing client.
+        client: usize,
+        /// The resource.
+        key: String,
+        /// The accepted write's token.
+        token: u64,
+        /// The highest token accepted before it.
+        highest: u64,
+        /// When (µs).
+        at_us: u64,
+    },
+    /// A grant of a key carried a fencing token not above the previous grant's.
+    TokenNotIncreasing {
+        /// The key.
+        key: String,
+        /// The previous grant's token.
+        previous: u64,
+        /// This grant's token.
+        token: u64,
+        /// The client of this grant.
+        client: usize,
+        /// When (µs).
+        at_us: u64,
+    },
+    /// An acknowledged add is missing from the final set.
+    LostUpdate {
+        /// The set's key.
+        key: String,
+        /// The missing element.
+        value: u64,
+        /// The client whose add was acknowledged.
+        client: usize,
+        /// When the add was acknowledged (µs).
+        at_us: u64,
+    },
+    /// Adds were acknowledged but the set was never read back, so nothing can be said.
+    NoFinalRead {
+        /// The set's key.
+        key: String,
+    },
+}
+
+impl Violation {
+    /// The checker that reports this kind.
+    pub fn checker(&self) -> &'static str {
+        match self {
+            Violation::Overlap { .. } => "exclusion",
+            Violation::StaleWriteAccepted { .. } | Violation::TokenNotIncreasing { .. } => {
+                "fenced-register"
+            }
+            Violation::LostUpdate { .. } | Violation::NoFinalRead { .. } => "lost-update",
+        }
+    }
+}
+
+fn ms(us: u64) -> f64 {
+    us as f64 / 1000.0
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Overlap { first, second } => write!(
+                f,
+                "overlap on {}: client {} (token {:?}) held {:.1}..{:.1} ms, client {} (token {:?}) held {:.1}..{:.1} ms",
+                first.key,
+                first.client,
+                first.token,
+                ms(first.start_us),
+                ms(first.end_us),
+                second.client,
+                second.token,
+                ms(second.start_us),
+                ms(second.end_us)
+            ),
+            Violation::StaleWriteAccepted { client, key, token, highest, at_us } => write!(
+                f,
+                "stale write accepted on {key} at {:.1} ms: client {client} wrote with token {token} after {highest}",
+                ms(*at_us)
+            ),
+            Violation::TokenNotIncreasing { key, previous, token, client, at_us } => write!(
+                f,
+                "token did not increase on {key} at {:.1} ms: client {client} got {token} after {previous}",
+                ms(*at_us)
+            ),
+            Violation::LostUpdate { key, value, client, at_us } => write!(
+                f,
+                "lost update on {key}: client {client}'s add of {value}, acknowledged at {:.1} ms, is missing",
+                ms(*at_us)
+            ),
+            Violation::NoFinalRead { key } => {
+                write!(f, "adds to {key} were acknowledged but the set was never read back")
+            }
+        }
+    }
+}
+
+/// Every successful grant in `events`, with its claimed validity window.
+///
+/// The window starts at the acquire's `ok`. It ends at the earliest of: the holder's
+/// release `invoke` (it stops claiming the lock as it asks to give it back), its `lost`
+/// event, and the latest validity deadline it claimed (at acquire, extend, or on the
+/// release/lost events themselves). A grant with no deadline and no end runs to the
+/// end of the history.
+pub fn grants(events: &[Event]) -> Vec<Grant> {
+    let horizon = events
+        .iter()
+        .flat_map(|e| [Some(e.at_us), e.valid_until_us])
+        .flatten()
+        .max()
+        .unwrap_or(0);
+    let mut out: Vec<Grant> = Vec::new();
+    // owner -> (index in out, latest claimed deadline, observed end)
+    let mut open: HashMap<String, (usize, Option<u64>, Option<u64>)> = HashMap::new();
+    for e in events {
+        let Some(owner) = &e.owner else { continue };
+        match (e.op, e.phase) {
+            (Op::Acquire, Phase::Ok) => {
+                open.insert(owner.clone(), (out.len(), e.valid_until_us, None));
+                out.push(Grant {
+                    client: e.client,
+                    key: e.key.clone(),
+                    owner: owner.clone(),
+                    token: e.token,
+                    start_us: e.at_us,
+                    end_us: horizon,
+                });
+            }
+            (Op::Extend, Phase::Ok) | (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
+                if let Some((_, deadline, end)) = open.get_mut(owner) {
+                    if let Some(d) = e.valid_until_us {
+                        *deadline = Some(deadline.map_or(d, |old| old.max(d)));
+                    }
+                    if matches!(e.op, Op::Release | Op::Lost) {
+                        end.get_or_insert(e.at_us);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    for (index, deadline, end) in open.into_values() {
+        let grant = &mut out[index];
+        let mut stop = horizon;
+        if let Some(d) = deadline {
+            stop = stop.min(d);
+        }
+        if let Some(end) = end {
+            stop = stop.min(end);
+        }
+        grant.end_us = stop.max(grant.start_us);
+    }
+    out
+}
+
+/// Exclusion: no two grants of one key overlap within their claimed validity windows.
+pub fn check_exclusion(events: &[Event]) -> Vec<Violation> {
+    let mut by_key: BTreeMap<String, Vec<Grant>> = BTreeMap::new();
+    for grant in grants(events) {
+        by_key.entry(grant.key.clone()).or_default().push(grant);
+    }
+    let mut violations = Vec::new();
+    for mut list in by_key.into_values() {
+        list.sort_by_key(|g| g.start_us);
+        for (i, first) in list.iter().enumerate() {
+            for second in &list[i + 1..] {
+                if second.start_us >= first.end_us {
+                    break;
+                }
+                if second.owner != first.owner && second.end_us > second.start_us {
+                    violations.push(Violation::Overlap {
+                        first: first.clone(),
+                        second: second.clone(),
+                    });
+                }
+            }
+        }
+    }
+    violations
+}
+
+/// Fenced register: (a) the store never accepted a write (or fenced read) whose token
+/// is below the highest it had accepted before, in recording order, which the store
+/// makes its own order by recording under its lock; (b) grants of a key carry strictly
+/// increasing tokens, in the order the grants were learned.
+pub fn check_fenced_register(events: &[Event]) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    let mut highest: HashMap<&str, u64> = HashMap::new();
+    let mut granted: HashMap<&str, u64> = HashMap::new();
+    for e in events {
+        let Some(token) = e.token else { continue };
+        match (e.op, e.phase) {
+            (Op::Write | Op::Read, Phase::Ok) => {
+                let seen = highest.entry(&e.key).or_insert(token);
+                if token < *seen {
+                    violations.push(Violation::StaleWriteAccepted {
+                        client: e.client,
+                        key: e.key.clone(),
+                        token,
+                        highest: *seen,
+                        at_us: e.at_us,
+                    });
+                } else {
+                    *seen = token;
+                }
+            }
+            (Op::Acquire, Phase::Ok) => {
+                if let Some(previous) = granted.insert(&e.key, token) {
+                    if token <= previous {
+                        violations.push(Violation::TokenNotIncreasing {
+                            key: e.key.clone(),
+                            previous,
+                            token,
+                            client: e.client,
+                            at_us: e.at_us,
+                        });
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    violations
+}
+
+/// Lost update: every add (a write `ok` carrying a value) is in the last set read back
+/// (`read` `ok` carrying `seen`) of its key.
+pub fn check_lost_updates(events: &[Event]) -> Vec<Violation> {
+    let mut finals: HashMap<&str, &Vec<u64>> = HashMap::new();
+    for e in events {
+        if let (Op::Read, Phase::Ok, Some(seen)) = (e.op, e.phase, &e.seen) {
+            finals.insert(&e.key, seen);
+        }
+    }
+    let mut violations = Vec::new();
+    let mut unread: Vec<String> = Vec::new();
+    for e in events {
+        let (Op::Write, Phase::Ok, Some(value)) = (e.op, e.phase, e.value) else {
+            continue;
+        };
+        match finals.get(e.key.as_str()) {
+            Some(set) if set.contains(&value) => {}
+            Some(_) => violations.push(Violation::LostUpdate {
+                key: e.key.clone(),
+                value,
+                client: e.client,
+                at_us: e.at_us,
+            }),
+            None if !unread.contains(&e.key) => unread.push(e.key.clone()),
+            None => {}
+        }
+    }
+    violations.extend(unread.into_iter().map(|key| Violation::NoFinalRead { key }));
+    violations
+}
+
+/// What the three checkers found in one history.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Findings {
+    /// Overlapping grants.
+    pub exclusion: Vec<Violation>,
+    /// Stale writes accepted, tokens not increasing.
+    pub fenced_register: Vec<Violation>,
+    /// Acknowledged adds missing.
+    pub lost_update: Vec<Violation>,
+    /// Reads and writes the fenced store refused (fencing at work, not a violation).
+    pub stale_writes_refused: usize,
+}
+
+impl Findings {
+    /// Runs all three checkers over `events`.
+    pub fn of(events: &[Event]) -> Self {
+        Findings {
+            exclusion: check_exclusion(events),
+            fenced_register: check_fenced_register(events),
+            lost_update: check_lost_updates(events),
+            stale_writes_refused: events
+                .iter()
+                .filter(|e| matches!(e.op, Op::Write | Op::Read) && e.phase == Phase::Fail)
+                .count(),
+        }
+    }
+
+    /// Every violation, all checkers.
+    pub fn all(&self) -> impl Iterator<Item = &Violation> {
+        self.exclusion
+            .iter()
+            .chain(&self.fenced_register)
+            .chain(&self.lost_update)
+    }
+
+    /// How many violations in all.
+    pub fn total(&self) -> usize {
+        self.exclusion.len() + self.fenced_register.len() + self.lost_update.len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(mut e: Event, at_us: u64) -> Event {
+        e.at_us = at_us;
+        e
+    }
+
+    fn grant(client: usize, owner: &str, token: u64, from: u64, valid: u64) -> Event {
+        at(
+            Event::new(client, "k", Op::Acquire, Phase::Ok)
+                .owner(owner)
+                .token(token)
+                .valid_until_us(valid),
+            from,
+        )
+    }
+
+    fn release(client: usize, owner: &str, when: u64) -> Event {
+        at(
+            Event::new(client, "k", Op::Release, Phase::Invoke).owner(owner),
+            when,
+        )
+    }
+
+    fn write(client: usize, token: u64, value: u64, phase: Phase, when: u64) -> Event {
+        at(
+            Event::new(client, "set", Op::Write, phase)
+                .token(token)
+                .value(value),
+            when,
+        )
+    }
+
+    fn final_read(seen: Vec<u64>, when: u64) -> Event {
+        at(Event::new(0, "set", Op::Read, Phase::Ok).seen(seen), when)
+    }
+
+    /// Two clients taking turns, each writing its add with its token, and a final read.
+    fn clean() -> Vec<Event> {
+        vec![
+            grant(0, "a", 1, 0, 1_000),
+            write(0, 1, 10, Phase::Ok, 100),
+            release(0, "a", 200),
+            grant(1, "b", 2, 300, 1_300),
+            write(1, 2, 11, Phase::Ok, 400),
+            release(1, "b", 500),
+            // A holder whose window ended at its deadline, before the next grant.
+            grant(0, "c", 3, 600, 900),
+            grant(1, "d", 4, 950, 2_000),
+            final_read(vec![10, 11], 2_100),
+        ]
+    }
+
+    #[test]
+    fn a_clean_history_has_no_violations() {
+        let findings = Findings::of(&clean());
+        assert_eq!(findings.total(), 0, "{findings:?}");
+        assert_eq!(grants(&clean()).len(), 4);
+    }
+
+    #[test]
+    fn a_planted_overlap_is_flagged() {
+        let mut h = clean();
+        // Client 1 is granted while client 0's claimed window (to its release) is open.
+        h.insert(1, grant(1, "intruder", 5, 50, 250));
+        let found = check_exclusion(&h);
+        assert_eq!(found.len(), 1, "{found:?}");
+        let Violation::Overlap { first, second } = &found[0] else {
+            panic!("{found:?}")
+        };
+        assert_eq!(
+            (first.owner.as_str(), second.owner.as_str()),
+            ("a", "intruder")
+        );
+        assert!(found[0].to_string().contains("overlap on k"));
+    }
+
+    #[test]
+    fn a_lost_event_ends_the_window() {
+        let h = vec![
+            grant(0, "a", 1, 0, 10_000),
+            at(Event::new(0, "k", Op::Lost, Phase::Ok).owner("a"), 500),
+            grant(1, "b", 2, 600, 2_000),
+        ];
+        assert!(check_exclusion(&h).is_empty());
+        // Without the lost event the same grants overlap.
+        let h = vec![h[0].clone(), h[2].clone()];
+        assert_eq!(check_exclusion(&h).len(), 1);
+    }
+
+    #[test]
+    fn a_planted_stale_write_is_flagged() {
+        let mut h = clean();
+        // After token 2 was accepted, a write with token 1 is accepted.
+        h.insert(5, write(0, 1, 12, Phase::Ok, 450));
+        let found = check_fenced_register(&h);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(matches!(
+            found[0],
+            Violation::StaleWriteAccepted {
+                token: 1,
+                highest: 2,
+                ..
+            }
+        ));
+        // The same write refused is fencing at work, not a violation.
+        let mut h = clean();
+        h.insert(5, write(0, 1, 12, Phase::Fail, 450));
+        let findings = Findings::of(&h);
+        assert_eq!(findings.total(), 0, "{findings:?}");
+        assert_eq!(findings.stale_writes_refused, 1);
+    }
+
+    #[test]
+    fn tokens_that_do_not_increase_are_flagged() {
+        let mut h = clean();
+        h.push(grant(1, "e", 2, 2_500, 3_000));
+        let found = check_fenced_register(&h);
+        assert!(
+            matches!(
+                found.as_slice(),
+                [Violation::TokenNotIncreasing {
+                    previous: 4,
+                    token: 2,
+                    ..
+                }]
+            ),
+            "{found:?}"
+        );
+    }
+
+    #[test]
+    fn a_planted_lost_update_is_flagged() {
+        let mut h = clean();
+        // The final read lacks client 1's acknowledged add of 11.
+        let last = h.len() - 1;
+        h[last] = final_read(vec![10], 2_100);
+        let found = check_lost_updates(&h);
+        assert_eq!(found.len(), 1, "{found:?}");
+        assert!(matches!(
+            found[0],
+            Violation::LostUpdate {
+                value: 11,
+                client: 1,
+                ..
+            }
+        ));
+        assert_eq!(found[0].checker(), "lost-update");
+        // And with no final read at all, nothing is silently passed.
+        h.pop();
+        assert!(matches!(
+            check_lost_updates(&h).as_slice(),
+            [Violation::NoFinalRead { .. }]
+        ));
+    }
+}

@@ -1,0 +1,34 @@
+//! Fault-injection conformance: what a backend does when the network or its servers
+//! misbehave, checked from a recorded [`History`] by three [`checkers`].
+//!
+//! Implement [`FaultHarness`] for your backend (or use [`ServerHarness`], which starts
+//! throwaway servers through [`crate::servers`] and puts every client behind its own
+//! [`FaultProxy`], or [`ProxiedHarness`], which puts proxies in front of servers given
+//! by URL, for network faults only), then call [`run_faults`] for a [`FaultReport`]: a table, JSON, or a
+//! self-contained HTML page with a timeline of grants.
+
+pub mod checkers;
+mod harness;
+mod history;
+mod html;
+mod proxied;
+mod record;
+mod report;
+mod scenarios;
+mod server_harness;
+
+pub use checkers::{Findings, Grant, Violation};
+pub use harness::{
+    Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology, NOT_CONTROLLED,
+};
+pub use history::{Event, History, Op, Phase};
+pub use proxied::ProxiedHarness;
+pub use record::{pause_holder, FencedSet, Recorder};
+pub use report::{html_page, FaultReport, FaultResult, FaultVerdict};
+pub use scenarios::{
+    run_fault_scenario, run_faults, run_selected_faults, FaultScenario, FAULT_SCENARIOS,
+};
+pub use server_harness::{ServerHarness, ServerKind};
+
+#[cfg(doc)]
+use crate::fault_proxy::FaultProxy;

@@ -1,0 +1,49 @@
+//! The fault scenarios against the in-memory reference backend: those that need no
+//! network or server run and pass, the others skip with their reason.
+
+use std::sync::Arc;
+
+use distlock_conformance::faults::{run_faults, FaultHarness, FaultVerdict, FAULT_SCENARIOS};
+use distlock_conformance::MemoryHarness;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_runs_what_applies_and_skips_the_rest_with_reasons() {
+    let report = run_faults(Arc::new(MemoryHarness::new()) as Arc<dyn FaultHarness>).await;
+    print!("{}", report.to_table());
+    assert_eq!(report.results.len(), FAULT_SCENARIOS.len());
+    assert!(report.all_passed(), "{}", report.to_table());
+    assert!(
+        matches!(
+            report.verdict("paused_holder_wakes_to_a_refused_write"),
+            Some(FaultVerdict::Pass(_))
+        ),
+        "{}",
+        report.to_table()
+    );
+    let pause = &report.results[1];
+    assert!(pause.operations >= 4, "{}", report.to_table());
+    assert!(pause.findings.stale_writes_refused >= 1);
+    for r in &report.results {
+        if let FaultVerdict::Skip(why) = &r.verdict {
+            assert!(!why.is_empty());
+        }
+    }
+    let html = report.to_html();
+    assert!(html.contains("<svg") && html.contains("paused_holder_wakes_to_a_refused_write"));
+    // Self-contained: no scripts, no external style sheets.
+    assert!(!html.contains("<script") && !html.contains("<link"));
+    let json = serde_json::to_string(&report).expect("serialises");
+    assert!(json.contains("\"status\":\"pass\""), "{json}");
+}
+
+#[test]
+fn docs_list_every_fault_scenario() {
+    let docs = include_str!("../../docs/conformance.md");
+    for scenario in FAULT_SCENARIOS {
+        assert!(
+            docs.contains(&format!("| `{}` |", scenario.name)),
+            "docs/conformance.md does not list {}",
+            scenario.name
+        );
+    }
+}
