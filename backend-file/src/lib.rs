@@ -14,7 +14,8 @@
 //! - At most one holder per key across every process (and every [`FileLock`] in one
 //!   process) using the same directory on a local file system.
 //! - The kernel frees a lock the moment its holder process dies, even by `kill -9`.
-//! - Fencing tokens strictly increase per key, across processes and restarts.
+//! - Fencing tokens strictly increase per key, across processes and restarts, as long
+//!   as the lock file is kept (see the caveats).
 //! - Waiters block in the kernel and wake on release; no polling.
 //! - Interoperates with `flock(1)` on the same file (`flock DIR/k-KEY.lock CMD`).
 //!
@@ -28,6 +29,12 @@
 //!   on, per client.
 //! - [`DistributedLock::inspect`] and owner checks of foreign leases briefly take a
 //!   shared lock on the file, during which an exclusive try fails.
+//! - Do not delete lock files or their directory while they are in use (mind
+//!   `/tmp` cleaners when using the default directory): a holder's lock on a deleted
+//!   file no longer excludes a process that creates the file anew, and that process's
+//!   tokens start again at 1. Acquire checks the locked file is still the one at its
+//!   path, and every extend (so auto-renew) does too and reports the lease expired,
+//!   so a holder with auto-renew learns it within a renewal interval.
 
 mod lock_file;
 mod names;
@@ -138,20 +145,28 @@ impl FileLock {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One non-blocking attempt.
-    fn attempt(
+    /// One non-blocking attempt. The file work (open, lock, counter `fsync`) runs on
+    /// the blocking pool; if this future is dropped meanwhile, the lock it took is
+    /// dropped with the task's result.
+    async fn attempt(
         &self,
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let requested_at = Instant::now();
         let path = self.lock_file_path(key);
-        let file = lock_file::open(&path).map_err(|e| io_error(&path, e))?;
-        if !lock_file::try_lock(&file).map_err(|e| io_error(&path, e))? {
-            return Ok(None);
-        }
-        let token = lock_file::take_next_token(&file).map_err(|e| io_error(&path, e))?;
-        Ok(Some(self.guard(key, options, file, token, requested_at)))
+        let task_path = path.clone();
+        let granted = tokio::task::spawn_blocking(move || {
+            let Some(file) = lock_file::open_locked(&task_path, false)? else {
+                return Ok(None);
+            };
+            let token = lock_file::take_next_token(&file)?;
+            Ok(Some((file, token)))
+        })
+        .await
+        .map_err(|e| LockError::backend_error(FILE_BACKEND, format!("the file task failed: {e}")))?
+        .map_err(|e| io_error(&path, e))?;
+        Ok(granted.map(|(file, token)| self.guard(key, options, file, token, requested_at)))
     }
 
     fn guard(
@@ -226,13 +241,13 @@ impl DistributedLock for FileLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(FILE_BACKEND)?;
-        self.attempt(key, options)
+        self.attempt(key, options).await
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(FILE_BACKEND)?;
         let started = Instant::now();
-        if let Some(guard) = self.attempt(key, options)? {
+        if let Some(guard) = self.attempt(key, options).await? {
             return Ok(guard);
         }
         let timeout = || LockError::Timeout {
@@ -279,12 +294,21 @@ impl DistributedLock for FileLock {
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         check_ttl(ttl).map_err(|e| LockError::invalid_options(FILE_BACKEND, e))?;
         let requested_at = Instant::now();
-        if self.held().contains_key(&lease.owner()) {
+        let path = self.lock_file_path(lease.key());
+        let mut held = self.held();
+        if let Some(file) = held.get(&lease.owner()) {
+            if !lock_file::is_current(file, &path).map_err(|e| io_error(&path, e))? {
+                // The lock file was deleted or replaced: our lock guards nothing now,
+                // and another process may already hold the new file.
+                held.remove(&lease.owner());
+                return Ok(ExtendOutcome::Expired);
+            }
             let valid_until = requested_at
                 .checked_add(ttl)
                 .ok_or_else(|| LockError::config(FILE_BACKEND, "ttl overflows the clock"))?;
             return Ok(ExtendOutcome::Extended { valid_until });
         }
+        drop(held);
         Ok(if self.not_ours(lease.key())? {
             ExtendOutcome::HeldByOther
         } else {

@@ -3,7 +3,7 @@
 
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
-use std::os::unix::fs::FileExt as _;
+use std::os::unix::fs::{FileExt as _, MetadataExt as _, OpenOptionsExt as _};
 use std::path::Path;
 
 use distlock_api::FencingToken;
@@ -20,14 +20,52 @@ pub(crate) struct Record {
     pub(crate) pid: u32,
 }
 
-/// Opens (creating it if needed) the lock file at `path` for reading and writing.
+/// Opens (creating it if needed) the lock file at `path` for reading and writing. A
+/// symlink planted at `path` is refused rather than followed.
 pub(crate) fn open(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
+}
+
+/// How often [`open_locked`] reopens a lock file that was replaced while it locked it.
+const MAX_REOPENS: usize = 16;
+
+/// Opens `path` and takes its exclusive lock, blocking or not; `None` when `block` is
+/// false and another open file holds it.
+///
+/// After locking, checks the path still names the locked file: a lock on a file that
+/// was deleted or replaced meanwhile guards nothing, so it is dropped and the new file
+/// is locked instead.
+pub(crate) fn open_locked(path: &Path, block: bool) -> io::Result<Option<File>> {
+    for _ in 0..MAX_REOPENS {
+        let file = open(path)?;
+        if block {
+            file.lock()?;
+        } else if !try_lock(&file)? {
+            return Ok(None);
+        }
+        if is_current(&file, path)? {
+            return Ok(Some(file));
+        }
+    }
+    Err(io::Error::other(
+        "the lock file was replaced every time it was locked",
+    ))
+}
+
+/// Whether `path` still names `file` (same device and inode).
+pub(crate) fn is_current(file: &File, path: &Path) -> io::Result<bool> {
+    let held = file.metadata()?;
+    match std::fs::symlink_metadata(path) {
+        Ok(now) => Ok(now.dev() == held.dev() && now.ino() == held.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
 }
 
 /// Takes the exclusive OS lock without blocking; `false` if another open file holds it.
@@ -118,6 +156,31 @@ mod tests {
         let bad = open(&dir.path().join("bad.lock")).expect("opens");
         let err = take_next_token(&bad).expect_err("garbage is refused");
         assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+
+    #[test]
+    fn a_replaced_lock_file_is_not_trusted() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("k.lock");
+        let first = open_locked(&path, false).expect("locks").expect("free");
+        assert!(is_current(&first, &path).expect("checks"));
+        std::fs::remove_file(&path).expect("deletes");
+        assert!(!is_current(&first, &path).expect("checks"));
+        // A new file at the path is a new lock, which the old holder can detect.
+        let second = open_locked(&path, false).expect("locks").expect("free");
+        assert!(is_current(&second, &path).expect("checks"));
+        assert!(!is_current(&first, &path).expect("checks"));
+    }
+
+    #[test]
+    fn symlinks_are_not_followed() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, b"precious").expect("writes");
+        let link = dir.path().join("k.lock");
+        std::os::unix::fs::symlink(&target, &link).expect("links");
+        assert!(open(&link).is_err(), "opened a planted symlink");
+        assert_eq!(std::fs::read(&target).expect("reads"), b"precious");
     }
 
     #[test]

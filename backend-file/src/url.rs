@@ -6,15 +6,15 @@ use distlock_api::LockError;
 
 use crate::FILE_BACKEND;
 
-/// The directory `file://` uses: `$XDG_RUNTIME_DIR/distlock` when that variable names
-/// an absolute path (a per-user tmpfs on most Linux systems), else
-/// `<temp dir>/distlock-<uid>`. Either way it is private to the user: two users do
-/// not share locks through it; name a shared directory explicitly for that.
+/// The directory `file://` uses: `/tmp/distlock-<uid>`.
+///
+/// Fixed, not taken from `TMPDIR` or `XDG_RUNTIME_DIR`, so a cron job, a systemd unit
+/// and a login shell of one user all lock in the same place. Private to the user: two
+/// users do not share locks through it; name a shared directory explicitly for that.
+/// Systems that age out old files in `/tmp` should use a directory that is not cleaned:
+/// a lock file deleted while held lets a second process in (see the crate docs).
 pub fn default_dir() -> PathBuf {
-    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-        Some(runtime) if runtime.is_absolute() => runtime.join("distlock"),
-        _ => std::env::temp_dir().join(format!("distlock-{}", effective_uid())),
-    }
+    PathBuf::from(format!("/tmp/distlock-{}", effective_uid()))
 }
 
 fn effective_uid() -> u32 {
@@ -23,7 +23,7 @@ fn effective_uid() -> u32 {
 }
 
 /// [`default_dir`], created with mode 0700 if missing, and refused if another user
-/// owns it (someone could otherwise plant it in a shared temp directory).
+/// owns it or others may write to it (someone could otherwise plant it in `/tmp`).
 pub(crate) fn private_default_dir() -> Result<PathBuf, LockError> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
     let dir = default_dir();
@@ -35,9 +35,9 @@ pub(crate) fn private_default_dir() -> Result<PathBuf, LockError> {
     }
     let meta = std::fs::symlink_metadata(&dir)
         .map_err(|e| fail(format!("cannot use {}: {e}", dir.display())))?;
-    if !meta.is_dir() || meta.uid() != effective_uid() {
+    if !meta.is_dir() || meta.uid() != effective_uid() || meta.mode() & 0o022 != 0 {
         return Err(fail(format!(
-            "{} is not a directory owned by this user; pass file:///SOME/DIR instead",
+            "{} is not a directory owned by this user and writable only by it; pass file:///SOME/DIR instead",
             dir.display()
         )));
     }

@@ -39,7 +39,11 @@ impl Waiters {
         let (sender, receiver) = oneshot::channel();
         let mut queues = self.queues();
         match queues.entry(path.clone()) {
-            Entry::Occupied(mut queue) => queue.get_mut().push_back(sender),
+            Entry::Occupied(mut queue) => {
+                // Forget waiters that gave up, so retries on a long-held key do not pile up.
+                queue.get_mut().retain(|waiter| !waiter.is_closed());
+                queue.get_mut().push_back(sender);
+            }
             Entry::Vacant(slot) => {
                 let waiters = Arc::clone(self);
                 std::thread::Builder::new()
@@ -55,8 +59,8 @@ impl Waiters {
     /// and goes on while others wait.
     fn block_and_hand_over(&self, path: PathBuf) {
         loop {
-            let grant = lock_file::open(&path).and_then(|file| {
-                file.lock()?;
+            let grant = lock_file::open_locked(&path, true).and_then(|file| {
+                let file = file.ok_or_else(|| io::Error::other("a blocking lock returned busy"))?;
                 let token = lock_file::take_next_token(&file)?;
                 Ok((file, token))
             });

@@ -162,3 +162,17 @@ async fn waiters_that_give_up_leave_the_lock_free() {
     let guard = a.acquire(&key(), &patient).await.expect("free again");
     guard.release().await.expect("releases");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_lock_file_is_noticed_at_the_next_renewal() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let locks = FileLock::open(dir.path()).expect("opens");
+    let options = LockOptions::new(Duration::from_millis(300))
+        .with_auto_renew(distlock_api::AutoRenew::new());
+    let guard = locks.acquire(&key(), &options).await.expect("acquires");
+    std::fs::remove_file(locks.lock_file_path(&key())).expect("deletes the lock file");
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost() fires once a renewal finds the file gone");
+    assert_eq!(guard.state(), distlock_api::LeaseState::Lost);
+}

@@ -62,11 +62,15 @@ fn timing(kind: Option<ServerKind>) -> (Duration, Duration) {
 
 async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliError> {
     let kind = ServerKind::for_url(url);
+    // Only the scheme goes into messages: URLs may carry passwords.
+    let scheme = url
+        .split_once("://")
+        .map_or("(no scheme)", |(scheme, _)| scheme);
     if spawn {
         let kind = kind.ok_or_else(|| {
             usage(format!(
                 "--spawn starts redis://, redis+redlock://h1,h2,h3, postgres://, zookeeper:// or \
-                 zookeeper://h1,h2,h3 servers; {url:?} is none of these"
+                 zookeeper://h1,h2,h3 servers; {scheme}:// is none of these"
             ))
         })?;
         let (ttl, bound) = timing(Some(kind));

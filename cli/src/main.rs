@@ -80,7 +80,7 @@ enum Command {
 /// default is the file backend, shared by every process of this user on this host.
 #[derive(Debug, Args)]
 pub(crate) struct LockBackendArgs {
-    /// Lock backend URL: file:// (default: a per-user directory), file:///DIR,
+    /// Lock backend URL: file:// (default: /tmp/distlock-<uid>), file:///DIR,
     /// redis://…, postgres://…, zk://…
     #[arg(
         long,

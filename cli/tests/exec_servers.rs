@@ -327,16 +327,17 @@ async fn holder_killed_with_9_frees_the_lock(url: &str) {
 }
 
 /// Without `--backend` or `DISTLOCK_BACKEND`, exec uses `file://`: the file backend's
-/// default directory, here `$XDG_RUNTIME_DIR/distlock` in a temporary directory.
+/// default directory, `/tmp/distlock-<uid>`, whatever `TMPDIR` or `XDG_RUNTIME_DIR` say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn exec_defaults_to_the_file_backend() {
-    let runtime_dir = tempfile::tempdir().unwrap();
-    let ready = runtime_dir.path().join("ready");
-    let key = "exec-e2e/default";
+    let scratch = tempfile::tempdir().unwrap();
+    let ready = scratch.path().join("ready");
+    let key = format!("exec-e2e/default-{}", std::process::id());
     let mut holder = distlock();
     holder
-        .env("XDG_RUNTIME_DIR", runtime_dir.path())
-        .args(["exec", key, "--", "sh", "-c"])
+        .env("XDG_RUNTIME_DIR", scratch.path())
+        .env("TMPDIR", scratch.path())
+        .args(["exec", &key, "--", "sh", "-c"])
         .arg(format!(
             r#"test "$DISTLOCK_BACKEND" = file:// || exit 9
                trap 'kill $!; exit 0' TERM
@@ -345,8 +346,8 @@ async fn exec_defaults_to_the_file_backend() {
         ));
     let holder = holder.spawn().expect("distlock starts");
     wait_for_file(&ready).await;
-    let explicit = format!("file://{}/distlock", runtime_dir.path().display());
-    let out = output(exec_sh(&explicit, &["--no-wait"], key, "true")).await;
+    let explicit = format!("file://{}", distlock::file::default_dir().display());
+    let out = output(exec_sh(&explicit, &["--no-wait"], &key, "true")).await;
     assert_eq!(out.status.code(), Some(75), "{}", text(&out.stderr));
 
     let pid = libc::pid_t::try_from(holder.id().expect("running")).unwrap();
@@ -357,4 +358,8 @@ async fn exec_defaults_to_the_file_backend() {
         .expect("the holder exits")
         .unwrap();
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Lock files are never deleted by the backend; this test's own one can go.
+    let locks = distlock::file::FileLock::open(distlock::file::default_dir()).unwrap();
+    let key = distlock::LockKey::new(&key).unwrap();
+    std::fs::remove_file(locks.lock_file_path(&key)).unwrap();
 }

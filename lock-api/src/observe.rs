@@ -110,11 +110,19 @@ impl DistributedLock for Observed {
                     Err(e) => Err(e),
                 };
             }
-            if let Some(guard) = self.inner.try_acquire(key, options).await? {
-                acquired(backend, start.elapsed());
-                return Ok(guard);
+            match self.inner.try_acquire(key, options).await {
+                Ok(Some(guard)) => {
+                    acquired(backend, start.elapsed());
+                    return Ok(guard);
+                }
+                Ok(None) => contended(backend),
+                // Transient (a server restarting, a slow node): the backend's own wait
+                // retries those, so go on waiting rather than fail fast.
+                Err(error) if error.is_retryable() => {
+                    tracing::debug!(%error, "first try failed; waiting");
+                }
+                Err(error) => return Err(error),
             }
-            contended(backend);
             let remaining = match options.wait() {
                 WaitPolicy::Timeout(limit) => match limit.checked_sub(start.elapsed()) {
                     Some(left) if !left.is_zero() => WaitPolicy::Timeout(left),
