@@ -9,7 +9,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
-use distlock::{AutoRenew, LockError, LockGuard, LockKey, LockOptions, WaitPolicy};
+use distlock::{AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, WaitPolicy};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
@@ -100,10 +100,19 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         .map_err(lock_error)?;
     let backend_name = locks.info().name;
     let started = Instant::now();
-    let guard = tokio::select! {
-        acquired = locks.acquire(&key, &options) => acquired.map_err(lock_error)?,
-        signo = signals.next() => {
-            return Err(CliError::silent(128u8.saturating_add(signo as u8)));
+    let acquiring = locks.acquire(&key, &options);
+    tokio::pin!(acquiring);
+    let guard = loop {
+        tokio::select! {
+            acquired = &mut acquiring => break acquired.map_err(lock_error)?,
+            signo = signals.next() => match signo {
+                // Ctrl-Z: stop as the default action would; Ctrl-Z handling below.
+                libc::SIGTSTP => stop_self(),
+                libc::SIGCONT => {}
+                // Dropping the acquire leaves no lock held; the runtime gets a grace at
+                // exit for the backend's clean-up (see `main`).
+                _ => return Err(CliError::silent(128u8.saturating_add(signo as u8))),
+            },
         }
     };
     let waited = started.elapsed();
@@ -177,6 +186,19 @@ async fn supervise(
         .env("DISTLOCK_BACKEND", &args.backend.backend)
         .process_group(0);
     terminate_with_parent(&mut command);
+    // Do not start a command the lock can no longer protect, or that was called off
+    // between the grant and now.
+    if guard.state() == LeaseState::Lost {
+        return Ok(Ended::Lost);
+    }
+    let pending = tokio::select! {
+        biased;
+        signo = signals.next() => Some(signo),
+        () = std::future::ready(()) => None,
+    };
+    if let Some(signo) = pending.filter(|&s| s != libc::SIGCONT && s != libc::SIGTSTP) {
+        return Err(CliError::silent(128u8.saturating_add(signo as u8)));
+    }
     let mut child = command.spawn().map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound => EXIT_NOT_FOUND,
@@ -193,7 +215,7 @@ async fn supervise(
     loop {
         tokio::select! {
             status = child.wait() => return Ok(Ended::Exited(status.map_err(wait_error)?)),
-            signo = signals.next() => signal_group(pgid, signo),
+            signo = signals.next() => forward(pgid, signo),
             () = &mut lost => break,
         }
     }
@@ -211,7 +233,7 @@ async fn supervise(
                 status.map_err(wait_error)?;
                 return Ok(Ended::Lost);
             }
-            signo = signals.next() => signal_group(pgid, signo),
+            signo = signals.next() => forward(pgid, signo),
             () = &mut grace => break,
         }
     }
@@ -250,6 +272,25 @@ fn terminate_with_parent(command: &mut tokio::process::Command) {
 
 #[cfg(not(target_os = "linux"))]
 fn terminate_with_parent(_command: &mut tokio::process::Command) {}
+
+/// Passes a signal distlock caught on to the command's process group. Ctrl-Z
+/// (SIGTSTP) reaches only the terminal's foreground group, which is distlock's, so it
+/// stops the command's group too and then distlock itself, as the default action
+/// would have; `fg` continues distlock (SIGCONT), which continues the command.
+fn forward(pgid: u32, signo: i32) {
+    signal_group(pgid, signo);
+    if signo == libc::SIGTSTP {
+        stop_self();
+    }
+}
+
+/// Stops distlock (SIGSTOP), as an uncaught SIGTSTP would.
+fn stop_self() {
+    // SAFETY: raise(3) has no memory-safety preconditions.
+    unsafe {
+        libc::raise(libc::SIGSTOP);
+    }
+}
 
 /// Sends `signo` to the process group `pgid` (the command and its children).
 fn signal_group(pgid: u32, signo: i32) {
@@ -305,11 +346,14 @@ fn warn(message: &str) {
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from before the lock is requested, so that none
-/// of them kills distlock while it holds the lock.
+/// of them kills distlock while it holds the lock; and SIGTSTP and SIGCONT, so that
+/// Ctrl-Z and `fg` stop and continue the command with distlock.
 struct Signals {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
+    stop: Signal,
+    resume: Signal,
 }
 
 impl Signals {
@@ -321,6 +365,8 @@ impl Signals {
             interrupt: listen(SignalKind::interrupt())?,
             terminate: listen(SignalKind::terminate())?,
             hangup: listen(SignalKind::hangup())?,
+            stop: listen(SignalKind::from_raw(libc::SIGTSTP))?,
+            resume: listen(SignalKind::from_raw(libc::SIGCONT))?,
         })
     }
 
@@ -330,6 +376,8 @@ impl Signals {
             _ = self.interrupt.recv() => libc::SIGINT,
             _ = self.terminate.recv() => libc::SIGTERM,
             _ = self.hangup.recv() => libc::SIGHUP,
+            _ = self.stop.recv() => libc::SIGTSTP,
+            _ = self.resume.recv() => libc::SIGCONT,
         }
     }
 }

@@ -122,6 +122,9 @@ struct FaultArgs {
     html: Option<std::path::PathBuf>,
 }
 
+/// The longest `exec` waits at exit for background clean-up tasks.
+const EXEC_CLEANUP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn main() -> ExitCode {
     // Clap prints its own usage errors (exit code 2) and help/version (exit code 0).
     let cli = Cli::parse();
@@ -132,9 +135,15 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return report(CliError::failed(format!("cannot start the runtime: {e}"))),
     };
+    // exec may exit right after dropping an acquire (a signal while waiting): give the
+    // backend's clean-up of a late grant or a contender node a bounded moment.
+    let cleanup_grace = matches!(cli.command, Command::Exec(_)).then_some(EXEC_CLEANUP_GRACE);
     let outcome = runtime.block_on(run(cli.command));
-    // Do not wait for background tasks (releases on drop, renewals) at exit.
-    runtime.shutdown_background();
+    match cleanup_grace {
+        Some(grace) => runtime.shutdown_timeout(grace),
+        // Do not wait for background tasks (releases on drop, renewals) at exit.
+        None => runtime.shutdown_background(),
+    }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => report(e),

@@ -230,3 +230,65 @@ fn a_command_whose_distlock_is_killed_with_9_gets_sigterm() {
     );
     wait_for_file(&got);
 }
+
+/// The state letter of process `pid` (`T` when stopped), from `/proc`.
+#[cfg(target_os = "linux")]
+fn process_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The state follows the command name, which is in parentheses.
+    let after = &stat[stat.rfind(')').unwrap() + 1..];
+    after.trim_start().chars().next().unwrap()
+}
+
+/// Waits (polling `/proc`, which has no event to wait on) until `pid`'s state is or is
+/// not `T`.
+#[cfg(target_os = "linux")]
+fn wait_for_stopped(pid: i32, stopped: bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while (process_state(pid) == 'T') != stopped {
+        assert!(
+            Instant::now() < deadline,
+            "pid {pid} never became stopped={stopped}"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn ctrl_z_stops_the_command_with_distlock_and_fg_continues_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("pid");
+    let script = format!(
+        r#"echo $$ > "{}.tmp"; mv "{0}.tmp" "{0}"; exec sleep 60"#,
+        pid_file.display()
+    );
+    let mut child = distlock()
+        .args(["exec", "--backend", "memory://", "jobs/ctrl-z", "--"])
+        .args(["sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    wait_for_file(&pid_file);
+    let command: i32 = std::fs::read_to_string(&pid_file)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let distlock_pid = libc::pid_t::try_from(child.id()).unwrap();
+    // SAFETY: kill(2) on processes this test started and has not reaped.
+    assert_eq!(unsafe { libc::kill(distlock_pid, libc::SIGTSTP) }, 0);
+    wait_for_stopped(command, true);
+    wait_for_stopped(distlock_pid, true);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(distlock_pid, libc::SIGCONT) }, 0);
+    wait_for_stopped(distlock_pid, false);
+    wait_for_stopped(command, false);
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(distlock_pid, libc::SIGTERM) }, 0);
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(128 + libc::SIGTERM),
+        "the command's own death by SIGTERM"
+    );
+}
