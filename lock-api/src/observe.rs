@@ -110,7 +110,25 @@ impl DistributedLock for Observed {
                     Err(e) => Err(e),
                 };
             }
-            match self.inner.try_acquire(key, options).await {
+            // The wait bounds the first try too: a server that does not answer must not
+            // hold the caller past its wait (dropping the try leaves nothing held).
+            let first_try = self.inner.try_acquire(key, options);
+            let first_try = match options.wait().deadline_from(start) {
+                Some(deadline) => match tokio::time::timeout_at(deadline, first_try).await {
+                    Ok(tried) => tried,
+                    Err(_) => {
+                        return Err(LockError::connection(
+                            backend,
+                            format!(
+                                "no answer within the wait of {:?}; nothing is held",
+                                start.elapsed()
+                            ),
+                        ))
+                    }
+                },
+                None => first_try.await,
+            };
+            match first_try {
                 Ok(Some(guard)) => {
                     acquired(backend, start.elapsed());
                     return Ok(guard);

@@ -1,5 +1,6 @@
 //! `observe::Observed` keeps the backend's waiting semantics: a transient failure of its
-//! first, non-waiting try does not end an acquire that may wait.
+//! first, non-waiting try does not end an acquire that may wait, and a first try that
+//! gets no answer does not outlast the wait.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -11,11 +12,13 @@ use distlock_api::{
 };
 
 /// The memory backend, except that its first `try_acquire` fails as a dropped
-/// connection would.
+/// connection would, or never answers, as a paused server would.
 #[derive(Debug)]
 struct FlakyFirstTry {
     inner: MemoryLock,
     tries: AtomicUsize,
+    /// The first try never answers, instead of failing.
+    hang: bool,
 }
 
 #[async_trait]
@@ -29,8 +32,10 @@ impl DistributedLock for FlakyFirstTry {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        if self.tries.fetch_add(1, Ordering::SeqCst) == 0 {
-            return Err(LockError::connection("memory", "connection reset"));
+        match self.tries.fetch_add(1, Ordering::SeqCst) {
+            0 if self.hang => std::future::pending::<()>().await,
+            0 => return Err(LockError::connection("memory", "connection reset")),
+            _ => {}
         }
         self.inner.try_acquire(key, options).await
     }
@@ -49,9 +54,14 @@ impl DistributedLock for FlakyFirstTry {
 }
 
 fn flaky() -> Arc<dyn DistributedLock> {
+    flaky_with(false)
+}
+
+fn flaky_with(hang: bool) -> Arc<dyn DistributedLock> {
     observe::observed(Arc::new(FlakyFirstTry {
         inner: MemoryLock::new(),
         tries: AtomicUsize::new(0),
+        hang,
     }))
 }
 
@@ -72,4 +82,22 @@ async fn a_try_acquire_still_reports_the_failure() {
         .await
         .expect_err("no wait, no retry");
     assert!(matches!(err, LockError::Connection { .. }), "{err}");
+}
+
+#[tokio::test]
+async fn a_first_try_without_an_answer_ends_at_the_wait() {
+    let key = LockKey::new("observe/hang").expect("valid key");
+    let wait = Duration::from_millis(200);
+    let options = LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::Timeout(wait));
+    let started = tokio::time::Instant::now();
+    let err = flaky_with(true)
+        .acquire(&key, &options)
+        .await
+        .expect_err("no answer within the wait");
+    let took = started.elapsed();
+    assert!(matches!(err, LockError::Connection { .. }), "{err}");
+    assert!(
+        took >= wait && took < wait + Duration::from_secs(2),
+        "took {took:?}"
+    );
 }
