@@ -230,6 +230,18 @@ async fn abandoned_create_is_removed_long_before_the_session_ends() {
 /// The slack on "returns within its wait" checks: two busy cores, not the server.
 const RETURN_SLACK: Duration = Duration::from_secs(1);
 
+/// Whether the server on `port` has a watch on a node inside `dir`, per the
+/// four-letter command `wchp` (the test servers allow every one).
+fn watches_inside(port: u16, dir: &str) -> bool {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("4lw connect");
+    stream.write_all(b"wchp").expect("4lw write");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).expect("4lw read");
+    out.lines()
+        .any(|line| line.trim().starts_with(&format!("{dir}/")))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_bounds_acquire_against_a_paused_server() {
     let mut server = common::start_server().await;
@@ -284,6 +296,13 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
         tokio::spawn(async move { lock.acquire(&k, &waiting(wait)).await })
     };
     wait_children(&zk_raw, &dir, 3, Duration::from_secs(5)).await;
+    // Its node exists; once it watches its predecessor, its listing said "held".
+    eventually(
+        "the waiter watching its predecessor",
+        Duration::from_secs(5),
+        || watches_inside(port, &dir),
+    )
+    .await;
     server.pause().expect("pause");
     let result = task.await.expect("the acquire panicked");
     let took = started.elapsed();
