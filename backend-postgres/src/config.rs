@@ -37,7 +37,9 @@ pub struct PostgresConfig {
     /// `session_timeout`.
     pub heartbeat: Option<Duration>,
     /// Limit on connecting and on each reply (default 5 s). A session whose reply does
-    /// not come in time is closed, and its leases are marked lost.
+    /// not come in time is closed, and its leases are marked lost. An `acquire` with a
+    /// `WaitPolicy::Timeout` gives up at its deadline (plus 50 ms) even while a reply
+    /// is outstanding, with a connection error.
     pub request_timeout: Duration,
     /// How soon the server gives up on a client host that stopped answering, through
     /// the server's TCP keepalive settings (`tcp_keepalives_idle`, `_interval`, `_count`)

@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -30,6 +30,10 @@ const ERROR_PATIENCE: Duration = Duration::from_secs(30);
 /// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
 /// opening more, up to the configured number, as the load grows.
 const QUEUE_PER_SESSION: usize = 8;
+/// How long past a wait's deadline an acquire still waits for an answer on its way
+/// (the server ends a wait at the deadline, then the reply travels back) before it
+/// gives up on the server.
+const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
@@ -517,6 +521,65 @@ impl PostgresLock {
         ))
     }
 
+    /// The body of `acquire`, unbounded by the wait when the server
+    /// does not answer; notes in `seen_held` each answer saying the key is held.
+    async fn acquire_until(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+        started: Instant,
+        deadline: Option<Instant>,
+        seen_held: &AtomicBool,
+    ) -> Result<LockGuard, LockError> {
+        let hash = advisory_key(key);
+        let timed_out = || LockError::Timeout {
+            backend: POSTGRES_BACKEND,
+            key: key.clone(),
+            waited: started.elapsed(),
+        };
+        let mut backoff = options.backoff().delays();
+        let mut failing_since: Option<Instant> = None;
+        loop {
+            let attempt = match self.try_shared(key, hash, options).await {
+                Ok(None) => {
+                    seen_held.store(true, Ordering::Relaxed);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(timed_out());
+                    }
+                    self.wait_dedicated(key, hash, options, deadline).await
+                }
+                other => other,
+            };
+            match attempt {
+                Ok(Some(guard)) => return Ok(guard),
+                Ok(None) => {
+                    seen_held.store(true, Ordering::Relaxed);
+                    if deadline.is_some_and(|d| Instant::now() >= d) {
+                        return Err(timed_out());
+                    }
+                    // The server's wait was capped below our deadline: wait again.
+                    failing_since = None;
+                }
+                // The server is down or restarting: retry while the wait allows.
+                Err(error @ LockError::Connection { .. }) if deadline != Some(started) => {
+                    let since = *failing_since.get_or_insert_with(Instant::now);
+                    let out_of_time =
+                        deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
+                    if out_of_time {
+                        return Err(error);
+                    }
+                    let mut nap = backoff.next_delay();
+                    if let Some(d) = deadline {
+                        nap = nap.min(d.saturating_duration_since(Instant::now()));
+                    }
+                    tracing::debug!(%error, ?nap, "acquire failed on a connection error; retrying");
+                    tokio::time::sleep(nap).await;
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
     /// Whether any session of the database holds `hash` (per `pg_locks`).
     async fn held_by_anyone(&self, hash: i64) -> Result<bool, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
@@ -580,52 +643,36 @@ impl DistributedLock for PostgresLock {
         self.try_shared(key, advisory_key(key), options).await
     }
 
+    /// A wait bounds the whole call, whatever the server does: once the deadline (plus
+    /// a grace of 50 ms for an answer on its way) passes, the request in flight is dropped, and its drop guards
+    /// undo a grant the server applies later (a shared session's grant is released
+    /// behind it; a dedicated session is closed, which ends its wait or lock). `NoWait`
+    /// and `Forever` are bounded by the request timeout and the error patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(POSTGRES_BACKEND)?;
-        let hash = advisory_key(key);
         let started = Instant::now();
         let deadline = options.wait().deadline_from(started);
-        let timed_out = || LockError::Timeout {
-            backend: POSTGRES_BACKEND,
-            key: key.clone(),
-            waited: started.elapsed(),
+        let seen_held = AtomicBool::new(false);
+        let attempt = self.acquire_until(key, options, started, deadline, &seen_held);
+        let Some((wait, cut)) = deadline
+            .filter(|d| *d > started)
+            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)))
+        else {
+            return attempt.await;
         };
-        let mut backoff = options.backoff().delays();
-        let mut failing_since: Option<Instant> = None;
-        loop {
-            let attempt = match self.try_shared(key, hash, options).await {
-                Ok(None) if deadline.is_some_and(|d| Instant::now() >= d) => {
-                    return Err(timed_out())
-                }
-                Ok(None) => self.wait_dedicated(key, hash, options, deadline).await,
-                other => other,
-            };
-            match attempt {
-                Ok(Some(guard)) => return Ok(guard),
-                Ok(None) => {
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(timed_out());
-                    }
-                    // The server's wait was capped below our deadline: wait again.
-                    failing_since = None;
-                }
-                // The server is down or restarting: retry while the wait allows.
-                Err(error @ LockError::Connection { .. }) if deadline != Some(started) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    let out_of_time =
-                        deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
-                    if out_of_time {
-                        return Err(error);
-                    }
-                    let mut nap = backoff.next_delay();
-                    if let Some(d) = deadline {
-                        nap = nap.min(d.saturating_duration_since(Instant::now()));
-                    }
-                    tracing::debug!(%error, ?nap, "acquire failed on a connection error; retrying");
-                    tokio::time::sleep(nap).await;
-                }
-                Err(error) => return Err(error),
-            }
+        match timeout_at(cut, attempt).await {
+            Ok(result) => result,
+            // An answer of this call said the key is held: that is what the wait saw.
+            Err(_) if seen_held.load(Ordering::Relaxed) => Err(LockError::Timeout {
+                backend: POSTGRES_BACKEND,
+                key: key.clone(),
+                waited: started.elapsed(),
+            }),
+            Err(_) => Err(error::connection(format!(
+                "the server did not answer within the wait of {:?}; whether the lock was \
+                 granted is unknown (a late grant is released)",
+                wait
+            ))),
         }
     }
 

@@ -169,6 +169,102 @@ async fn paused_server_gives_clean_errors_then_recovers() {
     again.release().await.unwrap();
 }
 
+/// The slack on "returns within its wait" checks: two busy cores, not the server.
+const RETURN_SLACK: Duration = Duration::from_secs(1);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_bounds_acquire_against_a_paused_server() {
+    let h = common::start().await;
+    let lock = h.named_client("paused").await;
+    let other = h.named_client("other").await;
+    let k = key("paused-wait");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    h.server.lock().await.pause().unwrap();
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let result = lock.acquire(&k, &waiting(LONG, wait)).await;
+    let took = started.elapsed();
+    h.server.lock().await.resume().unwrap();
+    eprintln!("acquire against a paused server returned after {took:?}: {result:?}");
+    // Nothing said the key is held: the state is unknown, a connection error.
+    assert!(
+        matches!(result, Err(LockError::Connection { .. })),
+        "{result:?}"
+    );
+    assert!(took < wait + RETURN_SLACK, "took {took:?}");
+    // The grant the resumed server applies (the request was in flight) is released:
+    // another client gets the key well within the 60 s TTL.
+    let started = Instant::now();
+    let taken = other
+        .acquire(&k, &waiting(LONG, Duration::from_secs(10)))
+        .await
+        .expect("the key is free after the resume");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(
+        lock_entries(&mut raw, hash).await,
+        vec![("other".to_string(), true)]
+    );
+    assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
+    // And the client that gave up works again.
+    let again = lock
+        .acquire(&k, &waiting(LONG, Duration::from_secs(5)))
+        .await
+        .expect("the client works again after the resume");
+    assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_in_the_queue_is_bounded_when_the_server_pauses() {
+    let h = common::start().await;
+    let holder = h.named_client("holder").await;
+    let waiter = h.named_client("waiter").await;
+    let k = key("paused-queue");
+    let hash = advisory_key(&k);
+    let mut raw = h.raw().await;
+    let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
+    let wait = Duration::from_secs(1);
+    let started = Instant::now();
+    let task = {
+        let (waiter, k) = (waiter.clone(), k.clone());
+        tokio::spawn(async move { waiter.acquire(&k, &waiting(LONG, wait)).await })
+    };
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "the waiter queued",
+        |e| e.contains(&("waiter".into(), false)),
+    )
+    .await;
+    h.server.lock().await.pause().unwrap();
+    let result = task.await.expect("the acquire panicked");
+    let took = started.elapsed();
+    h.server.lock().await.resume().unwrap();
+    eprintln!("queued acquire against a paused server returned after {took:?}: {result:?}");
+    // The server had said the key is held: a timeout.
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(took < wait + RETURN_SLACK, "took {took:?}");
+    // The abandoned wait's session was closed: it neither waits nor holds.
+    guard.release().await.unwrap();
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "the abandoned wait gone",
+        |e| e.is_empty(),
+    )
+    .await;
+    let taken = waiter
+        .acquire(&k, &waiting(LONG, Duration::from_secs(5)))
+        .await
+        .expect("the waiter's client works again");
+    assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
     let h = common::start().await;

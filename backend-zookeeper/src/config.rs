@@ -22,6 +22,8 @@ pub struct ZooKeeperConfig {
     /// Limit on each request's reply; `None` (the default) means the negotiated
     /// session timeout. A request past it fails with a connection error; a create
     /// whose reply was given up on is found by its GUID and deleted in the background.
+    /// An `acquire` with a `WaitPolicy::Timeout` gives up at its deadline (plus 50 ms)
+    /// even while a reply is outstanding, with a connection error.
     pub request_timeout: Option<Duration>,
     /// Limit on establishing a session; `None` (the default) means the requested
     /// session timeout.

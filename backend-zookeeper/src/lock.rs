@@ -1,6 +1,6 @@
 //! [`ZooKeeperLock`]: the [`DistributedLock`] over ZooKeeper.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
@@ -11,7 +11,7 @@ use distlock_api::{
     ReleaseOutcome,
 };
 use tokio::sync::Mutex;
-use tokio::time::{sleep_until, Instant};
+use tokio::time::{sleep_until, timeout_at, Instant};
 use zookeeper_client as zk;
 
 use crate::config::{parse_url, validate_path, ZooKeeperConfig};
@@ -20,6 +20,11 @@ use crate::keys::{encode_key, protected_prefix, rank};
 use crate::recipe::{create_contender, remove_own, Cleanup};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
+
+/// How long past a wait's deadline an acquire still waits for answers on their way (the
+/// last look at the contenders and the removal of our node) before it gives up on the
+/// server.
+const ANSWER_GRACE: Duration = Duration::from_millis(50);
 
 /// How long an acquire that waits forever keeps retrying while ZooKeeper is unreachable.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -186,12 +191,14 @@ impl ZooKeeperLock {
         self.inner.config.request_timeout.unwrap_or(session.timeout)
     }
 
-    /// Takes `key`, waiting if `waits`, until the options' deadline.
+    /// Takes `key`, waiting if `waits`, until the options' deadline; notes in
+    /// `seen_held` each listing that showed another contender ahead of ours.
     async fn obtain(
         &self,
         key: &LockKey,
         options: &LockOptions,
         waits: bool,
+        seen_held: &AtomicBool,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ZOOKEEPER_BACKEND)?;
         let dir = self.lock_dir(key);
@@ -208,7 +215,7 @@ impl ZooKeeperLock {
         loop {
             let attempt = match self.session().await {
                 Ok(session) => {
-                    self.contend(&session, key, &dir, options, deadline, waits)
+                    self.contend(&session, key, &dir, options, deadline, waits, seen_held)
                         .await
                 }
                 Err(error) => Err(error),
@@ -249,6 +256,7 @@ impl ZooKeeperLock {
     }
 
     /// One contender's life: create, then hold, give up, or wait on the predecessor.
+    #[allow(clippy::too_many_arguments)]
     async fn contend(
         &self,
         session: &Arc<Session>,
@@ -257,6 +265,7 @@ impl ZooKeeperLock {
         options: &LockOptions,
         deadline: Option<Instant>,
         waits: bool,
+        seen_held: &AtomicBool,
     ) -> Result<Contend, LockError> {
         let limit = self.limit(session);
         let owner = OwnerToken::random();
@@ -298,6 +307,7 @@ impl ZooKeeperLock {
                     self.grant(session, key, options, owner, path, fence, sent),
                 ));
             }
+            seen_held.store(true, Ordering::Relaxed);
             if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
                 match within(limit, session.client.delete(&path, None)).await {
                     Ok(()) => cleanup.disarm(),
@@ -402,18 +412,42 @@ impl DistributedLock for ZooKeeperLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.obtain(key, options, false).await
+        self.obtain(key, options, false, &AtomicBool::new(false))
+            .await
     }
 
+    /// A wait bounds the whole call, whatever the server does: once the deadline (plus
+    /// a grace of 50 ms for answers on their way) passes, the request in flight is
+    /// dropped, and the contender's drop guard removes a node the server creates
+    /// later. `NoWait` and `Forever` are bounded by the request timeout and the error
+    /// patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         let started = Instant::now();
-        match self.obtain(key, options, true).await? {
-            Some(guard) => Ok(guard),
-            None => Err(LockError::Timeout {
-                backend: ZOOKEEPER_BACKEND,
-                key: key.clone(),
-                waited: started.elapsed(),
-            }),
+        let timed_out = || LockError::Timeout {
+            backend: ZOOKEEPER_BACKEND,
+            key: key.clone(),
+            waited: started.elapsed(),
+        };
+        let seen_held = AtomicBool::new(false);
+        let attempt = self.obtain(key, options, true, &seen_held);
+        let deadline = options.wait().deadline_from(started);
+        let Some((wait, cut)) = deadline
+            .filter(|d| *d > started)
+            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)))
+        else {
+            return attempt.await?.ok_or_else(timed_out);
+        };
+        match timeout_at(cut, attempt).await {
+            Ok(result) => result?.ok_or_else(timed_out),
+            // A listing of this call showed the key held: that is what the wait saw.
+            Err(_) if seen_held.load(Ordering::Relaxed) => Err(timed_out()),
+            Err(_) => Err(LockError::connection(
+                ZOOKEEPER_BACKEND,
+                format!(
+                    "ZooKeeper did not answer within the wait of {wait:?}; whether the lock \
+                     was granted is unknown (a late contender node is removed)"
+                ),
+            )),
         }
     }
 

@@ -227,6 +227,99 @@ async fn abandoned_create_is_removed_long_before_the_session_ends() {
     assert!(guard.is_some(), "an orphaned contender blocked the key");
 }
 
+/// The slack on "returns within its wait" checks: two busy cores, not the server.
+const RETURN_SLACK: Duration = Duration::from_secs(1);
+
+/// Whether the server on `port` has a watch on a node inside `dir`, per the
+/// four-letter command `wchp` (the test servers allow every one).
+fn watches_inside(port: u16, dir: &str) -> bool {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("4lw connect");
+    stream.write_all(b"wchp").expect("4lw write");
+    let mut out = String::new();
+    stream.read_to_string(&mut out).expect("4lw read");
+    out.lines()
+        .any(|line| line.trim().starts_with(&format!("{dir}/")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_bounds_acquire_against_a_paused_server() {
+    let mut server = common::start_server().await;
+    let port = server.port();
+    // Long enough that the pauses below end no session.
+    let session_timeout = Duration::from_secs(10);
+    let lock = direct(port, session_timeout).await;
+    let other = direct(port, session_timeout).await;
+    let zk_raw = raw(port).await;
+    let wait = Duration::from_secs(1);
+
+    // A free key: the create is in flight when the wait runs out.
+    let k = key("paused-acquire");
+    let dir = lock.lock_dir(&k);
+    keep_dir(&zk_raw, &lock, &k).await;
+    server.pause().expect("pause");
+    let started = Instant::now();
+    let result = lock.acquire(&k, &waiting(wait)).await;
+    let took = started.elapsed();
+    server.resume().expect("resume");
+    eprintln!("acquire against a paused server returned after {took:?}: {result:?}");
+    // Nothing said the key is held: the state is unknown, a connection error.
+    assert!(
+        matches!(result, Err(LockError::Connection { .. })),
+        "{result:?}"
+    );
+    assert!(took < wait + RETURN_SLACK, "took {took:?}");
+    // The node the resumed server creates is removed: another client gets the key
+    // long before the first client's session could end.
+    let started = Instant::now();
+    let taken = other
+        .acquire(&k, &waiting(Duration::from_secs(8)))
+        .await
+        .expect("the key is free after the resume");
+    assert!(started.elapsed() < Duration::from_secs(5));
+    assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
+    wait_children(&zk_raw, &dir, 1, Duration::from_secs(5)).await;
+    let again = lock
+        .acquire(&k, &waiting(Duration::from_secs(5)))
+        .await
+        .expect("the client works again after the resume");
+    assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // A held key: the waiter's last look is in flight when the wait runs out.
+    let k = key("paused-queue");
+    let dir = lock.lock_dir(&k);
+    keep_dir(&zk_raw, &lock, &k).await;
+    let guard = other.acquire(&k, &no_wait()).await.unwrap();
+    let started = Instant::now();
+    let task = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move { lock.acquire(&k, &waiting(wait)).await })
+    };
+    wait_children(&zk_raw, &dir, 3, Duration::from_secs(5)).await;
+    // Its node exists; once it watches its predecessor, its listing said "held".
+    eventually(
+        "the waiter watching its predecessor",
+        Duration::from_secs(5),
+        || watches_inside(port, &dir),
+    )
+    .await;
+    server.pause().expect("pause");
+    let result = task.await.expect("the acquire panicked");
+    let took = started.elapsed();
+    server.resume().expect("resume");
+    eprintln!("queued acquire against a paused server returned after {took:?}: {result:?}");
+    // The server had shown the key held: a timeout.
+    assert!(
+        matches!(result, Err(LockError::Timeout { .. })),
+        "{result:?}"
+    );
+    assert!(took < wait + RETURN_SLACK, "took {took:?}");
+    // The waiter's node is removed after the resume: only the holder's and ours left.
+    wait_children(&zk_raw, &dir, 2, Duration::from_secs(5)).await;
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    wait_children(&zk_raw, &dir, 1, Duration::from_secs(5)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_restart_within_the_session_timeout_keeps_the_lock() {
     let mut server = common::start_server().await;
