@@ -56,6 +56,9 @@ if ((${#missing[@]} > 0)); then
 fi
 
 export DISTLOCK_REQUIRE_SERVERS=1
+# The random-fault scenarios follow one seeded schedule here, so a run is reproducible;
+# DISTLOCK_FAULT_SEED=random (or any other number) explores other schedules.
+export DISTLOCK_FAULT_SEED="${DISTLOCK_FAULT_SEED:-42}"
 cargo test --workspace --all-features "$@"
 # With every backend feature off, connect() must name the feature a scheme needs.
 cargo test -p distlock --no-default-features --lib "$@"
