@@ -334,3 +334,58 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
     .await
     .expect("subscriptions are dropped when nobody waits");
 }
+
+/// Pauses every server, then acquires with a 1 s wait: the call returns on time with a
+/// connection error (no answer, so the lock's state is unknown). After resuming, the
+/// grant the servers apply late is released by the dropped attempt's compensation: the
+/// key frees long before its TTL, and the next grant's token shows the late one happened.
+async fn paused_servers_bound_acquire_by_its_wait(nodes: usize) {
+    let h = common::start(nodes).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let k = key(&format!("paused-{nodes}"));
+    // Long, so a key freed within the second acquire's wait was released, not expired.
+    let ttl = Duration::from_secs(30);
+    let wait = Duration::from_secs(1);
+    // One grant first (token 1) loads the scripts, so the paused attempt sends the grant
+    // itself rather than a script lookup.
+    let warm = lock.try_acquire(&k, &LockOptions::new(ttl)).await.unwrap();
+    warm.expect("free at first").release().await.unwrap();
+    for server in h.servers.lock().await.iter_mut() {
+        server.pause().expect("pauses");
+    }
+    let started = Instant::now();
+    let result = lock.acquire(&k, &waiting(ttl, wait)).await;
+    let took = started.elapsed();
+    for server in h.servers.lock().await.iter_mut() {
+        server.resume().expect("resumes");
+    }
+    assert!(
+        matches!(result, Err(LockError::Connection { .. })),
+        "expected a connection error, got {result:?}"
+    );
+    assert!(
+        took < wait + Duration::from_secs(1),
+        "acquire took {took:?}, past its wait of {wait:?}"
+    );
+    let other = RedisLock::connect(&h.url()).await.unwrap();
+    let guard = other
+        .acquire(&k, &waiting(ttl, Duration::from_secs(5)))
+        .await
+        .expect("the late grant is released once the servers resume");
+    assert_eq!(
+        guard.fencing_token().get(),
+        3,
+        "the paused attempt's grant was applied late (token 2), then released"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_bounds_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(3).await;
+}
