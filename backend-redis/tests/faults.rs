@@ -339,10 +339,15 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
 /// connection error (no answer, so the lock's state is unknown). After resuming, the
 /// grant the servers apply late is released by the dropped attempt's compensation: the
 /// key frees long before its TTL, and the next grant's token shows the late one happened.
-async fn paused_servers_bound_acquire_by_its_wait(nodes: usize) {
+/// `observed`: through `distlock_api::observe::observed`, as `distlock::connect` returns.
+async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) {
     let h = common::start(nodes).await;
-    let lock = RedisLock::connect(&h.url()).await.unwrap();
-    let k = key(&format!("paused-{nodes}"));
+    let mut lock: std::sync::Arc<dyn DistributedLock> =
+        std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap());
+    if observed {
+        lock = distlock_api::observe::observed(lock);
+    }
+    let k = key(&format!("paused-{nodes}-{observed}"));
     // Long, so a key freed within the second acquire's wait was released, not expired.
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(1);
@@ -382,10 +387,15 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_bounds_acquire_by_its_wait() {
-    paused_servers_bound_acquire_by_its_wait(1).await;
+    paused_servers_bound_acquire_by_its_wait(1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_bounds_an_observed_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(1, true).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
-    paused_servers_bound_acquire_by_its_wait(3).await;
+    paused_servers_bound_acquire_by_its_wait(3, false).await;
 }

@@ -59,7 +59,9 @@ pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
 ///
 /// An `acquire` that may wait first tries once without waiting, so that contention and
 /// wait time are measured the same way on every backend; a contended acquire thus costs
-/// one extra round trip, an uncontended one none. Release, extend and inspect go
+/// one extra round trip, an uncontended one none. A `WaitPolicy::Timeout` bounds that first try
+/// too: if it is unanswered when the wait runs out, the call fails with
+/// [`LockError::Connection`]. Release, extend and inspect go
 /// straight to the inner backend (the guard records release and extend).
 #[derive(Debug)]
 pub struct Observed {
@@ -110,7 +112,22 @@ impl DistributedLock for Observed {
                     Err(e) => Err(e),
                 };
             }
-            if let Some(guard) = self.inner.try_acquire(key, options).await? {
+            // The wait bounds the whole call, this first try included: a server that
+            // does not answer must not hold the caller past it (backends' attempts are
+            // cancel-safe, so dropping this one undoes any late grant).
+            let first = self.inner.try_acquire(key, options);
+            let first = match options.wait() {
+                WaitPolicy::Timeout(limit) => {
+                    tokio::time::timeout(limit, first).await.unwrap_or_else(|_| {
+                        Err(LockError::connection(
+                            backend,
+                            format!("no answer within the wait of {limit:?}; whether the lock is held is unknown"),
+                        ))
+                    })
+                }
+                _ => first.await,
+            };
+            if let Some(guard) = first? {
                 acquired(backend, start.elapsed());
                 return Ok(guard);
             }
