@@ -462,23 +462,26 @@ impl DistributedLock for RedisLock {
         let results = self
             .release_everywhere(&names, lease.owner(), lease.ttl())
             .await;
-        let (mut outcomes, mut errors) = (Vec::new(), Vec::new());
+        let (mut released, mut held_by_other, mut errors) = (false, false, Vec::new());
         for result in results {
             match result {
-                Ok(outcome) => outcomes.push(outcome),
+                Ok(ReleaseOutcome::Released) => released = true,
+                Ok(ReleaseOutcome::HeldByOther) => held_by_other = true,
+                Ok(ReleaseOutcome::Expired) => {}
                 Err(error) => errors.push(error),
             }
         }
-        if outcomes.contains(&ReleaseOutcome::Released) {
+        if released {
             return Ok(ReleaseOutcome::Released);
         }
         if errors.len() > self.inner.nodes.len() - self.quorum() {
             return Err(self.quorum_error(errors));
         }
-        if outcomes.contains(&ReleaseOutcome::HeldByOther) {
-            return Ok(ReleaseOutcome::HeldByOther);
-        }
-        Ok(ReleaseOutcome::Expired)
+        Ok(if held_by_other {
+            ReleaseOutcome::HeldByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
