@@ -214,11 +214,17 @@ impl Node {
     }
 }
 
-/// `EVALSHA <sha> <keys…>`, ready for the script's arguments. One command built in
-/// place: redis-rs' `ScriptInvocation` copies every key and argument into vectors first.
+/// `EVALSHA <sha> <keys…>`, ready for the script's (at most two) arguments. One command
+/// built in place and sized once: redis-rs' `ScriptInvocation` copies every key and
+/// argument into vectors first, and a growing command reallocates.
 fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len()).arg(keys);
+    // Name, hash, key count, keys, then an owner token (32) and a TTL (up to 20 digits).
+    let data = 7 + script.get_hash().len() + 2 + keys.iter().map(|k| k.len()).sum::<usize>() + 52;
+    let mut cmd = Cmd::with_capacity(3 + keys.len() + 2, data);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys);
     cmd
 }
 
