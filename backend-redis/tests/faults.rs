@@ -399,3 +399,25 @@ async fn paused_server_bounds_an_observed_acquire_by_its_wait() {
 async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
     paused_servers_bound_acquire_by_its_wait(3, false).await;
 }
+
+/// A zero wait through the facade's wrapper is one try, as `NoWait` is: granted on a
+/// free key, `Timeout` on a held one (not cut short by the wait's bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_zero_wait_is_one_try() {
+    let h = common::start(1).await;
+    let lock = distlock_api::observe::observed(std::sync::Arc::new(
+        RedisLock::connect(&h.url()).await.unwrap(),
+    ));
+    let k = key("observed-zero-wait");
+    let zero = waiting(Duration::from_secs(5), Duration::ZERO);
+    let guard = lock
+        .acquire(&k, &zero)
+        .await
+        .expect("a free key is granted with a zero wait");
+    let second = lock.acquire(&k, &zero).await;
+    assert!(
+        matches!(second, Err(LockError::Timeout { .. })),
+        "expected Timeout on a held key, got {second:?}"
+    );
+    guard.release().await.unwrap();
+}

@@ -117,7 +117,8 @@ impl DistributedLock for Observed {
             // cancel-safe, so dropping this one undoes any late grant).
             let first = self.inner.try_acquire(key, options);
             let first = match options.wait() {
-                WaitPolicy::Timeout(limit) => {
+                // A zero wait is one try, bounded by the backend as `NoWait` is.
+                WaitPolicy::Timeout(limit) if !limit.is_zero() => {
                     tokio::time::timeout(limit, first).await.unwrap_or_else(|_| {
                         Err(LockError::connection(
                             backend,
