@@ -15,7 +15,7 @@ pub struct RedisConfig {
     /// grant it may have made is released).
     pub request_timeout: Duration,
     /// Redlock only: each node's acquire must answer within this, else the node counts
-    /// as failed. `None` (the default) means TTL/10, clamped to 100 ms ..= 1 s.
+    /// as failed. `None` (the default) means TTL/10, clamped to 200 ms ..= 1 s.
     pub redlock_node_timeout: Option<Duration>,
     /// Clock drift allowance as a fraction of the TTL (default 0.01); 2 ms is added.
     pub clock_drift_factor: f64,

@@ -19,10 +19,12 @@ pub struct KeyNames {
 impl KeyNames {
     /// The names for `key`.
     pub fn for_key(key: &LockKey) -> Self {
-        let lock = format!("{{{key}}}");
+        // `concat` sizes each string once, without the formatter: this runs on every
+        // acquire and release.
+        let lock = ["{", key.as_str(), "}"].concat();
         KeyNames {
-            fence: format!("{lock}:fence"),
-            channel: format!("{lock}:released"),
+            fence: [lock.as_str(), ":fence"].concat(),
+            channel: [lock.as_str(), ":released"].concat(),
             lock,
         }
     }

@@ -21,6 +21,12 @@
 //! after the holder's remaining TTL or the backoff's maximum, whichever is sooner; when
 //! the subscription is down it falls back to exponential backoff with jitter.
 //!
+//! A `WaitPolicy::Timeout` bounds the whole call, whatever the servers do: an attempt
+//! still unanswered at the deadline (plus 50 ms of grace) is dropped, its possible grant
+//! released in the background, and the call fails with `LockError::Connection` (the
+//! lock's state is unknown) — or `LockError::Timeout` if an earlier attempt of the call
+//! saw the key held. `NoWait` makes one attempt, bounded by the request timeout.
+//!
 //! # Connections
 //! One multiplexed RESP3 connection per node (redis-rs `ConnectionManager`, which
 //! reconnects and resubscribes on its own) carries commands and wake-ups for every lock

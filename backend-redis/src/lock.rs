@@ -11,7 +11,7 @@ use distlock_api::{
     ReleaseOutcome,
 };
 use futures_util::future::{join_all, select_all};
-use tokio::time::{timeout, Instant};
+use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
@@ -24,6 +24,10 @@ const ERROR_PATIENCE: Duration = Duration::from_secs(30);
 /// How many Redlock attempts in a row may miss the majority through node failures
 /// before an acquire gives up: slow nodes get another chance, a lost majority fails fast.
 const REDLOCK_ATTEMPTS: u32 = 3;
+
+/// How long past its wait an acquire lets an attempt already in flight answer, so a
+/// slow but live server still gets a definite "held" or "granted" in.
+const DEADLINE_GRACE: Duration = Duration::from_millis(50);
 
 /// A Redis lock client: one node, or Redlock over N independent nodes.
 ///
@@ -201,6 +205,99 @@ impl RedisLock {
         Ok(None)
     }
 
+    /// The error for a wait that ran out: `Timeout` when an attempt saw the key held,
+    /// else a connection error, as no answer says who holds it.
+    fn out_of_wait(&self, key: &LockKey, started: Instant, held_seen: bool) -> LockError {
+        let waited = started.elapsed();
+        if held_seen {
+            return LockError::Timeout {
+                backend: self.name(),
+                key: key.clone(),
+                waited,
+            };
+        }
+        let who = if self.is_redlock() {
+            "a majority of the Redlock nodes"
+        } else {
+            "the server"
+        };
+        LockError::connection(
+            self.name(),
+            format!("{who} did not answer within the wait ({waited:?}); whether the lock is held is unknown"),
+        )
+    }
+
+    /// The acquire loop: attempts, then waits for a wake-up or a safety-net poll, until
+    /// granted or `deadline` passes. Sets `held_seen` once any attempt finds the key held,
+    /// so a caller cutting this short knows whether "held by another owner" is known.
+    async fn wait_for(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+        started: Instant,
+        deadline: Option<Instant>,
+        held_seen: &mut bool,
+    ) -> Result<LockGuard, LockError> {
+        let names = KeyNames::for_key(key);
+        let mut backoff = options.backoff().delays();
+        let mut tickets = Vec::new();
+        let mut failing: Option<(Instant, u32)> = None;
+        loop {
+            // Register for wake-ups before the attempt, so a release in between counts.
+            let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
+                .iter()
+                .map(|(ticket, _): &(crate::wakeups::WakeTicket, bool)| {
+                    Box::pin(ticket.notify().notified())
+                })
+                .collect();
+            for w in &mut woken {
+                w.as_mut().enable();
+            }
+            let held_for = match self.attempt(key, &names, options).await {
+                Ok(Attempt::Granted(guard)) => return Ok(guard),
+                Ok(Attempt::Held(held_for)) => {
+                    failing = None;
+                    *held_seen = true;
+                    held_for
+                }
+                // A single node restarting, or Redlock nodes slow to answer: keep trying
+                // while the wait allows, within a bounded patience.
+                Err(error) if error.is_retryable() => {
+                    self.retry_or_give_up(error, deadline, started, &mut failing)?
+                }
+                Err(error) => return Err(error),
+            };
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(self.out_of_wait(key, started, *held_seen));
+            }
+            if tickets.is_empty() {
+                // First contention: subscribe on every node, then retry at once.
+                drop(woken);
+                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
+                continue;
+            }
+            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
+            // A safety-net poll even when subscribed: foreign holders do not publish.
+            let poll = if subscribed {
+                // Jittered, so many waiters' safety-net polls do not come in lockstep.
+                let cap = options.backoff().max();
+                distlock_api::Backoff::new(cap, cap).delays().next_delay()
+            } else {
+                backoff.next_delay()
+            };
+            let mut nap = held_for
+                .map_or(poll, |h| h.min(poll))
+                .max(Duration::from_millis(1));
+            if let Some(d) = deadline {
+                nap = nap.min(d.saturating_duration_since(Instant::now()));
+            }
+            tokio::select! {
+                _ = select_all(woken) => {}
+                _ = tokio::time::sleep(nap) => {}
+            }
+        }
+    }
+
     async fn attempt(
         &self,
         key: &LockKey,
@@ -343,69 +440,21 @@ impl DistributedLock for RedisLock {
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(self.name())?;
-        let names = KeyNames::for_key(key);
         let started = Instant::now();
         let deadline = options.wait().deadline_from(started);
-        let mut backoff = options.backoff().delays();
-        let mut tickets = Vec::new();
-        let mut failing: Option<(Instant, u32)> = None;
-        loop {
-            // Register for wake-ups before the attempt, so a release in between counts.
-            let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
-                .iter()
-                .map(|(ticket, _): &(crate::wakeups::WakeTicket, bool)| {
-                    Box::pin(ticket.notify().notified())
-                })
-                .collect();
-            for w in &mut woken {
-                w.as_mut().enable();
-            }
-            let held_for = match self.attempt(key, &names, options).await {
-                Ok(Attempt::Granted(guard)) => return Ok(guard),
-                Ok(Attempt::Held(held_for)) => {
-                    failing = None;
-                    held_for
-                }
-                // A single node restarting, or Redlock nodes slow to answer: keep trying
-                // while the wait allows, within a bounded patience.
-                Err(error) if error.is_retryable() => {
-                    self.retry_or_give_up(error, deadline, started, &mut failing)?
-                }
-                Err(error) => return Err(error),
-            };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(LockError::Timeout {
-                    backend: self.name(),
-                    key: key.clone(),
-                    waited: started.elapsed(),
-                });
-            }
-            if tickets.is_empty() {
-                // First contention: subscribe on every node, then retry at once.
-                drop(woken);
-                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
-                continue;
-            }
-            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
-            // A safety-net poll even when subscribed: foreign holders do not publish.
-            let poll = if subscribed {
-                // Jittered, so many waiters' safety-net polls do not come in lockstep.
-                let cap = options.backoff().max();
-                distlock_api::Backoff::new(cap, cap).delays().next_delay()
-            } else {
-                backoff.next_delay()
-            };
-            let mut nap = held_for
-                .map_or(poll, |h| h.min(poll))
-                .max(Duration::from_millis(1));
-            if let Some(d) = deadline {
-                nap = nap.min(d.saturating_duration_since(Instant::now()));
-            }
-            tokio::select! {
-                _ = select_all(woken) => {}
-                _ = tokio::time::sleep(nap) => {}
-            }
-        }
+        let mut held_seen = false;
+        let waiting = self.wait_for(key, options, started, deadline, &mut held_seen);
+        let bound = deadline
+            .filter(|d| *d > started)
+            .and_then(|d| d.checked_add(DEADLINE_GRACE));
+        let Some(bound) = bound else {
+            // No wait (one attempt, bounded by the request timeout) or wait forever.
+            return waiting.await;
+        };
+        // The wait bounds the call whatever the servers do. Dropping an attempt in
+        // flight arms its compensation, which releases a grant the server applies late.
+        let outcome = timeout_at(bound, waiting).await;
+        outcome.unwrap_or_else(|_| Err(self.out_of_wait(key, started, held_seen)))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -413,23 +462,26 @@ impl DistributedLock for RedisLock {
         let results = self
             .release_everywhere(&names, lease.owner(), lease.ttl())
             .await;
-        let (mut outcomes, mut errors) = (Vec::new(), Vec::new());
+        let (mut released, mut held_by_other, mut errors) = (false, false, Vec::new());
         for result in results {
             match result {
-                Ok(outcome) => outcomes.push(outcome),
+                Ok(ReleaseOutcome::Released) => released = true,
+                Ok(ReleaseOutcome::HeldByOther) => held_by_other = true,
+                Ok(ReleaseOutcome::Expired) => {}
                 Err(error) => errors.push(error),
             }
         }
-        if outcomes.contains(&ReleaseOutcome::Released) {
+        if released {
             return Ok(ReleaseOutcome::Released);
         }
         if errors.len() > self.inner.nodes.len() - self.quorum() {
             return Err(self.quorum_error(errors));
         }
-        if outcomes.contains(&ReleaseOutcome::HeldByOther) {
-            return Ok(ReleaseOutcome::HeldByOther);
-        }
-        Ok(ReleaseOutcome::Expired)
+        Ok(if held_by_other {
+            ReleaseOutcome::HeldByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {

@@ -6,7 +6,10 @@ use std::time::Duration;
 
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion, RedisError};
+use redis::{
+    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script,
+    ServerErrorKind,
+};
 
 use crate::keys::KeyNames;
 use crate::wakeups::{WakeTicket, Wakeups};
@@ -125,14 +128,10 @@ impl Node {
         owner: OwnerToken,
         ttl: Duration,
     ) -> Result<NodeGrant, LockError> {
-        let (granted, value): (i64, i64) = crate::scripts::ACQUIRE
-            .key(&names.lock)
-            .key(&names.fence)
-            .arg(owner.to_string())
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(lock_error)?;
+        let script = &*crate::scripts::ACQUIRE;
+        let mut cmd = evalsha(script, &[&names.lock, &names.fence]);
+        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
+        let (granted, value): (i64, i64) = self.run(script, &cmd).await?;
         Ok(match granted {
             1 => NodeGrant::Granted(FencingToken::new(value.max(0) as u64)),
             _ => NodeGrant::Held(u64::try_from(value).ok().map(Duration::from_millis)),
@@ -145,13 +144,10 @@ impl Node {
         names: &KeyNames,
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
-        let found: i64 = crate::scripts::RELEASE
-            .key(&names.lock)
-            .key(&names.channel)
-            .arg(owner.to_string())
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(lock_error)?;
+        let script = &*crate::scripts::RELEASE;
+        let mut cmd = evalsha(script, &[&names.lock, &names.channel]);
+        cmd.arg(&hex(owner)[..]);
+        let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {
             1 => ReleaseOutcome::Released,
             2 => ReleaseOutcome::HeldByOther,
@@ -166,13 +162,10 @@ impl Node {
         owner: OwnerToken,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        let found: i64 = crate::scripts::EXTEND
-            .key(&names.lock)
-            .arg(owner.to_string())
-            .arg(ttl_millis(ttl))
-            .invoke_async(&mut self.conn.clone())
-            .await
-            .map_err(lock_error)?;
+        let script = &*crate::scripts::EXTEND;
+        let mut cmd = evalsha(script, &[&names.lock]);
+        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
+        let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {
             1 => ExtendOutcome::Extended {
                 valid_until: tokio::time::Instant::now(),
@@ -197,6 +190,19 @@ impl Node {
         })
     }
 
+    /// Runs an `EVALSHA` of `script`, loading the script once on `NOSCRIPT` (a server
+    /// that never saw it, or restarted) and trying again.
+    async fn run<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T, LockError> {
+        let mut conn = self.conn.clone();
+        match cmd.query_async(&mut conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                script.load_async(&mut conn).await.map_err(lock_error)?;
+                cmd.query_async(&mut conn).await.map_err(lock_error)
+            }
+            other => other.map_err(lock_error),
+        }
+    }
+
     /// Subscribes (once per channel per client) to `names`' release channel.
     pub(crate) async fn watch(&self, names: &KeyNames) -> (WakeTicket, bool) {
         self.wakeups.watch(&self.conn, &names.channel).await
@@ -208,8 +214,53 @@ impl Node {
     }
 }
 
+/// `EVALSHA <sha> <keys…>`, ready for the script's (at most two) arguments. One command
+/// built in place and sized once: redis-rs' `ScriptInvocation` copies every key and
+/// argument into vectors first, and a growing command reallocates.
+fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
+    // Name, hash, key count, keys, then an owner token (32) and a TTL (up to 20 digits).
+    let data = 7 + script.get_hash().len() + 2 + keys.iter().map(|k| k.len()).sum::<usize>() + 52;
+    let mut cmd = Cmd::with_capacity(3 + keys.len() + 2, data);
+    cmd.arg("EVALSHA")
+        .arg(script.get_hash())
+        .arg(keys.len())
+        .arg(keys);
+    cmd
+}
+
+/// The owner token as stored: 32 lowercase hex digits (as its `Display`), without
+/// going through the formatter or the heap.
+fn hex(owner: OwnerToken) -> [u8; 32] {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let bits = owner.as_u128();
+    let mut out = [0u8; 32];
+    for (i, digit) in out.iter_mut().enumerate() {
+        *digit = DIGITS[((bits >> (124 - 4 * i)) & 0xf) as usize];
+    }
+    out
+}
+
 /// Milliseconds for `PX`/`PEXPIRE`; TTLs are validated to at least 10 ms, so nothing
 /// rounds to zero.
 fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_matches_display() {
+        for bits in [
+            0,
+            1,
+            0xabc,
+            u128::MAX,
+            0x0123_4567_89ab_cdef_fedc_ba98_7654_3210,
+        ] {
+            let owner = OwnerToken::from_u128(bits);
+            assert_eq!(hex(owner)[..], *owner.to_string().as_bytes());
+        }
+    }
 }

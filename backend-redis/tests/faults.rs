@@ -334,3 +334,90 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
     .await
     .expect("subscriptions are dropped when nobody waits");
 }
+
+/// Pauses every server, then acquires with a 1 s wait: the call returns on time with a
+/// connection error (no answer, so the lock's state is unknown). After resuming, the
+/// grant the servers apply late is released by the dropped attempt's compensation: the
+/// key frees long before its TTL, and the next grant's token shows the late one happened.
+/// `observed`: through `distlock_api::observe::observed`, as `distlock::connect` returns.
+async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) {
+    let h = common::start(nodes).await;
+    let mut lock: std::sync::Arc<dyn DistributedLock> =
+        std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap());
+    if observed {
+        lock = distlock_api::observe::observed(lock);
+    }
+    let k = key(&format!("paused-{nodes}-{observed}"));
+    // Long, so a key freed within the second acquire's wait was released, not expired.
+    let ttl = Duration::from_secs(30);
+    let wait = Duration::from_secs(1);
+    // One grant first (token 1) loads the scripts, so the paused attempt sends the grant
+    // itself rather than a script lookup.
+    let warm = lock.try_acquire(&k, &LockOptions::new(ttl)).await.unwrap();
+    warm.expect("free at first").release().await.unwrap();
+    for server in h.servers.lock().await.iter_mut() {
+        server.pause().expect("pauses");
+    }
+    let started = Instant::now();
+    let result = lock.acquire(&k, &waiting(ttl, wait)).await;
+    let took = started.elapsed();
+    for server in h.servers.lock().await.iter_mut() {
+        server.resume().expect("resumes");
+    }
+    assert!(
+        matches!(result, Err(LockError::Connection { .. })),
+        "expected a connection error, got {result:?}"
+    );
+    assert!(
+        took < wait + Duration::from_secs(1),
+        "acquire took {took:?}, past its wait of {wait:?}"
+    );
+    let other = RedisLock::connect(&h.url()).await.unwrap();
+    let guard = other
+        .acquire(&k, &waiting(ttl, Duration::from_secs(5)))
+        .await
+        .expect("the late grant is released once the servers resume");
+    assert_eq!(
+        guard.fencing_token().get(),
+        3,
+        "the paused attempt's grant was applied late (token 2), then released"
+    );
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_bounds_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(1, false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_server_bounds_an_observed_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(1, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
+    paused_servers_bound_acquire_by_its_wait(3, false).await;
+}
+
+/// A zero wait through the facade's wrapper is one try, as `NoWait` is: granted on a
+/// free key, `Timeout` on a held one (not cut short by the wait's bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn observed_zero_wait_is_one_try() {
+    let h = common::start(1).await;
+    let lock = distlock_api::observe::observed(std::sync::Arc::new(
+        RedisLock::connect(&h.url()).await.unwrap(),
+    ));
+    let k = key("observed-zero-wait");
+    let zero = waiting(Duration::from_secs(5), Duration::ZERO);
+    let guard = lock
+        .acquire(&k, &zero)
+        .await
+        .expect("a free key is granted with a zero wait");
+    let second = lock.acquire(&k, &zero).await;
+    assert!(
+        matches!(second, Err(LockError::Timeout { .. })),
+        "expected Timeout on a held key, got {second:?}"
+    );
+    guard.release().await.unwrap();
+}

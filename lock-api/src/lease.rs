@@ -151,11 +151,17 @@ struct Status {
 /// example when a session dies) each hold a clone. `Lost` is final.
 #[derive(Debug, Clone)]
 pub struct LeaseMonitor {
-    status: Arc<watch::Sender<Status>>,
+    /// One allocation for all of it: a monitor is made on every grant.
+    shared: Arc<MonitorShared>,
+}
+
+#[derive(Debug)]
+struct MonitorShared {
+    status: watch::Sender<Status>,
     /// Taken around every extend, so renewals reach the server and apply here in order.
-    renewals: Arc<tokio::sync::Mutex<()>>,
+    renewals: tokio::sync::Mutex<()>,
     /// How many renewals succeeded.
-    renewed_count: Arc<AtomicU64>,
+    renewed_count: AtomicU64,
 }
 
 impl LeaseMonitor {
@@ -166,15 +172,17 @@ impl LeaseMonitor {
             valid_until,
         });
         LeaseMonitor {
-            status: Arc::new(status),
-            renewals: Arc::default(),
-            renewed_count: Arc::default(),
+            shared: Arc::new(MonitorShared {
+                status,
+                renewals: tokio::sync::Mutex::new(()),
+                renewed_count: AtomicU64::new(0),
+            }),
         }
     }
 
     /// The state now: `Lost` once the deadline has passed, even if nobody said so.
     pub fn state(&self) -> LeaseState {
-        let status = *self.status.borrow();
+        let status = *self.shared.status.borrow();
         if Instant::now() >= status.valid_until {
             LeaseState::Lost
         } else {
@@ -184,7 +192,7 @@ impl LeaseMonitor {
 
     /// The validity deadline.
     pub fn valid_until(&self) -> Instant {
-        self.status.borrow().valid_until
+        self.shared.status.borrow().valid_until
     }
 
     /// A renewal succeeded: held until `valid_until`. Ignored once lost.
@@ -193,7 +201,7 @@ impl LeaseMonitor {
     /// renewal that lands late cannot revive it. Returns whether the lease is held now.
     pub fn renewed(&self, valid_until: Instant) -> bool {
         let now = Instant::now();
-        self.status.send_if_modified(|s| {
+        self.shared.status.send_if_modified(|s| {
             if s.state == LeaseState::Lost {
                 return false;
             }
@@ -209,25 +217,25 @@ impl LeaseMonitor {
         });
         let held = self.state() == LeaseState::Held;
         if held {
-            self.renewed_count.fetch_add(1, Ordering::Relaxed);
+            self.shared.renewed_count.fetch_add(1, Ordering::Relaxed);
         }
         held
     }
 
     /// How many renewals (watchdog or explicit extends) succeeded so far.
     pub fn renewals(&self) -> u64 {
-        self.renewed_count.load(Ordering::Relaxed)
+        self.shared.renewed_count.load(Ordering::Relaxed)
     }
 
     /// Serialises extends of this lease (the guard's and the watchdog's), so their
     /// results apply in the order the server saw them.
     pub(crate) async fn renewal_turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.renewals.lock().await
+        self.shared.renewals.lock().await
     }
 
     /// The lease may be lost (connection trouble). Ignored once lost.
     pub fn suspect(&self) {
-        self.status.send_if_modified(|s| {
+        self.shared.status.send_if_modified(|s| {
             let change = s.state == LeaseState::Held;
             if change {
                 s.state = LeaseState::Suspect;
@@ -238,7 +246,7 @@ impl LeaseMonitor {
 
     /// The lease is known lost. Wakes every [`LeaseMonitor::lost`] future.
     pub fn mark_lost(&self) {
-        self.status.send_if_modified(|s| {
+        self.shared.status.send_if_modified(|s| {
             let change = s.state != LeaseState::Lost;
             s.state = LeaseState::Lost;
             change
@@ -250,7 +258,7 @@ impl LeaseMonitor {
     pub fn lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let monitor = self.clone();
         async move {
-            let mut changes = monitor.status.subscribe();
+            let mut changes = monitor.shared.status.subscribe();
             loop {
                 let status = *changes.borrow_and_update();
                 if status.state == LeaseState::Lost || Instant::now() >= status.valid_until {

@@ -59,7 +59,9 @@ pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
 ///
 /// An `acquire` that may wait first tries once without waiting, so that contention and
 /// wait time are measured the same way on every backend; a contended acquire thus costs
-/// one extra round trip, an uncontended one none. Release, extend and inspect go
+/// one extra round trip, an uncontended one none. A `WaitPolicy::Timeout` bounds that first try
+/// too: if it is unanswered when the wait runs out, the call fails with
+/// [`LockError::Connection`]. Release, extend and inspect go
 /// straight to the inner backend (the guard records release and extend).
 #[derive(Debug)]
 pub struct Observed {
@@ -110,41 +112,53 @@ impl DistributedLock for Observed {
                     Err(e) => Err(e),
                 };
             }
-            // The wait bounds the first try too: a server that does not answer must not
-            // hold the caller past its wait (dropping the try leaves nothing held).
-            let first_try = self.inner.try_acquire(key, options);
-            let first_try = match options.wait().deadline_from(start) {
-                Some(deadline) => match tokio::time::timeout_at(deadline, first_try).await {
-                    Ok(tried) => tried,
-                    Err(_) => {
-                        return Err(LockError::connection(
-                            backend,
-                            format!(
-                                "no answer within the wait of {:?}; nothing is held",
-                                start.elapsed()
-                            ),
-                        ))
+            // The wait bounds the whole call, this first try included: a server that
+            // does not answer must not hold the caller past it (backends' attempts are
+            // cancel-safe, so dropping this one undoes any late grant).
+            let first = self.inner.try_acquire(key, options);
+            let first = match options.wait() {
+                // A zero wait is one try, bounded by the backend as `NoWait` is.
+                WaitPolicy::Timeout(limit) if !limit.is_zero() => {
+                    match tokio::time::timeout(limit, first).await {
+                        Ok(tried) => tried,
+                        Err(_) => {
+                            return Err(LockError::connection(
+                                backend,
+                                format!("no answer within the wait of {limit:?}; whether the lock is held is unknown"),
+                            ))
+                        }
                     }
-                },
-                None => first_try.await,
+                }
+                _ => first.await,
             };
-            match first_try {
+            let transient = match first {
                 Ok(Some(guard)) => {
                     acquired(backend, start.elapsed());
                     return Ok(guard);
                 }
-                Ok(None) => contended(backend),
+                Ok(None) => {
+                    contended(backend);
+                    None
+                }
                 // Transient (a server restarting, a slow node): the backend's own wait
                 // retries those, so go on waiting rather than fail fast.
                 Err(error) if error.is_retryable() => {
                     tracing::debug!(%error, "first try failed; waiting");
+                    Some(error)
                 }
                 Err(error) => return Err(error),
-            }
+            };
             let remaining = match options.wait() {
                 WaitPolicy::Timeout(limit) => match limit.checked_sub(start.elapsed()) {
                     Some(left) if !left.is_zero() => WaitPolicy::Timeout(left),
-                    _ => WaitPolicy::NoWait,
+                    // The wait is used up: another try could outlast it.
+                    _ => {
+                        return Err(transient.unwrap_or_else(|| LockError::Timeout {
+                            backend,
+                            key: key.clone(),
+                            waited: start.elapsed(),
+                        }))
+                    }
                 },
                 other => other,
             };
