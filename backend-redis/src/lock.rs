@@ -563,15 +563,9 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
         [view] if !redlock => status.with_fencing_token(view.fence),
         _ => status,
     };
+    // Keys on a minority of nodes (a partial or expiring grant) hold nobody's lock.
     let Some(owner) = majority_owner else {
-        let partial = views.iter().filter(|v| v.owner.is_some()).count();
-        let note = (partial > 0).then(|| {
-            format!(
-                "not held: {partial} of {} nodes keep a minority lock",
-                views.len()
-            )
-        });
-        return token(KeyStatus::free().with_holder(note));
+        return token(KeyStatus::free());
     };
     let remaining = views
         .iter()
