@@ -36,7 +36,12 @@
 //!   node only, so a release wakes exactly one waiter (no herd effect) and the lock
 //!   passes on in FIFO order of arrival. When the watch fires the waiter lists again:
 //!   the predecessor may have been a waiter that gave up.
-//! - **release** deletes the node. **extend** sends a `sync` and, right behind it,
+//! - **release** deletes the node. The client does not resend a request that a dropped
+//!   connection cut off, so such a delete is retried (the node found by its GUID) once
+//!   the session has reconnected, within the request timeout; should that fail too, the
+//!   release returns the connection error and the node is removed in the background as
+//!   soon as the server answers again (or goes with the session): a failed release
+//!   never leaves the lock to a session that lives on. **extend** sends a `sync` and, right behind it,
 //!   checks that the node still exists with the lease's `czxid`, owned by our live
 //!   session (see *Lease* below).
 //! - **try-acquire** (and `NoWait`) create, look, and delete their node again if they

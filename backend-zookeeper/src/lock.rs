@@ -17,7 +17,7 @@ use zookeeper_client as zk;
 use crate::config::{parse_url, validate_path, ZooKeeperConfig};
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
-use crate::recipe::{create_contender, remove_own, Cleanup};
+use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 
@@ -451,22 +451,52 @@ impl DistributedLock for ZooKeeperLock {
         }
     }
 
+    /// Deletes our node. A delete cut off by a dropped connection is retried (the node
+    /// found again by its GUID) within the request timeout; a release that still fails,
+    /// or is dropped, leaves the node to a background removal that retries until it
+    /// succeeds or the session ends, so the lock is never left to a live session.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let dir = self.lock_dir(lease.key());
+        let mine = protected_prefix(lease.owner());
         if let Some(held) = self.inner.registry.remove(lease.owner()) {
             if held.session.is_alive() {
                 let limit = self.limit(&held.session);
+                let until = Instant::now().checked_add(limit);
+                // Armed until our node is known gone: a release that fails or is dropped
+                // must not leave the lock to a session that lives on (nobody else would
+                // ever delete the node).
+                let mut cleanup = Cleanup::new(held.session.clone(), &dir, lease.owner(), limit);
                 match within(limit, held.session.client.delete(&held.path, None)).await {
-                    Ok(()) => return Ok(ReleaseOutcome::Released),
-                    Err(f) if f.is_no_node() || f.session_ended() => {}
-                    // The delete stays queued and lands once the connection is back.
+                    Ok(()) => {
+                        cleanup.disarm();
+                        return Ok(ReleaseOutcome::Released);
+                    }
+                    Err(f) if f.is_no_node() || f.session_ended() => cleanup.disarm(),
+                    // The connection dropped under the delete, which the client does not
+                    // resend: look for the node again once the session has reconnected,
+                    // within what is left of the request timeout.
+                    Err(f) if f.is_uncertain() && until.is_some_and(|u| Instant::now() < u) => {
+                        match remove_own_retrying(&held.session, &dir, &mine, limit, until).await {
+                            // Gone: deleted now, or by the first delete whose reply was
+                            // lost (the session is live, so the node did not expire).
+                            Ok(_) => {
+                                cleanup.disarm();
+                                return Ok(ReleaseOutcome::Released);
+                            }
+                            Err(f) if f.session_ended() || !held.session.is_alive() => {
+                                cleanup.disarm();
+                            }
+                            // Still armed: the node is removed in the background.
+                            Err(f) => return Err(f.into()),
+                        }
+                    }
+                    // Still armed: the node is removed in the background.
                     Err(f) => return Err(f.into()),
                 }
             }
         }
         // Not (or no longer) tracked here: remove any node carrying the lease's GUID.
         let session = self.session().await?;
-        let mine = protected_prefix(lease.owner());
         if remove_own(&session.client, &dir, &mine, self.limit(&session)).await? {
             return Ok(ReleaseOutcome::Released);
         }

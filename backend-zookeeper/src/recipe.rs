@@ -241,13 +241,51 @@ pub(crate) async fn remove_own(
     Ok(removed)
 }
 
-/// Until disarmed, dropping this removes the contender's node(s) in the background:
-/// the cancel-safety of acquire.
+/// Deletes `mine`'s nodes in `dir` like [`remove_own`], retrying (with backoff) while
+/// the outcome is uncertain and the session lives: the client fails a request in
+/// flight when its connection drops and does not resend it, so such a delete may not
+/// have been applied. Requests sent while the client reconnects go out once it has.
 ///
-/// The removal lists the directory through the same session, after the create was
-/// sent, so it sees a create that was still in flight. It retries through connection
-/// trouble (with backoff) until it succeeds or the session ends, which removes the
-/// ephemeral nodes anyway.
+/// `Ok(removed)` once a listing showed none of `mine`'s nodes left (`removed`: this
+/// call deleted one). Gives up with the last error on a definite failure, when the
+/// session ends (its ephemeral nodes go with it), or when `until` passes.
+pub(crate) async fn remove_own_retrying(
+    session: &Session,
+    dir: &str,
+    mine: &str,
+    limit: Duration,
+    until: Option<Instant>,
+) -> Result<bool, Fail> {
+    let mut delays = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).delays();
+    loop {
+        let attempt = remove_own(&session.client, dir, mine, limit);
+        let result = match until {
+            Some(until) => tokio::time::timeout_at(until, attempt)
+                .await
+                .unwrap_or(Err(Fail::TimedOut(limit))),
+            None => attempt.await,
+        };
+        match result {
+            Err(fail) if fail.is_uncertain() && session.is_alive() => {
+                let pause = delays.next_delay();
+                if until.is_some_and(|until| Instant::now() + pause >= until) {
+                    return Err(fail);
+                }
+                tokio::time::sleep(pause).await;
+            }
+            done => return done,
+        }
+    }
+}
+
+/// Until disarmed, dropping this removes the contender's node(s) in the background:
+/// the cancel-safety of acquire, and what keeps a release that failed (or was dropped)
+/// from leaving the lock held by a session that lives on.
+///
+/// The removal lists the directory through the same session, after the create (or
+/// delete) was sent, so it sees a create that was still in flight. It retries through
+/// connection trouble (with backoff) until it succeeds or the session ends, which
+/// removes the ephemeral nodes anyway.
 #[derive(Debug)]
 pub(crate) struct Cleanup {
     session: Option<Arc<Session>>,
@@ -292,21 +330,14 @@ impl Drop for Cleanup {
             self.limit,
         );
         runtime.spawn(async move {
-            let mut delays = Backoff::new(Duration::from_millis(10), Duration::from_secs(1)).delays();
-            loop {
-                if !session.is_alive() {
-                    return;
-                }
-                match remove_own(&session.client, &dir, &mine, limit).await {
-                    Ok(_) => return,
-                    Err(fail) if fail.session_ended() => return,
-                    Err(fail) if fail.is_uncertain() => {
-                        tokio::time::sleep(delays.next_delay()).await;
-                    }
-                    Err(fail) => {
-                        tracing::warn!(%dir, ?fail, "could not remove an abandoned contender node; it lives until the session ends");
-                        return;
-                    }
+            if !session.is_alive() {
+                return;
+            }
+            match remove_own_retrying(&session, &dir, &mine, limit, None).await {
+                Ok(_) => {}
+                Err(fail) if fail.session_ended() || !session.is_alive() => {}
+                Err(fail) => {
+                    tracing::warn!(%dir, ?fail, "could not remove an abandoned contender node; it lives until the session ends");
                 }
             }
         });

@@ -1,6 +1,6 @@
-//! ZooKeeper under faults: an injected session expiry, a lost create reply, a server
-//! restart (within and past the session timeout), and a 3-node ensemble losing its
-//! leader while locks are held and waited on.
+//! ZooKeeper under faults: an injected session expiry, a lost create reply, a release
+//! cut off by a lost connection, a server restart (within and past the session
+//! timeout), and a 3-node ensemble losing its leader while locks are held and waited on.
 
 mod common;
 
@@ -225,6 +225,67 @@ async fn abandoned_create_is_removed_long_before_the_session_ends() {
     let other = direct(port, session_timeout).await;
     let guard = other.try_acquire(&k, &no_wait()).await.unwrap();
     assert!(guard.is_some(), "an orphaned contender blocked the key");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_whose_reply_is_lost_to_a_reset_reports_released() {
+    let port = shared_port();
+    let (lock, proxy) = proxied(port, Duration::from_secs(8), |c| c).await;
+    let zk_raw = raw(port).await;
+    let k = key("lost-release-reply");
+    let dir = lock.lock_dir(&k);
+    keep_dir(&zk_raw, &lock, &k).await;
+    let guard = lock.acquire(&k, &no_wait()).await.expect("uncontended");
+    // The delete is applied, its reply lost; then the connection drops under it.
+    proxy.drop_replies();
+    let releasing = tokio::spawn(guard.release());
+    wait_children(&zk_raw, &dir, 1, Duration::from_secs(5)).await;
+    proxy.heal();
+    proxy.reset_all();
+    let outcome = timeout(Duration::from_secs(20), releasing)
+        .await
+        .expect("release hung after the connection loss")
+        .expect("release task");
+    assert_eq!(
+        outcome.expect("retried after the reconnect"),
+        ReleaseOutcome::Released
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_release_leaves_no_lock_behind() {
+    let port = shared_port();
+    let session_timeout = Duration::from_secs(10);
+    let (lock, proxy) = proxied(port, session_timeout, |c| {
+        c.with_request_timeout(Duration::from_millis(300))
+    })
+    .await;
+    let zk_raw = raw(port).await;
+    let k = key("failed-release");
+    let dir = lock.lock_dir(&k);
+    keep_dir(&zk_raw, &lock, &k).await;
+    let guard = lock.acquire(&k, &no_wait()).await.expect("uncontended");
+    // The delete never reaches the server, and the client does not resend it after
+    // the reconnect; the session lives on.
+    proxy.blackhole();
+    let started = Instant::now();
+    let released = guard.release().await;
+    assert!(
+        matches!(released, Err(LockError::Connection { .. })),
+        "{released:?}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(300) + RETURN_SLACK);
+    assert_eq!(zk_raw.list_children(&dir).await.unwrap().len(), 2);
+    let healed_at = Instant::now();
+    proxy.heal();
+    proxy.reset_all();
+    // Removed in the background once the server answers again, not at session end.
+    wait_children(&zk_raw, &dir, 1, Duration::from_secs(8)).await;
+    assert!(healed_at.elapsed() < session_timeout);
+    assert!(lock.session_id().is_some(), "the session was to survive");
+    let other = direct(port, session_timeout).await;
+    let taken = other.try_acquire(&k, &no_wait()).await.unwrap();
+    assert!(taken.is_some(), "the failed release left the lock held");
 }
 
 /// The slack on "returns within its wait" checks: two busy cores, not the server.

@@ -2,7 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -698,6 +698,9 @@ async fn terminated_session_fires_lost(h: &dyn FaultHarness) -> Result<Outcome, 
 
 const CLIENTS: usize = 16;
 const ROUNDS: usize = 100;
+/// A release that takes longer than this counts as hung (a backend bounds it by its
+/// request timeout, a few seconds).
+const RELEASE_LIMIT: Duration = Duration::from_secs(30);
 
 /// A small seeded generator (xorshift64*), so a run's faults can be replayed.
 struct Rng(u64);
@@ -731,30 +734,43 @@ async fn contention_under_random_faults(h: &dyn FaultHarness) -> Result<Outcome,
     let mut nets = Vec::new();
     let mut tasks = Vec::new();
     let granted = Arc::new(AtomicUsize::new(0));
+    // When the last grant came (ms after `begun`): grants that stop long before the end
+    // point to a lock left behind, not to slow clients.
+    let last_grant_ms = Arc::new(AtomicU64::new(0));
+    let begun = Instant::now();
     let ttl = h.ttl();
     let wait = h.slack() * 3;
     for n in 0..CLIENTS {
         let (client, net) = net_client(h).await?;
         nets.push(net);
-        let (r, key, set, granted) = (
+        let (r, key, set, granted, last_grant_ms) = (
             recorder(&client, n, &history),
             key.clone(),
             set.clone(),
             granted.clone(),
+            last_grant_ms.clone(),
         );
         tasks.push(tokio::spawn(async move {
             for round in 0..ROUNDS {
                 match r.acquire(&key, &waiting(ttl, wait)).await {
                     Ok(guard) => {
                         granted.fetch_add(1, Ordering::Relaxed);
+                        let ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
+                        last_grant_ms.fetch_max(ms, Ordering::Relaxed);
                         set.add(n, guard.fencing_token().get(), (n * ROUNDS + round) as u64);
-                        let _ = r.release(guard).await;
+                        // Its outcome may be an error under faults; never a hang.
+                        if timeout(RELEASE_LIMIT, r.release(guard)).await.is_err() {
+                            return Some(format!(
+                                "client {n}'s release in round {round} did not return within {RELEASE_LIMIT:?}"
+                            ));
+                        }
                     }
                     // A fault or a timeout: the next round tries again, after a breath
                     // so a broken connection does not spin.
                     Err(_) => sleep(Duration::from_millis(20)).await,
                 }
             }
+            None
         }));
     }
     let seed = seed();
@@ -787,9 +803,13 @@ async fn contention_under_random_faults(h: &dyn FaultHarness) -> Result<Outcome,
     };
     let started = Instant::now();
     let all = async {
+        let mut hung = Vec::new();
         for t in tasks {
-            let _ = t.await;
+            if let Ok(Some(why)) = t.await {
+                hung.push(why);
+            }
         }
+        hung
     };
     let finished = timeout(Duration::from_secs(240), all).await;
     done.store(1, Ordering::Relaxed);
@@ -797,11 +817,16 @@ async fn contention_under_random_faults(h: &dyn FaultHarness) -> Result<Outcome,
     for net in &nets {
         net.heal();
     }
-    check!(
-        finished.is_ok(),
-        "the clients did not finish within 240 s (seed {seed})"
-    );
     let grants = granted.load(Ordering::Relaxed);
+    let Ok(hung) = finished else {
+        return Err(Failure::Failed(format!(
+            "the clients did not finish within 240 s (seed {seed}): {grants}/{} rounds \
+             granted, the last {} after the start",
+            CLIENTS * ROUNDS,
+            millis(Duration::from_millis(last_grant_ms.load(Ordering::Relaxed)))
+        )));
+    };
+    check!(hung.is_empty(), "{} (seed {seed})", hung.join("; "));
     check!(
         grants > 0,
         "no client was ever granted the lock (seed {seed})"
