@@ -259,45 +259,35 @@ impl FaultHarness for ServerHarness {
                 Err(format!("no node {node}: one server"))
             }
         };
+        // The server types share these methods but no trait.
+        macro_rules! act_on {
+            ($server:expr) => {
+                match action {
+                    ServerAction::Kill => {
+                        $server.kill();
+                        Ok(())
+                    }
+                    ServerAction::Restart => $server.restart().await.map_err(err),
+                    ServerAction::Pause => $server.pause().map_err(err),
+                    ServerAction::Resume => $server.resume().map_err(err),
+                }
+            };
+        }
         match &mut *servers {
             Servers::Redis(all) => {
                 let count = all.len();
                 let server = all
                     .get_mut(node)
                     .ok_or_else(|| format!("no node {node} of {count}"))?;
-                match action {
-                    ServerAction::Kill => {
-                        server.kill();
-                        Ok(())
-                    }
-                    ServerAction::Restart => server.restart().await.map_err(err),
-                    ServerAction::Pause => server.pause().map_err(err),
-                    ServerAction::Resume => server.resume().map_err(err),
-                }
+                act_on!(server)
             }
             Servers::Postgres(server) => {
                 single(node)?;
-                match action {
-                    ServerAction::Kill => {
-                        server.kill();
-                        Ok(())
-                    }
-                    ServerAction::Restart => server.restart().await.map_err(err),
-                    ServerAction::Pause => server.pause().map_err(err),
-                    ServerAction::Resume => server.resume().map_err(err),
-                }
+                act_on!(server)
             }
             Servers::ZooKeeper(server) => {
                 single(node)?;
-                match action {
-                    ServerAction::Kill => {
-                        server.kill();
-                        Ok(())
-                    }
-                    ServerAction::Restart => server.restart().await.map_err(err),
-                    ServerAction::Pause => server.pause().map_err(err),
-                    ServerAction::Resume => server.resume().map_err(err),
-                }
+                act_on!(server)
             }
             Servers::Ensemble(ensemble) => match action {
                 ServerAction::Kill => ensemble.kill_node(node).map_err(err),
