@@ -378,7 +378,7 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) 
         .await
         .expect("the late grant is released once the servers resume");
     assert_eq!(
-        guard.fencing_token().get(),
+        guard.fencing_token().unwrap().get(),
         3,
         "the paused attempt's grant was applied late (token 2), then released"
     );
