@@ -45,8 +45,9 @@ Exit codes:
   126    command not executable; 127 command not found
   130/143/129  distlock got SIGINT/SIGTERM/SIGHUP while still waiting for the lock
 
-The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN and DISTLOCK_BACKEND in its
-environment and runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to
+The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (unset where the backend has no
+fencing, as on Redlock) and DISTLOCK_BACKEND in its environment and runs in its own
+process group. SIGINT, SIGTERM and SIGHUP sent to
 distlock are forwarded to that group. If the lock is lost, the group gets SIGTERM, then
 SIGKILL after --kill-after. The lock is released when the command ends. If distlock
 itself is killed with -9, the lock is freed when its lease (--ttl) or session ends.")]
