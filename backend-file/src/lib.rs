@@ -178,7 +178,7 @@ impl FileLock {
         requested_at: Instant,
     ) -> LockGuard {
         let owner = OwnerToken::random();
-        let lease = Lease::new(key.clone(), owner, token, options.ttl(), requested_at);
+        let lease = Lease::new(key.clone(), owner, Some(token), options.ttl(), requested_at);
         self.held().insert(owner, file);
         LockGuard::new(
             lease,

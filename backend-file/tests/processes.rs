@@ -121,7 +121,7 @@ async fn fencing_tokens_survive_every_client() {
             .acquire(&key(), &LockOptions::new(TTL))
             .await
             .expect("acquires");
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().unwrap();
         assert!(
             last.is_none_or(|last| token > last),
             "round {round}: token {token} does not follow {last:?}"

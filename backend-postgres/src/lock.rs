@@ -381,7 +381,7 @@ impl PostgresLock {
         let lease = Lease::new(
             key.clone(),
             owner,
-            token,
+            Some(token),
             options.ttl(),
             granted.acquired_at,
         );

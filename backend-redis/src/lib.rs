@@ -3,7 +3,8 @@
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
 //! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
-//!   succeeds, `INCR {K}:fence`, returning the new fencing token; when the key is held
+//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token
+//!   (Redlock skips the counter and hands out no token); when the key is held
 //!   it returns the holder's `PTTL` instead, the longest a waiter has to wait;
 //! - **release** is an owner-checked `DEL` in Lua that also `PUBLISH`es on
 //!   `{K}:released`; **extend** is an owner-checked `PEXPIRE` in Lua. Both tell
@@ -40,9 +41,11 @@
 //!   tokens *and* forgets held locks. Failover to an asynchronous replica can grant a
 //!   lock twice.
 //! - Redlock: needs a majority of nodes and a remaining validity
-//!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses. Its
-//!   fencing tokens (the max over the majority's counters) are best effort, so its
-//!   capabilities report fencing unsupported.
+//!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
+//!   Independent nodes cannot agree on one ordered counter (even without faults, a node
+//!   that missed a grant lags), so Redlock reports fencing unsupported, its guards'
+//!   `fencing_token()` is `None`, and it keeps no `{K}:fence` key. Protect resources
+//!   with idempotent or conditional writes, or use a backend with fencing.
 //! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
 //!   for any grant that may have landed.
 

@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, KeyStatus,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -316,16 +315,17 @@ impl RedisLock {
         };
         let results = self
             .on_all_nodes(self.node_timeout(ttl), |node| {
-                node.try_grant(names, owner, ttl)
+                node.try_grant(names, owner, ttl, !self.is_redlock())
             })
             .await;
         let (mut granted, mut fence, mut held_for, mut errors) =
-            (0, 0, None::<Duration>, Vec::new());
+            (0, None, None::<Duration>, Vec::new());
         for result in results {
             match result {
                 Ok(NodeGrant::Granted(token)) => {
                     granted += 1;
-                    fence = fence.max(token.get());
+                    // One node only: Redlock's nodes count no grants.
+                    fence = token;
                 }
                 Ok(NodeGrant::Held(pttl)) => {
                     held_for = match (held_for, pttl) {
@@ -342,7 +342,7 @@ impl RedisLock {
             .filter(|end| *end > Instant::now());
         if let (true, Some(valid_until)) = (granted >= self.quorum(), valid_until) {
             compensation.disarm();
-            let lease = Lease::new(key.clone(), owner, FencingToken::new(fence), ttl, started);
+            let lease = Lease::new(key.clone(), owner, fence, ttl, started);
             let guard = LockGuard::new(
                 lease,
                 LeaseMonitor::new(valid_until),
@@ -417,7 +417,7 @@ impl DistributedLock for RedisLock {
         let mut capabilities = Capabilities::all_supported();
         if self.is_redlock() {
             capabilities.fencing = Capability::Unsupported(
-                "Redlock has no consensus: after a node restart or failover its per-node counters can disagree, so a token is best effort only",
+                "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
         }
         BackendInfo {
@@ -546,8 +546,8 @@ impl DistributedLock for RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner. Redlock reports no
-/// token (its counters are best effort), and the shortest remaining lease among the
-/// majority's nodes.
+/// token (it keeps no counters), and the shortest remaining lease among the majority's
+/// nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views
         .iter()

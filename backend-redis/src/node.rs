@@ -18,8 +18,8 @@ use crate::REDIS_BACKEND;
 /// What one node said to an acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeGrant {
-    /// Granted, with the node's fencing counter after `INCR`.
-    Granted(FencingToken),
+    /// Granted, with the node's fencing counter after `INCR` (`None` when unfenced).
+    Granted(Option<FencingToken>),
     /// Held by another owner for at most this long (`None`: no expiry set).
     Held(Option<Duration>),
 }
@@ -121,19 +121,25 @@ impl Node {
         &self.address
     }
 
-    /// Runs the acquire script.
+    /// Runs the acquire script; `fenced` also counts the grant on `{K}:fence`.
     pub(crate) async fn try_grant(
         &self,
         names: &KeyNames,
         owner: OwnerToken,
         ttl: Duration,
+        fenced: bool,
     ) -> Result<NodeGrant, LockError> {
         let script = &*crate::scripts::ACQUIRE;
-        let mut cmd = evalsha(script, &[&names.lock, &names.fence]);
+        let keys: &[&str] = if fenced {
+            &[&names.lock, &names.fence]
+        } else {
+            &[&names.lock]
+        };
+        let mut cmd = evalsha(script, keys);
         cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
         let (granted, value): (i64, i64) = self.run(script, &cmd).await?;
         Ok(match granted {
-            1 => NodeGrant::Granted(FencingToken::new(value.max(0) as u64)),
+            1 => NodeGrant::Granted(fenced.then(|| FencingToken::new(value.max(0) as u64))),
             _ => NodeGrant::Held(u64::try_from(value).ok().map(Duration::from_millis)),
         })
     }

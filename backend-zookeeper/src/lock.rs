@@ -373,7 +373,7 @@ impl ZooKeeperLock {
         let lease = Lease::new(
             key.clone(),
             owner,
-            FencingToken::new(fence),
+            Some(FencingToken::new(fence)),
             options.ttl(),
             sent,
         );

@@ -45,8 +45,9 @@ Exit codes:
   126    command not executable; 127 command not found
   130/143/129  distlock got SIGINT/SIGTERM/SIGHUP while still waiting for the lock
 
-The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN and DISTLOCK_BACKEND in its
-environment and runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to
+The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (unset where the backend has no
+fencing, as on Redlock) and DISTLOCK_BACKEND in its environment and runs in its own
+process group. SIGINT, SIGTERM and SIGHUP sent to
 distlock are forwarded to that group. If the lock is lost, the group gets SIGTERM, then
 SIGKILL after --kill-after. The lock is released when the command ends. If distlock
 itself is killed with -9, the lock is freed when its lease (--ttl) or session ends.")]
@@ -116,7 +117,9 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         }
     };
     let waited = started.elapsed();
-    let token = guard.fencing_token();
+    let token = guard
+        .fencing_token()
+        .map_or_else(|| "none".to_owned(), |t| t.to_string());
 
     let outcome = supervise(&args, &guard, &mut signals).await;
     let held = guard.lease().acquired_at().elapsed();
@@ -179,12 +182,14 @@ async fn supervise(
     command
         .args(rest)
         .env("DISTLOCK_KEY", &args.key)
-        .env(
-            "DISTLOCK_FENCING_TOKEN",
-            guard.fencing_token().get().to_string(),
-        )
         .env("DISTLOCK_BACKEND", &args.backend.backend)
         .process_group(0);
+    match guard.fencing_token() {
+        Some(token) => command.env("DISTLOCK_FENCING_TOKEN", token.get().to_string()),
+        // A backend without fencing (Redlock) has no token to pass on; nor may one
+        // inherited from an enclosing exec pass for this lock's.
+        None => command.env_remove("DISTLOCK_FENCING_TOKEN"),
+    };
     terminate_with_parent(&mut command);
     // Do not start a command the lock can no longer protect, or that was called off
     // between the grant and now.

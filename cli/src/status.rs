@@ -27,7 +27,8 @@ struct StatusJson<'a> {
 pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = LockKey::new(key).map_err(|e| CliError::usage(format!("invalid key: {e}")))?;
     let locks = distlock::connect(url).await?;
-    let backend = locks.info().name;
+    let info = locks.info();
+    let backend = info.name;
     let status = locks.inspect(&key).await?;
     let text = if json {
         let json = StatusJson {
@@ -42,13 +43,23 @@ pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
             .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?
             + "\n"
     } else {
-        table(&key, backend, &status)
+        table(
+            &key,
+            backend,
+            info.capabilities.fencing.is_supported(),
+            &status,
+        )
     };
     print_out(&text)
 }
 
-fn table(key: &LockKey, backend: &str, status: &KeyStatus) -> String {
+fn table(key: &LockKey, backend: &str, fencing: bool, status: &KeyStatus) -> String {
     let unknown = || "unknown".to_owned();
+    // Without fencing there is no token to know, rather than one we cannot read.
+    let no_token = || match fencing {
+        true => unknown(),
+        false => "none (this backend has no fencing tokens)".to_owned(),
+    };
     let token_label = if status.held {
         "fencing token"
     } else {
@@ -64,7 +75,7 @@ fn table(key: &LockKey, backend: &str, status: &KeyStatus) -> String {
         key = key.as_str(),
         state = if status.held { "held" } else { "free" },
         token_label = format!("{token_label}:"),
-        token = status.fencing_token.map_or_else(unknown, |t| t.to_string()),
+        token = status.fencing_token.map_or_else(no_token, |t| t.to_string()),
         holder = match (&status.holder, status.held) {
             (Some(holder), _) => holder.clone(),
             (None, true) => unknown(),

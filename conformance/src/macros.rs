@@ -26,6 +26,7 @@ macro_rules! conformance_tests {
             late_release_after_expiry_keeps_new_holder,
             release_racing_expiry_keeps_new_holder,
             late_extend_after_expiry_fails_as_lost,
+            fencing_token_iff_fencing_supported,
             fencing_tokens_strictly_increase,
             fenced_store_rejects_stale_holder,
             different_keys_are_independent,

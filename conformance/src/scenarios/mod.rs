@@ -152,6 +152,8 @@ pub static SCENARIOS: &[Scenario] = &[
         "a release sent just before the lease expires, while a waiter takes over at expiry, never removes the waiter's lock"),
     scenario!(late_extend_after_expiry_fails_as_lost, Safety, [TtlExpiry, Extend],
         "extend after the lease expired fails as not held, whether the key is free or held by a new owner, and the new holder keeps it"),
+    scenario!(fencing_token_iff_fencing_supported, Safety, [],
+        "a grant (by acquire and by try-acquire) carries a fencing token exactly when the backend reports fencing supported"),
     scenario!(fencing_tokens_strictly_increase, Safety, [Fencing],
         "fencing tokens strictly increase across successive holders on different clients"),
     scenario!(fenced_store_rejects_stale_holder, Safety, [Fencing, TtlExpiry],
