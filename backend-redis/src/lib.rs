@@ -52,7 +52,9 @@
 mod config;
 mod keys;
 mod lock;
+mod membership;
 mod node;
+mod refusal;
 mod scripts;
 mod wakeups;
 

@@ -14,6 +14,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
+use crate::membership::connect_nodes;
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
@@ -67,14 +68,7 @@ impl RedisLock {
     /// As [`RedisLock::connect`], and [`LockError::Config`] for invalid `config`.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let urls = node_urls(url)?;
-        let nodes = join_all(
-            urls.iter()
-                .map(|u| Node::connect(u, config.request_timeout)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        let nodes = connect_nodes(&node_urls(url)?, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -149,18 +143,16 @@ impl RedisLock {
                 return error;
             }
         }
-        let failed = errors.len();
-        let first = errors
-            .into_iter()
-            .next()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        // Every failed node's own error, each naming its address.
+        let failures: Vec<String> = errors.iter().map(LockError::to_string).collect();
         LockError::connection(
             REDLOCK_BACKEND,
             format!(
-                "{failed} of {} Redlock nodes failed, so no majority of {} is possible (first: {first})",
+                "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
+                failures.len(),
                 self.inner.nodes.len(),
-                self.quorum()
+                self.quorum(),
+                failures.join("; ")
             ),
         )
     }

@@ -56,13 +56,14 @@ impl Wakeups {
         }
     }
 
-    /// Registers a waiter on `channel` and makes sure the connection is subscribed.
+    /// Registers a waiter on `channel` and makes sure the connection (if there is one
+    /// yet) is subscribed.
     /// The subscription is confirmed by the server before this returns, so a release
     /// after it is never missed. Returns the ticket and whether the subscription holds;
     /// without it the caller must poll.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        conn: &ConnectionManager,
+        conn: Option<&ConnectionManager>,
         channel: &str,
     ) -> (WakeTicket, bool) {
         let notify = {
@@ -79,9 +80,12 @@ impl Wakeups {
         };
         let ticket = WakeTicket {
             wakeups: self.clone(),
-            conn: conn.clone(),
+            conn: conn.cloned(),
             channel: channel.to_owned(),
             notify,
+        };
+        let Some(conn) = conn else {
+            return (ticket, false);
         };
         let _serial = self.commands.lock().await;
         let needs_subscribe = self.channels().get(channel).is_some_and(|c| !c.subscribed);
@@ -95,7 +99,7 @@ impl Wakeups {
         (ticket, subscribed)
     }
 
-    async fn forget(self: Arc<Self>, mut conn: ConnectionManager, channel: String) {
+    async fn forget(self: Arc<Self>, conn: Option<ConnectionManager>, channel: String) {
         let _serial = self.commands.lock().await;
         {
             let mut channels = self.channels();
@@ -107,7 +111,9 @@ impl Wakeups {
         // Always: the connection manager may have resubscribed after a reconnect even if
         // our flag says otherwise, and UNSUBSCRIBE of an unknown channel is harmless.
         // If it fails the connection is gone, and its subscriptions with it.
-        let _ = conn.unsubscribe(&channel).await;
+        if let Some(mut conn) = conn {
+            let _ = conn.unsubscribe(&channel).await;
+        }
     }
 
     /// How many channels are tracked (for tests and metrics).
@@ -119,7 +125,8 @@ impl Wakeups {
 /// One waiter's interest in a channel; dropping it unsubscribes the channel's last waiter.
 pub(crate) struct WakeTicket {
     wakeups: Arc<Wakeups>,
-    conn: ConnectionManager,
+    /// `None` for a node that had not joined when the ticket was taken.
+    conn: Option<ConnectionManager>,
     channel: String,
     notify: Arc<Notify>,
 }
