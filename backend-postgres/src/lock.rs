@@ -13,12 +13,11 @@ use distlock_api::{
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection as _;
-use sqlx::PgConnection;
 use tokio::sync::{oneshot, Notify, Semaphore};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use crate::config::{connect_options, PostgresConfig};
-use crate::error::{self, connect_error};
+use crate::error;
 use crate::hash::advisory_key;
 use crate::session::{self, Command, Failure, Granted, Kind, SessionHandle};
 use crate::sql::{ensure_schema, Statements};
@@ -231,15 +230,7 @@ impl PostgresLock {
         config.validate()?;
         let connect = connect_options(url, &config)?;
         let sql = Statements::new(&config.schema);
-        let mut conn = timeout(config.request_timeout, PgConnection::connect_with(&connect))
-            .await
-            .map_err(|_| {
-                error::connection(format!(
-                    "could not connect within the request timeout of {:?}",
-                    config.request_timeout
-                ))
-            })?
-            .map_err(connect_error)?;
+        let mut conn = session::connect(&connect, config.request_timeout).await?;
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
             return Err(e);

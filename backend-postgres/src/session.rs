@@ -20,11 +20,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
 use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
+use crate::config::server_address;
 use crate::hash::pg_locks_ids;
 use crate::lock::Shared;
 use crate::POSTGRES_BACKEND;
@@ -196,20 +198,30 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<Shared>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let config = &client.settings.config;
-    let conn = timeout(
-        config.request_timeout,
-        PgConnection::connect_with(&client.settings.connect),
-    )
-    .await
-    .map_err(|_| {
-        error::connection(format!(
-            "no session within the request timeout of {:?}",
-            config.request_timeout
-        ))
-    })?
-    .map_err(connect_error)?;
+    let conn = connect(&client.settings.connect, client.settings.config.request_timeout).await?;
     Ok(start(kind, conn, client))
+}
+
+/// Opens a connection with `options` within `limit`.
+///
+/// # Errors
+/// As [`connect_error`]; a connection error when `limit` passes first. Each names the
+/// server's address.
+pub(crate) async fn connect(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<PgConnection, LockError> {
+    let address = server_address(options);
+    timeout(limit, PgConnection::connect_with(options))
+        .await
+        .map_err(|_| {
+            LockError::connection_at(
+                POSTGRES_BACKEND,
+                &address,
+                format!("no connection within the request timeout of {limit:?}"),
+            )
+        })?
+        .map_err(|e| connect_error(e, &address))
 }
 
 /// Starts the task of a session over `conn`.

@@ -70,8 +70,8 @@ impl RedisServer {
     ///
     /// Runs `redis-server --port P --bind 127.0.0.1 --save "" --appendonly
     /// no|yes --dir TMP --logfile ""`, `--requirepass` with `config.password`
-    /// when set, then `config.extra_args`. A start that
-    /// loses its port to another process is retried on a new port.
+    /// when set, then `config.extra_args`. A start that loses its port to
+    /// another process is retried on a new port.
     ///
     /// # Errors
     ///
