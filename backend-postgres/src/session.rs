@@ -25,8 +25,8 @@ use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
-use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::config::server_address;
+use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::hash::pg_locks_ids;
 use crate::lock::Shared;
 use crate::POSTGRES_BACKEND;
@@ -198,7 +198,11 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<Shared>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let conn = connect(&client.settings.connect, client.settings.config.request_timeout).await?;
+    let conn = connect(
+        &client.settings.connect,
+        client.settings.config.request_timeout,
+    )
+    .await?;
     Ok(start(kind, conn, client))
 }
 

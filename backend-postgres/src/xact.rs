@@ -256,9 +256,11 @@ impl PostgresXactLock {
     where
         F: for<'t> FnOnce(&'t mut Transaction<'_, Postgres>, FencingToken) -> XactFuture<'t, T, E>,
     {
-        let conn = self.pool.acquire().await.map_err(|e| {
-            connect_error(e, &server_address(&self.pool.connect_options()))
-        })?;
+        let conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| connect_error(e, &server_address(&self.pool.connect_options())))?;
         let mut holder = CloseUnlessDone(Some(conn));
         let Some(conn) = holder.0.as_mut() else {
             return Err(XactError::Lock(crate::error::connection(

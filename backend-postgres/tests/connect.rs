@@ -19,10 +19,13 @@ async fn closed_port() -> u16 {
 async fn refusals(url: &str) -> Vec<LockError> {
     let session = PostgresLock::connect_with(url, common::test_config()).await;
     let xact = PostgresXactLock::connect(url).await;
-    vec![
-        session.err().expect("the session client connected"),
-        xact.err().expect("the transaction client connected"),
-    ]
+    let Err(session) = session else {
+        panic!("the session client connected to {url}");
+    };
+    let Err(xact) = xact else {
+        panic!("the transaction client connected to {url}");
+    };
+    vec![session, xact]
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -55,9 +55,14 @@ impl RedisLock {
     /// Connects to the node(s) named by `url` with default settings. See
     /// [`crate::node_urls`] for the URL forms.
     ///
+    /// Redlock needs a majority of its nodes to answer; the others join in the
+    /// background when they do (see the crate docs).
+    ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL or a server that does not speak RESP3,
-    /// [`LockError::Connection`] when a node cannot be reached.
+    /// [`LockError::Config`] for a bad URL, a server that refuses the credentials or the
+    /// database, is not a Redis server or does not speak RESP3, or a Redlock server
+    /// listed twice; [`LockError::Connection`] when the node, or a majority of Redlock
+    /// nodes, cannot be reached. Messages name the addresses, never the password.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
@@ -207,10 +212,11 @@ impl RedisLock {
                 waited,
             };
         }
+        let addresses: Vec<&str> = self.inner.nodes.iter().map(Node::address).collect();
         let who = if self.is_redlock() {
-            "a majority of the Redlock nodes"
+            format!("a majority of the Redlock nodes ({})", addresses.join(", "))
         } else {
-            "the server"
+            format!("the server at {}", addresses.join(", "))
         };
         LockError::connection(
             self.name(),

@@ -4,13 +4,11 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::{
-    AtAddress, ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome,
-};
+use distlock_api::{AtAddress, ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script,
-    ServerErrorKind,
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    RedisError, Script, ServerErrorKind,
 };
 
 use crate::keys::KeyNames;
@@ -186,7 +184,11 @@ impl Node {
 
     /// Records why the node has not joined, for the errors of operations meanwhile.
     pub(crate) fn set_absent(&self, why: String) {
-        *self.link.absent.lock().unwrap_or_else(PoisonError::into_inner) = why;
+        *self
+            .link
+            .absent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why;
     }
 
     /// The joined connection, if the node has joined.

@@ -30,12 +30,12 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
         _ if said.contains("without any password configured") => Some(format!(
             "authentication failed: the URL gives a password but the server has none set ({said})"
         )),
-        _ if said.contains("DB index is out of range") || said.contains("switch database") => {
-            Some(format!("no such database: the server has no database {db} ({said})"))
-        }
-        _ if error.kind() == ErrorKind::RESP3NotSupported => Some(
-            "the server does not speak RESP3 (Redis 6 or later is needed)".to_owned(),
+        _ if said.contains("DB index is out of range") || said.contains("switch database") => Some(
+            format!("no such database: the server has no database {db} ({said})"),
         ),
+        _ if error.kind() == ErrorKind::RESP3NotSupported => {
+            Some("the server does not speak RESP3 (Redis 6 or later is needed)".to_owned())
+        }
         _ if error.kind() == ErrorKind::Parse => Some(
             "not a Redis server: it answered the Redis handshake with something else".to_owned(),
         ),

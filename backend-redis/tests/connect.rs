@@ -61,9 +61,17 @@ fn assert_config(error: &LockError, address: &str, what: &str, secret: &str) {
 async fn refused_credentials_say_authentication_failed() {
     let mut config = RedisConfig::default();
     config.password = Some(PASSWORD.to_owned());
-    config.extra_args = ["--user", "alice", "on", &format!(">{PASSWORD}"), "~*", "&*", "+@all"]
-        .map(String::from)
-        .to_vec();
+    config.extra_args = [
+        "--user",
+        "alice",
+        "on",
+        &format!(">{PASSWORD}"),
+        "~*",
+        "&*",
+        "+@all",
+    ]
+    .map(String::from)
+    .to_vec();
     let s = server_with(config).await;
     let address = format!("127.0.0.1:{}", s.port());
     for url in [
@@ -80,7 +88,9 @@ async fn refused_credentials_say_authentication_failed() {
         format!("redis://:{PASSWORD}@{address}"),
         format!("redis://alice:{PASSWORD}@{address}"),
     ] {
-        let lock = RedisLock::connect(&url).await.expect("right password connects");
+        let lock = RedisLock::connect(&url)
+            .await
+            .expect("right password connects");
         let guard = lock.acquire(&key("auth"), &options()).await.unwrap();
         guard.release().await.unwrap();
     }
@@ -157,7 +167,10 @@ async fn connection_errors_name_the_address() {
     let message = error.to_string();
     assert!(message.contains("1 of 3"), "{message}");
     assert!(message.contains(&address), "{message}");
-    assert!(message.contains(&format!("127.0.0.1:{}", port + 1)), "{message}");
+    assert!(
+        message.contains(&format!("127.0.0.1:{}", port + 1)),
+        "{message}"
+    );
     assert!(!message.contains(WRONG), "{message}");
 }
 
@@ -185,7 +198,11 @@ async fn redlock_starts_with_a_minority_down_and_the_node_joins_when_back() {
     let lock = RedisLock::connect(&h.url())
         .await
         .expect("a majority answers, so the connect succeeds");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     // Acquires work, and do not spend a connect timeout on the missing node each time.
     for round in 0..5 {
         let began = Instant::now();
@@ -222,16 +239,25 @@ async fn one_server_under_two_names_is_refused() {
         format!("redis+redlock://localhost:{p},127.0.0.1:{q},127.0.0.1:{p}"),
     ] {
         let error = refusal(&url).await;
-        assert!(matches!(error, LockError::Config { .. }), "{url}: {error:?}");
+        assert!(
+            matches!(error, LockError::Config { .. }),
+            "{url}: {error:?}"
+        );
         assert!(error.to_string().contains("same server"), "{error}");
     }
     // Different addresses, one server: told apart by its run_id.
     let alias = FaultProxy::start(([127, 0, 0, 1], p).into()).await.unwrap();
     let a = alias.local_addr().port();
-    let error = refusal(&format!("redis+redlock://127.0.0.1:{p},127.0.0.1:{q},127.0.0.1:{a}")).await;
+    let error = refusal(&format!(
+        "redis+redlock://127.0.0.1:{p},127.0.0.1:{q},127.0.0.1:{a}"
+    ))
+    .await;
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
     let message = error.to_string();
-    assert!(message.contains("same server") && message.contains("run_id"), "{message}");
+    assert!(
+        message.contains("same server") && message.contains("run_id"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
