@@ -14,7 +14,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
-use crate::membership::connect_nodes;
+use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
@@ -149,7 +149,7 @@ impl RedisLock {
             }
         }
         // Every failed node's own error, each naming its address.
-        let failures: Vec<String> = errors.iter().map(LockError::to_string).collect();
+        let failures: Vec<String> = errors.iter().map(at_node).collect();
         LockError::connection(
             REDLOCK_BACKEND,
             format!(

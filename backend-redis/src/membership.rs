@@ -17,7 +17,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use distlock_api::LockError;
+use distlock_api::{AtAddress, LockError};
 use futures_util::future::join_all;
 use redis::aio::ConnectionManager;
 
@@ -68,7 +68,7 @@ pub(crate) async fn connect_nodes(
     refuse_shared_identities(&up)?;
     let quorum = nodes.len() / 2 + 1;
     if up.len() < quorum {
-        let reasons: Vec<String> = down.iter().map(|(_, error)| error.to_string()).collect();
+        let reasons: Vec<String> = down.iter().map(|(_, error)| at_node(error)).collect();
         return Err(LockError::connection(
             REDLOCK_BACKEND,
             format!(
@@ -85,10 +85,34 @@ pub(crate) async fn connect_nodes(
     let everyone: Vec<WeakNode> = nodes.iter().map(Node::downgrade).collect();
     for (node, error) in down {
         tracing::warn!(node = node.address(), %error, "Redlock node down at start-up; it joins when it answers");
-        node.set_absent(format!("down since start-up: {error}"));
+        node.set_absent(format!(
+            "down since start-up ({}); retrying in the background",
+            cause(&error)
+        ));
         tokio::spawn(join_later(node.downgrade(), everyone.clone()));
     }
     Ok(nodes)
+}
+
+/// A node's error as `address: what happened`, without the backend's prefix.
+pub(crate) fn at_node(error: &LockError) -> String {
+    match error {
+        LockError::Connection { source, .. } | LockError::Backend { source, .. } => {
+            source.to_string()
+        }
+        LockError::Config { message, .. } => message.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// What happened at a node, without the backend's prefix or the node's address.
+fn cause(error: &LockError) -> String {
+    match error {
+        LockError::Connection { source, .. } | LockError::Backend { source, .. } => source
+            .downcast_ref::<AtAddress>()
+            .map_or_else(|| source.to_string(), |at| at.source.to_string()),
+        other => at_node(other),
+    }
 }
 
 /// Refuses two nodes whose host names resolve to a common socket address. A name that
@@ -167,7 +191,10 @@ async fn join_later(node: WeakNode, everyone: Vec<WeakNode>) {
         let (conn, id) = match attempt.await {
             Ok(opened) => opened,
             Err(error) => {
-                node.set_absent(format!("down since start-up: {error}"));
+                node.set_absent(format!(
+                    "down since start-up ({}); retrying in the background",
+                    cause(&error)
+                ));
                 continue;
             }
         };
@@ -175,7 +202,7 @@ async fn join_later(node: WeakNode, everyone: Vec<WeakNode>) {
             if let Some(twin) = joined_twin(&id, &everyone).await {
                 let error = same_server(&twin, &node, &id);
                 tracing::error!(node = node.address(), %error, "Redlock node not joined: it never counts");
-                node.set_absent(format!("never joins: {error}"));
+                node.set_absent(format!("never joins: {}", cause(&error)));
                 return;
             }
         }

@@ -224,7 +224,7 @@ impl Node {
                 Err(LockError::connection_at(
                     REDIS_BACKEND,
                     &self.address,
-                    format!("node not connected ({why}); retrying in the background"),
+                    format!("node not connected: {why}"),
                 ))
             }
         }

@@ -56,16 +56,27 @@ impl Wakeups {
         }
     }
 
-    /// Registers a waiter on `channel` and makes sure the connection (if there is one
-    /// yet) is subscribed.
+    /// Registers a waiter on `channel` and makes sure the connection is subscribed.
     /// The subscription is confirmed by the server before this returns, so a release
     /// after it is never missed. Returns the ticket and whether the subscription holds;
     /// without it the caller must poll.
+    ///
+    /// Without a connection (a Redlock node that has not joined yet) the ticket is
+    /// detached: it tracks nothing and is never woken, so the caller polls.
     pub(crate) async fn watch(
         self: &Arc<Self>,
         conn: Option<&ConnectionManager>,
         channel: &str,
     ) -> (WakeTicket, bool) {
+        let Some(conn) = conn else {
+            let ticket = WakeTicket {
+                wakeups: self.clone(),
+                conn: None,
+                channel: channel.to_owned(),
+                notify: Arc::new(Notify::new()),
+            };
+            return (ticket, false);
+        };
         let notify = {
             let mut channels = self.channels();
             let entry = channels
@@ -80,12 +91,9 @@ impl Wakeups {
         };
         let ticket = WakeTicket {
             wakeups: self.clone(),
-            conn: conn.cloned(),
+            conn: Some(conn.clone()),
             channel: channel.to_owned(),
             notify,
-        };
-        let Some(conn) = conn else {
-            return (ticket, false);
         };
         let _serial = self.commands.lock().await;
         let needs_subscribe = self.channels().get(channel).is_some_and(|c| !c.subscribed);
@@ -99,7 +107,7 @@ impl Wakeups {
         (ticket, subscribed)
     }
 
-    async fn forget(self: Arc<Self>, conn: Option<ConnectionManager>, channel: String) {
+    async fn forget(self: Arc<Self>, mut conn: ConnectionManager, channel: String) {
         let _serial = self.commands.lock().await;
         {
             let mut channels = self.channels();
@@ -111,9 +119,7 @@ impl Wakeups {
         // Always: the connection manager may have resubscribed after a reconnect even if
         // our flag says otherwise, and UNSUBSCRIBE of an unknown channel is harmless.
         // If it fails the connection is gone, and its subscriptions with it.
-        if let Some(mut conn) = conn {
-            let _ = conn.unsubscribe(&channel).await;
-        }
+        let _ = conn.unsubscribe(&channel).await;
     }
 
     /// How many channels are tracked (for tests and metrics).
@@ -125,7 +131,7 @@ impl Wakeups {
 /// One waiter's interest in a channel; dropping it unsubscribes the channel's last waiter.
 pub(crate) struct WakeTicket {
     wakeups: Arc<Wakeups>,
-    /// `None` for a node that had not joined when the ticket was taken.
+    /// `None` for a detached ticket (see [`Wakeups::watch`]).
     conn: Option<ConnectionManager>,
     channel: String,
     notify: Arc<Notify>,
@@ -140,6 +146,9 @@ impl WakeTicket {
 
 impl Drop for WakeTicket {
     fn drop(&mut self) {
+        let Some(conn) = &self.conn else {
+            return;
+        };
         let last = {
             let mut channels = self.wakeups.channels();
             match channels.get_mut(&self.channel) {
@@ -155,7 +164,7 @@ impl Drop for WakeTicket {
                 runtime.spawn(
                     self.wakeups
                         .clone()
-                        .forget(self.conn.clone(), self.channel.clone()),
+                        .forget(conn.clone(), self.channel.clone()),
                 );
             }
         }

@@ -214,6 +214,25 @@ async fn redlock_starts_with_a_minority_down_and_the_node_joins_when_back() {
         );
         guard.release().await.unwrap();
     }
+    // A waiter is handed the lock when the holder releases, and leaves nothing behind.
+    let holder = lock.acquire(&key("handoff"), &options()).await.unwrap();
+    let waiter = {
+        let lock = lock.clone();
+        tokio::spawn(async move { lock.acquire(&key("handoff"), &options()).await })
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lock.tracked_wakeup_channels() == 0 {
+        assert!(Instant::now() < deadline, "the waiter never waited");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    holder.release().await.unwrap();
+    let granted = waiter.await.unwrap().expect("the waiter is granted");
+    granted.release().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while lock.tracked_wakeup_channels() != 0 {
+        assert!(Instant::now() < deadline, "wake-up channels left behind");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     // Back: the node joins, and new locks are on all three.
     h.servers.lock().await[2].restart().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
