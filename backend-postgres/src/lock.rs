@@ -16,7 +16,7 @@ use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
-use crate::config::{connect_options, PostgresConfig};
+use crate::config::{connect_options, server_address, PostgresConfig};
 use crate::error;
 use crate::hash::advisory_key;
 use crate::session::{self, Command, Failure, Granted, Kind, SessionHandle};
@@ -42,6 +42,13 @@ pub(crate) struct Settings {
     pub config: PostgresConfig,
     pub connect: PgConnectOptions,
     pub sql: Statements,
+}
+
+impl Settings {
+    /// A connection error with a message of ours, at the server's address.
+    pub(crate) fn connection_error(&self, why: impl Into<String>) -> LockError {
+        LockError::connection_at(POSTGRES_BACKEND, server_address(&self.connect), why.into())
+    }
 }
 
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
@@ -440,9 +447,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session: every one tried closed or broke",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session: every one tried closed or broke"))
     }
 
     /// One wait in the server's queue on a dedicated session, until `deadline`: the
@@ -507,9 +515,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session to wait on: every one tried closed",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session to wait on: every one tried closed"))
     }
 
     /// The body of `acquire`, unbounded by the wait when the server
@@ -588,9 +597,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session: every one tried closed",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session: every one tried closed"))
     }
 
     /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
@@ -659,7 +669,7 @@ impl DistributedLock for PostgresLock {
                 key: key.clone(),
                 waited: started.elapsed(),
             }),
-            Err(_) => Err(error::connection(format!(
+            Err(_) => Err(self.shared.settings.connection_error(format!(
                 "the server did not answer within the wait of {:?}; whether the lock was \
                  granted is unknown (a late grant is released)",
                 wait

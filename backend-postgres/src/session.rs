@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
 use crate::config::server_address;
-use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
+use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::hash::pg_locks_ids;
 use crate::lock::Shared;
 use crate::POSTGRES_BACKEND;
@@ -282,6 +282,11 @@ struct Task {
 }
 
 impl Task {
+    /// A connection error of this session: `why`, at the server's address.
+    fn broken(&self, why: impl Into<String>) -> LockError {
+        self.shared.connection_error(why)
+    }
+
     async fn run(mut self) {
         let end = self.serve().await;
         self.stop(end).await;
@@ -506,7 +511,7 @@ impl Task {
                 };
                 for command in groups.flatten().chain(others) {
                     self.forget_command(&command);
-                    command.fail(Failure::Lock(error::connection(why.clone())));
+                    command.fail(Failure::Lock(self.broken(why.clone())));
                 }
                 return Err(end);
             }
@@ -611,7 +616,7 @@ impl Task {
             }
             Trip::Broken(why) => (
                 HashMap::new(),
-                Some((error::connection(why.clone()), Err(End::Broken(why)))),
+                Some((self.broken(why.clone()), Err(End::Broken(why)))),
             ),
         };
         if let Some((error, cleanup)) = failure {
@@ -762,7 +767,7 @@ impl Task {
         };
         if let Err(End::Broken(why)) = &result {
             for (_, reply) in replies {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return result;
         }
@@ -864,7 +869,7 @@ impl Task {
         let started = Instant::now();
         if let Err(End::Broken(why)) = self.ping().await {
             for (_, _, reply) in live {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return Err(End::Broken(why));
         }
@@ -922,7 +927,7 @@ impl Task {
                 Ok(())
             }
             Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                 Err(End::Broken(why))
             }
         }
@@ -1035,7 +1040,7 @@ impl Task {
                         ))
                     }
                     Trip::Broken(why) => {
-                        let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                        let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                         Err(End::Broken(why))
                     }
                 }
@@ -1056,7 +1061,7 @@ impl Task {
             None => {
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
-                let _ = reply.send(Err(Failure::Lock(error::connection(why))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why))));
                 Err(End::Broken(why.into()))
             }
         }

@@ -3,7 +3,9 @@
 
 mod common;
 
-use distlock_api::LockError;
+use std::time::Duration;
+
+use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
 use distlock_conformance::servers::PostgresServer;
 use distlock_postgres::{PostgresLock, PostgresXactLock};
 
@@ -53,5 +55,38 @@ async fn a_missing_database_names_the_address() {
         assert!(message.contains(&address), "no address in: {message}");
         assert!(message.contains("does not exist"), "{message}");
         assert!(!message.contains(SECRET), "password leaked: {message}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_gone_after_connect_is_named() {
+    let mut server = PostgresServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start postgres (run scripts/test.sh): {e}"));
+    let address = format!("127.0.0.1:{}", server.port());
+    let lock = PostgresLock::connect_with(&server.url(), common::test_config())
+        .await
+        .expect("connects");
+    let key = LockKey::new("connect/gone").unwrap();
+    let options = LockOptions::new(Duration::from_secs(10));
+    lock.try_acquire(&key, &options)
+        .await
+        .unwrap()
+        .expect("free")
+        .release()
+        .await
+        .unwrap();
+    server.kill();
+    for round in 0..3 {
+        let error = lock
+            .try_acquire(&key, &options)
+            .await
+            .expect_err("the server is gone");
+        let message = error.to_string();
+        assert!(matches!(error, LockError::Connection { .. }), "{error:?}");
+        assert!(
+            message.contains(&address),
+            "round {round}: no address in: {message}"
+        );
     }
 }
