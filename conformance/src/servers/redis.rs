@@ -223,7 +223,8 @@ impl RedisServer {
         self.process.resume()
     }
 
-    /// Sends `PING` and expects `+PONG` within `timeout`.
+    /// Sends `PING` (after `AUTH` with the configured password, if any) and
+    /// expects `+PONG` within `timeout`.
     ///
     /// # Errors
     ///
