@@ -20,11 +20,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
-use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
+use crate::config::server_address;
+use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::hash::pg_locks_ids;
 use crate::lock::Shared;
 use crate::POSTGRES_BACKEND;
@@ -196,20 +198,34 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<Shared>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let config = &client.settings.config;
-    let conn = timeout(
-        config.request_timeout,
-        PgConnection::connect_with(&client.settings.connect),
+    let conn = connect(
+        &client.settings.connect,
+        client.settings.config.request_timeout,
     )
-    .await
-    .map_err(|_| {
-        error::connection(format!(
-            "no session within the request timeout of {:?}",
-            config.request_timeout
-        ))
-    })?
-    .map_err(connect_error)?;
+    .await?;
     Ok(start(kind, conn, client))
+}
+
+/// Opens a connection with `options` within `limit`.
+///
+/// # Errors
+/// As [`connect_error`]; a connection error when `limit` passes first. Each names the
+/// server's address.
+pub(crate) async fn connect(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<PgConnection, LockError> {
+    let address = server_address(options);
+    timeout(limit, PgConnection::connect_with(options))
+        .await
+        .map_err(|_| {
+            LockError::connection_at(
+                POSTGRES_BACKEND,
+                &address,
+                format!("no connection within the request timeout of {limit:?}"),
+            )
+        })?
+        .map_err(|e| connect_error(e, &address))
 }
 
 /// Starts the task of a session over `conn`.
@@ -266,6 +282,11 @@ struct Task {
 }
 
 impl Task {
+    /// A connection error of this session: `why`, at the server's address.
+    fn broken(&self, why: impl Into<String>) -> LockError {
+        self.shared.connection_error(why)
+    }
+
     async fn run(mut self) {
         let end = self.serve().await;
         self.stop(end).await;
@@ -490,7 +511,7 @@ impl Task {
                 };
                 for command in groups.flatten().chain(others) {
                     self.forget_command(&command);
-                    command.fail(Failure::Lock(error::connection(why.clone())));
+                    command.fail(Failure::Lock(self.broken(why.clone())));
                 }
                 return Err(end);
             }
@@ -595,7 +616,7 @@ impl Task {
             }
             Trip::Broken(why) => (
                 HashMap::new(),
-                Some((error::connection(why.clone()), Err(End::Broken(why)))),
+                Some((self.broken(why.clone()), Err(End::Broken(why)))),
             ),
         };
         if let Some((error, cleanup)) = failure {
@@ -746,7 +767,7 @@ impl Task {
         };
         if let Err(End::Broken(why)) = &result {
             for (_, reply) in replies {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return result;
         }
@@ -848,7 +869,7 @@ impl Task {
         let started = Instant::now();
         if let Err(End::Broken(why)) = self.ping().await {
             for (_, _, reply) in live {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return Err(End::Broken(why));
         }
@@ -906,7 +927,7 @@ impl Task {
                 Ok(())
             }
             Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                 Err(End::Broken(why))
             }
         }
@@ -1019,7 +1040,7 @@ impl Task {
                         ))
                     }
                     Trip::Broken(why) => {
-                        let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                        let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                         Err(End::Broken(why))
                     }
                 }
@@ -1040,7 +1061,7 @@ impl Task {
             None => {
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
-                let _ = reply.send(Err(Failure::Lock(error::connection(why))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why))));
                 Err(End::Broken(why.into()))
             }
         }

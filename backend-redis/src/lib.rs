@@ -33,6 +33,17 @@
 //! reconnects and resubscribes on its own) carries commands and wake-ups for every lock
 //! and waiter of a [`RedisLock`]. Redis 6 or later is needed for RESP3.
 //!
+//! Connect errors name the server's address (never the URL, which may carry a password)
+//! and say what the server answered: authentication failed (`WRONGPASS`, `NOAUTH`), no
+//! such database, not a Redis server, no RESP3. Those are [`distlock_api::LockError::Config`];
+//! an unreachable server is a [`distlock_api::LockError::Connection`].
+//!
+//! Redlock connects when a majority of its nodes answers. A node down at start-up is
+//! retried in the background and joins when it answers; until then its share of each
+//! operation fails at once. One server listed twice, found by resolving host names and
+//! by comparing the servers' `run_id`s, is a configuration error at connect; a late node
+//! that duplicates another never joins.
+//!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
@@ -52,7 +63,9 @@
 mod config;
 mod keys;
 mod lock;
+mod membership;
 mod node;
+mod refusal;
 mod scripts;
 mod wakeups;
 

@@ -14,6 +14,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
+use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
@@ -54,9 +55,14 @@ impl RedisLock {
     /// Connects to the node(s) named by `url` with default settings. See
     /// [`crate::node_urls`] for the URL forms.
     ///
+    /// Redlock needs a majority of its nodes to answer; the others join in the
+    /// background when they do (see the crate docs).
+    ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL or a server that does not speak RESP3,
-    /// [`LockError::Connection`] when a node cannot be reached.
+    /// [`LockError::Config`] for a bad URL, a server that refuses the credentials or the
+    /// database, is not a Redis server or does not speak RESP3, or a Redlock server
+    /// listed twice; [`LockError::Connection`] when the node, or a majority of Redlock
+    /// nodes, cannot be reached. Messages name the addresses, never the password.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
@@ -67,14 +73,7 @@ impl RedisLock {
     /// As [`RedisLock::connect`], and [`LockError::Config`] for invalid `config`.
     pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let urls = node_urls(url)?;
-        let nodes = join_all(
-            urls.iter()
-                .map(|u| Node::connect(u, config.request_timeout)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        let nodes = connect_nodes(&node_urls(url)?, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -149,18 +148,16 @@ impl RedisLock {
                 return error;
             }
         }
-        let failed = errors.len();
-        let first = errors
-            .into_iter()
-            .next()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        // Every failed node's own error, each naming its address.
+        let failures: Vec<String> = errors.iter().map(at_node).collect();
         LockError::connection(
             REDLOCK_BACKEND,
             format!(
-                "{failed} of {} Redlock nodes failed, so no majority of {} is possible (first: {first})",
+                "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
+                failures.len(),
                 self.inner.nodes.len(),
-                self.quorum()
+                self.quorum(),
+                failures.join("; ")
             ),
         )
     }
@@ -215,10 +212,11 @@ impl RedisLock {
                 waited,
             };
         }
+        let addresses: Vec<&str> = self.inner.nodes.iter().map(Node::address).collect();
         let who = if self.is_redlock() {
-            "a majority of the Redlock nodes"
+            format!("a majority of the Redlock nodes ({})", addresses.join(", "))
         } else {
-            "the server"
+            format!("the server at {}", addresses.join(", "))
         };
         LockError::connection(
             self.name(),

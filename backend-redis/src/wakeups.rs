@@ -60,11 +60,23 @@ impl Wakeups {
     /// The subscription is confirmed by the server before this returns, so a release
     /// after it is never missed. Returns the ticket and whether the subscription holds;
     /// without it the caller must poll.
+    ///
+    /// Without a connection (a Redlock node that has not joined yet) the ticket is
+    /// detached: it tracks nothing and is never woken, so the caller polls.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        conn: &ConnectionManager,
+        conn: Option<&ConnectionManager>,
         channel: &str,
     ) -> (WakeTicket, bool) {
+        let Some(conn) = conn else {
+            let ticket = WakeTicket {
+                wakeups: self.clone(),
+                conn: None,
+                channel: channel.to_owned(),
+                notify: Arc::new(Notify::new()),
+            };
+            return (ticket, false);
+        };
         let notify = {
             let mut channels = self.channels();
             let entry = channels
@@ -79,7 +91,7 @@ impl Wakeups {
         };
         let ticket = WakeTicket {
             wakeups: self.clone(),
-            conn: conn.clone(),
+            conn: Some(conn.clone()),
             channel: channel.to_owned(),
             notify,
         };
@@ -119,7 +131,8 @@ impl Wakeups {
 /// One waiter's interest in a channel; dropping it unsubscribes the channel's last waiter.
 pub(crate) struct WakeTicket {
     wakeups: Arc<Wakeups>,
-    conn: ConnectionManager,
+    /// `None` for a detached ticket (see [`Wakeups::watch`]).
+    conn: Option<ConnectionManager>,
     channel: String,
     notify: Arc<Notify>,
 }
@@ -133,6 +146,9 @@ impl WakeTicket {
 
 impl Drop for WakeTicket {
     fn drop(&mut self) {
+        let Some(conn) = &self.conn else {
+            return;
+        };
         let last = {
             let mut channels = self.wakeups.channels();
             match channels.get_mut(&self.channel) {
@@ -148,7 +164,7 @@ impl Drop for WakeTicket {
                 runtime.spawn(
                     self.wakeups
                         .clone()
-                        .forget(self.conn.clone(), self.channel.clone()),
+                        .forget(conn.clone(), self.channel.clone()),
                 );
             }
         }

@@ -33,7 +33,7 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
-pub use error::{BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
+pub use error::{AtAddress, BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
