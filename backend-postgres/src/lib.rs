@@ -112,10 +112,12 @@
 
 #![warn(missing_docs)]
 
+mod client;
 mod config;
 mod error;
 mod hash;
 mod lock;
+mod mailbox;
 mod session;
 mod sql;
 mod xact;

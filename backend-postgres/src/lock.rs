@@ -1,9 +1,8 @@
 //! [`PostgresLock`]: the [`DistributedLock`] over Postgres session advisory locks.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -11,15 +10,16 @@ use distlock_api::{
     check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
     Lease, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
-use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
-use crate::config::{connect_options, server_address, PostgresConfig};
+use crate::client::{locked, ClientState, Settings};
+use crate::config::{connect_options, PostgresConfig};
 use crate::error;
 use crate::hash::advisory_key;
-use crate::session::{self, Command, Failure, Granted, Kind, SessionHandle};
+use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
+use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
@@ -36,21 +36,6 @@ const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
-/// What every session of a client is opened and run with.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    pub config: PostgresConfig,
-    pub connect: PgConnectOptions,
-    pub sql: Statements,
-}
-
-impl Settings {
-    /// A connection error with a message of ours, at the server's address.
-    pub(crate) fn connection_error(&self, why: impl Into<String>) -> LockError {
-        LockError::connection_at(POSTGRES_BACKEND, server_address(&self.connect), why.into())
-    }
-}
-
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
 /// sessions. See the crate docs for the protocol and its guarantees.
 ///
@@ -60,99 +45,11 @@ impl Settings {
 /// client tracks the keys its shared sessions hold).
 #[derive(Clone)]
 pub struct PostgresLock {
-    shared: Arc<Shared>,
-}
-
-/// The state shared by a client's handles and its session tasks.
-pub(crate) struct Shared {
-    pub settings: Arc<Settings>,
-    registry: Mutex<Registry>,
-    pool: Mutex<Pool>,
-    /// Signalled when a shared session is added or an opening attempt ends.
-    pool_changed: Notify,
-    /// Dedicated sessions holding nothing, ready for the next wait.
-    idle_waits: Mutex<Vec<Arc<SessionHandle>>>,
-    /// One permit per dedicated session in use (waiting, or holding what it waited for).
-    wait_slots: Arc<Semaphore>,
-    /// Open sessions of each kind, counted by the session tasks.
-    pub(crate) open_shared: AtomicUsize,
-    pub(crate) open_waits: AtomicUsize,
-}
-
-#[derive(Default)]
-struct Registry {
-    /// Owner token of every held lease → the session holding it.
-    routes: HashMap<u128, Arc<SessionHandle>>,
-    /// Key hash → owner, for every key granted or being granted on a shared session
-    /// of this client: a second grant of the same key would be re-entrant.
-    shared_keys: HashMap<i64, u128>,
-}
-
-#[derive(Default)]
-struct Pool {
-    sessions: Vec<Arc<SessionHandle>>,
-    /// Shared sessions being opened.
-    opening: usize,
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few map operations that cannot panic half-way.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Shared {
-    pub(crate) fn forget_shared_key(&self, hash: i64, owner: u128) {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
-        }
-    }
-
-    pub(crate) fn add_route(&self, owner: u128, session: Arc<SessionHandle>) {
-        locked(&self.registry).routes.insert(owner, session);
-    }
-
-    pub(crate) fn remove_route(&self, owner: u128, hash: i64) {
-        let mut registry = locked(&self.registry);
-        registry.routes.remove(&owner);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
-        }
-    }
-
-    fn route(&self, owner: u128) -> Option<Arc<SessionHandle>> {
-        locked(&self.registry).routes.get(&owner).cloned()
-    }
-
-    pub(crate) fn return_wait_session(&self, session: Arc<SessionHandle>) {
-        let mut idle = locked(&self.idle_waits);
-        if session.is_alive() && !idle.iter().any(|s| Arc::ptr_eq(s, &session)) {
-            idle.push(session);
-        }
-    }
-
-    pub(crate) fn drop_session(&self, session: &Arc<SessionHandle>) {
-        locked(&self.idle_waits).retain(|s| !Arc::ptr_eq(s, session));
-        locked(&self.pool)
-            .sessions
-            .retain(|s| !Arc::ptr_eq(s, session));
-        self.pool_changed.notify_waiters();
-    }
-
-    /// Reserves the key for a grant on a shared session; `false` if this client holds
-    /// it, or is taking it, already.
-    fn reserve_shared_key(&self, hash: i64, owner: u128) -> bool {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.contains_key(&hash) {
-            return false;
-        }
-        registry.shared_keys.insert(hash, owner);
-        true
-    }
+    state: Arc<ClientState>,
 }
 
 /// Counts a shared session being opened, until dropped.
-struct Opening(Arc<Shared>);
+struct Opening(Arc<ClientState>);
 
 impl Drop for Opening {
     fn drop(&mut self) {
@@ -167,7 +64,7 @@ impl Drop for Opening {
 /// guard: the release is queued behind the grant on the same session, so it runs after
 /// it, whatever the grant's outcome.
 struct Pending<'a> {
-    shared: &'a Shared,
+    state: &'a ClientState,
     hash: i64,
     owner: u128,
     /// Whether a shared key was reserved for this grant.
@@ -196,7 +93,7 @@ impl Drop for Pending<'_> {
         });
         if !queued && self.reserved {
             // Never sent, or the session is gone (and its locks with it).
-            self.shared.forget_shared_key(self.hash, self.owner);
+            self.state.forget_shared_key(self.hash, self.owner);
         }
     }
 }
@@ -242,7 +139,7 @@ impl PostgresLock {
             let _ = conn.close().await;
             return Err(e);
         }
-        let shared = Arc::new(Shared {
+        let state = Arc::new(ClientState {
             wait_slots: Arc::new(Semaphore::new(config.wait_sessions)),
             settings: Arc::new(Settings {
                 config,
@@ -256,28 +153,28 @@ impl PostgresLock {
             open_shared: AtomicUsize::new(0),
             open_waits: AtomicUsize::new(0),
         });
-        let first = session::start(Kind::Shared, conn, &shared);
-        locked(&shared.pool).sessions.push(first);
-        Ok(PostgresLock { shared })
+        let first = session::start(Kind::Shared, conn, &state);
+        locked(&state.pool).sessions.push(first);
+        Ok(PostgresLock { state })
     }
 
     /// The settings in force.
     pub fn config(&self) -> &PostgresConfig {
-        &self.shared.settings.config
+        &self.state.settings.config
     }
 
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
         (
-            self.shared.open_shared.load(Ordering::Relaxed),
-            self.shared.open_waits.load(Ordering::Relaxed),
+            self.state.open_shared.load(Ordering::Relaxed),
+            self.state.open_waits.load(Ordering::Relaxed),
         )
     }
 
     /// The least busy shared session, opening one if all are busy and there is room.
     async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let shared = &self.shared;
-        let max = shared.settings.config.shared_sessions;
+        let state = &self.state;
+        let max = state.settings.config.shared_sessions;
         enum Next {
             Use(Arc<SessionHandle>),
             OpenAside(Arc<SessionHandle>),
@@ -289,7 +186,7 @@ impl PostgresLock {
         let mut changed = None;
         loop {
             let next = {
-                let mut pool = locked(&shared.pool);
+                let mut pool = locked(&state.pool);
                 pool.sessions.retain(|s| s.is_alive());
                 // Use as many sessions as the load needs, about one per
                 // QUEUE_PER_SESSION requests in flight: what is queued on a session
@@ -324,26 +221,26 @@ impl PostgresLock {
                 // first, then looking again, so no notification is missed).
                 Next::Wait => match changed.take() {
                     None => {
-                        let mut armed = Box::pin(shared.pool_changed.notified());
+                        let mut armed = Box::pin(state.pool_changed.notified());
                         armed.as_mut().enable();
                         changed = Some(armed);
                     }
                     Some(armed) => armed.await,
                 },
                 Next::Open => {
-                    let _opening = Opening(shared.clone());
-                    let session = session::open(Kind::Shared, shared).await?;
-                    locked(&shared.pool).sessions.push(session.clone());
+                    let _opening = Opening(state.clone());
+                    let session = session::open(Kind::Shared, state).await?;
+                    locked(&state.pool).sessions.push(session.clone());
                     return Ok(session);
                 }
                 Next::OpenAside(session) => {
                     // Busy sessions: open one more in the background, and meanwhile
                     // join the least busy one's next batch.
-                    let shared = shared.clone();
+                    let state = state.clone();
                     tokio::spawn(async move {
-                        let _opening = Opening(shared.clone());
-                        match session::open(Kind::Shared, &shared).await {
-                            Ok(opened) => locked(&shared.pool).sessions.push(opened),
+                        let _opening = Opening(state.clone());
+                        match session::open(Kind::Shared, &state).await {
+                            Ok(opened) => locked(&state.pool).sessions.push(opened),
                             Err(error) => {
                                 tracing::debug!(%error, "could not open another shared session")
                             }
@@ -358,11 +255,11 @@ impl PostgresLock {
     /// An idle dedicated session, or a new one. The caller holds a wait slot.
     async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
         loop {
-            let idle = locked(&self.shared.idle_waits).pop();
+            let idle = locked(&self.state.idle_waits).pop();
             match idle {
                 Some(s) if s.is_alive() => return Ok(s),
                 Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.shared).await,
+                None => return session::open(Kind::Wait, &self.state).await,
             }
         }
     }
@@ -403,11 +300,11 @@ impl PostgresLock {
         for _ in 0..SESSION_ATTEMPTS {
             let owner = OwnerToken::random();
             let owner_bits = owner.as_u128();
-            if !self.shared.reserve_shared_key(hash, owner_bits) {
+            if !self.state.reserve_shared_key(hash, owner_bits) {
                 return Ok(None);
             }
             let mut pending = Pending {
-                shared: &self.shared,
+                state: &self.state,
                 hash,
                 owner: owner_bits,
                 reserved: true,
@@ -434,7 +331,7 @@ impl PostgresLock {
                 Ok(Ok(None)) => return Ok(None),
                 Ok(Err(Failure::Closed)) => continue,
                 Err(_) => {
-                    self.shared.forget_shared_key(hash, owner_bits);
+                    self.state.forget_shared_key(hash, owner_bits);
                     continue;
                 }
                 // The session broke under the command, and its locks ended with it:
@@ -448,7 +345,7 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session: every one tried closed or broke"))
     }
@@ -463,7 +360,7 @@ impl PostgresLock {
         deadline: Option<Instant>,
     ) -> Result<Option<LockGuard>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.shared.wait_slots.clone();
+            let slots = self.state.wait_slots.clone();
             let slot = match deadline {
                 Some(d) => match timeout_at(d, slots.acquire_owned()).await {
                     Ok(slot) => slot,
@@ -499,7 +396,7 @@ impl PostgresLock {
                 continue;
             }
             let mut pending = Pending {
-                shared: &self.shared,
+                state: &self.state,
                 hash,
                 owner: owner.as_u128(),
                 reserved: false,
@@ -516,7 +413,7 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session to wait on: every one tried closed"))
     }
@@ -598,7 +495,7 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session: every one tried closed"))
     }
@@ -608,9 +505,9 @@ impl PostgresLock {
     async fn to_holder<T>(
         &self,
         owner: u128,
-        command: impl FnOnce(session::Reply<T>) -> Command,
+        command: impl FnOnce(Reply<T>) -> Command,
     ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.shared.route(owner) else {
+        let Some(session) = self.state.route(owner) else {
             return Ok(None);
         };
         let (tx, rx) = oneshot::channel();
@@ -669,7 +566,7 @@ impl DistributedLock for PostgresLock {
                 key: key.clone(),
                 waited: started.elapsed(),
             }),
-            Err(_) => Err(self.shared.settings.connection_error(format!(
+            Err(_) => Err(self.state.settings.connection_error(format!(
                 "the server did not answer within the wait of {:?}; whether the lock was \
                  granted is unknown (a late grant is released)",
                 wait

@@ -1,7 +1,6 @@
 //! [`Report`]: what a conformance run found, as a table or JSON.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -98,8 +97,4 @@ impl Report {
         let _ = writeln!(out, "{passed} passed, {failed} failed, {skipped} skipped");
         out
     }
-}
-
-pub(crate) fn millis(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }

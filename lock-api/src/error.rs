@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{KeyError, LockKey, OptionsError};
+use crate::{KeyError, LockKey};
 
 /// A boxed error from a backend's driver.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -54,6 +54,34 @@ impl AtAddress {
             source: source.into(),
         }
     }
+}
+
+/// Why [`LockOptions`](crate::LockOptions) were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// The TTL was below [`MIN_TTL`](crate::MIN_TTL).
+    #[error("ttl {ttl:?} is below the minimum of {min:?}")]
+    TtlTooShort {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MIN_TTL`](crate::MIN_TTL).
+        min: Duration,
+    },
+    /// The TTL was above [`MAX_TTL`](crate::MAX_TTL).
+    #[error("ttl {ttl:?} is above the maximum of {max:?}; use auto-renew to hold longer")]
+    TtlTooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MAX_TTL`](crate::MAX_TTL).
+        max: Duration,
+    },
+    /// The retry backoff would spin or is inverted.
+    #[error("{0}")]
+    Backoff(&'static str),
+    /// The auto-renew settings cannot keep the lease alive.
+    #[error("{0}")]
+    AutoRenew(&'static str),
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.

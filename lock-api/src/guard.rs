@@ -119,7 +119,7 @@ impl LockGuard {
         let backend = self.backend.info().name;
         let span = tracing::debug_span!("extend", backend, key = %self.key(), ttl = ?ttl);
         let extended = self.extend_inner(ttl).instrument(span).await;
-        crate::observe::renewal(backend, extended.is_ok());
+        crate::metrics::renewal(backend, extended.is_ok());
         extended
     }
 
@@ -170,7 +170,7 @@ impl LockGuard {
     fn record_end(&mut self) {
         if !self.observed {
             self.observed = true;
-            crate::observe::guard_ended(
+            crate::metrics::guard_ended(
                 self.backend.info().name,
                 self.key(),
                 self.lease.acquired_at().elapsed(),

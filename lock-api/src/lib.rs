@@ -25,6 +25,7 @@ mod key;
 mod lease;
 mod lock;
 pub mod memory;
+mod metrics;
 pub mod observe;
 mod options;
 mod renew;
@@ -33,15 +34,14 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
-pub use error::{AtAddress, BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
+pub use error::{AtAddress, BoxError, LockError, NotHeldReason, OptionsError, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::{DistributedLock, ExtendOutcome, ReleaseOutcome};
 pub use memory::MemoryLock;
 pub use options::{
-    check_ttl, AutoRenew, LockOptions, OptionsError, WaitPolicy, MAX_TTL, MIN_RENEW_INTERVAL,
-    MIN_TTL,
+    check_ttl, AutoRenew, LockOptions, WaitPolicy, MAX_TTL, MIN_RENEW_INTERVAL, MIN_TTL,
 };
 pub use scoped::with_lock;
 pub use status::KeyStatus;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::Backoff;
+use crate::{Backoff, LockError, OptionsError};
 
 /// The shortest TTL accepted. Shorter leases would expire in flight.
 pub const MIN_TTL: Duration = Duration::from_millis(10);
@@ -37,34 +37,6 @@ impl WaitPolicy {
             WaitPolicy::Forever => None,
         }
     }
-}
-
-/// Why [`LockOptions`] were refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum OptionsError {
-    /// The TTL was below [`MIN_TTL`].
-    #[error("ttl {ttl:?} is below the minimum of {min:?}")]
-    TtlTooShort {
-        /// The TTL given.
-        ttl: Duration,
-        /// [`MIN_TTL`].
-        min: Duration,
-    },
-    /// The TTL was above [`MAX_TTL`].
-    #[error("ttl {ttl:?} is above the maximum of {max:?}; use auto-renew to hold longer")]
-    TtlTooLong {
-        /// The TTL given.
-        ttl: Duration,
-        /// [`MAX_TTL`].
-        max: Duration,
-    },
-    /// The retry backoff would spin or is inverted.
-    #[error("{0}")]
-    Backoff(&'static str),
-    /// The auto-renew settings cannot keep the lease alive.
-    #[error("{0}")]
-    AutoRenew(&'static str),
 }
 
 /// Renews a held lease in the background (a watchdog).
@@ -198,9 +170,9 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`crate::LockError::InvalidOptions`] naming the first bound broken.
-    pub fn validate_for(&self, backend: &'static str) -> Result<(), crate::LockError> {
+    pub fn validate_for(&self, backend: &'static str) -> Result<(), LockError> {
         self.validate()
-            .map_err(|e| crate::LockError::invalid_options(backend, e))
+            .map_err(|e| LockError::invalid_options(backend, e))
     }
 }
 

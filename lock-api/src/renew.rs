@@ -41,7 +41,7 @@ pub(crate) async fn renew_until_stopped(
         let span = tracing::debug_span!("renew", backend = name, key = %lease.key(), extension = ?extension);
         let outcome = backend.extend(&lease, extension).instrument(span).await;
         drop(turn);
-        crate::observe::renewal(name, matches!(outcome, Ok(ExtendOutcome::Extended { .. })));
+        crate::metrics::renewal(name, matches!(outcome, Ok(ExtendOutcome::Extended { .. })));
         match outcome {
             Ok(ExtendOutcome::Extended { valid_until }) => {
                 if !monitor.renewed(valid_until) {

@@ -149,14 +149,4 @@ impl FaultReport {
         );
         out
     }
-
-    /// A self-contained HTML page: the table, and per scenario a timeline of grants.
-    pub fn to_html(&self) -> String {
-        super::html::page(std::slice::from_ref(self))
-    }
-}
-
-/// One self-contained HTML page for several backends' reports.
-pub fn html_page(reports: &[FaultReport]) -> String {
-    super::html::page(reports)
 }

@@ -112,7 +112,7 @@ fn takeover(h: &dyn FaultHarness) -> Duration {
 }
 
 fn millis(d: Duration) -> String {
-    crate::report::millis(d)
+    crate::scenarios::millis(d)
 }
 
 /// Runs `action` on every node, in order.

@@ -220,3 +220,8 @@ pub(crate) fn no_wait(ttl: Duration) -> LockOptions {
 
 /// A TTL long enough that no scenario step outlives it by accident.
 pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// `d` in milliseconds with one decimal, for scenario details.
+pub(crate) fn millis(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}

@@ -108,7 +108,7 @@ pub(super) async fn try_acquire_on_held_key_returns_held(
         released == ReleaseOutcome::Released,
         "holder's release gave {released:?}"
     );
-    Ok(format!("held reported in {}", crate::report::millis(took)))
+    Ok(format!("held reported in {}", super::millis(took)))
 }
 
 /// A lease for `key` carrying an owner token nobody holds.

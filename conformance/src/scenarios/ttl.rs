@@ -3,8 +3,8 @@
 use distlock_api::{AutoRenew, LeaseState, LockOptions, ReleaseOutcome};
 use tokio::time::Instant;
 
+use super::millis;
 use super::{check, no_wait, unique_key, waiting, Failure, LONG_TTL};
-use crate::report::millis;
 use crate::Harness;
 
 pub(super) async fn unrenewed_lease_expires_after_ttl(h: &dyn Harness) -> Result<String, Failure> {
