@@ -42,6 +42,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub use distlock_api::memory;
 pub use distlock_api::*;
 

@@ -110,7 +110,7 @@
 //! - A hash collision between two keys makes them contend as one lock; it never lets
 //!   two holders in.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod client;
 mod config;

@@ -60,6 +60,8 @@
 //! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
 //!   for any grant that may have landed.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod keys;
 mod lock;

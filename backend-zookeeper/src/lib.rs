@@ -139,6 +139,8 @@
 //! - Every acquire writes the lock directory's (empty) data, so its data version
 //!   counts acquires; nothing, Curator included, reads it.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod error;
 mod keys;

@@ -11,6 +11,8 @@ mod conformance;
 mod demo;
 mod duration;
 mod error;
+// The command runner makes the process-control FFI calls (prctl, kill, raise).
+#[allow(unsafe_code)]
 mod exec;
 mod faults;
 mod status;

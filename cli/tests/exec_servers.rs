@@ -3,6 +3,8 @@
 //! running command (its connection cut by a fault proxy) terminates the command's whole
 //! process group; `--no-wait` and `--wait` give up with exit code 75; the lock is
 //! released when the command ends, and freed when a holder is killed with -9.
+// The tests signal the processes they start (libc::kill).
+#![allow(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -17,6 +17,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 mod backoff;
 mod capabilities;
 mod error;

@@ -13,7 +13,8 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use crate::fault_proxy::FaultProxy;
 use crate::servers::{
-    PostgresConfig, PostgresServer, RedisServer, ServerError, ZooKeeperEnsemble, ZooKeeperServer,
+    PostgresServer, PostgresServerOptions, RedisServer, ServerError, ZooKeeperEnsemble,
+    ZooKeeperServer,
 };
 use crate::{Client, Harness, UrlConnector};
 
@@ -116,7 +117,7 @@ impl ServerHarness {
             }
             ServerKind::Postgres => {
                 // 16 contending clients with a few sessions each, and the waits'.
-                let config = PostgresConfig {
+                let config = PostgresServerOptions {
                     settings: vec![("max_connections".into(), "400".into())],
                 };
                 Servers::Postgres(PostgresServer::start_with(config).await?)
