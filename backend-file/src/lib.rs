@@ -229,10 +229,7 @@ impl DistributedLock for FileLock {
     fn info(&self) -> BackendInfo {
         let mut capabilities = Capabilities::all_supported();
         capabilities.ttl_expiry = Capability::Unsupported(NO_TTL);
-        BackendInfo {
-            name: FILE_BACKEND,
-            capabilities,
-        }
+        BackendInfo::new(FILE_BACKEND, capabilities)
     }
 
     async fn try_acquire(

@@ -22,6 +22,7 @@ use crate::POSTGRES_BACKEND;
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockTableFull {
     /// The server's message and hint.
     pub server_message: String,

@@ -7,6 +7,7 @@ use distlock_api::LockKey;
 /// All three start with the hash tag `{K}`, so they live in one Redis Cluster slot
 /// (except when `K` itself starts with `}`, which makes the tag empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,

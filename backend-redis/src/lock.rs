@@ -418,10 +418,7 @@ impl DistributedLock for RedisLock {
                 "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
         }
-        BackendInfo {
-            name: self.name(),
-            capabilities,
-        }
+        BackendInfo::new(self.name(), capabilities)
     }
 
     async fn try_acquire(
@@ -498,7 +495,8 @@ impl DistributedLock for RedisLock {
             match result {
                 Ok(ExtendOutcome::Extended { .. }) => extended += 1,
                 Ok(ExtendOutcome::HeldByOther) => held_by_other = true,
-                Ok(ExtendOutcome::Expired) => {}
+                // A node never answers Lost (only a guard does).
+                Ok(ExtendOutcome::Expired | ExtendOutcome::Lost) => {}
                 Err(error) => errors.push(error),
             }
         }

@@ -25,6 +25,7 @@ pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(100);
 
 /// One classic mistake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mistake {
     /// `SET NX` without `PX`: a crashed holder's lock is never freed.
     NoTtl,
@@ -155,10 +156,7 @@ impl DistributedLock for BrokenLock {
             capabilities.fencing =
                 Capability::Unsupported("the counters are best effort (but handed out anyway)");
         }
-        BackendInfo {
-            name: BROKEN_BACKEND,
-            capabilities,
-        }
+        BackendInfo::new(BROKEN_BACKEND, capabilities)
     }
 
     async fn try_acquire(

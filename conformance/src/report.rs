@@ -9,6 +9,7 @@ use crate::Category;
 /// The result of one scenario.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", content = "detail", rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Verdict {
     /// The scenario's checks held; the text holds measurements, if any.
     Passed(String),
@@ -27,6 +28,7 @@ impl Verdict {
 
 /// One row of a [`Report`].
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ScenarioResult {
     /// The scenario's name.
     pub name: &'static str,
@@ -40,6 +42,7 @@ pub struct ScenarioResult {
 
 /// Every scenario's result for one backend.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Report {
     /// The harness's name.
     pub backend: String,

@@ -38,6 +38,7 @@ impl std::fmt::Display for NotHeldReason {
 /// `host:port` (or a socket path), never a URL: a URL may carry a password.
 #[derive(Debug, thiserror::Error)]
 #[error("{address}: {source}")]
+#[non_exhaustive]
 pub struct AtAddress {
     /// The server's `host:port` as configured.
     pub address: String,

@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 
 use crate::{
     AutoRenew, DistributedLock, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState,
-    LockError, LockKey, NotHeldReason, ReleaseOutcome,
+    LockError, LockKey, ReleaseOutcome,
 };
 
 /// A held lock.
@@ -106,49 +106,49 @@ impl LockGuard {
         self.monitor.clone()
     }
 
-    /// Extends the lease to expire `ttl` from now, and returns the new deadline.
+    /// Extends the lease to expire `ttl` from now: [`ExtendOutcome::Extended`] with the
+    /// new deadline, or, as [`LockGuard::release`] does, an outcome saying the lease is
+    /// not ours any more ([`ExtendOutcome::Expired`], [`ExtendOutcome::HeldByOther`];
+    /// the guard is then lost).
     ///
     /// A lease already lost (its validity deadline passed) is not extended, even if the
-    /// server still has it: lost is final.
+    /// server still has it: lost is final, and the outcome is [`ExtendOutcome::Lost`].
     ///
     /// # Errors
-    /// [`LockError::NotHeld`] when the lease is gone or lost (the guard is then lost),
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
     /// on backends without extend, and connection and backend errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<Instant, LockError> {
+    pub async fn extend(&self, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         let backend = self.backend.info().name;
         let span = tracing::debug_span!("extend", backend, key = %self.key(), ttl = ?ttl);
-        let extended = self.extend_inner(ttl).instrument(span).await;
-        crate::metrics::renewal(backend, extended.is_ok());
-        extended
+        let outcome = self.extend_inner(ttl).instrument(span).await;
+        crate::metrics::renewal(
+            backend,
+            matches!(outcome, Ok(ExtendOutcome::Extended { .. })),
+        );
+        outcome
     }
 
-    async fn extend_inner(&self, ttl: Duration) -> Result<Instant, LockError> {
-        let not_held = |reason| {
-            self.monitor.mark_lost();
-            LockError::NotHeld {
-                backend: self.backend.info().name,
-                key: self.key().clone(),
-                reason,
-            }
-        };
+    async fn extend_inner(&self, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         let _turn = self.monitor.renewal_turn().await;
         // Lost is final: reviving the server's key now would leave a lock nobody holds.
         if self.monitor.state() == LeaseState::Lost {
-            return Err(not_held(NotHeldReason::Lost));
+            return Ok(ExtendOutcome::Lost);
         }
-        match self.backend.extend(&self.lease, ttl).await? {
+        let outcome = self.backend.extend(&self.lease, ttl).await?;
+        match outcome {
             ExtendOutcome::Extended { valid_until } => {
                 if !self.monitor.renewed(valid_until) {
                     // The deadline passed while the extend was in flight.
+                    self.monitor.mark_lost();
                     let _ = self.backend.release(&self.lease).await;
-                    return Err(not_held(NotHeldReason::Lost));
+                    return Ok(ExtendOutcome::Lost);
                 }
-                Ok(valid_until)
             }
-            ExtendOutcome::Expired => Err(not_held(NotHeldReason::Expired)),
-            ExtendOutcome::HeldByOther => Err(not_held(NotHeldReason::HeldByOther)),
+            ExtendOutcome::Expired | ExtendOutcome::HeldByOther | ExtendOutcome::Lost => {
+                self.monitor.mark_lost();
+            }
         }
+        Ok(outcome)
     }
 
     /// Stops renewal, then releases the lock (owner-checked).

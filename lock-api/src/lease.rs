@@ -143,6 +143,8 @@ impl Lease {
 }
 
 /// The three states of a lease.
+///
+/// Exhaustive by choice (see the crate docs): the lease model has exactly these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaseState {
     /// Held, and its validity deadline has not passed.

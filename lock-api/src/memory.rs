@@ -50,6 +50,7 @@ impl Holder {
 
 /// What a key holds now, as seen by [`MemoryStore::get`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Entry {
     /// The owner token stored under the key.
     pub owner: OwnerToken,
@@ -407,10 +408,7 @@ impl MemoryLock {
 #[async_trait]
 impl DistributedLock for MemoryLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: MEMORY_BACKEND,
-            capabilities: Capabilities::all_supported(),
-        }
+        BackendInfo::new(MEMORY_BACKEND, Capabilities::all_supported())
     }
 
     async fn try_acquire(

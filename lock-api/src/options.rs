@@ -18,6 +18,7 @@ pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(5);
 
 /// How long `acquire` waits for a held lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitPolicy {
     /// Try once; fail with [`crate::LockError::Timeout`] if the lock is held.
     NoWait,
@@ -48,6 +49,7 @@ impl WaitPolicy {
 /// refused, or the validity deadline passes while renewals fail, the lease is marked
 /// lost and [`crate::LockGuard::lost`] fires; while renewals fail it is suspect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct AutoRenew {
     /// Time between renewals; `None` means TTL/3.
     pub interval: Option<Duration>,
@@ -59,6 +61,13 @@ impl AutoRenew {
     /// Renews every TTL/3 until release, with no cap.
     pub fn new() -> Self {
         AutoRenew::default()
+    }
+
+    /// Renews every `interval` instead of TTL/3 (checked by [`LockOptions::validate`]:
+    /// at least [`MIN_RENEW_INTERVAL`] and at most TTL/2).
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = Some(interval);
+        self
     }
 
     /// Caps the total hold time at `max_hold`.

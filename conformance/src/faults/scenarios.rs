@@ -28,6 +28,7 @@ type FaultFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Failure>> + S
 
 /// One named fault scenario.
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub struct FaultScenario {
     /// Unique snake_case name.
     pub name: &'static str,

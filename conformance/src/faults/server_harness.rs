@@ -20,6 +20,7 @@ use crate::{Client, Harness, UrlConnector};
 
 /// Which servers a [`ServerHarness`] starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ServerKind {
     /// `nodes` redis-servers without persistence: one is a single node, more is Redlock.
     Redis {

@@ -1,6 +1,6 @@
 //! TTL: leases expire when promised, extend and renew work, and loss is reported.
 
-use distlock_api::{AutoRenew, LeaseState, LockOptions, ReleaseOutcome};
+use distlock_api::{AutoRenew, ExtendOutcome, LeaseState, LockOptions, ReleaseOutcome};
 use tokio::time::Instant;
 
 use super::millis;
@@ -47,7 +47,14 @@ pub(super) async fn extend_pushes_expiry_out(h: &dyn Harness) -> Result<String, 
     let guard = a.acquire(&key, &no_wait(ttl)).await?;
     let first_deadline = guard.valid_until();
     let longer = ttl * 3;
-    let new_deadline = guard.extend(longer).await?;
+    let new_deadline = match guard.extend(longer).await? {
+        ExtendOutcome::Extended { valid_until } => valid_until,
+        other => {
+            return Err(Failure::Failed(format!(
+                "extend of a held lease gave {other:?}"
+            )))
+        }
+    };
     check!(
         new_deadline > first_deadline,
         "extend returned {new_deadline:?}, not later than the first deadline"
