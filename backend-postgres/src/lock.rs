@@ -457,8 +457,9 @@ impl PostgresLock {
                     // The server's wait was capped below our deadline: wait again.
                     failing_since = None;
                 }
-                // The server is down or restarting: retry while the wait allows.
-                Err(error @ LockError::Connection { .. }) if deadline != Some(started) => {
+                // The server is down, restarting or asked us to retry: retry while the
+                // wait allows.
+                Err(error) if error.is_retryable() && deadline != Some(started) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     let out_of_time =
                         deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);

@@ -998,6 +998,9 @@ fn copy_error(error: &LockError) -> LockError {
         LockError::Connection { source, .. } => {
             LockError::connection(POSTGRES_BACKEND, source.to_string())
         }
+        LockError::Transient { source, .. } => {
+            LockError::transient(POSTGRES_BACKEND, source.to_string())
+        }
         other => LockError::backend_error(POSTGRES_BACKEND, other.to_string()),
     }
 }

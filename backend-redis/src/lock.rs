@@ -150,16 +150,20 @@ impl RedisLock {
         }
         // Every failed node's own error, each naming its address.
         let failures: Vec<String> = errors.iter().map(at_node).collect();
-        LockError::connection(
-            REDLOCK_BACKEND,
-            format!(
-                "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
-                failures.len(),
-                self.inner.nodes.len(),
-                self.quorum(),
-                failures.join("; ")
-            ),
-        )
+        let message = format!(
+            "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
+            failures.len(),
+            self.inner.nodes.len(),
+            self.quorum(),
+            failures.join("; ")
+        );
+        // Retrying helps only if the nodes that may recover could still make a majority.
+        let permanent = errors.iter().filter(|e| !e.is_retryable()).count();
+        if self.inner.nodes.len() - permanent < self.quorum() {
+            LockError::backend_error(REDLOCK_BACKEND, message)
+        } else {
+            LockError::connection(REDLOCK_BACKEND, message)
+        }
     }
 
     /// Owner-checked release on every node, including ones that failed or timed out.

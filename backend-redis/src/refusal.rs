@@ -48,6 +48,10 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
             source: Some(Box::new(error)),
         };
     }
+    if crate::node::is_transient(&error) {
+        // A server still loading its dataset refuses the handshake with LOADING.
+        return LockError::transient(REDIS_BACKEND, AtAddress::new(address, error));
+    }
     if error.is_connection_refusal() || error.is_timeout() {
         return LockError::connection_at(REDIS_BACKEND, address, error);
     }

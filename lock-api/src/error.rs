@@ -157,7 +157,19 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
-    /// The server answered with an error, or answered something unexpected.
+    /// The server is up but cannot serve the request now, and said so in its own terms
+    /// (Redis `LOADING`, `BUSY`, `TRYAGAIN`; Postgres serialization failure `40001` or
+    /// deadlock `40P01`): the same call may succeed shortly, nothing was changed.
+    #[error("{backend}: the server cannot serve this now (retry): {source}")]
+    Transient {
+        /// Backend name.
+        backend: &'static str,
+        /// The driver's error, with the server's code.
+        #[source]
+        source: BoxError,
+    },
+    /// The server answered with an error, or answered something unexpected; retrying
+    /// the same call will not help (see [`LockError::is_retryable`]).
     #[error("{backend}: backend error: {source}")]
     Backend {
         /// Backend name.
@@ -179,15 +191,22 @@ impl LockError {
             | LockError::Unsupported { backend, .. }
             | LockError::Config { backend, .. }
             | LockError::Connection { backend, .. }
+            | LockError::Transient { backend, .. }
             | LockError::Backend { backend, .. } => backend,
         }
     }
 
-    /// Whether the same call may succeed later: true for timeouts and connection errors.
+    /// Whether the same call may succeed later: true for timeouts, connection errors
+    /// and [`LockError::Transient`] refusals (the backend's own "try again" signals);
+    /// false for everything retrying cannot fix (bad input, configuration, a lease no
+    /// longer held, unsupported operations, other server errors).
+    ///
+    /// The guard's renewal watchdog stops at the first error that is not retryable,
+    /// and backends retry only retryable errors while an acquire may wait.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            LockError::Timeout { .. } | LockError::Connection { .. }
+            LockError::Timeout { .. } | LockError::Connection { .. } | LockError::Transient { .. }
         )
     }
 
@@ -218,6 +237,14 @@ impl LockError {
         LockError::connection(backend, AtAddress::new(address, source))
     }
 
+    /// Wraps a driver error the server marked as temporary as a [`LockError::Transient`].
+    pub fn transient(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        LockError::Transient {
+            backend,
+            source: source.into(),
+        }
+    }
+
     /// Wraps a driver error as a backend error.
     pub fn backend_error(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Backend {
@@ -238,5 +265,19 @@ impl From<KeyError> for LockError {
             backend: API_BACKEND_NAME,
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_kinds_are_the_ones_a_retry_can_fix() {
+        assert!(LockError::transient("x", "BUSY").is_retryable());
+        assert!(LockError::connection("x", "reset").is_retryable());
+        assert!(!LockError::backend_error("x", "WRONGTYPE").is_retryable());
+        assert!(!LockError::config("x", "bad url").is_retryable());
+        assert_eq!(LockError::transient("x", "BUSY").backend(), "x");
     }
 }

@@ -46,8 +46,9 @@ impl WaitPolicy {
 /// [`MIN_RENEW_INTERVAL`] and at most TTL/2, so a renewal has time to land) by the lock's TTL,
 /// stops as soon as the guard is released or dropped, and stops renewing once
 /// `max_hold` has passed since the grant, letting the lease run out. If a renewal is
-/// refused, or the validity deadline passes while renewals fail, the lease is marked
-/// lost and [`crate::LockGuard::lost`] fires; while renewals fail it is suspect.
+/// refused, fails with an error that is not [retryable](crate::LockError::is_retryable),
+/// or the validity deadline passes while renewals fail, the lease is marked lost and
+/// [`crate::LockGuard::lost`] fires; while retryable renewal errors last it is suspect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct AutoRenew {

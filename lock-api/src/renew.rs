@@ -56,6 +56,13 @@ pub(crate) async fn renew_until_stopped(
                 monitor.mark_lost();
                 return;
             }
+            Err(error) if !error.is_retryable() => {
+                // Retrying cannot fix it (the backend refused for good): the lease will
+                // not be renewed, so say so now rather than at its deadline.
+                tracing::warn!(key = %lease.key(), %error, "renewal failed for good; lock lost");
+                monitor.mark_lost();
+                return;
+            }
             Err(error) => {
                 monitor.suspect();
                 if Instant::now() >= monitor.valid_until() {

@@ -321,6 +321,7 @@ fn error_kind(e: &LockError) -> &'static str {
     match e {
         LockError::Timeout { .. } => "timeout",
         LockError::Connection { .. } => "connection",
+        LockError::Transient { .. } => "transient",
         LockError::Backend { .. } => "backend",
         LockError::NotHeld { .. } => "not-held",
         LockError::Unsupported { .. } => "unsupported",
