@@ -1,11 +1,12 @@
 //! [`PostgresLock`]: the [`DistributedLock`] over Postgres session advisory locks.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
     Lease, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
@@ -419,14 +420,14 @@ impl PostgresLock {
     }
 
     /// The body of `acquire`, unbounded by the wait when the server
-    /// does not answer; notes in `seen_held` each answer saying the key is held.
+    /// does not answer; notes in `report` each answer saying the key is held.
     async fn acquire_until(
         &self,
         key: &LockKey,
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
-        seen_held: &AtomicBool,
+        report: &WaitReport,
     ) -> Result<LockGuard, LockError> {
         let hash = advisory_key(key);
         let timed_out = || LockError::Timeout {
@@ -439,7 +440,7 @@ impl PostgresLock {
         loop {
             let attempt = match self.try_shared(key, hash, options).await {
                 Ok(None) => {
-                    seen_held.store(true, Ordering::Relaxed);
+                    report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timed_out());
                     }
@@ -450,7 +451,7 @@ impl PostgresLock {
             match attempt {
                 Ok(Some(guard)) => return Ok(guard),
                 Ok(None) => {
-                    seen_held.store(true, Ordering::Relaxed);
+                    report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timed_out());
                     }
@@ -546,30 +547,16 @@ impl DistributedLock for PostgresLock {
     /// and `Forever` are bounded by the request timeout and the error patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(POSTGRES_BACKEND)?;
-        let started = Instant::now();
-        let deadline = options.wait().deadline_from(started);
-        let seen_held = AtomicBool::new(false);
-        let attempt = self.acquire_until(key, options, started, deadline, &seen_held);
-        let Some((wait, cut)) = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)))
-        else {
-            return attempt.await;
-        };
-        match timeout_at(cut, attempt).await {
-            Ok(result) => result,
-            // An answer of this call said the key is held: that is what the wait saw.
-            Err(_) if seen_held.load(Ordering::Relaxed) => Err(LockError::Timeout {
-                backend: POSTGRES_BACKEND,
-                key: key.clone(),
-                waited: started.elapsed(),
-            }),
-            Err(_) => Err(self.state.settings.connection_error(format!(
-                "the server did not answer within the wait of {:?}; whether the lock was \
-                 granted is unknown (a late grant is released)",
-                wait
-            ))),
-        }
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let report = WaitReport::new();
+        let attempts = self.acquire_until(key, options, bound.started, bound.deadline, &report);
+        bounded_wait(POSTGRES_BACKEND, key, bound, &report, attempts, |wait| {
+            self.state.settings.connection_error(format!(
+                "the server did not answer within the wait of {wait:?}; whether the lock was \
+                 granted is unknown (a late grant is released)"
+            ))
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -30,6 +30,8 @@ pub struct LockGuard {
     released: bool,
     /// Whether the hold time (and loss) has been recorded; once per guard.
     observed: bool,
+    /// Whether the acquire met the key held before it was granted.
+    contended: bool,
 }
 
 impl LockGuard {
@@ -62,7 +64,21 @@ impl LockGuard {
             runtime,
             released: false,
             observed: false,
+            contended: false,
         }
+    }
+
+    /// See [`crate::backend::mark_contended`].
+    pub(crate) fn with_contended(mut self, contended: bool) -> Self {
+        self.contended = contended;
+        self
+    }
+
+    /// Whether the acquire that granted this guard found the key held by another owner
+    /// first (and so waited for it), as the backend reported it. `false` for a
+    /// `try_acquire` grant.
+    pub fn contended(&self) -> bool {
+        self.contended
     }
 
     /// The key held.

@@ -44,6 +44,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod backend;
 mod backoff;
 mod capabilities;
 mod error;

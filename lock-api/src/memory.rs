@@ -281,15 +281,17 @@ impl MemoryStore {
         let start = Instant::now();
         let deadline = options.wait().deadline_from(start);
         let wake = self.wake_handle(key);
+        let mut met_held = false;
         loop {
             let woken = wake.notified();
             tokio::pin!(woken);
             // Registered before the attempt, so a delete in between still wakes us.
             woken.as_mut().enable();
             let holder_expiry = match attempt()? {
-                Ok(guard) => return Ok(guard),
+                Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
                 Err(expiry) => expiry,
             };
+            met_held = true;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(LockError::Timeout {
                     backend,

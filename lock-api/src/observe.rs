@@ -8,7 +8,7 @@
 //! Where each is recorded:
 //! - [`Observed`] (which `distlock::connect` wraps around every backend) records
 //!   [`ACQUIRE_SECONDS`], [`WAIT_SECONDS`] and [`CONTENTION_TOTAL`], in the `acquire`
-//!   and `wait` spans;
+//!   span;
 //! - [`crate::LockGuard`] records [`HOLD_SECONDS`] and [`LOST_TOTAL`] when it ends
 //!   (released or dropped), in the `release` and `lost` spans, and
 //!   [`RENEWALS_TOTAL`] / [`RENEWAL_FAILURES_TOTAL`] for explicit extends, in the
@@ -25,7 +25,7 @@ use tracing::Instrument as _;
 
 use crate::{
     BackendInfo, DistributedLock, ExtendOutcome, KeyStatus, Lease, LockError, LockGuard, LockKey,
-    LockOptions, ReleaseOutcome, WaitPolicy,
+    LockOptions, ReleaseOutcome,
 };
 
 use crate::metrics::{acquired, contended};
@@ -42,12 +42,11 @@ pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
 
 /// A backend whose `acquire` and `try_acquire` record metrics and spans.
 ///
-/// An `acquire` that may wait first tries once without waiting, so that contention and
-/// wait time are measured the same way on every backend; a contended acquire thus costs
-/// one extra round trip, an uncontended one none. A `WaitPolicy::Timeout` bounds that first try
-/// too: if it is unanswered when the wait runs out, the call fails with
-/// [`LockError::Connection`]. Release, extend and inspect go
-/// straight to the inner backend (the guard records release and extend).
+/// It measures only: every call goes to the inner backend once, unchanged, so a wrapped
+/// backend behaves exactly as the bare one. Contention is what the backend reports: a
+/// grant after the key was found held ([`LockGuard::contended`]) or a
+/// [`LockError::Timeout`]. Release, extend and inspect go straight to the inner backend
+/// (the guard records release and extend).
 #[derive(Debug)]
 pub struct Observed {
     inner: Arc<dyn DistributedLock>,
@@ -84,94 +83,25 @@ impl DistributedLock for Observed {
         let span = tracing::debug_span!("acquire", backend, key = %key, wait = ?options.wait());
         async {
             let start = Instant::now();
-            if options.wait() == WaitPolicy::NoWait {
-                return match self.inner.acquire(key, options).await {
-                    Ok(guard) => {
-                        acquired(backend, start.elapsed());
-                        Ok(guard)
-                    }
-                    Err(e @ LockError::Timeout { .. }) => {
-                        contended(backend);
-                        Err(e)
-                    }
-                    Err(e) => Err(e),
-                };
-            }
-            // The wait bounds the whole call, this first try included: a server that
-            // does not answer must not hold the caller past it (backends' attempts are
-            // cancel-safe, so dropping this one undoes any late grant).
-            let first = self.inner.try_acquire(key, options);
-            let first = match options.wait() {
-                // A zero wait is one try, bounded by the backend as `NoWait` is.
-                WaitPolicy::Timeout(limit) if !limit.is_zero() => {
-                    match tokio::time::timeout(limit, first).await {
-                        Ok(tried) => tried,
-                        Err(_) => {
-                            return Err(LockError::connection(
-                                backend,
-                                format!("no answer within the wait of {limit:?}; whether the lock is held is unknown"),
-                            ))
-                        }
-                    }
-                }
-                _ => first.await,
-            };
-            let transient = match first {
-                Ok(Some(guard)) => {
-                    acquired(backend, start.elapsed());
-                    return Ok(guard);
-                }
-                Ok(None) => {
-                    contended(backend);
-                    None
-                }
-                // Transient (a server restarting, a slow node): the backend's own wait
-                // retries those, so go on waiting rather than fail fast.
-                Err(error) if error.is_retryable() => {
-                    tracing::debug!(%error, "first try failed; waiting");
-                    Some(error)
-                }
-                Err(error) => return Err(error),
-            };
-            let remaining = match options.wait() {
-                WaitPolicy::Timeout(limit) => match limit.checked_sub(start.elapsed()) {
-                    Some(left) if !left.is_zero() => WaitPolicy::Timeout(left),
-                    // The wait is used up: another try could outlast it.
-                    _ => {
-                        return Err(transient.unwrap_or_else(|| LockError::Timeout {
-                            backend,
-                            key: key.clone(),
-                            waited: start.elapsed(),
-                        }))
-                    }
-                },
-                other => other,
-            };
-            let waiting = options.clone().with_wait(remaining);
-            let waited = self
-                .inner
-                .acquire(key, &waiting)
-                .instrument(tracing::debug_span!("wait", backend, key = %key))
-                .await;
+            let may_wait = options.wait().deadline_from(start) != Some(start);
+            let result = self.inner.acquire(key, options).await;
             let elapsed = start.elapsed();
-            match waited {
-                Ok(guard) => {
+            // Contention as the backend saw it: a grant after meeting the key held, or
+            // a wait that ran out.
+            let met_held = match &result {
+                Ok(guard) => guard.contended(),
+                Err(error) => matches!(error, LockError::Timeout { .. }),
+            };
+            if met_held {
+                contended(backend);
+                if may_wait {
                     metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
-                    acquired(backend, elapsed);
-                    Ok(guard)
                 }
-                Err(LockError::Timeout {
-                    backend: b, key, ..
-                }) => {
-                    metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
-                    Err(LockError::Timeout {
-                        backend: b,
-                        key,
-                        waited: elapsed,
-                    })
-                }
-                Err(e) => Err(e),
             }
+            if result.is_ok() {
+                acquired(backend, elapsed);
+            }
+            result
         }
         .instrument(span)
         .await
