@@ -109,6 +109,14 @@
 //! anyway: an orphaned contender never outlives our session. Waiters that give up
 //! delete their own node before returning.
 //!
+//! Background tasks do not outlive their runtime: when the runtime that opened a
+//! session shuts down (a program returning from `main`, or `distlock exec` exiting on
+//! a signal, while an acquire waits), tokio drops them unfinished. So as the runtime
+//! shuts down, the session is closed on the server from a fresh connection, waiting
+//! at most 1 s: its contender nodes and locks go at once, and a waiter that died never
+//! holds up the queue behind it until its session times out. (A process killed with
+//! `-9` cannot do this: its nodes go at session expiry.)
+//!
 //! # Why not `zookeeper-client`'s own lock recipe
 //! `zookeeper_client::Client::lock(LockPrefix::new_curator(dir, "lock-"), …)` implements
 //! the same Curator-compatible recipe (protected names, predecessor watch, GUID lookup
@@ -145,6 +153,7 @@ mod keys;
 mod lock;
 mod recipe;
 mod session;
+mod shutdown;
 
 pub use config::{parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT};
 pub use keys::{

@@ -10,6 +10,7 @@ use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::config::ZooKeeperConfig;
+use crate::shutdown::ShutdownWatch;
 use crate::ZOOKEEPER_BACKEND;
 
 /// One ZooKeeper session: the lease of every lock taken through it.
@@ -19,6 +20,8 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The timeout the server negotiated.
     pub(crate) timeout: Duration,
+    /// Closes the session on the server should its runtime shut down first.
+    shutdown: ShutdownWatch,
 }
 
 impl Session {
@@ -53,13 +56,15 @@ impl Session {
         Ok(Session {
             id: client.session_id().0,
             timeout: client.session_timeout(),
+            shutdown: ShutdownWatch::spawn(&client, hosts),
             client,
         })
     }
 
-    /// False once the session expired, was closed or failed authentication.
+    /// False once the session expired, was closed (also by its runtime shutting down)
+    /// or failed authentication.
     pub(crate) fn is_alive(&self) -> bool {
-        !self.client.state().is_terminated()
+        !self.shutdown.closed() && !self.client.state().is_terminated()
     }
 }
 

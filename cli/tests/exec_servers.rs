@@ -341,6 +341,7 @@ async fn signalled_waiter_does_not_delay_the_next(url: &str, waiters: WaiterCoun
     let (ended, started) = (nanos(&ended), nanos(&started));
     assert!(started >= ended, "the third command ran before the holder's ended");
     let handoff = Duration::from_nanos(u64::try_from(started - ended).unwrap());
+    println!("{url}: the third exec ran {handoff:?} after the holder's command ended");
     assert!(
         handoff <= HANDOFF_BOUND,
         "the third exec ran {handoff:?} after the holder's command ended: the signalled \
