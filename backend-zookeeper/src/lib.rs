@@ -68,6 +68,11 @@
 //! is read back ([`ZooKeeperLock::session_timeout`]) and used everywhere below. An
 //! expired session is never resumed: the next operation opens a new one.
 //!
+//! The client works with session timeouts from [`MIN_SESSION_TIMEOUT`] (500 ms) to
+//! [`MAX_SESSION_TIMEOUT`]: asking for one outside that range, or a server granting
+//! less than the minimum, is a [`distlock_api::LockError::Config`], on every run.
+//! Connection errors name the servers of the URL (`ZooKeeper at h1:p1,h2:p2: …`).
+//!
 //! # Lease, loss and fencing
 //! - **The lease is the session.** A lock is held until it is released or its session
 //!   ends, whatever TTL the options ask for: the capabilities report `ttl_expiry`
@@ -155,7 +160,9 @@ mod recipe;
 mod session;
 mod shutdown;
 
-pub use config::{parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT};
+pub use config::{
+    parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+};
 pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
 };

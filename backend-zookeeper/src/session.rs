@@ -9,7 +9,7 @@ use distlock_api::{LeaseMonitor, LockError, OwnerToken};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
-use crate::config::ZooKeeperConfig;
+use crate::config::{ZooKeeperConfig, MIN_SESSION_TIMEOUT};
 use crate::shutdown::ShutdownWatch;
 use crate::ZOOKEEPER_BACKEND;
 
@@ -26,6 +26,8 @@ pub(crate) struct Session {
 
 impl Session {
     /// Establishes a new session (never resumes an old one).
+    ///
+    /// Connection errors do not name `hosts`: the caller adds them to every error.
     pub(crate) async fn open(hosts: &str, config: &ZooKeeperConfig) -> Result<Session, LockError> {
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
         let connecting = zk::Client::connector()
@@ -40,22 +42,41 @@ impl Session {
                     format!("bad ZooKeeper connect string {hosts:?}: {why}"),
                 ))
             }
+            Ok(Err(zk::Error::NoHosts)) => {
+                return Err(LockError::connection(
+                    ZOOKEEPER_BACKEND,
+                    "no server accepted a connection or answered the session handshake",
+                ))
+            }
             Ok(Err(error)) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("cannot establish a session with {hosts}: {error}"),
+                    format!("cannot establish a session: {error}"),
                 ))
             }
             Err(_) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("no session established with {hosts} within {limit:?}"),
+                    format!("no session established within {limit:?}"),
                 ))
             }
         };
+        let timeout = client.session_timeout();
+        if timeout < MIN_SESSION_TIMEOUT {
+            // Dropping the only handle closes the session on the server.
+            return Err(LockError::config(
+                ZOOKEEPER_BACKEND,
+                format!(
+                    "the ZooKeeper server at {hosts} granted a session timeout of {} ms, below \
+                     the {} ms this client needs (raise the server's maxSessionTimeout)",
+                    timeout.as_millis(),
+                    MIN_SESSION_TIMEOUT.as_millis()
+                ),
+            ));
+        }
         Ok(Session {
             id: client.session_id().0,
-            timeout: client.session_timeout(),
+            timeout,
             shutdown: ShutdownWatch::spawn(&client, hosts),
             client,
         })
