@@ -117,10 +117,11 @@
 //! Background tasks do not outlive their runtime: when the runtime that opened a
 //! session shuts down (a program returning from `main`, or `distlock exec` exiting on
 //! a signal, while an acquire waits), tokio drops them unfinished. So as the runtime
-//! shuts down, the session is closed on the server from a fresh connection, waiting
-//! at most 1 s: its contender nodes and locks go at once, and a waiter that died never
-//! holds up the queue behind it until its session times out. (A process killed with
-//! `-9` cannot do this: its nodes go at session expiry.)
+//! shuts down, the leases held on the session are marked lost and the session is
+//! closed on the server from a fresh connection, waiting at most 1 s: its contender
+//! nodes and locks go at once, and a waiter that died never holds up the queue behind
+//! it until its session times out. (A process killed with `-9` cannot do this: its
+//! nodes go at session expiry.)
 //!
 //! # Why not `zookeeper-client`'s own lock recipe
 //! `zookeeper_client::Client::lock(LockPrefix::new_curator(dir, "lock-"), …)` implements

@@ -28,7 +28,13 @@ impl Session {
     /// Establishes a new session (never resumes an old one).
     ///
     /// Connection errors do not name `hosts`: the caller adds them to every error.
-    pub(crate) async fn open(hosts: &str, config: &ZooKeeperConfig) -> Result<Session, LockError> {
+    /// Should the runtime shut down while the session lives, the session's leases in
+    /// `registry` are marked lost and the session is closed on the server.
+    pub(crate) async fn open(
+        hosts: &str,
+        config: &ZooKeeperConfig,
+        registry: &Arc<Registry>,
+    ) -> Result<Session, LockError> {
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
         let connecting = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
@@ -74,10 +80,17 @@ impl Session {
                 ),
             ));
         }
+        let id = client.session_id().0;
+        let leases = Arc::downgrade(registry);
+        let shutdown = ShutdownWatch::spawn(&client, hosts, move || {
+            if let Some(leases) = leases.upgrade() {
+                leases.lose_session(id);
+            }
+        });
         Ok(Session {
-            id: client.session_id().0,
+            id,
             timeout,
-            shutdown: ShutdownWatch::spawn(&client, hosts),
+            shutdown,
             client,
         })
     }

@@ -32,8 +32,14 @@ pub(crate) struct ShutdownWatch {
 
 impl ShutdownWatch {
     /// Spawns, on the current runtime, the task that closes the session `client`
-    /// serves (through `hosts`) if that runtime shuts down while the session lives.
-    pub(crate) fn spawn(client: &zk::Client, hosts: &str) -> ShutdownWatch {
+    /// serves (through `hosts`) if that runtime shuts down while the session lives,
+    /// calling `lose_leases` first: the locks held on the session are gone once it is
+    /// closed, and their guards must say so.
+    pub(crate) fn spawn(
+        client: &zk::Client,
+        hosts: &str,
+        lose_leases: impl FnOnce() + Send + 'static,
+    ) -> ShutdownWatch {
         let (session_alive, session_dropped) = oneshot::channel();
         let closed = Arc::new(AtomicBool::new(false));
         let closer = CloseOnShutdown {
@@ -42,6 +48,7 @@ impl ShutdownWatch {
             timeout: client.session_timeout(),
             state: client.state_watcher(),
             closed: closed.clone(),
+            lose_leases: Some(Box::new(lose_leases)),
         };
         tokio::spawn(async move {
             // Resolves when the session is dropped; the runtime still runs then.
@@ -68,6 +75,7 @@ struct CloseOnShutdown {
     timeout: Duration,
     state: zk::StateWatcher,
     closed: Arc<AtomicBool>,
+    lose_leases: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl CloseOnShutdown {
@@ -83,6 +91,9 @@ impl Drop for CloseOnShutdown {
             return;
         };
         self.closed.store(true, Ordering::Relaxed);
+        if let Some(lose_leases) = self.lose_leases.take() {
+            lose_leases();
+        }
         if self.state.peek_state().is_terminated() {
             return;
         }
