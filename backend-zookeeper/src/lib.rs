@@ -162,7 +162,8 @@ mod session;
 mod shutdown;
 
 pub use config::{
-    parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT, MIN_SESSION_TIMEOUT,
+    parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT,
+    MIN_SESSION_TIMEOUT,
 };
 pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,

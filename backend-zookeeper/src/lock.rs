@@ -173,7 +173,9 @@ impl ZooKeeperLock {
         if let Some(session) = self.current() {
             return Ok(session);
         }
-        let session = Arc::new(Session::open(&self.inner.hosts, &self.inner.config, &self.inner.registry).await?);
+        let session = Arc::new(
+            Session::open(&self.inner.hosts, &self.inner.config, &self.inner.registry).await?,
+        );
         tracing::debug!(
             session = format_args!("{:#x}", session.id),
             timeout = ?session.timeout,

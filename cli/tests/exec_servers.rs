@@ -7,8 +7,8 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 use std::process::{Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_conformance::fault_proxy::FaultProxy;
@@ -249,7 +249,6 @@ async fn busy_lock_exit_codes_and_release(url: &str) {
     assert!(ran.exists());
 }
 
-
 /// How long after the holder's command ends the next waiter's command may start: one
 /// hand-off is milliseconds; this is generous for a busy machine, and well below the
 /// ZooKeeper session timeout these tests ask for ([`ZK_WAITER_SESSION_MS`]), which is
@@ -262,7 +261,8 @@ const HANDOFF_BOUND: Duration = Duration::from_secs(3);
 const ZK_WAITER_SESSION_MS: u64 = 10_000;
 
 /// Counts the waiters queued behind the holder of a key, as the server sees them.
-type WaiterCount = Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>>;
+type WaiterCount =
+    Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>>;
 
 /// Polls `count` until it reaches `n` (there is no event to wait on from outside).
 async fn wait_for_waiters(count: &WaiterCount, n: usize, what: &str) {
@@ -339,7 +339,10 @@ async fn signalled_waiter_does_not_delay_the_next(url: &str, waiters: WaiterCoun
             .unwrap()
     };
     let (ended, started) = (nanos(&ended), nanos(&started));
-    assert!(started >= ended, "the third command ran before the holder's ended");
+    assert!(
+        started >= ended,
+        "the third command ran before the holder's ended"
+    );
     let handoff = Duration::from_nanos(u64::try_from(started - ended).unwrap());
     println!("{url}: the third exec ran {handoff:?} after the holder's command ended");
     assert!(

@@ -316,7 +316,9 @@ where
     let next: JoinHandle<Result<_, LockError>> = {
         let (c, key) = (c.clone(), key.clone());
         tokio::spawn(async move {
-            let guard = c.acquire(&key, &waiting(LONG_TTL, Duration::from_secs(60))).await?;
+            let guard = c
+                .acquire(&key, &waiting(LONG_TTL, Duration::from_secs(60)))
+                .await?;
             Ok((Instant::now(), guard))
         })
     };
