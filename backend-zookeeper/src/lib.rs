@@ -106,8 +106,9 @@
 //!
 //! # Cancel-safety
 //! Until a grant is handed out, an acquire holds a drop guard. Dropping the acquire
-//! future at any await point (or giving up after an error or a timeout) spawns, on the
-//! current runtime, a task that lists the directory through the same session and
+//! future at any await point (or giving up after an error or a timeout), wherever it
+//! is dropped, spawns on the session's runtime a task that lists the directory through
+//! the same session and
 //! deletes every node with our GUID. Because it is sent after the create, it also
 //! catches a create whose reply was still in flight. It retries through connection
 //! trouble until it succeeds or the session ends, which removes the ephemeral node

@@ -22,6 +22,8 @@ pub(crate) struct Session {
     pub(crate) timeout: Duration,
     /// Closes the session on the server should its runtime shut down first.
     shutdown: ShutdownWatch,
+    /// The runtime the session's connection runs on, where its background work goes.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl Session {
@@ -35,6 +37,12 @@ impl Session {
         config: &ZooKeeperConfig,
         registry: &Arc<Registry>,
     ) -> Result<Session, LockError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            LockError::config(
+                ZOOKEEPER_BACKEND,
+                "the ZooKeeper backend runs on a Tokio runtime; none is running here",
+            )
+        })?;
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
         let connecting = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
@@ -91,6 +99,7 @@ impl Session {
             id,
             timeout,
             shutdown,
+            runtime,
             client,
         })
     }

@@ -57,3 +57,52 @@ fn a_runtime_shutting_down_frees_its_locks_and_their_guards_read_lost() {
     });
     drop(guard);
 }
+
+/// An acquire future dropped where no runtime runs (polled on one, dropped on a plain
+/// thread) still has its contender node removed, on the session's runtime: the next
+/// waiter gets the lock as soon as the holder releases it.
+#[test]
+fn a_waiter_dropped_outside_any_runtime_leaves_no_node_behind() {
+    let port = shared_port();
+    let url = url_for(port);
+    let key = LockKey::new("shutdown/dropped-outside").unwrap();
+    let no_wait = LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::NoWait);
+    let waiting = no_wait
+        .clone()
+        .with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
+
+    let runtime = runtime();
+    let (holder, waiter, next, guard) = runtime.block_on(async {
+        let connect = || ZooKeeperLock::connect(&url);
+        let (holder, waiter, next) = (connect().await, connect().await, connect().await);
+        let (holder, waiter, next) = (holder.unwrap(), waiter.unwrap(), next.unwrap());
+        let guard = holder.acquire(&key, &no_wait).await.expect("acquires");
+        (holder, waiter, next, guard)
+    });
+    let mut queued = Box::pin(waiter.acquire(&key, &waiting));
+    let dir = holder.lock_dir(&key);
+    runtime.block_on(async {
+        let raw = common::raw(port).await;
+        tokio::select! {
+            _ = &mut queued => panic!("the waiter got a held lock"),
+            _ = common::wait_children(&raw, &dir, 2, Duration::from_secs(10)) => {}
+        }
+    });
+    // Outside the runtime: no `Handle::try_current` here.
+    drop(queued);
+    runtime.block_on(async {
+        let released_at = Instant::now();
+        guard.release().await.expect("releases");
+        let taken = next
+            .acquire(&key, &waiting)
+            .await
+            .expect("the next waiter gets the lock");
+        assert!(
+            released_at.elapsed() < Duration::from_secs(3),
+            "granted {:?} after the release",
+            released_at.elapsed()
+        );
+        taken.release().await.expect("releases");
+    });
+    drop((holder, waiter, next));
+}
