@@ -661,6 +661,19 @@ mod tests {
         }
     }
 
+    #[test]
+    fn connecting_without_a_tokio_runtime_is_a_config_error() {
+        use std::future::Future as _;
+        let mut connecting = std::pin::pin!(ZooKeeperLock::connect("zk://127.0.0.1:1"));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match connecting.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(LockError::Config { message, .. })) => {
+                assert!(message.contains("Tokio runtime"), "{message}")
+            }
+            other => panic!("{:?}", other.map(|r| r.map(|_| ()))),
+        }
+    }
+
     #[tokio::test]
     async fn unreachable_server_is_a_connection_error() {
         // Port 1 on loopback refuses connections; fail-eagerly makes it quick.
