@@ -259,6 +259,23 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
     let key = unique_key("abandoned-waiter");
     let (a, c) = (h.client().await?.lock, h.client().await?.lock);
 
+    // Given up by its wait running out, after the next waiter queued behind it.
+    let b = h.client().await?.lock;
+    let timed_out = hand_off_past(h, &key, &a, &c, |key, _| {
+        let options = waiting(LONG_TTL, 3 * ARRIVAL_GAP);
+        let waiting = tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) });
+        async move {
+            match waiting.await {
+                Ok(Err(LockError::Timeout { .. })) => Ok(()),
+                Ok(Err(e)) => Err(format!("the waiter failed with {e} instead of timing out")),
+                Ok(Ok(())) => Err("the waiter got the key while it was held".into()),
+                Err(e) => Err(format!("the waiter panicked: {e}")),
+            }
+        }
+    })
+    .await
+    .map_err(|why| Failure::Failed(format!("a wait that ran out: {why}")))?;
+
     // Given up by dropping the acquire future; the client lives on.
     let b = h.client().await?.lock;
     let dropped = hand_off_past(h, &key, &a, &c, |key, options| {
@@ -289,7 +306,8 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
     .map_err(|why| Failure::Failed(format!("a process exiting while it waited: {why}")))?;
 
     Ok(format!(
-        "hand-off past a dropped acquire {}, past an exited process {}",
+        "hand-off past a timed-out wait {}, a dropped acquire {}, an exited process {}",
+        millis(timed_out),
         millis(dropped),
         millis(exited)
     ))
