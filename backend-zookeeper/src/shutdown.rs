@@ -130,14 +130,19 @@ impl Drop for CloseOnShutdown {
     }
 }
 
-/// Resumes `session` on a new connection and closes it.
+/// Resumes `session` on a new connection and closes it; one the server already expired
+/// is as good as closed.
 async fn close(hosts: &str, session: zk::SessionInfo, timeout: Duration) -> Result<(), zk::Error> {
-    let client = zk::Client::connector()
+    let connecting = zk::Client::connector()
         .with_session(session)
         .with_session_timeout(timeout)
         .with_fail_eagerly()
-        .connect(hosts)
-        .await?;
+        .connect(hosts);
+    let client = match connecting.await {
+        Ok(client) => client,
+        Err(zk::Error::SessionExpired) => return Ok(()),
+        Err(error) => return Err(error),
+    };
     let mut state = client.state_watcher();
     // The last handle: the client sends `closeSession` and ends once it is answered.
     drop(client);
