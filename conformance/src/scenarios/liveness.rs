@@ -2,6 +2,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -319,8 +320,8 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
 async fn hand_off_past<Start, GiveUp>(
     h: &dyn Harness,
     key: &LockKey,
-    a: &std::sync::Arc<dyn DistributedLock>,
-    c: &std::sync::Arc<dyn DistributedLock>,
+    a: &Arc<dyn DistributedLock>,
+    c: &Arc<dyn DistributedLock>,
     start_waiter: Start,
 ) -> Result<Duration, String>
 where
@@ -343,7 +344,11 @@ where
     tokio::time::sleep(ARRIVAL_GAP).await;
     give_up.await?;
     if next.is_finished() {
-        return Err("the next waiter got the key while it was held".into());
+        return Err(match next.await {
+            Ok(Ok(_)) => "the next waiter got the key while it was held".into(),
+            Ok(Err(e)) => format!("the next waiter failed while the key was held: {e}"),
+            Err(e) => format!("the next waiter panicked: {e}"),
+        });
     }
     let released_at = Instant::now();
     holder.release().await.map_err(error)?;
