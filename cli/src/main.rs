@@ -135,8 +135,10 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return report(CliError::failed(format!("cannot start the runtime: {e}"))),
     };
-    // exec may exit right after dropping an acquire (a signal while waiting): give the
-    // backend's clean-up of a late grant or a contender node a bounded moment.
+    // exec may exit right after dropping an acquire (a signal while waiting). Shutting
+    // down drops the runtime's tasks at their next await; what backends do as theirs
+    // are dropped (ZooKeeper closes its session, taking a waiter's contender node with
+    // it) gets a bounded moment.
     let cleanup_grace = matches!(cli.command, Command::Exec(_)).then_some(EXEC_CLEANUP_GRACE);
     let outcome = runtime.block_on(run(cli.command));
     match cleanup_grace {
