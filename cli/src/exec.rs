@@ -37,6 +37,13 @@ pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit code: the command was not found (as in shells).
 pub const EXIT_NOT_FOUND: u8 = 127;
 
+/// The shortest `--ttl` exec accepts. The library's [`distlock::MIN_TTL`] (10 ms) is a
+/// lease's; exec must also start the command and renew every third of the TTL on a
+/// host that may be busy. Measured on a loaded 2-core host (load 3.3 to 4.4, debug
+/// build; file and Redis backends), runs that lost the lock: 10 ms 20 of 100, 50 ms 1
+/// of 60, 100 ms 1 of 310, 250 ms none of 160.
+pub const MIN_TTL: Duration = Duration::from_millis(250);
+
 /// How long `exec` waits for the release after the command ended.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -66,7 +73,7 @@ killed with -9, the lock is freed as --ttl says for each backend.")]
 pub struct ExecArgs {
     #[command(flatten)]
     backend: crate::LockBackendArgs,
-    /// Lease time-to-live (at least 10ms), renewed every third of it while the command
+    /// Lease time-to-live (at least 250ms), renewed every third of it while the command
     /// runs. How long a killed or frozen distlock keeps the lock depends on the backend:
     /// Redis, Redlock: at most this long. Postgres: a killed distlock frees it at once,
     /// a frozen or cut-off one keeps it until the server's idle_session_timeout (10s by
@@ -107,6 +114,14 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let options = LockOptions::new(args.ttl)
         .with_wait(wait)
         .with_auto_renew(AutoRenew::new());
+    if args.ttl < MIN_TTL {
+        return Err(CliError::usage(format!(
+            "invalid --ttl: {} is below exec's minimum of {} (a shorter lease cannot be \
+             renewed reliably while a command runs)",
+            duration::format(args.ttl),
+            duration::format(MIN_TTL)
+        )));
+    }
     options
         .validate()
         .map_err(|e| CliError::usage(format!("invalid --ttl: {e}")))?;

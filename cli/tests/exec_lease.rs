@@ -1,6 +1,8 @@
-//! `distlock exec` when distlock itself is frozen (SIGSTOP) past its lease while the
-//! command finishes, on real servers and on the file backend (issue 18, item 6; issue
-//! 20, item 1): the exit code follows what happened to the lease. If another client
+//! `distlock exec`'s exit code and messages follow what happened to the lease, on real
+//! servers and on the file backend.
+//!
+//! distlock frozen (SIGSTOP) past its lease while the command finishes (issue 18,
+//! item 6; issue 20, item 1): the exit code follows what happened to the lease. If another client
 //! took the lock meanwhile, distlock says the lock was lost, names the command's own
 //! exit code and exits 124, however the wake-up races go. If nobody took it and the
 //! release finds the lock still ours, the command's own code is passed on, with a
@@ -8,6 +10,9 @@
 //!
 //! Each scenario runs several rounds, because the old code's outcome depended on which
 //! of "the command ended" and "the lease ran out" distlock noticed first after SIGCONT.
+//!
+//! A server that dies under the command (issue 20, item 7): the message about the lock
+//! that could not be released follows the backend's own semantics.
 
 use std::path::Path;
 use std::process::{Output, Stdio};
@@ -219,4 +224,49 @@ async fn redis_lease_taken_during_a_pause_exits_124_naming_the_command_code() {
             "round {round}"
         );
     }
+}
+
+/// Issue 20, item 7: the Postgres server dies under a running command. exec stops the
+/// command (124) and, unable to release, says what Postgres does with such a lock: it
+/// ended with the server's session, not "when its lease runs out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postgres_lock_that_died_with_its_server_is_described_as_such() {
+    let test = "a_postgres_lock_that_died_with_its_server_is_described_as_such";
+    let Some(mut server) = started(test, PostgresServer::start().await) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let script = format!(
+        r#"trap 'kill $!; exit 0' TERM
+           sleep 60 & touch "{}"; wait"#,
+        ready.display()
+    );
+    let exec = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .env_remove("DISTLOCK_BACKEND")
+        .args(["exec", "--backend", &server.url(), "--ttl", "2s"])
+        .args(["exec-lease/server-died", "--", "sh", "-c", &script])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("distlock starts");
+    wait_until("the command runs", || ready.exists()).await;
+    server.kill();
+    let out = tokio::time::timeout(Duration::from_secs(60), exec.wait_with_output())
+        .await
+        .expect("distlock exits once the lock is gone")
+        .unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(124), "{stderr}");
+    assert!(stderr.contains("could not release"), "{stderr}");
+    assert!(
+        stderr.contains("lives as long as its database session"),
+        "the Postgres semantics are stated: {stderr}"
+    );
+    assert!(!stderr.contains("lease runs out"), "{stderr}");
+    assert!(
+        stderr.contains("exited with 0"),
+        "the stopped command's own code: {stderr}"
+    );
 }
