@@ -94,7 +94,10 @@ mod tests {
         let text = serde_json::to_string_pretty(&value).unwrap();
         let safe = json(&text);
         assert!(!safe.chars().any(|c| c != '\n' && is_unsafe(c)), "{safe}");
-        assert!(safe.contains("\\u001b") && safe.contains("\\u202e"), "{safe}");
+        assert!(
+            safe.contains("\\u001b") && safe.contains("\\u202e"),
+            "{safe}"
+        );
         let back: serde_json::Value = serde_json::from_str(&safe).unwrap();
         assert_eq!(back, value);
     }

@@ -167,7 +167,9 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         }
         Err(e) => {
             if let Release::Failed { error, freed } = &release {
-                warn(&format!("could not release lock {quoted_key} ({error}); {freed}"));
+                warn(&format!(
+                    "could not release lock {quoted_key} ({error}); {freed}"
+                ));
             }
             e.exit_code()
         }

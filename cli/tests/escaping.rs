@@ -62,7 +62,15 @@ async fn status_and_exec_escape_a_hostile_key_on_the_file_backend() {
     assert_eq!(value["held"], true, "{value}");
 
     // exec's own lines: the error for a held key, and the --verbose summary.
-    let busy = distlock(&["exec", "--backend", &url, "--no-wait", HOSTILE_KEY, "--", "true"]);
+    let busy = distlock(&[
+        "exec",
+        "--backend",
+        &url,
+        "--no-wait",
+        HOSTILE_KEY,
+        "--",
+        "true",
+    ]);
     assert_eq!(busy.status.code(), Some(75), "{busy:?}");
     assert_inert("exec's error", &busy.stderr);
     guard.release().await.unwrap();
@@ -104,12 +112,18 @@ async fn status_escapes_a_foreign_holders_value_read_from_redis() {
     assert_inert("status", &table.stdout);
     let shown = String::from_utf8_lossy(&table.stdout);
     assert!(shown.contains("held"), "{shown}");
-    assert!(shown.contains("\\u{1b}"), "the holder is shown escaped: {shown}");
+    assert!(
+        shown.contains("\\u{1b}"),
+        "the holder is shown escaped: {shown}"
+    );
 
     let json = distlock(&["status", "--backend", &url, "--json", "jobs/foreign"]);
     assert!(json.status.success(), "{json:?}");
     assert_inert("status --json", &json.stdout);
     let value: serde_json::Value = serde_json::from_slice(&json.stdout).expect("valid JSON");
     let holder = value["holder"].as_str().expect("a holder");
-    assert!(holder.contains('\u{1b}'), "JSON keeps the exact text: {value}");
+    assert!(
+        holder.contains('\u{1b}'),
+        "JSON keeps the exact text: {value}"
+    );
 }

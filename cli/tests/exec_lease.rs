@@ -42,7 +42,17 @@ fn spawn_exec(url: &str, ttl: &str, key: &str, dir: &Path) -> Child {
     );
     Command::new(env!("CARGO_BIN_EXE_distlock"))
         .env_remove("DISTLOCK_BACKEND")
-        .args(["exec", "--backend", url, "--ttl", ttl, key, "--", "sh", "-c"])
+        .args([
+            "exec",
+            "--backend",
+            url,
+            "--ttl",
+            ttl,
+            key,
+            "--",
+            "sh",
+            "-c",
+        ])
         .arg(script)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -127,7 +137,10 @@ async fn outlast_the_lease(locks: &dyn DistributedLock, key: &LockKey, ttl: Dura
     tokio::time::sleep_until(past.into()).await;
     let options = LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::NoWait);
     let taken = locks.try_acquire(key, &options).await.expect("try_acquire");
-    assert!(taken.is_none(), "the lock was free while distlock was frozen");
+    assert!(
+        taken.is_none(),
+        "the lock was free while distlock was frozen"
+    );
 }
 
 /// Issue 20, item 1: frozen past the TTL, nobody takes the lock, the command ends
@@ -201,11 +214,14 @@ async fn redis_lease_taken_during_a_pause_exits_124_naming_the_command_code() {
         let mut taker = None;
         let out = command_ends_while_distlock_is_frozen(&url, "500ms", &key, async {
             // Granted once the frozen holder's key expires on the server.
-            let options =
-                LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::Timeout(
-                    Duration::from_secs(30),
-                ));
-            taker = Some(locks.acquire(&lock_key, &options).await.expect("taken over"));
+            let options = LockOptions::new(Duration::from_secs(30))
+                .with_wait(WaitPolicy::Timeout(Duration::from_secs(30)));
+            taker = Some(
+                locks
+                    .acquire(&lock_key, &options)
+                    .await
+                    .expect("taken over"),
+            );
         })
         .await;
         let stderr = text(&out.stderr);

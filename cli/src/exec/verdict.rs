@@ -87,16 +87,40 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
             }
             code
         }
-        (CommandEnd::Exited { code, in_time: true }, Release::Inconclusive(_)) => code,
-        (CommandEnd::Exited { code, in_time: true }, Release::Failed { .. }) => code,
-        (CommandEnd::Exited { code, in_time: false }, Release::Inconclusive(why)) => {
+        (
+            CommandEnd::Exited {
+                code,
+                in_time: true,
+            },
+            Release::Inconclusive(_),
+        ) => code,
+        (
+            CommandEnd::Exited {
+                code,
+                in_time: true,
+            },
+            Release::Failed { .. },
+        ) => code,
+        (
+            CommandEnd::Exited {
+                code,
+                in_time: false,
+            },
+            Release::Inconclusive(why),
+        ) => {
             lines.push(format!(
                 "lock {key} cannot be shown to have lasted until the command ended: its \
                  validity deadline passed first, and {why}; the command exited with {code}"
             ));
             EXIT_LOCK_LOST
         }
-        (CommandEnd::Exited { code, in_time: false }, Release::Failed { error, .. }) => {
+        (
+            CommandEnd::Exited {
+                code,
+                in_time: false,
+            },
+            Release::Failed { error, .. },
+        ) => {
             lines.push(format!(
                 "lock {key} cannot be shown to have lasted until the command ended: its \
                  validity deadline passed first, and the release failed ({error}); the \
