@@ -80,9 +80,9 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
         (CommandEnd::Exited { code, in_time }, Release::StillOurs) => {
             if !in_time {
                 lines.push(format!(
-                    "distlock was paused past the validity deadline of lock {key} while the \
-                     command ran, but the release found the lock still ours, so nobody else \
-                     held it; the command exited with {code}"
+                    "paused past the validity deadline of lock {key} while the command ran, \
+                     but the release found the lock still ours, so nobody else held it; the \
+                     command exited with {code}"
                 ));
             }
             code
