@@ -20,8 +20,9 @@ pub fn after_failed_release(backend: &str) -> &'static str {
              exits and its session closes"
         }
         ZOOKEEPER_BACKEND => {
-            "it is freed when distlock's ZooKeeper session expires (the session timeout, \
-             whatever --ttl is), or already was if the session ended"
+            "it is freed when distlock exits and closes its ZooKeeper session, or, if the \
+             server cannot be reached, when the session expires (the session timeout, \
+             whatever --ttl is); already, if the session ended"
         }
         FILE_BACKEND => "it is freed when distlock exits (the kernel drops its file lock)",
         MEMORY_BACKEND => "it is freed when distlock exits (the lock lives in its memory)",
