@@ -36,12 +36,24 @@ use crate::POSTGRES_BACKEND;
 const MAX_BATCH: usize = 256;
 /// SQLSTATE lock_not_available: `lock_timeout` fired.
 const LOCK_TIMEOUT: &str = "55P03";
+/// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
+/// a suspended VM) or starved: the holder, which wakes up together with this task, did
+/// not renew because it could not run, not because it let the lease go.
+const PAUSED_LATENESS: Duration = Duration::from_secs(1);
+/// After such a pause, how long the unlock at the TTL waits for the holder's own
+/// release. The lease is lost for the holder at once; only the server's lock stays, so
+/// that the release finds it still held and can report that nobody else held it
+/// meanwhile (`distlock exec` passes on its command's exit code then).
+const PAUSE_GRACE: Duration = Duration::from_secs(1);
 
 /// One held lease.
 #[derive(Debug)]
 struct Held {
     hash: i64,
+    /// When the client unlocks it: its TTL deadline, or the end of its [`PAUSE_GRACE`].
     ttl_deadline: Instant,
+    /// Its TTL ran out during a pause; the unlock waits for the holder's release.
+    paused_past_ttl: bool,
     monitor: LeaseMonitor,
     /// A dedicated session's wait slot, freed when the lock ends.
     _slot: Option<OwnedSemaphorePermit>,
@@ -226,13 +238,22 @@ impl Task {
     async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
         let now = Instant::now();
         if self.expiries.first().is_some_and(|(t, _)| *t <= now) {
-            let due: Vec<u128> = self
+            let due: Vec<(Instant, u128)> = self
                 .expiries
                 .iter()
                 .take_while(|(t, _)| *t <= now)
-                .map(|(_, owner)| *owner)
+                .copied()
                 .collect();
-            self.unlock(due, Vec::new()).await?;
+            let mut unlock = Vec::new();
+            for (deadline, owner) in due {
+                let paused = now.saturating_duration_since(deadline) >= PAUSED_LATENESS;
+                if !(paused && self.defer_unlock_after_pause(owner, now)) {
+                    unlock.push(owner);
+                }
+            }
+            if !unlock.is_empty() {
+                self.unlock(unlock, Vec::new()).await?;
+            }
         }
         if self.held.is_empty() {
             if now >= self.last_used + idle_close {
@@ -248,6 +269,25 @@ impl Task {
             self.renew_all(false);
         }
         Ok(())
+    }
+
+    /// A lease whose TTL ran out while the process was paused: lost for its holder now,
+    /// but unlocked only at its release (which then finds it still held: no one else
+    /// can have held it) or after [`PAUSE_GRACE`]. Once per lease; false if it was
+    /// deferred already (or is not held), and must be unlocked now.
+    fn defer_unlock_after_pause(&mut self, owner: u128, now: Instant) -> bool {
+        let Some(held) = self.held.get_mut(&owner) else {
+            return false;
+        };
+        if held.paused_past_ttl {
+            return false;
+        }
+        held.monitor.mark_lost();
+        self.expiries.remove(&(held.ttl_deadline, owner));
+        held.paused_past_ttl = true;
+        held.ttl_deadline = now + PAUSE_GRACE;
+        self.expiries.insert((held.ttl_deadline, owner));
+        true
     }
 
     /// The validity deadline of a lease ending at `ttl_deadline`.
@@ -440,6 +480,7 @@ impl Task {
             Held {
                 hash,
                 ttl_deadline,
+                paused_past_ttl: false,
                 monitor: monitor.clone(),
                 _slot: slot,
             },

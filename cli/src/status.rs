@@ -6,7 +6,7 @@ use distlock::{KeyStatus, LockKey};
 use serde::Serialize;
 
 use crate::error::CliError;
-use crate::print_out;
+use crate::{escape, print_out};
 
 /// What `--json` prints.
 #[derive(Debug, Serialize)]
@@ -39,9 +39,9 @@ pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
             remaining_ms: status.remaining.map(|r| r.as_millis()),
             holder: status.holder.as_deref(),
         };
-        serde_json::to_string_pretty(&json)
-            .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?
-            + "\n"
+        let text = serde_json::to_string_pretty(&json)
+            .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?;
+        escape::json(&text).into_owned() + "\n"
     } else {
         table(
             &key,
@@ -53,6 +53,8 @@ pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     print_out(&text)
 }
 
+/// The human-readable status. The key and the holder (which can be a foreign client's
+/// value on Redis) are quoted and escaped: neither may drive the operator's terminal.
 fn table(key: &LockKey, backend: &str, fencing: bool, status: &KeyStatus) -> String {
     let unknown = || "unknown".to_owned();
     // Without fencing there is no token to know, rather than one we cannot read.
@@ -72,12 +74,12 @@ fn table(key: &LockKey, backend: &str, fencing: bool, status: &KeyStatus) -> Str
     };
     format!(
         "key:            {key}\nbackend:        {backend}\nstate:          {state}\n{token_label:<15} {token}\nremaining:      {remaining}\nholder:         {holder}\n",
-        key = key.as_str(),
+        key = escape::quoted(key.as_str()),
         state = if status.held { "held" } else { "free" },
         token_label = format!("{token_label}:"),
         token = status.fencing_token.map_or_else(no_token, |t| t.to_string()),
         holder = match (&status.holder, status.held) {
-            (Some(holder), _) => holder.clone(),
+            (Some(holder), _) => escape::quoted(holder),
             (None, true) => unknown(),
             (None, false) => "-".to_owned(),
         },

@@ -35,6 +35,7 @@ macro_rules! conformance_tests {
             waiter_acquires_promptly_after_release,
             wait_timeout_is_honoured,
             crashed_holder_frees_within_lease,
+            abandoned_waiter_does_not_delay_the_next,
             cancelled_acquire_leaks_nothing,
             dropped_guard_frees_quickly,
             unrenewed_lease_expires_after_ttl,

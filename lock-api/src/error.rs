@@ -83,6 +83,16 @@ pub enum OptionsError {
     /// The auto-renew settings cannot keep the lease alive.
     #[error("{0}")]
     AutoRenew(&'static str),
+    /// The auto-renew period is below [`MIN_RENEW_INTERVAL`](crate::MIN_RENEW_INTERVAL) or above half the TTL.
+    #[error("auto-renew interval {interval:?} must be at least {min:?} and at most half the ttl ({max:?})")]
+    RenewInterval {
+        /// The period asked for (TTL/3 by default).
+        interval: Duration,
+        /// [`MIN_RENEW_INTERVAL`](crate::MIN_RENEW_INTERVAL).
+        min: Duration,
+        /// Half the TTL.
+        max: Duration,
+    },
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.

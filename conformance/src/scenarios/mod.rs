@@ -174,6 +174,8 @@ pub static SCENARIOS: &[Scenario] = &[
         "a wait with a timeout on a held key fails as timed out, no earlier than the timeout and within the slack after it"),
     scenario!(crashed_holder_frees_within_lease, Liveness, [CrashFault],
         "a holder that crashes without releasing keeps the lock for its whole validity, and loses it within the lease bound plus slack"),
+    scenario!(abandoned_waiter_does_not_delay_the_next, Liveness, [WakeOnRelease],
+        "a queued waiter that gives up, by its wait running out, by its acquire future being dropped or by its process exiting (a client made on a runtime of its own, shut down while it waits), does not delay the waiter behind it, which gets the lock within the slack of the holder's release"),
     scenario!(cancelled_acquire_leaks_nothing, Liveness, [],
         "acquire futures dropped at many points, contended or not, leave no lock held"),
     scenario!(dropped_guard_frees_quickly, Liveness, [],
