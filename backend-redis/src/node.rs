@@ -12,6 +12,7 @@ use redis::{
 };
 
 use crate::keys::KeyNames;
+use crate::refusal::is_transient;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -87,7 +88,7 @@ impl std::fmt::Debug for Node {
 
 /// Maps a driver error from an operation on the server at `address` to the API's
 /// error kinds; the message names the address. The server's own "try again" replies
-/// ([`RETRY_CODES`]) are [`LockError::Transient`].
+/// ([`is_transient`]) are [`LockError::Transient`].
 pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
     if error.is_io_error()
         || error.is_timeout()
@@ -100,17 +101,6 @@ pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
     } else {
         LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
     }
-}
-
-/// Error codes with which a Redis server refuses a command it did not run and would
-/// run later: `LOADING` (reading its dataset at start-up), `BUSY` (a script or function
-/// is running past `busy-reply-threshold`), `TRYAGAIN` (a cluster slot is migrating),
-/// `MASTERDOWN` (a replica that lost its primary).
-const RETRY_CODES: [&str; 4] = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"];
-
-/// Whether the server refused `error`'s command for now (see [`RETRY_CODES`]).
-pub(crate) fn is_transient(error: &RedisError) -> bool {
-    error.code().is_some_and(|code| RETRY_CODES.contains(&code))
 }
 
 impl Node {

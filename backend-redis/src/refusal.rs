@@ -1,4 +1,6 @@
-//! What a failed connection handshake means, told from the server's actual reply.
+//! What a server refusal means: a failed connection handshake, told from the server's
+//! actual reply, and the replies that mean "try again later".
+//!
 //!
 //! redis-rs opens a connection with `HELLO 3 [AUTH user password]` and `SELECT db`; a
 //! refusal of either comes back as the server's error. Refusals that retrying cannot fix
@@ -48,7 +50,7 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
             source: Some(Box::new(error)),
         };
     }
-    if crate::node::is_transient(&error) {
+    if is_transient(&error) {
         // A server still loading its dataset refuses the handshake with LOADING.
         return LockError::transient(REDIS_BACKEND, AtAddress::new(address, error));
     }
@@ -77,4 +79,15 @@ fn server_said(error: &RedisError) -> String {
         (None, Some(detail)) => format!("server said: {detail}"),
         _ => error.to_string(),
     }
+}
+
+/// Error codes with which a Redis server refuses a command it did not run and would
+/// run later: `LOADING` (reading its dataset at start-up), `BUSY` (a script or function
+/// is running past `busy-reply-threshold`), `TRYAGAIN` (a cluster slot is migrating),
+/// `MASTERDOWN` (a replica that lost its primary).
+const RETRY_CODES: [&str; 4] = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"];
+
+/// Whether the server refused `error`'s command for now (see [`RETRY_CODES`]).
+pub(crate) fn is_transient(error: &RedisError) -> bool {
+    error.code().is_some_and(|code| RETRY_CODES.contains(&code))
 }
