@@ -1,7 +1,6 @@
 //! What a server refusal means: a failed connection handshake, told from the server's
 //! actual reply, and the replies that mean "try again later".
 //!
-//!
 //! redis-rs opens a connection with `HELLO 3 [AUTH user password]` and `SELECT db`; a
 //! refusal of either comes back as the server's error. Refusals that retrying cannot fix
 //! (credentials, database, not a Redis server at all) are configuration errors; the rest
