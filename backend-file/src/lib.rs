@@ -48,6 +48,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
@@ -273,7 +274,9 @@ impl DistributedLock for FileLock {
         })?;
         let (file, token) = granted.map_err(|e| io_error(&path, e))?;
         // The wait counts as part of the request: the lease starts at the grant.
-        Ok(self.guard(key, options, file, token, Instant::now()))
+        let guard = self.guard(key, options, file, token, Instant::now());
+        // Granted after the first attempt found the file locked by another owner.
+        Ok(distlock_api::backend::mark_contended(guard, true))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

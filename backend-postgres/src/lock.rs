@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,

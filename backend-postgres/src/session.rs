@@ -19,6 +19,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};

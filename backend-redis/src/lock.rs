@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, KeyStatus,
     Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,

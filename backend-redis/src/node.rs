@@ -400,6 +400,8 @@ fn ttl_millis(ttl: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use distlock_api::backend::prelude::*;
+
     use super::*;
 
     #[test]

@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,

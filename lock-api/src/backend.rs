@@ -1,4 +1,4 @@
-//! For backend authors: what implementing [`DistributedLock`](crate::DistributedLock)
+//! For backend authors: what implementing [`DistributedLock`]
 //! takes beyond the user's API (applications need none of it).
 //!
 //! - [`bounded_wait`] runs a waiting acquire's attempts until the wait's deadline plus
@@ -8,14 +8,130 @@
 //!   acquire met a held key ([`LockGuard::contended`]), which is what
 //!   [`crate::observe::Observed`] counts as contention.
 //! - [`WaitReport`] is what the attempts tell it.
+//! - [`NewGuard`], [`NewLease`], [`MonitorWriter`] and [`OwnerBits`] make and update
+//!   what a grant hands out: a guard, its lease and the monitor the backend reports
+//!   suspicion and loss through, and an owner token parsed from the server. Import them
+//!   at once with `use distlock_api::backend::prelude::*;`; calls then read
+//!   `LockGuard::new(…)`, `monitor.mark_lost()` and so on.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{timeout_at, Instant};
 
-use crate::{LockError, LockGuard, LockKey, LockOptions};
+use crate::{
+    AutoRenew, DistributedLock, FencingToken, Lease, LeaseMonitor, LockError, LockGuard, LockKey,
+    LockOptions, OwnerToken,
+};
+
+/// The implementor traits, imported anonymously: `use distlock_api::backend::prelude::*;`.
+pub mod prelude {
+    pub use super::{MonitorWriter as _, NewGuard as _, NewLease as _, OwnerBits as _};
+}
+
+/// Building the guard a grant hands out.
+pub trait NewGuard {
+    /// Wraps a grant. `backend` is the handle release and extend go through; `monitor`
+    /// tracks the lease (the backend may keep a clone to report loss). With
+    /// `auto_renew`, a watchdog task is spawned on the current runtime.
+    fn new(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedLock>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self;
+}
+
+impl NewGuard for LockGuard {
+    fn new(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedLock>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self {
+        LockGuard::from_grant(lease, monitor, backend, auto_renew)
+    }
+}
+
+/// Describing a grant.
+pub trait NewLease {
+    /// Describes a grant. `acquired_at` is when the acquire request was sent, so
+    /// deadlines computed from it are conservative.
+    ///
+    /// `fencing_token` is `Some` exactly when the backend reports
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
+    /// cannot promise ordered tokens passes `None` rather than a best-effort number.
+    fn new(
+        key: LockKey,
+        owner: OwnerToken,
+        fencing_token: Option<FencingToken>,
+        ttl: Duration,
+        acquired_at: Instant,
+    ) -> Self;
+}
+
+impl NewLease for Lease {
+    fn new(
+        key: LockKey,
+        owner: OwnerToken,
+        fencing_token: Option<FencingToken>,
+        ttl: Duration,
+        acquired_at: Instant,
+    ) -> Self {
+        Lease::describe(key, owner, fencing_token, ttl, acquired_at)
+    }
+}
+
+/// Making a lease monitor and reporting what the backend learns about the lease; the
+/// guard's holder only reads it.
+pub trait MonitorWriter {
+    /// A held lease valid until `valid_until` (on the monotonic clock).
+    fn new(valid_until: Instant) -> Self;
+
+    /// A renewal succeeded: held until `valid_until`. Ignored once lost.
+    ///
+    /// A lease whose deadline has already passed is lost, even if nobody said so yet: a
+    /// renewal that lands late cannot revive it. Returns whether the lease is held now.
+    fn renewed(&self, valid_until: Instant) -> bool;
+
+    /// The lease may be lost (connection trouble). Ignored once lost.
+    fn suspect(&self);
+
+    /// The lease is known lost. Wakes every [`LeaseMonitor::lost`] future.
+    fn mark_lost(&self);
+}
+
+impl MonitorWriter for LeaseMonitor {
+    fn new(valid_until: Instant) -> Self {
+        LeaseMonitor::held_until(valid_until)
+    }
+
+    fn renewed(&self, valid_until: Instant) -> bool {
+        self.apply_renewal(valid_until)
+    }
+
+    fn suspect(&self) {
+        self.mark_suspect();
+    }
+
+    fn mark_lost(&self) {
+        self.set_lost();
+    }
+}
+
+/// Owner tokens from their raw bits.
+pub trait OwnerBits {
+    /// Wraps raw bits, for backends that parse a stored token.
+    fn from_u128(bits: u128) -> Self;
+}
+
+impl OwnerBits for OwnerToken {
+    fn from_u128(bits: u128) -> Self {
+        OwnerToken::from_bits(bits)
+    }
+}
 
 /// The bounds of one waiting acquire: when it started, when its wait ends, and how long
 /// past that an answer on its way is still awaited.

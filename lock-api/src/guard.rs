@@ -1,5 +1,6 @@
 //! [`LockGuard`]: a held lock, its lease state, renewal watchdog and release-on-drop.
 
+use crate::backend::prelude::*;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,12 +36,8 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// Wraps a grant. For backend implementors.
-    ///
-    /// `backend` is the handle release and extend go through; `monitor` tracks the
-    /// lease (the backend may keep a clone to report loss). With `auto_renew`, a
-    /// watchdog task is spawned on the current runtime.
-    pub fn new(
+    /// See [`crate::backend::NewGuard::new`].
+    pub(crate) fn from_grant(
         lease: Lease,
         monitor: LeaseMonitor,
         backend: Arc<dyn DistributedLock>,

@@ -1,6 +1,7 @@
 //! What a grant hands out: [`Lease`], [`FencingToken`], [`OwnerToken`], and the
 //! [`LeaseMonitor`] that tracks a lease's state over time.
 
+use crate::backend::prelude::*;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -52,8 +53,8 @@ impl OwnerToken {
         OwnerToken(rand::random())
     }
 
-    /// Wraps raw bits, for backends that parse a stored token.
-    pub const fn from_u128(bits: u128) -> Self {
+    /// See [`crate::backend::OwnerBits::from_u128`].
+    pub(crate) const fn from_bits(bits: u128) -> Self {
         OwnerToken(bits)
     }
 
@@ -87,13 +88,8 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Describes a grant. `acquired_at` is when the acquire request was sent, so
-    /// deadlines computed from it are conservative.
-    ///
-    /// `fencing_token` is `Some` exactly when the backend reports
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
-    /// cannot promise ordered tokens passes `None` rather than a best-effort number.
-    pub fn new(
+    /// See [`crate::backend::NewLease::new`].
+    pub(crate) fn describe(
         key: LockKey,
         owner: OwnerToken,
         fencing_token: Option<FencingToken>,
@@ -182,8 +178,8 @@ struct MonitorShared {
 }
 
 impl LeaseMonitor {
-    /// A held lease valid until `valid_until` (on the monotonic clock).
-    pub fn new(valid_until: Instant) -> Self {
+    /// See [`crate::backend::MonitorWriter::new`].
+    pub(crate) fn held_until(valid_until: Instant) -> Self {
         let (status, _) = watch::channel(Status {
             state: LeaseState::Held,
             valid_until,
@@ -212,11 +208,8 @@ impl LeaseMonitor {
         self.shared.status.borrow().valid_until
     }
 
-    /// A renewal succeeded: held until `valid_until`. Ignored once lost.
-    ///
-    /// A lease whose deadline has already passed is lost, even if nobody said so yet: a
-    /// renewal that lands late cannot revive it. Returns whether the lease is held now.
-    pub fn renewed(&self, valid_until: Instant) -> bool {
+    /// See [`crate::backend::MonitorWriter::renewed`].
+    pub(crate) fn apply_renewal(&self, valid_until: Instant) -> bool {
         let now = Instant::now();
         self.shared.status.send_if_modified(|s| {
             if s.state == LeaseState::Lost {
@@ -250,8 +243,8 @@ impl LeaseMonitor {
         self.shared.renewals.lock().await
     }
 
-    /// The lease may be lost (connection trouble). Ignored once lost.
-    pub fn suspect(&self) {
+    /// See [`crate::backend::MonitorWriter::suspect`].
+    pub(crate) fn mark_suspect(&self) {
         self.shared.status.send_if_modified(|s| {
             let change = s.state == LeaseState::Held;
             if change {
@@ -261,8 +254,8 @@ impl LeaseMonitor {
         });
     }
 
-    /// The lease is known lost. Wakes every [`LeaseMonitor::lost`] future.
-    pub fn mark_lost(&self) {
+    /// See [`crate::backend::MonitorWriter::mark_lost`].
+    pub(crate) fn set_lost(&self) {
         self.shared.status.send_if_modified(|s| {
             let change = s.state != LeaseState::Lost;
             s.state = LeaseState::Lost;

@@ -9,6 +9,7 @@
 //! Fencing tokens come from one counter per store, shared by all keys, so they
 //! strictly increase per key and no per-key state outlives a free key.
 
+use crate::backend::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};

@@ -1,5 +1,6 @@
 //! The renewal watchdog behind [`crate::AutoRenew`].
 
+use crate::backend::prelude::*;
 use std::sync::Arc;
 
 use tokio::time::{sleep, Instant};

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{
     async_trait, with_lock, AutoRenew, BackendInfo, DistributedLock, ExtendOutcome, Lease,
     LockError, LockGuard, LockKey, LockOptions, MemoryLock, NotHeldReason, ReleaseOutcome,

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{
     Capability, ExtendOutcome, FencingToken, Lease, LockError, LockGuard, LockKey, LockOptions,
     OwnerToken, ReleaseOutcome,
