@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::mark_contended;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, KeyStatus,
@@ -447,14 +448,18 @@ impl DistributedLock for RedisLock {
         let bound = deadline
             .filter(|d| *d > started)
             .and_then(|d| d.checked_add(DEADLINE_GRACE));
-        let Some(bound) = bound else {
+        let outcome = match bound {
             // No wait (one attempt, bounded by the request timeout) or wait forever.
-            return waiting.await;
+            None => waiting.await,
+            // The wait bounds the call whatever the servers do. Dropping an attempt in
+            // flight arms its compensation, which releases a grant the server applies
+            // late.
+            Some(bound) => match timeout_at(bound, waiting).await {
+                Ok(outcome) => outcome,
+                Err(_) => Err(self.out_of_wait(key, started, held_seen)),
+            },
         };
-        // The wait bounds the call whatever the servers do. Dropping an attempt in
-        // flight arms its compensation, which releases a grant the server applies late.
-        let outcome = timeout_at(bound, waiting).await;
-        outcome.unwrap_or_else(|_| Err(self.out_of_wait(key, started, held_seen)))
+        outcome.map(|guard| mark_contended(guard, held_seen))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -65,6 +65,11 @@ pub struct Entry {
 ///
 /// Every method is atomic with respect to every other. Expired entries are treated as
 /// absent.
+///
+/// Applications read it ([`MemoryStore::get`]); its raw commands (writes that bypass
+/// the owner check, grants, waits) are hidden from the docs and outside the stable
+/// API: they exist for [`MemoryLock`] and for the conformance kit's deliberately broken
+/// backends.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     slots: Mutex<HashMap<LockKey, Slot>>,
@@ -111,6 +116,7 @@ impl MemoryStore {
 
     /// Stores `owner` under `key` for `ttl` (`None`: forever) unless a live entry is
     /// there (`SET NX PX`). On refusal returns the live entry's expiry.
+    #[doc(hidden)]
     pub fn set_if_absent(
         &self,
         key: &LockKey,
@@ -127,6 +133,7 @@ impl MemoryStore {
     }
 
     /// Stores `owner` under `key` for `ttl`, replacing any entry (`SET PX`, no `NX`).
+    #[doc(hidden)]
     pub fn overwrite(&self, key: &LockKey, owner: OwnerToken, ttl: Option<Duration>) {
         Self::put(&mut self.slots(), key, owner, ttl, None, Instant::now());
     }
@@ -154,6 +161,7 @@ impl MemoryStore {
     }
 
     /// [`MemoryStore::set_if_absent`] and, on success, a fresh fencing token, atomically.
+    #[doc(hidden)]
     pub fn grant(
         &self,
         key: &LockKey,
@@ -171,12 +179,14 @@ impl MemoryStore {
     }
 
     /// A fencing token above every one handed out before by this store (`INCR`).
+    #[doc(hidden)]
     pub fn next_fencing_token(&self) -> FencingToken {
         FencingToken::new(self.fence.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
     /// Removes any entry under `key` without looking at its owner (`DEL`), waking
     /// waiters. Returns whether a live entry was removed.
+    #[doc(hidden)]
     pub fn delete(&self, key: &LockKey) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -187,6 +197,7 @@ impl MemoryStore {
 
     /// Removes the entry under `key` only if `owner` holds it, atomically (the Lua
     /// compare-and-delete), waking waiters.
+    #[doc(hidden)]
     pub fn delete_if_owner(&self, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -213,6 +224,7 @@ impl MemoryStore {
 
     /// Sets the expiry of the live entry under `key` to `ttl` from now, whoever owns it
     /// (`PEXPIRE`). Returns whether there was a live entry.
+    #[doc(hidden)]
     pub fn expire(&self, key: &LockKey, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -228,6 +240,7 @@ impl MemoryStore {
     /// Sets the expiry of the entry under `key` to `ttl` from now only if `owner` holds
     /// it, atomically (the Lua compare-and-`PEXPIRE`). `valid_until` in the outcome is
     /// `requested_at + ttl`.
+    #[doc(hidden)]
     pub fn expire_if_owner(
         &self,
         key: &LockKey,
@@ -252,6 +265,7 @@ impl MemoryStore {
 
     /// The notifier woken whenever the entry under `key` is deleted. Register interest
     /// (`Notified::enable`) before checking the key, so no wake-up is lost.
+    #[doc(hidden)]
     pub fn wake_handle(&self, key: &LockKey) -> Arc<Notify> {
         self.slots()
             .entry(key.clone())
@@ -269,6 +283,7 @@ impl MemoryStore {
     ///
     /// # Errors
     /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
+    #[doc(hidden)]
     pub async fn acquire_woken<F>(
         &self,
         key: &LockKey,
@@ -317,6 +332,7 @@ impl MemoryStore {
     }
 
     /// How many keys the table tracks (held, expired-but-not-yet-cleared, or waited on).
+    #[doc(hidden)]
     pub fn tracked_keys(&self) -> usize {
         self.slots().len()
     }
