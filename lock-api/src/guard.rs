@@ -1,6 +1,5 @@
 //! [`LockGuard`]: a held lock, its lease state, renewal watchdog and release-on-drop.
 
-use crate::backend::prelude::*;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,15 +149,15 @@ impl LockGuard {
         let outcome = self.backend.extend(&self.lease, ttl).await?;
         match outcome {
             ExtendOutcome::Extended { valid_until } => {
-                if !self.monitor.renewed(valid_until) {
+                if !self.monitor.apply_renewal(valid_until) {
                     // The deadline passed while the extend was in flight.
-                    self.monitor.mark_lost();
+                    self.monitor.set_lost();
                     let _ = self.backend.release(&self.lease).await;
                     return Ok(ExtendOutcome::Lost);
                 }
             }
             ExtendOutcome::Expired | ExtendOutcome::HeldByOther | ExtendOutcome::Lost => {
-                self.monitor.mark_lost();
+                self.monitor.set_lost();
             }
         }
         Ok(outcome)

@@ -1,7 +1,6 @@
 //! What a grant hands out: [`Lease`], [`FencingToken`], [`OwnerToken`], and the
 //! [`LeaseMonitor`] that tracks a lease's state over time.
 
-use crate::backend::prelude::*;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -272,7 +271,7 @@ impl LeaseMonitor {
             loop {
                 let status = *changes.borrow_and_update();
                 if status.state == LeaseState::Lost || Instant::now() >= status.valid_until {
-                    monitor.mark_lost();
+                    monitor.set_lost();
                     return;
                 }
                 tokio::select! {
@@ -292,32 +291,32 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lost_fires_at_deadline_unless_renewed() {
         let start = Instant::now();
-        let m = LeaseMonitor::new(start + Duration::from_secs(1));
+        let m = LeaseMonitor::held_until(start + Duration::from_secs(1));
         let lost = tokio::spawn(m.lost());
         tokio::time::sleep(Duration::from_millis(900)).await;
-        m.renewed(start + Duration::from_secs(2));
+        m.apply_renewal(start + Duration::from_secs(2));
         assert_eq!(m.state(), LeaseState::Held);
         assert!(lost.await.is_ok());
         assert!(Instant::now() >= start + Duration::from_secs(2));
         assert_eq!(m.state(), LeaseState::Lost);
-        m.renewed(start + Duration::from_secs(9));
+        m.apply_renewal(start + Duration::from_secs(9));
         assert_eq!(m.state(), LeaseState::Lost, "lost is final");
     }
 
     #[tokio::test(start_paused = true)]
     async fn suspect_then_lost() {
-        let m = LeaseMonitor::new(Instant::now() + Duration::from_secs(60));
-        m.suspect();
+        let m = LeaseMonitor::held_until(Instant::now() + Duration::from_secs(60));
+        m.mark_suspect();
         assert_eq!(m.state(), LeaseState::Suspect);
         let lost = tokio::spawn(m.lost());
-        m.mark_lost();
+        m.set_lost();
         assert!(lost.await.is_ok());
         assert_eq!(m.state(), LeaseState::Lost);
     }
 
     #[test]
     fn owner_token_is_128_bit_hex() {
-        let t = OwnerToken::from_u128(0xab);
+        let t = OwnerToken::from_bits(0xab);
         assert_eq!(t.to_string(), format!("{:032x}", 0xab));
         assert_ne!(OwnerToken::random(), OwnerToken::random());
     }

@@ -9,7 +9,6 @@
 //! Fencing tokens come from one counter per store, shared by all keys, so they
 //! strictly increase per key and no per-key state outlives a free key.
 
-use crate::backend::prelude::*;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
@@ -397,9 +396,9 @@ impl MemoryLock {
 
     fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
         let valid_until = lease.acquired_at() + lease.ttl();
-        LockGuard::new(
+        LockGuard::from_grant(
             lease,
-            LeaseMonitor::new(valid_until),
+            LeaseMonitor::held_until(valid_until),
             Arc::new(self.clone()),
             options.auto_renew(),
         )
@@ -418,7 +417,8 @@ impl MemoryLock {
         }
         let owner = OwnerToken::random();
         Ok(self.store.grant(key, owner, options.ttl()).map(|fence| {
-            let lease = Lease::new(key.clone(), owner, Some(fence), options.ttl(), requested_at);
+            let lease =
+                Lease::describe(key.clone(), owner, Some(fence), options.ttl(), requested_at);
             self.guard(lease, options)
         }))
     }
