@@ -131,6 +131,9 @@ pub use config::{PostgresConfig, URL_SCHEMES};
 pub use error::LockTableFull;
 pub use hash::advisory_key;
 pub use lock::PostgresLock;
+/// The driver this backend is built on, re-exported so its types (for example in error
+/// sources) can be named without a separate dependency on a matching version.
+pub use sqlx;
 pub use xact::{PostgresXactLock, XactError, XactFuture};
 
 /// The backend name, in errors and reports.

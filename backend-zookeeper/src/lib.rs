@@ -172,6 +172,9 @@ pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
 };
 pub use lock::ZooKeeperLock;
+/// The driver this backend is built on, re-exported so its types (for example in error
+/// sources) can be named without a separate dependency on a matching version.
+pub use zookeeper_client;
 
 /// The backend name, in errors and reports.
 pub const ZOOKEEPER_BACKEND: &str = "zookeeper";
