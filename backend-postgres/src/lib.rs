@@ -120,7 +120,7 @@
 mod client;
 mod config;
 mod error;
-mod hash;
+mod keys;
 mod lock;
 mod mailbox;
 mod session;
@@ -129,7 +129,7 @@ mod xact;
 
 pub use config::{PostgresConfig, URL_SCHEMES};
 pub use error::LockTableFull;
-pub use hash::advisory_key;
+pub use keys::advisory_key;
 pub use lock::PostgresLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.

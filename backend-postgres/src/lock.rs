@@ -19,7 +19,7 @@ use tokio::time::{timeout_at, Instant};
 use crate::client::{locked, ClientState, Settings};
 use crate::config::{connect_options, PostgresConfig};
 use crate::error;
-use crate::hash::advisory_key;
+use crate::keys::advisory_key;
 use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
 use crate::session;
 use crate::sql::{ensure_schema, Statements};

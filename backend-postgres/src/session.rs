@@ -29,7 +29,7 @@ use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
-use crate::hash::pg_locks_ids;
+use crate::keys::pg_locks_ids;
 use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
 use crate::POSTGRES_BACKEND;
 

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::config::{connect_options, server_address, PostgresConfig};
 use crate::error::{connect_error, lock_error, sqlstate};
-use crate::hash::advisory_key;
+use crate::keys::advisory_key;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 

@@ -80,11 +80,11 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod error;
 mod keys;
 mod lock;
 mod membership;
 mod node;
-mod refusal;
 mod scripts;
 mod wakeups;
 

@@ -4,15 +4,15 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::{AtAddress, ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
+use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
     RedisError, Script, ServerErrorKind,
 };
 
+use crate::error::lock_error;
 use crate::keys::KeyNames;
-use crate::refusal::is_transient;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -83,23 +83,6 @@ impl std::fmt::Debug for Node {
             .field("address", &self.address)
             .field("joined", &self.link.conn.get().is_some())
             .finish()
-    }
-}
-
-/// Maps a driver error from an operation on the server at `address` to the API's
-/// error kinds; the message names the address. The server's own "try again" replies
-/// ([`is_transient`]) are [`LockError::Transient`].
-pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-    {
-        LockError::connection_at(REDIS_BACKEND, address, error)
-    } else if is_transient(&error) {
-        LockError::transient(REDIS_BACKEND, AtAddress::new(address, error))
-    } else {
-        LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
     }
 }
 
@@ -177,7 +160,7 @@ impl Node {
             .client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| crate::refusal::connect_error(&self.address, self.link.db, e))
+            .map_err(|e| crate::error::connect_error(&self.address, self.link.db, e))
     }
 
     /// Makes `conn` this node's connection: operations use it from now on. A node joins
@@ -416,34 +399,5 @@ mod tests {
             let owner = OwnerToken::from_u128(bits);
             assert_eq!(hex(owner)[..], *owner.to_string().as_bytes());
         }
-    }
-
-    /// A server error reply `text` (code and message), as the driver parses it.
-    fn reply(text: &str) -> RedisError {
-        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
-            Ok(redis::Value::ServerError(error)) => error.into(),
-            other => panic!("not an error reply: {other:?}"),
-        }
-    }
-
-    #[test]
-    fn try_again_replies_are_transient_and_others_are_not() {
-        for text in [
-            "LOADING Redis is loading the dataset in memory",
-            "BUSY Redis is busy running a script",
-            "TRYAGAIN Multiple keys request during rehashing of slot",
-            "MASTERDOWN Link with MASTER is down",
-        ] {
-            let error = lock_error("127.0.0.1:6379", reply(text));
-            assert!(
-                matches!(error, LockError::Transient { .. }),
-                "{text}: {error:?}"
-            );
-            assert!(error.is_retryable());
-            assert!(error.to_string().contains("127.0.0.1:6379"), "{error}");
-        }
-        let error = lock_error("127.0.0.1:6379", reply("WRONGTYPE Operation against a key"));
-        assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
-        assert!(!error.is_retryable());
     }
 }
