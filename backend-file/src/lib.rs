@@ -53,6 +53,7 @@
 //!   so a holder with auto-renew learns it within a renewal interval.
 
 mod config;
+mod error;
 mod keys;
 mod lock;
 mod lock_file;

@@ -16,6 +16,7 @@ use distlock_api::{
 use tokio::time::Instant;
 
 use crate::config;
+use crate::error::io_error;
 use crate::keys;
 use crate::waiter::Waiters;
 use crate::{lock_file, FILE_BACKEND};
@@ -173,11 +174,6 @@ impl FileLock {
     fn not_ours(&self, key: &LockKey) -> Result<bool, LockError> {
         Ok(matches!(self.probe(key)?, Probe::Held(_)))
     }
-}
-
-/// A file-system error on `path`, as a backend error naming the file.
-fn io_error(path: &Path, e: std::io::Error) -> LockError {
-    LockError::backend_error(FILE_BACKEND, format!("{}: {e}", path.display()))
 }
 
 const NO_TTL: &str = "a file lock is held until it is released or its process exits; the TTL only sets the holder's local validity deadline";
