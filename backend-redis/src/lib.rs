@@ -51,6 +51,7 @@ mod keys;
 mod lock;
 mod node;
 mod scripts;
+mod url_options;
 mod wakeups;
 
 pub use config::{node_urls, RedisConfig};
