@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -141,10 +141,15 @@ impl BrokenLock {
 #[async_trait]
 impl DistributedLock for BrokenLock {
     fn info(&self) -> BackendInfo {
+        let mut capabilities = Capabilities::all_supported();
+        // The memory store under them wakes every waiter at once: no FIFO to claim.
+        capabilities.fifo = Capability::Unsupported(
+            "built on the memory store, which wakes every waiter of a released key at once",
+        );
         BackendInfo {
             name: BROKEN_BACKEND,
-            // Each claims everything, as the real mistakes' authors did.
-            capabilities: Capabilities::all_supported(),
+            // Each claims everything else, as the real mistakes' authors did.
+            capabilities,
         }
     }
 

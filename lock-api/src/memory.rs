@@ -19,8 +19,9 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 
 /// The backend name in errors and reports.
