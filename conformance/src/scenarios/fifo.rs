@@ -14,22 +14,43 @@ const FIFO_WAITERS: usize = 5;
 
 /// Options asking for FIFO, waiting up to `wait`.
 fn fifo(wait: Duration) -> LockOptions {
-    LockOptions::new(LONG_TTL)
+    fifo_with_ttl(LONG_TTL, wait)
+}
+
+/// Options asking for FIFO with a lease of `ttl`, waiting up to `wait`.
+pub(crate) fn fifo_with_ttl(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl)
         .with_wait(WaitPolicy::Timeout(wait))
         .with_order(WaitOrder::Fifo)
 }
 
 /// How the scenario knows a waiter is queued before it starts the next one.
-enum Arrival {
+pub(crate) enum Arrival {
     /// The backend counts its queue (`KeyStatus::waiters`): poll it.
     Observed,
     /// It cannot tell: space the arrivals by this much.
     Spaced(Duration),
 }
 
+impl Arrival {
+    /// Observed where `observer` counts `key`'s queue (`KeyStatus::waiters`); else
+    /// arrivals half the slack apart, at least 300 ms, which is far apart for a client
+    /// to join a queue.
+    pub(crate) async fn for_backend(
+        h: &dyn Harness,
+        observer: &dyn DistributedLock,
+        key: &LockKey,
+    ) -> Self {
+        match observer.inspect(key).await {
+            Ok(status) if status.waiters.is_some() => Arrival::Observed,
+            _ => Arrival::Spaced((h.slack() / 2).max(Duration::from_millis(300))),
+        }
+    }
+}
+
 /// Waits until waiter number `queued` (1-based) is in the queue, by the backend's own
 /// count where it has one, else by spacing the arrivals generously.
-async fn until_queued(
+pub(crate) async fn until_queued(
     observer: &dyn DistributedLock,
     key: &LockKey,
     queued: usize,
@@ -63,12 +84,7 @@ pub(super) async fn waiters_are_granted_in_arrival_order(
     let key = unique_key("fifo-order");
     let (holder, observer) = (h.client().await?.lock, h.client().await?.lock);
     let held = holder.acquire(&key, &fifo(h.slack())).await?;
-    let arrival = match observer.inspect(&key).await {
-        Ok(status) if status.waiters.is_some() => Arrival::Observed,
-        // No count of the queue (or no inspect at all): arrivals half the slack apart,
-        // at least 300 ms, are far apart for a client to join a queue.
-        _ => Arrival::Spaced((h.slack() / 2).max(Duration::from_millis(300))),
-    };
+    let arrival = Arrival::for_backend(h, &*observer, &key).await;
     let wait = h.slack() * 30;
     let granted = Arc::new(Mutex::new(Vec::with_capacity(FIFO_WAITERS)));
     let mut waiters = Vec::with_capacity(FIFO_WAITERS);

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::Harness;
 
 mod bad_input;
-mod fifo;
+pub(crate) mod fifo;
 mod liveness;
 mod safety;
 mod ttl;
