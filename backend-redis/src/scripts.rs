@@ -71,10 +71,10 @@ return {owner, redis.call('PTTL', KEYS[1]), fence, redis.call('ZCOUNT', KEYS[3],
     )
 });
 
-/// Drops the queue entries whose deadline (server time, ms) has passed. Shared by the
-/// FIFO scripts; `KEYS[3]` is the queue and `KEYS[4]` its deadlines. Defines `now`.
-/// `TIME` before writes needs effects replication, the only mode of Redis 7 and
-/// switched on here for Redis 6.
+/// Drops the queue entries whose deadline (server time, ms) has passed. `KEYS[3]` is
+/// the queue and `KEYS[4]` its deadlines. Defines `now`. `TIME` before writes needs
+/// effects replication, the only mode of Redis 7 and switched on here for Redis 6
+/// (nothing may be written before it).
 const PURGE_EXPIRED: &str = r"
 redis.replicate_commands()
 local t = redis.call('TIME')
@@ -91,7 +91,8 @@ end
 /// The FIFO acquire. `KEYS = [lock, fence, queue, queue deadlines, channel]`,
 /// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join]`.
 ///
-/// Expired entries are dropped first. The lock is granted (`SET PX`, `INCR` the fence,
+/// When nobody is queued it is the plain acquire (`SET NX PX`, `INCR`). Otherwise
+/// expired entries are dropped first. The lock is granted (`SET PX`, `INCR` the fence,
 /// and the waiter leaves the queue) when it is free and the queue is empty or headed
 /// by this waiter. Otherwise, with `join` = `1`, the waiter is queued at the tail (or
 /// keeps its place) and its entry's deadline is pushed to now + `entry_ttl_ms`; both
@@ -104,6 +105,18 @@ end
 pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
+            // Nobody queued (the queue key is deleted when it empties): the plain
+            // acquire, without reading the clock.
+            r"
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, redis.call('INCR', KEYS[2])}
+  end
+  if ARGV[5] ~= '1' then
+    return {0, redis.call('PTTL', KEYS[1]), -1, -1}
+  end
+end
+",
             PURGE_EXPIRED,
             r"
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]

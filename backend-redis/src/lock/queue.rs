@@ -28,6 +28,7 @@ enum QueueAttempt {
     Waiting {
         held_for: Option<Duration>,
         next_deadline: Option<Duration>,
+        place: Option<u64>,
     },
 }
 
@@ -90,12 +91,13 @@ impl RedisLock {
             QueueGrant::Waiting {
                 held_for,
                 next_deadline,
-                place: _,
+                place,
             } => {
                 compensation.disarm();
                 Ok(QueueAttempt::Waiting {
                     held_for,
                     next_deadline,
+                    place,
                 })
             }
         }
@@ -171,10 +173,13 @@ impl RedisLock {
                 Ok(QueueAttempt::Waiting {
                     held_for,
                     next_deadline,
+                    place,
                 }) => {
                     failing = None;
                     *held_seen = true;
-                    (held_for, next_deadline)
+                    // Only the head takes over from a holder that expires; the rest
+                    // would find it queued ahead of them.
+                    (held_for.filter(|_| place == Some(0)), next_deadline)
                 }
                 Err(error) if error.is_retryable() => {
                     self.retry_or_give_up(error, deadline, started, &mut failing)?;
@@ -196,8 +201,8 @@ impl RedisLock {
             } else {
                 backoff.next_delay().min(refresh)
             };
-            // A holder that expires, or a dead waiter ahead whose entry runs out, does
-            // not publish: be there when it happens.
+            // A holder that expires (the head's concern), or a dead waiter ahead whose
+            // entry runs out, does not publish: be there when it happens.
             for bound in [
                 held_for,
                 next_deadline.map(|d| d + Duration::from_millis(1)),
