@@ -312,6 +312,45 @@ mod tests {
     }
 
     #[test]
+    fn fifo_on_a_backend_without_it_is_refused_not_ignored() {
+        let unsupported = crate::Capability::Unsupported("no queue");
+        let fifo = LockOptions::default().with_order(WaitOrder::Fifo);
+        assert!(matches!(
+            fifo.check_order("test", unsupported),
+            Err(crate::LockError::Unsupported {
+                operation: FIFO_OPERATION,
+                reason: "no queue",
+                ..
+            })
+        ));
+        assert!(fifo
+            .check_order("test", crate::Capability::Supported)
+            .is_ok());
+        assert_eq!(LockOptions::default().order(), WaitOrder::Any);
+        assert!(LockOptions::default()
+            .check_order("test", unsupported)
+            .is_ok());
+    }
+
+    #[tokio::test]
+    async fn memory_refuses_fifo() {
+        use crate::{DistributedLock, LockKey, MemoryLock};
+        let lock = MemoryLock::new();
+        let key = LockKey::new("k").unwrap();
+        let fifo = LockOptions::default().with_order(WaitOrder::Fifo);
+        assert!(!lock.info().capabilities.fifo.is_supported());
+        assert!(matches!(
+            lock.acquire(&key, &fifo).await,
+            Err(crate::LockError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            lock.try_acquire(&key, &fifo).await,
+            Err(crate::LockError::Unsupported { .. })
+        ));
+        assert!(lock.store().get(&key).is_none());
+    }
+
+    #[test]
     fn auto_renew_must_fit_in_ttl() {
         let o = LockOptions::new(Duration::from_secs(1));
         assert!(o
