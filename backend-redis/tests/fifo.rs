@@ -452,3 +452,63 @@ async fn bad_fifo_parameters_are_typed_errors() {
         .unwrap();
     assert!(plain.info().capabilities.fifo.is_supported());
 }
+
+/// The lock key keeps its plain layout in FIFO mode: a foreign `SET NX PX` holder
+/// excludes FIFO clients and a FIFO holder excludes it; a foreign `SET NX` on a free
+/// key jumps the queue (documented), and the queue's head is served after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_set_nx_excludes_both_ways_and_may_jump_the_queue() {
+    let h = common::start(1).await;
+    let mut raw = h.raw(0).await;
+    let k = key("foreign");
+    let lock_name = format!("{{{}}}", k.as_str());
+    let fifo = RedisLock::connect(&fifo_url(h.ports[0])).await.unwrap();
+    let no_wait = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::NoWait);
+    let set_nx = |value: &'static str| {
+        redis::cmd("SET")
+            .arg(&lock_name)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .clone()
+    };
+    // A FIFO holder excludes a foreign SET NX.
+    let guard = fifo.acquire(&k, &no_wait).await.unwrap();
+    let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
+    assert_eq!(theirs, None);
+    // With a FIFO waiter queued, a foreign SET NX on the freed key takes it first.
+    let waiter = RedisLock::connect(&fifo_url(h.ports[0])).await.unwrap();
+    let queued = tokio::spawn({
+        let k = k.clone();
+        async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+    });
+    until_queued(&fifo, &k, 1).await;
+    // Freed without a wake-up (a raw DEL, as a foreign release would), then taken.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
+    assert_eq!(theirs.as_deref(), Some("OK"));
+    drop(guard);
+    // The foreign holder excludes FIFO clients, queued or not.
+    assert!(matches!(
+        fifo.acquire(&k, &no_wait).await,
+        Err(LockError::Timeout { .. })
+    ));
+    assert!(!queued.is_finished());
+    // Its release (a plain DEL, no publish) is found by the head's poll.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let granted = timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the head was not served after the foreign holder")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+}
