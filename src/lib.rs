@@ -30,7 +30,8 @@
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
 //! let guard = locks.acquire(&key, &options).await?;
-//! // Send guard.fencing_token() with every write the lock protects.
+//! // Send guard.fencing_token() with every write the lock protects (`None` where the
+//! // backend has no fencing: then make the writes idempotent or conditional).
 //! guard.release().await?;
 //!
 //! // Unknown or unavailable schemes are configuration errors, never panics.

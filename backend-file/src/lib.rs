@@ -178,7 +178,7 @@ impl FileLock {
         requested_at: Instant,
     ) -> LockGuard {
         let owner = OwnerToken::random();
-        let lease = Lease::new(key.clone(), owner, token, options.ttl(), requested_at);
+        let lease = Lease::new(key.clone(), owner, Some(token), options.ttl(), requested_at);
         self.held().insert(owner, file);
         LockGuard::new(
             lease,
@@ -288,8 +288,15 @@ impl DistributedLock for FileLock {
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         // Closing the file unlocks it.
-        if self.held().remove(&lease.owner()).is_some() {
-            return Ok(ReleaseOutcome::Released);
+        let file = self.held().remove(&lease.owner());
+        if let Some(file) = file {
+            // `Released` says nobody else held the lock meanwhile: only true if our
+            // locked file is still the one at the path (it may have been deleted or
+            // replaced, and another process may hold the new one).
+            let path = self.lock_file_path(lease.key());
+            if lock_file::is_current(&file, &path).map_err(|e| io_error(&path, e))? {
+                return Ok(ReleaseOutcome::Released);
+            }
         }
         Ok(if self.not_ours(lease.key())? {
             ReleaseOutcome::HeldByOther

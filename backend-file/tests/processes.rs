@@ -121,7 +121,7 @@ async fn fencing_tokens_survive_every_client() {
             .acquire(&key(), &LockOptions::new(TTL))
             .await
             .expect("acquires");
-        let token = guard.fencing_token();
+        let token = guard.fencing_token().unwrap();
         assert!(
             last.is_none_or(|last| token > last),
             "round {round}: token {token} does not follow {last:?}"
@@ -175,4 +175,39 @@ async fn a_deleted_lock_file_is_noticed_at_the_next_renewal() {
         .await
         .expect("lost() fires once a renewal finds the file gone");
     assert_eq!(guard.state(), distlock_api::LeaseState::Lost);
+}
+
+/// A release reports `Released` only if the lock file it locked is still the one at
+/// its path: `distlock exec` reads `Released` as "nobody else held the lock meanwhile",
+/// which a deleted and recreated lock file would make false.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_after_the_lock_file_was_replaced_is_not_released() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (a, b) = (
+        FileLock::open(dir.path()).expect("opens"),
+        FileLock::open(dir.path()).expect("opens"),
+    );
+    let options = LockOptions::new(TTL).with_wait(WaitPolicy::NoWait);
+
+    let stale = a.acquire(&key(), &options).await.expect("acquires");
+    std::fs::remove_file(a.lock_file_path(&key())).expect("deletes the lock file");
+    let fresh = b
+        .acquire(&key(), &options)
+        .await
+        .expect("a new file, a new lock");
+    assert_eq!(
+        stale.release().await.expect("releases"),
+        ReleaseOutcome::HeldByOther
+    );
+    assert_eq!(
+        fresh.release().await.expect("releases"),
+        ReleaseOutcome::Released
+    );
+
+    let stale = a.acquire(&key(), &options).await.expect("acquires");
+    std::fs::remove_file(a.lock_file_path(&key())).expect("deletes the lock file");
+    assert_eq!(
+        stale.release().await.expect("releases"),
+        ReleaseOutcome::Expired
+    );
 }

@@ -157,6 +157,20 @@ impl PostgresConfig {
 /// The URL schemes a Postgres lock client accepts.
 pub const URL_SCHEMES: [&str; 2] = ["postgres", "postgresql"];
 
+/// Where `options` connect: `host:port`, or the Unix socket's path. For messages: never
+/// the URL, which may carry a password.
+pub(crate) fn server_address(options: &PgConnectOptions) -> String {
+    if let Some(socket) = options.get_socket() {
+        return socket.display().to_string();
+    }
+    let (host, port) = (options.get_host(), options.get_port());
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// Parses `url` into sqlx connect options, with the server settings every distlock
 /// session runs with (see the crate docs).
 ///

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use distlock_api::LockError;
+use distlock_api::{AtAddress, LockError};
 use sqlx::postgres::{PgDatabaseError, PgSeverity};
 
 use crate::POSTGRES_BACKEND;
@@ -110,13 +110,14 @@ pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
     }
 }
 
-/// Maps an error from opening a session: refusals that retrying cannot fix
-/// (authentication, missing database, a server too old for the settings) are
-/// configuration errors; the rest are connection errors.
-pub(crate) fn connect_error(error: sqlx::Error) -> LockError {
+/// Maps an error from opening a session with the server at `address`: refusals that
+/// retrying cannot fix (authentication, missing database, a server too old for the
+/// settings) are configuration errors; the rest are connection errors. Either names the
+/// address.
+pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
     if let Some(full) = lock_table_full(&error) {
         // A new session needs lock slots too.
-        return LockError::backend_error(POSTGRES_BACKEND, full);
+        return LockError::backend_error(POSTGRES_BACKEND, AtAddress::new(address, full));
     }
     let hint = match sqlstate(&error) {
         Some(code) if code.starts_with("28") => Some("the server refused the credentials"),
@@ -129,17 +130,24 @@ pub(crate) fn connect_error(error: sqlx::Error) -> LockError {
         _ => None,
     };
     match (hint, error) {
-        (Some(message), error) => LockError::Config {
-            backend: POSTGRES_BACKEND,
-            message: message.to_owned(),
-            source: Some(error.into()),
-        },
+        (Some(hint), error) => {
+            // The server's own words (they name the user or database, never a password).
+            let said = match &error {
+                sqlx::Error::Database(db) => format!(" (server said: {})", db.message()),
+                _ => String::new(),
+            };
+            LockError::Config {
+                backend: POSTGRES_BACKEND,
+                message: format!("{address}: {hint}{said}"),
+                source: Some(error.into()),
+            }
+        }
         (None, sqlx::Error::Configuration(source)) => LockError::Config {
             backend: POSTGRES_BACKEND,
-            message: "invalid connection settings".into(),
+            message: format!("{address}: invalid connection settings"),
             source: Some(source),
         },
-        (None, error) => LockError::connection(POSTGRES_BACKEND, error),
+        (None, error) => LockError::connection_at(POSTGRES_BACKEND, address, error),
     }
 }
 

@@ -13,7 +13,8 @@
 //! let options = LockOptions::new(Duration::from_secs(30))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
 //! let guard = locks.acquire(&key, &options).await?;
-//! // Send guard.fencing_token() with every write the lock protects.
+//! // Send guard.fencing_token() with every write the lock protects (`None` where the
+//! // backend has no fencing: then make the writes idempotent or conditional).
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
@@ -57,6 +58,11 @@
 //! - **TTL.** The holding client unlocks a lease at `acquired_at + TTL` unless extended,
 //!   and the guard's `lost()` fires then. `extend` (and auto-renew) proves the session
 //!   alive and pushes that deadline. So a hung task loses its lock after one TTL.
+//!   When the TTL timer fires a second or more late, the whole process was paused
+//!   (SIGSTOP, a suspended VM) or starved, holder included: the lease is lost at once,
+//!   but the unlock waits up to a second for the holder's own release, which then
+//!   finds the lock still held and reports `Released`, showing that nobody else held
+//!   it meanwhile (`distlock exec` passes on its command's exit code then).
 //! - **Session.** Every session runs with `idle_session_timeout` =
 //!   [`PostgresConfig::session_timeout`] (default 10 s). A session holding locks sends a
 //!   heartbeat every [`PostgresConfig::heartbeat`] (default 2 s) when nothing else ran. A

@@ -13,12 +13,11 @@ use distlock_api::{
 };
 use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection as _;
-use sqlx::PgConnection;
 use tokio::sync::{oneshot, Notify, Semaphore};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
-use crate::config::{connect_options, PostgresConfig};
-use crate::error::{self, connect_error};
+use crate::config::{connect_options, server_address, PostgresConfig};
+use crate::error;
 use crate::hash::advisory_key;
 use crate::session::{self, Command, Failure, Granted, Kind, SessionHandle};
 use crate::sql::{ensure_schema, Statements};
@@ -43,6 +42,13 @@ pub(crate) struct Settings {
     pub config: PostgresConfig,
     pub connect: PgConnectOptions,
     pub sql: Statements,
+}
+
+impl Settings {
+    /// A connection error with a message of ours, at the server's address.
+    pub(crate) fn connection_error(&self, why: impl Into<String>) -> LockError {
+        LockError::connection_at(POSTGRES_BACKEND, server_address(&self.connect), why.into())
+    }
 }
 
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
@@ -231,15 +237,7 @@ impl PostgresLock {
         config.validate()?;
         let connect = connect_options(url, &config)?;
         let sql = Statements::new(&config.schema);
-        let mut conn = timeout(config.request_timeout, PgConnection::connect_with(&connect))
-            .await
-            .map_err(|_| {
-                error::connection(format!(
-                    "could not connect within the request timeout of {:?}",
-                    config.request_timeout
-                ))
-            })?
-            .map_err(connect_error)?;
+        let mut conn = session::connect(&connect, config.request_timeout).await?;
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
             return Err(e);
@@ -381,7 +379,7 @@ impl PostgresLock {
         let lease = Lease::new(
             key.clone(),
             owner,
-            token,
+            Some(token),
             options.ttl(),
             granted.acquired_at,
         );
@@ -449,9 +447,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session: every one tried closed or broke",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session: every one tried closed or broke"))
     }
 
     /// One wait in the server's queue on a dedicated session, until `deadline`: the
@@ -516,9 +515,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session to wait on: every one tried closed",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session to wait on: every one tried closed"))
     }
 
     /// The body of `acquire`, unbounded by the wait when the server
@@ -597,9 +597,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Lock(e))) => return Err(e),
             }
         }
-        Err(error::connection(
-            "no usable session: every one tried closed",
-        ))
+        Err(self
+            .shared
+            .settings
+            .connection_error("no usable session: every one tried closed"))
     }
 
     /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
@@ -668,7 +669,7 @@ impl DistributedLock for PostgresLock {
                 key: key.clone(),
                 waited: started.elapsed(),
             }),
-            Err(_) => Err(error::connection(format!(
+            Err(_) => Err(self.shared.settings.connection_error(format!(
                 "the server did not answer within the wait of {:?}; whether the lock was \
                  granted is unknown (a late grant is released)",
                 wait

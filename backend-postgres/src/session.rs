@@ -20,11 +20,13 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
-use crate::error::{self, connect_error, ends_session, lock_error, sqlstate, LockTableFull};
+use crate::config::server_address;
+use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::hash::pg_locks_ids;
 use crate::lock::Shared;
 use crate::POSTGRES_BACKEND;
@@ -33,6 +35,15 @@ use crate::POSTGRES_BACKEND;
 const MAX_BATCH: usize = 256;
 /// SQLSTATE lock_not_available: `lock_timeout` fired.
 const LOCK_TIMEOUT: &str = "55P03";
+/// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
+/// a suspended VM) or starved: the holder, which wakes up together with this task, did
+/// not renew because it could not run, not because it let the lease go.
+const PAUSED_LATENESS: Duration = Duration::from_secs(1);
+/// After such a pause, how long the unlock at the TTL waits for the holder's own
+/// release. The lease is lost for the holder at once; only the server's lock stays, so
+/// that the release finds it still held and can report that nobody else held it
+/// meanwhile (`distlock exec` passes on its command's exit code then).
+const PAUSE_GRACE: Duration = Duration::from_secs(1);
 
 /// What a session is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,7 +164,10 @@ impl SessionHandle {
 #[derive(Debug)]
 struct Held {
     hash: i64,
+    /// When the client unlocks it: its TTL deadline, or the end of its [`PAUSE_GRACE`].
     ttl_deadline: Instant,
+    /// Its TTL ran out during a pause; the unlock waits for the holder's release.
+    paused_past_ttl: bool,
     monitor: LeaseMonitor,
     /// A dedicated session's wait slot, freed when the lock ends.
     _slot: Option<OwnedSemaphorePermit>,
@@ -196,20 +210,34 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<Shared>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let config = &client.settings.config;
-    let conn = timeout(
-        config.request_timeout,
-        PgConnection::connect_with(&client.settings.connect),
+    let conn = connect(
+        &client.settings.connect,
+        client.settings.config.request_timeout,
     )
-    .await
-    .map_err(|_| {
-        error::connection(format!(
-            "no session within the request timeout of {:?}",
-            config.request_timeout
-        ))
-    })?
-    .map_err(connect_error)?;
+    .await?;
     Ok(start(kind, conn, client))
+}
+
+/// Opens a connection with `options` within `limit`.
+///
+/// # Errors
+/// As [`connect_error`]; a connection error when `limit` passes first. Each names the
+/// server's address.
+pub(crate) async fn connect(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<PgConnection, LockError> {
+    let address = server_address(options);
+    timeout(limit, PgConnection::connect_with(options))
+        .await
+        .map_err(|_| {
+            LockError::connection_at(
+                POSTGRES_BACKEND,
+                &address,
+                format!("no connection within the request timeout of {limit:?}"),
+            )
+        })?
+        .map_err(|e| connect_error(e, &address))
 }
 
 /// Starts the task of a session over `conn`.
@@ -266,6 +294,11 @@ struct Task {
 }
 
 impl Task {
+    /// A connection error of this session: `why`, at the server's address.
+    fn broken(&self, why: impl Into<String>) -> LockError {
+        self.shared.connection_error(why)
+    }
+
     async fn run(mut self) {
         let end = self.serve().await;
         self.stop(end).await;
@@ -323,13 +356,22 @@ impl Task {
     async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
         let now = Instant::now();
         if self.expiries.first().is_some_and(|(t, _)| *t <= now) {
-            let due: Vec<u128> = self
+            let due: Vec<(Instant, u128)> = self
                 .expiries
                 .iter()
                 .take_while(|(t, _)| *t <= now)
-                .map(|(_, owner)| *owner)
+                .copied()
                 .collect();
-            self.unlock(due, Vec::new()).await?;
+            let mut unlock = Vec::new();
+            for (deadline, owner) in due {
+                let paused = now.saturating_duration_since(deadline) >= PAUSED_LATENESS;
+                if !(paused && self.defer_unlock_after_pause(owner, now)) {
+                    unlock.push(owner);
+                }
+            }
+            if !unlock.is_empty() {
+                self.unlock(unlock, Vec::new()).await?;
+            }
         }
         if self.held.is_empty() {
             if now >= self.last_used + idle_close {
@@ -345,6 +387,25 @@ impl Task {
             self.renew_all(false);
         }
         Ok(())
+    }
+
+    /// A lease whose TTL ran out while the process was paused: lost for its holder now,
+    /// but unlocked only at its release (which then finds it still held: no one else
+    /// can have held it) or after [`PAUSE_GRACE`]. Once per lease; false if it was
+    /// deferred already (or is not held), and must be unlocked now.
+    fn defer_unlock_after_pause(&mut self, owner: u128, now: Instant) -> bool {
+        let Some(held) = self.held.get_mut(&owner) else {
+            return false;
+        };
+        if held.paused_past_ttl {
+            return false;
+        }
+        held.monitor.mark_lost();
+        self.expiries.remove(&(held.ttl_deadline, owner));
+        held.paused_past_ttl = true;
+        held.ttl_deadline = now + PAUSE_GRACE;
+        self.expiries.insert((held.ttl_deadline, owner));
+        true
     }
 
     /// The validity deadline of a lease ending at `ttl_deadline`.
@@ -490,7 +551,7 @@ impl Task {
                 };
                 for command in groups.flatten().chain(others) {
                     self.forget_command(&command);
-                    command.fail(Failure::Lock(error::connection(why.clone())));
+                    command.fail(Failure::Lock(self.broken(why.clone())));
                 }
                 return Err(end);
             }
@@ -537,6 +598,7 @@ impl Task {
             Held {
                 hash,
                 ttl_deadline,
+                paused_past_ttl: false,
                 monitor: monitor.clone(),
                 _slot: slot,
             },
@@ -595,7 +657,7 @@ impl Task {
             }
             Trip::Broken(why) => (
                 HashMap::new(),
-                Some((error::connection(why.clone()), Err(End::Broken(why)))),
+                Some((self.broken(why.clone()), Err(End::Broken(why)))),
             ),
         };
         if let Some((error, cleanup)) = failure {
@@ -746,7 +808,7 @@ impl Task {
         };
         if let Err(End::Broken(why)) = &result {
             for (_, reply) in replies {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return result;
         }
@@ -848,7 +910,7 @@ impl Task {
         let started = Instant::now();
         if let Err(End::Broken(why)) = self.ping().await {
             for (_, _, reply) in live {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             }
             return Err(End::Broken(why));
         }
@@ -906,7 +968,7 @@ impl Task {
                 Ok(())
             }
             Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                 Err(End::Broken(why))
             }
         }
@@ -1019,7 +1081,7 @@ impl Task {
                         ))
                     }
                     Trip::Broken(why) => {
-                        let _ = reply.send(Err(Failure::Lock(error::connection(why.clone()))));
+                        let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                         Err(End::Broken(why))
                     }
                 }
@@ -1040,7 +1102,7 @@ impl Task {
             None => {
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
-                let _ = reply.send(Err(Failure::Lock(error::connection(why))));
+                let _ = reply.send(Err(Failure::Lock(self.broken(why))));
                 Err(End::Broken(why.into()))
             }
         }

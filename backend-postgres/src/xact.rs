@@ -13,7 +13,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Acquire as _, Postgres, Transaction};
 use tokio::time::Instant;
 
-use crate::config::{connect_options, PostgresConfig};
+use crate::config::{connect_options, server_address, PostgresConfig};
 use crate::error::{connect_error, lock_error, sqlstate};
 use crate::hash::advisory_key;
 use crate::sql::{ensure_schema, Statements};
@@ -116,12 +116,13 @@ impl PostgresXactLock {
         // session-wide lock timeout (the work's own statements may wait).
         let options = connect_options(url, &config)?
             .options([("idle_session_timeout", "0"), ("lock_timeout", "0")]);
+        let address = server_address(&options);
         let pool = PgPoolOptions::new()
             .max_connections(10)
             .acquire_timeout(config.request_timeout)
             .connect_with(options)
             .await
-            .map_err(connect_error)?;
+            .map_err(|e| connect_error(e, &address))?;
         PostgresXactLock::from_pool(pool, &config.schema).await
     }
 
@@ -139,7 +140,11 @@ impl PostgresXactLock {
         };
         config.validate()?;
         let sql = Statements::new(schema);
-        let mut conn = pool.acquire().await.map_err(connect_error)?;
+        let address = server_address(&pool.connect_options());
+        let mut conn = pool
+            .acquire()
+            .await
+            .map_err(|e| connect_error(e, &address))?;
         ensure_schema(&mut conn, schema, &sql).await?;
         Ok(PostgresXactLock {
             pool,
@@ -251,7 +256,11 @@ impl PostgresXactLock {
     where
         F: for<'t> FnOnce(&'t mut Transaction<'_, Postgres>, FencingToken) -> XactFuture<'t, T, E>,
     {
-        let conn = self.pool.acquire().await.map_err(connect_error)?;
+        let conn = self
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| connect_error(e, &server_address(&self.pool.connect_options())))?;
         let mut holder = CloseUnlessDone(Some(conn));
         let Some(conn) = holder.0.as_mut() else {
             return Err(XactError::Lock(crate::error::connection(

@@ -162,7 +162,7 @@ async fn xact_and_session_locks_exclude_each_other_and_share_fencing() {
         |e| e.iter().any(|(_, g)| !g),
     )
     .await;
-    let session_token = guard.fencing_token();
+    let session_token = guard.fencing_token().unwrap();
     guard.release().await.unwrap();
     let xact_token = timeout(Duration::from_secs(10), waiter)
         .await
@@ -175,7 +175,7 @@ async fn xact_and_session_locks_exclude_each_other_and_share_fencing() {
         .acquire(&k, &LockOptions::new(LONG).with_wait(WaitPolicy::NoWait))
         .await
         .unwrap();
-    assert!(after.fencing_token() > xact_token);
+    assert!(after.fencing_token().unwrap() > xact_token);
     after.release().await.unwrap();
 }
 

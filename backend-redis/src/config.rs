@@ -84,7 +84,8 @@ impl RedisConfig {
 ///   certificate verification;
 /// - `redis+redlock://[user:pass@]host:port,host:port,host:port[/db]` lists Redlock's
 ///   independent nodes, which share the credentials and database. There must be an
-///   odd number of them, at least 3, none listed twice.
+///   odd number of them, at least 3, none listed twice. (Connecting also refuses two
+///   spellings of one server: names resolving to a common address, or one `run_id`.)
 ///
 /// # Errors
 /// [`LockError::Config`] for any other scheme, `rediss://` without the `tls` feature,

@@ -11,7 +11,8 @@ use distlock_api::LockKey;
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{K}:fence`: the fencing counter, `INCR`ed on every grant; never expires.
+    /// `{K}:fence`: the fencing counter, `INCR`ed on every single-node grant; never
+    /// expires. Redlock does not use it.
     pub fence: String,
     /// `{K}:released`: the pub/sub channel a release publishes on.
     pub channel: String,

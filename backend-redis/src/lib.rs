@@ -3,7 +3,8 @@
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
 //! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
-//!   succeeds, `INCR {K}:fence`, returning the new fencing token; when the key is held
+//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token
+//!   (Redlock skips the counter and hands out no token); when the key is held
 //!   it returns the holder's `PTTL` instead, the longest a waiter has to wait;
 //! - **release** is an owner-checked `DEL` in Lua that also `PUBLISH`es on
 //!   `{K}:released`; **extend** is an owner-checked `PEXPIRE` in Lua. Both tell
@@ -53,6 +54,17 @@
 //! reconnects and resubscribes on its own) carries commands and wake-ups for every lock
 //! and waiter of a [`RedisLock`]. Redis 6 or later is needed for RESP3.
 //!
+//! Connect errors name the server's address (never the URL, which may carry a password)
+//! and say what the server answered: authentication failed (`WRONGPASS`, `NOAUTH`), no
+//! such database, not a Redis server, no RESP3. Those are [`distlock_api::LockError::Config`];
+//! an unreachable server is a [`distlock_api::LockError::Connection`].
+//!
+//! Redlock connects when a majority of its nodes answers. A node down at start-up is
+//! retried in the background and joins when it answers; until then its share of each
+//! operation fails at once. One server listed twice, found by resolving host names and
+//! by comparing the servers' `run_id`s, is a configuration error at connect; a late node
+//! that duplicates another never joins.
+//!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
@@ -61,16 +73,20 @@
 //!   tokens *and* forgets held locks. Failover to an asynchronous replica can grant a
 //!   lock twice.
 //! - Redlock: needs a majority of nodes and a remaining validity
-//!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses. Its
-//!   fencing tokens (the max over the majority's counters) are best effort, so its
-//!   capabilities report fencing unsupported.
+//!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
+//!   Independent nodes cannot agree on one ordered counter (even without faults, a node
+//!   that missed a grant lags), so Redlock reports fencing unsupported, its guards'
+//!   `fencing_token()` is `None`, and it keeps no `{K}:fence` key. Protect resources
+//!   with idempotent or conditional writes, or use a backend with fencing.
 //! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
 //!   for any grant that may have landed.
 
 mod config;
 mod keys;
 mod lock;
+mod membership;
 mod node;
+mod refusal;
 mod scripts;
 mod url_options;
 mod wakeups;

@@ -15,6 +15,7 @@ use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
+use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
@@ -60,9 +61,14 @@ impl RedisLock {
     /// Connects to the node(s) named by `url` with default settings. See
     /// [`crate::node_urls`] for the URL forms.
     ///
+    /// Redlock needs a majority of its nodes to answer; the others join in the
+    /// background when they do (see the crate docs).
+    ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL or a server that does not speak RESP3,
-    /// [`LockError::Connection`] when a node cannot be reached.
+    /// [`LockError::Config`] for a bad URL, a server that refuses the credentials or the
+    /// database, is not a Redis server or does not speak RESP3, or a Redlock server
+    /// listed twice; [`LockError::Connection`] when the node, or a majority of Redlock
+    /// nodes, cannot be reached. Messages name the addresses, never the password.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
@@ -86,13 +92,7 @@ impl RedisLock {
                 reason: REDLOCK_NOT_FIFO,
             });
         }
-        let nodes = join_all(
-            urls.iter()
-                .map(|u| Node::connect(u, config.request_timeout)),
-        )
-        .await
-        .into_iter()
-        .collect::<Result<Vec<_>, _>>()?;
+        let nodes = connect_nodes(&urls, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -167,18 +167,16 @@ impl RedisLock {
                 return error;
             }
         }
-        let failed = errors.len();
-        let first = errors
-            .into_iter()
-            .next()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        // Every failed node's own error, each naming its address.
+        let failures: Vec<String> = errors.iter().map(at_node).collect();
         LockError::connection(
             REDLOCK_BACKEND,
             format!(
-                "{failed} of {} Redlock nodes failed, so no majority of {} is possible (first: {first})",
+                "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
+                failures.len(),
                 self.inner.nodes.len(),
-                self.quorum()
+                self.quorum(),
+                failures.join("; ")
             ),
         )
     }
@@ -233,10 +231,11 @@ impl RedisLock {
                 waited,
             };
         }
+        let addresses: Vec<&str> = self.inner.nodes.iter().map(Node::address).collect();
         let who = if self.is_redlock() {
-            "a majority of the Redlock nodes"
+            format!("a majority of the Redlock nodes ({})", addresses.join(", "))
         } else {
-            "the server"
+            format!("the server at {}", addresses.join(", "))
         };
         LockError::connection(
             self.name(),
@@ -333,16 +332,17 @@ impl RedisLock {
         };
         let results = self
             .on_all_nodes(self.node_timeout(ttl), |node| {
-                node.try_grant(names, owner, ttl)
+                node.try_grant(names, owner, ttl, !self.is_redlock())
             })
             .await;
         let (mut granted, mut fence, mut held_for, mut errors) =
-            (0, 0, None::<Duration>, Vec::new());
+            (0, None, None::<Duration>, Vec::new());
         for result in results {
             match result {
                 Ok(NodeGrant::Granted(token)) => {
                     granted += 1;
-                    fence = fence.max(token.get());
+                    // One node only: Redlock's nodes count no grants.
+                    fence = token;
                 }
                 Ok(NodeGrant::Held(pttl)) => {
                     held_for = match (held_for, pttl) {
@@ -354,8 +354,7 @@ impl RedisLock {
             }
         }
         if granted >= self.quorum() {
-            if let Some(guard) = self.guard(key, owner, FencingToken::new(fence), started, options)
-            {
+            if let Some(guard) = self.guard(key, owner, fence, started, options) {
                 compensation.disarm();
                 return Ok(Attempt::Granted(guard));
             }
@@ -383,7 +382,7 @@ impl RedisLock {
         &self,
         key: &LockKey,
         owner: OwnerToken,
-        token: FencingToken,
+        token: Option<FencingToken>,
         started: Instant,
         options: &LockOptions,
     ) -> Option<LockGuard> {
@@ -470,7 +469,7 @@ impl DistributedLock for RedisLock {
         let mut capabilities = Capabilities::all_supported();
         if self.is_redlock() {
             capabilities.fencing = Capability::Unsupported(
-                "Redlock has no consensus: after a node restart or failover its per-node counters can disagree, so a token is best effort only",
+                "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
         }
         capabilities.fifo = self.fifo_capability();
@@ -612,8 +611,8 @@ impl DistributedLock for RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner. Redlock reports no
-/// token (its counters are best effort) and no queue, and the shortest remaining lease
-/// among the majority's nodes.
+/// token (it keeps no counters) and no queue, and the shortest remaining lease among
+/// the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views
         .iter()

@@ -1,14 +1,14 @@
 //! One Redis server: a multiplexed, auto-reconnecting RESP3 connection, the scripts run
 //! on it, and the wake-ups it carries.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
+use distlock_api::{AtAddress, ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
-    Cmd, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion, RedisError, Script,
-    ServerErrorKind,
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    RedisError, Script, ServerErrorKind,
 };
 
 use crate::keys::KeyNames;
@@ -18,8 +18,8 @@ use crate::REDIS_BACKEND;
 /// What one node said to an acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeGrant {
-    /// Granted, with the node's fencing counter after `INCR`.
-    Granted(FencingToken),
+    /// Granted, with the node's fencing counter after `INCR` (`None` when unfenced).
+    Granted(Option<FencingToken>),
     /// Held by another owner for at most this long (`None`: no expiry set).
     Held(Option<Duration>),
 }
@@ -54,39 +54,78 @@ pub(crate) struct NodeView {
     pub(crate) queued: usize,
 }
 
-/// A connection to one Redis server.
+/// One Redis server: its connection, or, for a Redlock node that did not answer at
+/// start-up, the place its connection goes once it joins. Clones share everything.
 #[derive(Clone)]
 pub(crate) struct Node {
     address: String,
-    conn: ConnectionManager,
+    link: Arc<Link>,
+}
+
+/// What the clones of a [`Node`] share.
+struct Link {
+    client: redis::Client,
+    /// The database the URL selects, for error messages.
+    db: i64,
+    /// Host and port, to resolve (`None` for a Unix socket).
+    endpoint: Option<(String, u16)>,
+    connect_timeout: Duration,
     wakeups: Arc<Wakeups>,
+    /// Set once the server answered (and, for Redlock, proved to be a server of its own).
+    conn: OnceLock<ConnectionManager>,
+    /// Until then: why not, for the errors of operations that skip this node.
+    absent: Mutex<String>,
+}
+
+/// A [`Node`] that does not keep its connection alive: a background joiner holds this,
+/// so the joiner ends when the client is dropped.
+#[derive(Clone)]
+pub(crate) struct WeakNode {
+    address: String,
+    link: Weak<Link>,
+}
+
+impl WeakNode {
+    /// The node, while its client lives.
+    pub(crate) fn upgrade(&self) -> Option<Node> {
+        Some(Node {
+            address: self.address.clone(),
+            link: self.link.upgrade()?,
+        })
+    }
 }
 
 impl std::fmt::Debug for Node {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Node")
             .field("address", &self.address)
+            .field("joined", &self.link.conn.get().is_some())
             .finish()
     }
 }
 
-/// Maps a driver error to the API's error kinds.
-pub(crate) fn lock_error(error: RedisError) -> LockError {
+/// Maps a driver error from an operation on the server at `address` to the API's
+/// error kinds; the message names the address.
+fn lock_error(address: &str, error: RedisError) -> LockError {
     if error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
     {
-        LockError::connection(REDIS_BACKEND, error)
+        LockError::connection_at(REDIS_BACKEND, address, error)
     } else {
-        LockError::backend_error(REDIS_BACKEND, error)
+        LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
     }
 }
 
 impl Node {
-    /// Connects to the server at `url` (`redis://…`), speaking RESP3 so that pub/sub
-    /// pushes share the command connection.
-    pub(crate) async fn connect(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
+    /// Prepares a node for the server at `url` (`redis://…`) without connecting. It will
+    /// speak RESP3, so that pub/sub pushes share the command connection.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a URL the driver refuses (the message does not repeat
+    /// the URL: it may carry a password).
+    pub(crate) fn new(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
         let info = url.into_connection_info().map_err(|e| LockError::Config {
             backend: REDIS_BACKEND,
             // Not the URL itself: it may carry a password.
@@ -97,19 +136,51 @@ impl Node {
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
+        let db = settings.db();
         let info = info.set_redis_settings(settings);
         let address = info.addr().to_string();
+        let endpoint = match info.addr() {
+            ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
+                Some((host.clone(), *port))
+            }
+            _ => None,
+        };
         #[cfg(feature = "tls")]
         {
             // One process-wide crypto provider; another crate may have installed one first.
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let client = redis::Client::open(info).map_err(lock_error)?;
-        let wakeups = Arc::new(Wakeups::default());
-        let router = wakeups.clone();
+        let client = redis::Client::open(info).map_err(|e| LockError::Config {
+            backend: REDIS_BACKEND,
+            message: format!("{address}: invalid Redis connection settings"),
+            source: Some(Box::new(e)),
+        })?;
+        Ok(Node {
+            address,
+            link: Arc::new(Link {
+                client,
+                db,
+                endpoint,
+                connect_timeout,
+                wakeups: Arc::new(Wakeups::default()),
+                conn: OnceLock::new(),
+                absent: Mutex::new("not connected yet".to_owned()),
+            }),
+        })
+    }
+
+    /// Opens an auto-reconnecting connection to the server, without joining it to the
+    /// node (see [`Node::join`]).
+    ///
+    /// # Errors
+    /// [`LockError::Config`] when the server refuses the credentials or the database,
+    /// or is not a Redis 6+ server; [`LockError::Connection`] when it cannot be reached.
+    /// Either names the address.
+    pub(crate) async fn open(&self) -> Result<ConnectionManager, LockError> {
+        let router = self.link.wakeups.clone();
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(connect_timeout))
-            .set_response_timeout(Some(connect_timeout))
+            .set_connection_timeout(Some(self.link.connect_timeout))
+            .set_response_timeout(Some(self.link.connect_timeout))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500))
             .set_automatic_resubscription()
@@ -117,22 +188,65 @@ impl Node {
                 router.on_push(push);
                 Ok::<(), ()>(())
             });
-        let conn = client
+        self.link
+            .client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| match lock_error(e) {
-                LockError::Backend { source, .. } => LockError::Config {
-                    backend: REDIS_BACKEND,
-                    message: format!("{address} did not accept a RESP3 Redis connection (Redis 6 or later is needed)"),
-                    source: Some(source),
-                },
-                other => other,
-            })?;
-        Ok(Node {
-            address,
-            conn,
-            wakeups,
-        })
+            .map_err(|e| crate::refusal::connect_error(&self.address, self.link.db, e))
+    }
+
+    /// Makes `conn` this node's connection: operations use it from now on. A node joins
+    /// once; a later call changes nothing.
+    pub(crate) fn join(&self, conn: ConnectionManager) {
+        let _ = self.link.conn.set(conn);
+    }
+
+    /// Records why the node has not joined, for the errors of operations meanwhile.
+    pub(crate) fn set_absent(&self, why: String) {
+        *self
+            .link
+            .absent
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = why;
+    }
+
+    /// The joined connection, if the node has joined.
+    pub(crate) fn connection(&self) -> Option<ConnectionManager> {
+        self.link.conn.get().cloned()
+    }
+
+    /// Host and port to resolve, for a TCP node.
+    pub(crate) fn endpoint(&self) -> Option<(String, u16)> {
+        self.link.endpoint.clone()
+    }
+
+    /// A handle that does not keep the node alive.
+    pub(crate) fn downgrade(&self) -> WeakNode {
+        WeakNode {
+            address: self.address.clone(),
+            link: Arc::downgrade(&self.link),
+        }
+    }
+
+    /// The joined connection, or at once (no connect timeout spent) a connection error
+    /// saying why the node is not part of the client yet.
+    fn conn(&self) -> Result<ConnectionManager, LockError> {
+        match self.link.conn.get() {
+            Some(conn) => Ok(conn.clone()),
+            None => {
+                let why = self
+                    .link
+                    .absent
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .clone();
+                Err(LockError::connection_at(
+                    REDIS_BACKEND,
+                    &self.address,
+                    format!("node not connected: {why}"),
+                ))
+            }
+        }
     }
 
     /// `host:port` of the server.
@@ -140,19 +254,48 @@ impl Node {
         &self.address
     }
 
-    /// Runs the acquire script.
+    /// The server's identity (`INFO server`'s `run_id`; a restart changes it), over
+    /// `conn`. `None` when the server does not tell (an ACL user without `INFO`).
+    ///
+    /// # Errors
+    /// [`LockError::Connection`] when the server does not answer.
+    pub(crate) async fn server_id(
+        &self,
+        conn: &ConnectionManager,
+    ) -> Result<Option<String>, LockError> {
+        let info: Result<String, RedisError> = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut conn.clone())
+            .await;
+        match info {
+            Ok(info) => Ok(info
+                .lines()
+                .find_map(|line| line.strip_prefix("run_id:"))
+                .map(|id| id.trim().to_owned())),
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoPerm) => Ok(None),
+            Err(e) => Err(lock_error(&self.address, e)),
+        }
+    }
+
+    /// Runs the acquire script; `fenced` also counts the grant on `{K}:fence`.
     pub(crate) async fn try_grant(
         &self,
         names: &KeyNames,
         owner: OwnerToken,
         ttl: Duration,
+        fenced: bool,
     ) -> Result<NodeGrant, LockError> {
         let script = &*crate::scripts::ACQUIRE;
-        let mut cmd = evalsha(script, &[&names.lock, &names.fence]);
+        let keys: &[&str] = if fenced {
+            &[&names.lock, &names.fence]
+        } else {
+            &[&names.lock]
+        };
+        let mut cmd = evalsha(script, keys);
         cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
         let (granted, value): (i64, i64) = self.run(script, &cmd).await?;
         Ok(match granted {
-            1 => NodeGrant::Granted(FencingToken::new(value.max(0) as u64)),
+            1 => NodeGrant::Granted(fenced.then(|| FencingToken::new(value.max(0) as u64))),
             _ => NodeGrant::Held(u64::try_from(value).ok().map(Duration::from_millis)),
         })
     }
@@ -261,9 +404,9 @@ impl Node {
             .key(&names.lock)
             .key(&names.fence)
             .key(names.queue_deadlines())
-            .invoke_async(&mut self.conn.clone())
+            .invoke_async(&mut self.conn()?)
             .await
-            .map_err(lock_error)?;
+            .map_err(|e| lock_error(&self.address, e))?;
         Ok(NodeView {
             owner: Some(owner).filter(|o| !o.is_empty()),
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
@@ -275,25 +418,30 @@ impl Node {
     /// Runs an `EVALSHA` of `script`, loading the script once on `NOSCRIPT` (a server
     /// that never saw it, or restarted) and trying again.
     async fn run<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T, LockError> {
-        let mut conn = self.conn.clone();
+        let mut conn = self.conn()?;
+        let error = |e| lock_error(&self.address, e);
         match cmd.query_async(&mut conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                script.load_async(&mut conn).await.map_err(lock_error)?;
-                cmd.query_async(&mut conn).await.map_err(lock_error)
+                script.load_async(&mut conn).await.map_err(error)?;
+                cmd.query_async(&mut conn).await.map_err(error)
             }
-            other => other.map_err(lock_error),
+            other => other.map_err(error),
         }
     }
 
     /// Subscribes (once per channel per client) to `names`' release channel; `queued`
-    /// is a FIFO waiter's id (see [`Wakeups::watch`]).
+    /// is a FIFO waiter's id (see [`Wakeups::watch`]). A node that has not joined yet
+    /// gives a ticket without a subscription.
     pub(crate) async fn watch(&self, names: &KeyNames, queued: Option<&str>) -> (WakeTicket, bool) {
-        self.wakeups.watch(&self.conn, &names.channel, queued).await
+        self.link
+            .wakeups
+            .watch(self.link.conn.get(), &names.channel, queued)
+            .await
     }
 
     /// Channels this node's connection currently tracks.
     pub(crate) fn tracked_channels(&self) -> usize {
-        self.wakeups.tracked()
+        self.link.wakeups.tracked()
     }
 }
 

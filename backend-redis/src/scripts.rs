@@ -4,14 +4,18 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS = [lock, fence]`, `ARGV = [token, ttl_ms]`.
-/// Returns `{1, fencing_token}` when granted, else `{0, pttl_ms}` of the holder
-/// (`-1` when the holder's key has no expiry).
+/// `KEYS = [lock, fence]` (fenced) or `[lock]` (Redlock, which keeps no counter),
+/// `ARGV = [token, ttl_ms]`.
+/// Returns `{1, fencing_token}` when granted (`{1, 0}` without a fence key), else
+/// `{0, pttl_ms}` of the holder (`-1` when the holder's key has no expiry).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {1, redis.call('INCR', KEYS[2])}
+  if KEYS[2] then
+    return {1, redis.call('INCR', KEYS[2])}
+  end
+  return {1, 0}
 end
 return {0, redis.call('PTTL', KEYS[1])}
 ",

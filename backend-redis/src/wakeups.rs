@@ -93,12 +93,25 @@ impl Wakeups {
     /// for a waiter woken only when it is the head; `None` for an unordered waiter.
     /// Returns the ticket and whether the subscription holds; without it the caller
     /// must poll.
+    ///
+    /// Without a connection (a Redlock node that has not joined yet) the ticket is
+    /// detached: it tracks nothing and is never woken, so the caller polls.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        conn: &ConnectionManager,
+        conn: Option<&ConnectionManager>,
         channel: &str,
         queued: Option<&str>,
     ) -> (WakeTicket, bool) {
+        let Some(conn) = conn else {
+            let ticket = WakeTicket {
+                wakeups: self.clone(),
+                conn: None,
+                channel: channel.to_owned(),
+                queued: None,
+                notify: Arc::new(Notify::new()),
+            };
+            return (ticket, false);
+        };
         let notify = {
             let mut channels = self.channels();
             let entry = channels
@@ -121,7 +134,7 @@ impl Wakeups {
         };
         let ticket = WakeTicket {
             wakeups: self.clone(),
-            conn: conn.clone(),
+            conn: Some(conn.clone()),
             channel: channel.to_owned(),
             queued: queued.map(str::to_owned),
             notify,
@@ -162,7 +175,8 @@ impl Wakeups {
 /// One waiter's interest in a channel; dropping it unsubscribes the channel's last waiter.
 pub(crate) struct WakeTicket {
     wakeups: Arc<Wakeups>,
-    conn: ConnectionManager,
+    /// `None` for a detached ticket (see [`Wakeups::watch`]).
+    conn: Option<ConnectionManager>,
     channel: String,
     /// The queued waiter's id, for a FIFO waiter.
     queued: Option<String>,
@@ -180,6 +194,9 @@ impl WakeTicket {
 
 impl Drop for WakeTicket {
     fn drop(&mut self) {
+        let Some(conn) = &self.conn else {
+            return;
+        };
         let last = {
             let mut channels = self.wakeups.channels();
             match channels.get_mut(&self.channel) {
@@ -198,7 +215,7 @@ impl Drop for WakeTicket {
                 runtime.spawn(
                     self.wakeups
                         .clone()
-                        .forget(self.conn.clone(), self.channel.clone()),
+                        .forget(conn.clone(), self.channel.clone()),
                 );
             }
         }

@@ -338,7 +338,8 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
 /// Pauses every server, then acquires with a 1 s wait: the call returns on time with a
 /// connection error (no answer, so the lock's state is unknown). After resuming, the
 /// grant the servers apply late is released by the dropped attempt's compensation: the
-/// key frees long before its TTL, and the next grant's token shows the late one happened.
+/// key frees long before its TTL, and (on a single node) the next grant's token shows the
+/// late one happened.
 /// `observed`: through `distlock_api::observe::observed`, as `distlock::connect` returns.
 async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) {
     let h = common::start(nodes).await;
@@ -377,11 +378,17 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) 
         .acquire(&k, &waiting(ttl, Duration::from_secs(5)))
         .await
         .expect("the late grant is released once the servers resume");
-    assert_eq!(
-        guard.fencing_token().get(),
-        3,
-        "the paused attempt's grant was applied late (token 2), then released"
-    );
+    let token = guard.fencing_token().map(|t| t.get());
+    if nodes == 1 {
+        assert_eq!(
+            token,
+            Some(3),
+            "the paused attempt's grant was applied late (token 2), then released"
+        );
+    } else {
+        // Redlock keeps no counter: only the single-node runs can show the late grant.
+        assert_eq!(token, None, "Redlock hands out no fencing token");
+    }
     guard.release().await.unwrap();
 }
 

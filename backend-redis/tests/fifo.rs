@@ -132,7 +132,7 @@ async fn a_try_does_not_overtake_queued_waiters() {
     let no_wait = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::NoWait);
     for _ in 0..20 {
         if let Some(g) = other.try_acquire(&k, &no_wait).await.unwrap() {
-            panic!("a try overtook the queue: token {}", g.fencing_token());
+            panic!("a try overtook the queue: token {:?}", g.fencing_token());
         }
     }
     let granted = timeout(Duration::from_secs(10), queued)

@@ -9,14 +9,45 @@ use crate::ZOOKEEPER_BACKEND;
 /// The ZooKeeper client port used when a URL names a host without one.
 pub const DEFAULT_PORT: u16 = 2181;
 
+/// The shortest session timeout this client works with, asked for or negotiated.
+///
+/// The client gives a connection 2/5 of the timeout to answer (the whole session
+/// handshake must fit in the timeout), and its leases need a `sync` answered every
+/// third of it; below 500 ms a loaded host, a JIT warming up or a GC pause breaks
+/// those now and then, so connecting would fail, or locks be lost, on some runs and
+/// not others. A shorter timeout in the configuration or the URL is a
+/// [`LockError::Config`]; so is a server whose `maxSessionTimeout` grants less.
+pub const MIN_SESSION_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The longest session timeout that can be asked for: the protocol carries it as a
+/// 32-bit count of milliseconds (about 24.8 days). Servers clamp what they grant to
+/// their `maxSessionTimeout` (by default 20 ticks, 40 s).
+pub const MAX_SESSION_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Checks a requested session timeout against [`MIN_SESSION_TIMEOUT`] and
+/// [`MAX_SESSION_TIMEOUT`].
+pub(crate) fn check_session_timeout(timeout: Duration) -> Result<(), LockError> {
+    if (MIN_SESSION_TIMEOUT..=MAX_SESSION_TIMEOUT).contains(&timeout) {
+        return Ok(());
+    }
+    Err(config_error(format!(
+        "a ZooKeeper session timeout of {} ms is outside {} ..= {} ms (the client needs \
+         room for a connection handshake and a sync every third of the timeout)",
+        timeout.as_millis(),
+        MIN_SESSION_TIMEOUT.as_millis(),
+        MAX_SESSION_TIMEOUT.as_millis()
+    )))
+}
+
 /// Settings of a ZooKeeper lock client.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZooKeeperConfig {
-    /// The session timeout asked of the server (default 10 s). The server clamps it to
-    /// its `minSessionTimeout ..= maxSessionTimeout` (by default 2 ..= 20 ticks); the
-    /// negotiated value is what bounds how long a crashed holder keeps its locks, and
-    /// what [`crate::ZooKeeperLock::session_timeout`] reports. A URL's
+    /// The session timeout asked of the server (default 10 s; at least
+    /// [`MIN_SESSION_TIMEOUT`], at most [`MAX_SESSION_TIMEOUT`]). The server clamps it
+    /// to its `minSessionTimeout ..= maxSessionTimeout` (by default 2 ..= 20 ticks);
+    /// the negotiated value is what bounds how long a crashed holder keeps its locks,
+    /// and what [`crate::ZooKeeperLock::session_timeout`] reports. A URL's
     /// `?session_timeout_ms=` overrides it.
     pub session_timeout: Duration,
     /// Limit on each request's reply; `None` (the default) means the negotiated
@@ -101,7 +132,8 @@ fn config_error(message: impl Into<String>) -> LockError {
 /// # Errors
 /// [`LockError::Config`] for another scheme, no host, an empty host in the list, a bad
 /// port, credentials (not supported), an invalid chroot path, or an unknown or bad
-/// query parameter.
+/// query parameter (a `session_timeout_ms` that is not a number, or outside
+/// [`MIN_SESSION_TIMEOUT`] ..= [`MAX_SESSION_TIMEOUT`]).
 pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
     let url = url.trim();
     let (scheme, rest) = url
@@ -148,10 +180,9 @@ pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
                 let ms: u64 = value.parse().map_err(|_| {
                     config_error(format!("session_timeout_ms={value:?} is not a number"))
                 })?;
-                if ms == 0 {
-                    return Err(config_error("session_timeout_ms must be above zero"));
-                }
-                session_timeout = Some(Duration::from_millis(ms));
+                let timeout = Duration::from_millis(ms);
+                check_session_timeout(timeout)?;
+                session_timeout = Some(timeout);
             }
             _ => {
                 return Err(config_error(format!(
@@ -245,6 +276,13 @@ mod tests {
         assert_eq!(u.session_timeout, Some(Duration::from_millis(1500)));
         assert_eq!(u.connect_string(), "a:1,b:2181,[::1]:3");
         assert_eq!(parse_url("zk://h/").unwrap().chroot, None);
+        for (ms, timeout) in [
+            ("500", MIN_SESSION_TIMEOUT),
+            ("2147483647", MAX_SESSION_TIMEOUT),
+        ] {
+            let url = format!("zk://h?session_timeout_ms={ms}");
+            assert_eq!(parse_url(&url).unwrap().session_timeout, Some(timeout));
+        }
     }
 
     #[test]
@@ -269,6 +307,10 @@ mod tests {
             "zk://a:1/x//y",
             "zk://a:1/x/../y",
             "zk://a:1?session_timeout_ms=0",
+            "zk://a:1?session_timeout_ms=1",
+            "zk://a:1?session_timeout_ms=499",
+            "zk://a:1?session_timeout_ms=2147483648",
+            "zk://a:1?session_timeout_ms=99999999999999999999",
             "zk://a:1?session_timeout_ms=abc",
             "zk://a:1?color=blue",
         ] {

@@ -91,3 +91,33 @@ pub(crate) async fn within<T>(
         Err(_) => Err(Fail::TimedOut(limit)),
     }
 }
+
+/// A connection error that names the servers it concerns.
+#[derive(Debug)]
+struct AtServers {
+    hosts: String,
+    error: distlock_api::BoxError,
+}
+
+impl std::fmt::Display for AtServers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ZooKeeper at {}: {}", self.hosts, self.error)
+    }
+}
+
+impl std::error::Error for AtServers {}
+
+/// Names `hosts` (a connect string: it carries no credentials) in a
+/// [`LockError::Connection`]; other errors are returned as they are.
+pub(crate) fn at_servers(hosts: &str, error: LockError) -> LockError {
+    match error {
+        LockError::Connection { backend, source } => LockError::Connection {
+            backend,
+            source: Box::new(AtServers {
+                hosts: hosts.to_owned(),
+                error: source,
+            }),
+        },
+        other => other,
+    }
+}

@@ -68,6 +68,11 @@
 //! is read back ([`ZooKeeperLock::session_timeout`]) and used everywhere below. An
 //! expired session is never resumed: the next operation opens a new one.
 //!
+//! The client works with session timeouts from [`MIN_SESSION_TIMEOUT`] (500 ms) to
+//! [`MAX_SESSION_TIMEOUT`]: asking for one outside that range, or a server granting
+//! less than the minimum, is a [`distlock_api::LockError::Config`], on every run.
+//! Connection errors name the servers of the URL (`ZooKeeper at h1:p1,h2:p2: …`).
+//!
 //! # Lease, loss and fencing
 //! - **The lease is the session.** A lock is held until it is released or its session
 //!   ends, whatever TTL the options ask for: the capabilities report `ttl_expiry`
@@ -101,13 +106,23 @@
 //!
 //! # Cancel-safety
 //! Until a grant is handed out, an acquire holds a drop guard. Dropping the acquire
-//! future at any await point (or giving up after an error or a timeout) spawns, on the
-//! current runtime, a task that lists the directory through the same session and
+//! future at any await point (or giving up after an error or a timeout), wherever it
+//! is dropped, spawns on the session's runtime a task that lists the directory through
+//! the same session and
 //! deletes every node with our GUID. Because it is sent after the create, it also
 //! catches a create whose reply was still in flight. It retries through connection
 //! trouble until it succeeds or the session ends, which removes the ephemeral node
 //! anyway: an orphaned contender never outlives our session. Waiters that give up
 //! delete their own node before returning.
+//!
+//! Background tasks do not outlive their runtime: when the runtime that opened a
+//! session shuts down (a program returning from `main`, or `distlock exec` exiting on
+//! a signal, while an acquire waits), tokio drops them unfinished. So as the runtime
+//! shuts down, the leases held on the session are marked lost and the session is
+//! closed on the server from a fresh connection, waiting at most 1 s: its contender
+//! nodes and locks go at once, and a waiter that died never holds up the queue behind
+//! it until its session times out. (A process killed with `-9` cannot do this: its
+//! nodes go at session expiry.)
 //!
 //! # Why not `zookeeper-client`'s own lock recipe
 //! `zookeeper_client::Client::lock(LockPrefix::new_curator(dir, "lock-"), …)` implements
@@ -145,8 +160,12 @@ mod keys;
 mod lock;
 mod recipe;
 mod session;
+mod shutdown;
 
-pub use config::{parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT};
+pub use config::{
+    parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT,
+    MIN_SESSION_TIMEOUT,
+};
 pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
 };

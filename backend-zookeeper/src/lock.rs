@@ -14,7 +14,8 @@ use tokio::sync::Mutex;
 use tokio::time::{sleep_until, timeout_at, Instant};
 use zookeeper_client as zk;
 
-use crate::config::{parse_url, validate_path, ZooKeeperConfig};
+use crate::config::{check_session_timeout, parse_url, validate_path, ZooKeeperConfig};
+use crate::error::at_servers;
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
@@ -79,19 +80,19 @@ impl ZooKeeperLock {
     /// config's session timeout.
     ///
     /// # Errors
-    /// As [`ZooKeeperLock::connect`], and [`LockError::Config`] for a zero timeout or a
-    /// base path that is not a valid absolute ZooKeeper path below `/`.
+    /// As [`ZooKeeperLock::connect`], and [`LockError::Config`] for a zero request or
+    /// connect timeout, a session timeout outside [`crate::MIN_SESSION_TIMEOUT`] ..=
+    /// [`crate::MAX_SESSION_TIMEOUT`] (asked for, or granted by the server), or a base
+    /// path that is not a valid absolute ZooKeeper path below `/`.
     pub async fn connect_with(url: &str, mut config: ZooKeeperConfig) -> Result<Self, LockError> {
         let url = parse_url(url)?;
         if let Some(timeout) = url.session_timeout {
             config.session_timeout = timeout;
         }
+        check_session_timeout(config.session_timeout)?;
         let config_error = |message: String| LockError::config(ZOOKEEPER_BACKEND, message);
         let zero = |d: Option<Duration>| d.is_some_and(|d| d.is_zero());
-        if config.session_timeout.is_zero()
-            || zero(config.request_timeout)
-            || zero(config.connect_timeout)
-        {
+        if zero(config.request_timeout) || zero(config.connect_timeout) {
             return Err(config_error("ZooKeeper timeouts must be above zero".into()));
         }
         validate_path(&config.base_path)
@@ -118,7 +119,7 @@ impl ZooKeeperLock {
                 wakeups: AtomicU64::new(0),
             }),
         };
-        lock.session().await?;
+        lock.session().await.map_err(|e| lock.located(e))?;
         Ok(lock)
     }
 
@@ -172,7 +173,9 @@ impl ZooKeeperLock {
         if let Some(session) = self.current() {
             return Ok(session);
         }
-        let session = Arc::new(Session::open(&self.inner.hosts, &self.inner.config).await?);
+        let session = Arc::new(
+            Session::open(&self.inner.hosts, &self.inner.config, &self.inner.registry).await?,
+        );
         tracing::debug!(
             session = format_args!("{:#x}", session.id),
             timeout = ?session.timeout,
@@ -185,6 +188,12 @@ impl ZooKeeperLock {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(session.clone());
         Ok(session)
+    }
+
+    /// Names the servers in a connection error (the connect string has no
+    /// credentials: the URL cannot carry any).
+    fn located(&self, error: LockError) -> LockError {
+        at_servers(&self.inner.hosts, error)
     }
 
     fn limit(&self, session: &Session) -> Duration {
@@ -373,7 +382,7 @@ impl ZooKeeperLock {
         let lease = Lease::new(
             key.clone(),
             owner,
-            FencingToken::new(fence),
+            Some(FencingToken::new(fence)),
             options.ttl(),
             sent,
         );
@@ -414,6 +423,7 @@ impl DistributedLock for ZooKeeperLock {
     ) -> Result<Option<LockGuard>, LockError> {
         self.obtain(key, options, false, &AtomicBool::new(false))
             .await
+            .map_err(|e| self.located(e))
     }
 
     /// A wait bounds the whole call, whatever the server does: once the deadline (plus
@@ -422,6 +432,39 @@ impl DistributedLock for ZooKeeperLock {
     /// later. `NoWait` and `Forever` are bounded by the request timeout and the error
     /// patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        self.acquire_within_wait(key, options)
+            .await
+            .map_err(|e| self.located(e))
+    }
+
+    /// Deletes our node. A delete cut off by a dropped connection is retried (the node
+    /// found again by its GUID) within the request timeout; a release that still fails,
+    /// or is dropped, leaves the node to a background removal that retries until it
+    /// succeeds or the session ends, so the lock is never left to a live session.
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.release_node(lease).await.map_err(|e| self.located(e))
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.extend_lease(lease, ttl)
+            .await
+            .map_err(|e| self.located(e))
+    }
+
+    /// The lowest contender node is the holder: its `czxid` is the token and its
+    /// ephemeral owner the session. The lease is that session, so no remaining time.
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        self.inspect_key(key).await.map_err(|e| self.located(e))
+    }
+}
+
+impl ZooKeeperLock {
+    /// [`DistributedLock::acquire`].
+    async fn acquire_within_wait(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
         let started = Instant::now();
         let timed_out = || LockError::Timeout {
             backend: ZOOKEEPER_BACKEND,
@@ -451,11 +494,8 @@ impl DistributedLock for ZooKeeperLock {
         }
     }
 
-    /// Deletes our node. A delete cut off by a dropped connection is retried (the node
-    /// found again by its GUID) within the request timeout; a release that still fails,
-    /// or is dropped, leaves the node to a background removal that retries until it
-    /// succeeds or the session ends, so the lock is never left to a live session.
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+    /// [`DistributedLock::release`].
+    async fn release_node(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let dir = self.lock_dir(lease.key());
         let mine = protected_prefix(lease.owner());
         if let Some(held) = self.inner.registry.remove(lease.owner()) {
@@ -507,7 +547,8 @@ impl DistributedLock for ZooKeeperLock {
         })
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+    /// [`DistributedLock::extend`].
+    async fn extend_lease(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         check_ttl(ttl).map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
         let dir = self.lock_dir(lease.key());
         match self.inner.registry.lookup(lease.owner()) {
@@ -565,9 +606,8 @@ impl DistributedLock for ZooKeeperLock {
         })
     }
 
-    /// The lowest contender node is the holder: its `czxid` is the token and its
-    /// ephemeral owner the session. The lease is that session, so no remaining time.
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+    /// [`DistributedLock::inspect`].
+    async fn inspect_key(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
         let dir = self.lock_dir(key);
         let session = self.session().await?;
         let limit = self.limit(&session);
@@ -618,6 +658,19 @@ mod tests {
                 ZooKeeperLock::connect_with("zk://127.0.0.1:1", config).await,
                 Err(LockError::Config { .. })
             ));
+        }
+    }
+
+    #[test]
+    fn connecting_without_a_tokio_runtime_is_a_config_error() {
+        use std::future::Future as _;
+        let mut connecting = std::pin::pin!(ZooKeeperLock::connect("zk://127.0.0.1:1"));
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        match connecting.as_mut().poll(&mut cx) {
+            std::task::Poll::Ready(Err(LockError::Config { message, .. })) => {
+                assert!(message.contains("Tokio runtime"), "{message}")
+            }
+            other => panic!("{:?}", other.map(|r| r.map(|_| ()))),
         }
     }
 

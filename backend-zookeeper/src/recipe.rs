@@ -320,10 +320,9 @@ impl Drop for Cleanup {
         let Some(session) = self.session.take() else {
             return;
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime: the node lives until the session ends.
-            return;
-        };
+        // On the session's runtime, wherever the drop happens: should that runtime be
+        // shutting down, the task never runs, and the session is closed instead.
+        let runtime = session.runtime.clone();
         let (dir, mine, limit) = (
             std::mem::take(&mut self.dir),
             std::mem::take(&mut self.mine),

@@ -9,7 +9,8 @@ use distlock_api::{LeaseMonitor, LockError, OwnerToken};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
-use crate::config::ZooKeeperConfig;
+use crate::config::{ZooKeeperConfig, MIN_SESSION_TIMEOUT};
+use crate::shutdown::ShutdownWatch;
 use crate::ZOOKEEPER_BACKEND;
 
 /// One ZooKeeper session: the lease of every lock taken through it.
@@ -19,11 +20,29 @@ pub(crate) struct Session {
     pub(crate) id: i64,
     /// The timeout the server negotiated.
     pub(crate) timeout: Duration,
+    /// Closes the session on the server should its runtime shut down first.
+    shutdown: ShutdownWatch,
+    /// The runtime the session's connection runs on, where its background work goes.
+    pub(crate) runtime: tokio::runtime::Handle,
 }
 
 impl Session {
     /// Establishes a new session (never resumes an old one).
-    pub(crate) async fn open(hosts: &str, config: &ZooKeeperConfig) -> Result<Session, LockError> {
+    ///
+    /// Connection errors do not name `hosts`: the caller adds them to every error.
+    /// Should the runtime shut down while the session lives, the session's leases in
+    /// `registry` are marked lost and the session is closed on the server.
+    pub(crate) async fn open(
+        hosts: &str,
+        config: &ZooKeeperConfig,
+        registry: &Arc<Registry>,
+    ) -> Result<Session, LockError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            LockError::config(
+                ZOOKEEPER_BACKEND,
+                "the ZooKeeper backend runs on a Tokio runtime; none is running here",
+            )
+        })?;
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
         let connecting = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
@@ -37,29 +56,58 @@ impl Session {
                     format!("bad ZooKeeper connect string {hosts:?}: {why}"),
                 ))
             }
+            Ok(Err(zk::Error::NoHosts)) => {
+                return Err(LockError::connection(
+                    ZOOKEEPER_BACKEND,
+                    "no server accepted a connection or answered the session handshake",
+                ))
+            }
             Ok(Err(error)) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("cannot establish a session with {hosts}: {error}"),
+                    format!("cannot establish a session: {error}"),
                 ))
             }
             Err(_) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("no session established with {hosts} within {limit:?}"),
+                    format!("no session established within {limit:?}"),
                 ))
             }
         };
+        let timeout = client.session_timeout();
+        if timeout < MIN_SESSION_TIMEOUT {
+            // Dropping the only handle closes the session on the server.
+            return Err(LockError::config(
+                ZOOKEEPER_BACKEND,
+                format!(
+                    "the ZooKeeper server at {hosts} granted a session timeout of {} ms, below \
+                     the {} ms this client needs (raise the server's maxSessionTimeout)",
+                    timeout.as_millis(),
+                    MIN_SESSION_TIMEOUT.as_millis()
+                ),
+            ));
+        }
+        let id = client.session_id().0;
+        let leases = Arc::downgrade(registry);
+        let shutdown = ShutdownWatch::spawn(&client, hosts, move || {
+            if let Some(leases) = leases.upgrade() {
+                leases.lose_session(id);
+            }
+        });
         Ok(Session {
-            id: client.session_id().0,
-            timeout: client.session_timeout(),
+            id,
+            timeout,
+            shutdown,
+            runtime,
             client,
         })
     }
 
-    /// False once the session expired, was closed or failed authentication.
+    /// False once the session expired, was closed (also by its runtime shutting down)
+    /// or failed authentication.
     pub(crate) fn is_alive(&self) -> bool {
-        !self.client.state().is_terminated()
+        !self.shutdown.closed() && !self.client.state().is_terminated()
     }
 }
 

@@ -62,7 +62,7 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
     let waiter = direct(port, session_timeout).await;
     let k = key("session-expiry");
     let guard = holder.acquire(&k, &no_wait()).await.unwrap();
-    let stale_token = guard.fencing_token();
+    let stale_token = guard.fencing_token().unwrap();
     let old_session = holder.session_id().expect("a session");
     let dir = holder.lock_dir(&k);
     let queued = {
@@ -101,7 +101,7 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
         handed_over < session_timeout,
         "the hand-over took {handed_over:?}: the session expired by itself, not by injection"
     );
-    assert!(fresh.fencing_token() > stale_token);
+    assert!(fresh.fencing_token().unwrap() > stale_token);
 
     // The holder reconnects, learns that its session expired, and loses the lease.
     proxy.heal();
@@ -119,7 +119,7 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
         other => panic!("extend after expiry gave {other:?}"),
     }
     let store = FencedStore::new("initial");
-    store.write(fresh.fencing_token(), "new").unwrap();
+    store.write(fresh.fencing_token().unwrap(), "new").unwrap();
     assert!(store.write(stale_token, "stale").is_err());
     let late = holder.release(guard.lease()).await.unwrap();
     assert_eq!(late, ReleaseOutcome::HeldByOther);
@@ -191,7 +191,10 @@ async fn lost_create_reply_is_found_by_guid_not_created_twice() {
         .get_data(&format!("{dir}/{}", ours[0]))
         .await
         .unwrap();
-    assert_eq!(guard.fencing_token(), FencingToken::new(stat.czxid as u64));
+    assert_eq!(
+        guard.fencing_token().unwrap(),
+        FencingToken::new(stat.czxid as u64)
+    );
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     wait_children(&zk_raw, &dir, 1, Duration::from_secs(5)).await;
 }
@@ -401,7 +404,7 @@ async fn server_restart_within_the_session_timeout_keeps_the_lock() {
                 0,
                 "two holders at once"
             );
-            let token = guard.fencing_token();
+            let token = guard.fencing_token().unwrap();
             inside.fetch_sub(1, Ordering::SeqCst);
             guard.release().await?;
             Ok::<_, LockError>(token)
@@ -431,7 +434,7 @@ async fn server_restart_within_the_session_timeout_keeps_the_lock() {
         waiters.iter().all(|w| !w.is_finished()),
         "a waiter got a held lock"
     );
-    let holder_token = guard.fencing_token();
+    let holder_token = guard.fencing_token().unwrap();
     inside.fetch_sub(1, Ordering::SeqCst);
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     let mut last = holder_token;
@@ -458,7 +461,7 @@ async fn server_down_past_the_session_timeout_loses_the_lock_and_a_waiter_gets_i
     let waiter = direct(port, session_timeout).await;
     let k = key("restart-loses");
     let guard = holder.acquire(&k, &no_wait()).await.unwrap();
-    let holder_token = guard.fencing_token();
+    let holder_token = guard.fencing_token().unwrap();
     let old_session = holder.session_id().expect("a session");
     let queued = {
         let (waiter, k) = (waiter.clone(), k.clone());
@@ -491,7 +494,7 @@ async fn server_down_past_the_session_timeout_loses_the_lock_and_a_waiter_gets_i
         .expect("the waiter hung")
         .expect("waiter task")
         .expect("the waiter acquires after the restart");
-    assert!(fresh.fencing_token() > holder_token);
+    assert!(fresh.fencing_token().unwrap() > holder_token);
     assert!(waiter.try_acquire(&k, &no_wait()).await.unwrap().is_none());
     assert_eq!(fresh.release().await.unwrap(), ReleaseOutcome::Released);
 }

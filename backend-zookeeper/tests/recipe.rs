@@ -184,8 +184,8 @@ async fn node_names_follow_curators_protected_lock_layout() {
     // An ephemeral node of our session, whose czxid is the fencing token.
     let (_, stat) = zk_raw.get_data(&format!("{dir}/{name}")).await.unwrap();
     assert_eq!(stat.ephemeral_owner, lock.session_id().unwrap());
-    assert_eq!(stat.czxid as u64, guard.fencing_token().get());
-    let guard_token = guard.fencing_token();
+    assert_eq!(stat.czxid as u64, guard.fencing_token().unwrap().get());
+    let guard_token = guard.fencing_token().unwrap();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     // The directory is a container node: once empty, the server deletes it (the
     // shared test server sweeps containers every 500 ms).
@@ -203,7 +203,7 @@ async fn node_names_follow_curators_protected_lock_layout() {
         .expect("the empty lock directory was not reaped: not a container node");
     // And a later acquire recreates it.
     let again = lock.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
-    assert!(again.fencing_token() > guard_token);
+    assert!(again.fencing_token().unwrap() > guard_token);
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
 }
 
@@ -294,7 +294,7 @@ async fn directory_that_refuses_writes_falls_back_to_plain_creates() {
         .get_data(&format!("{dir}/{}", children[0]))
         .await
         .unwrap();
-    assert_eq!(stat.czxid as u64, guard.fencing_token().get());
+    assert_eq!(stat.czxid as u64, guard.fencing_token().unwrap().get());
     let other = direct(port, SESSION).await;
     assert!(other
         .try_acquire(&k, &waiting(Duration::ZERO))
@@ -306,14 +306,14 @@ async fn directory_that_refuses_writes_falls_back_to_plain_creates() {
         tokio::spawn(async move { other.acquire(&k, &waiting(Duration::from_secs(10))).await })
     };
     wait_children(&zk_raw, &dir, 2, Duration::from_secs(10)).await;
-    let first = guard.fencing_token();
+    let first = guard.fencing_token().unwrap();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     let next = timeout(Duration::from_secs(10), queued)
         .await
         .expect("the waiter was not woken")
         .expect("waiter task")
         .expect("the waiter acquires");
-    assert!(next.fencing_token() > first);
+    assert!(next.fencing_token().unwrap() > first);
     assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
     zk_raw.delete(&dir, None).await.unwrap();
 }

@@ -14,7 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    Capability, DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+    Capability, DistributedLock, FencingToken, LockError, LockGuard, LockKey, LockOptions,
+    ReleaseOutcome, WaitPolicy,
 };
 use distlock_conformance::FencedStore;
 use tokio::sync::Barrier;
@@ -101,9 +102,12 @@ pub async fn run(url: &str) -> Result<(), CliError> {
         )));
     }
     tokens.sort();
+    let tokens = match tokens {
+        [Some(first), Some(second)] => format!("fencing tokens {first} and {second}"),
+        _ => "no fencing tokens on this backend".to_owned(),
+    };
     say(format!(
-        "with the lock {KEY}: the requests took turns (fencing tokens {} and {}) -> balance {balance} (correct)",
-        tokens[0], tokens[1]
+        "with the lock {KEY}: the requests took turns ({tokens}) -> balance {balance} (correct)"
     ))?;
 
     let fenced = fencing(first, second, &key).await?;
@@ -142,12 +146,13 @@ async fn without_lock() -> i64 {
 }
 
 /// Act 2: the same two requests, each inside `with_lock` on its own client. Returns
-/// the final balance and the two grants' fencing tokens.
+/// the final balance and the two grants' fencing tokens (none where the backend has no
+/// fencing).
 async fn with_lock(
     first: &dyn DistributedLock,
     second: &dyn DistributedLock,
     key: &LockKey,
-) -> Result<(i64, [u64; 2]), CliError> {
+) -> Result<(i64, [Option<FencingToken>; 2]), CliError> {
     let account = Account::new(START);
     let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
     let request = |lock, amount| {
@@ -160,7 +165,16 @@ async fn with_lock(
         })
     };
     let (withdrawal, transfer) = tokio::join!(request(first, WITHDRAW), request(second, TRANSFER));
-    Ok((account.balance(), [withdrawal?.get(), transfer?.get()]))
+    Ok((account.balance(), [withdrawal?, transfer?]))
+}
+
+/// The token of `holder`'s grant, on a backend that reports fencing supported.
+fn token_of(guard: &LockGuard, holder: &str) -> Result<FencingToken, CliError> {
+    guard.fencing_token().ok_or_else(|| {
+        CliError::failed(format!(
+            "{holder}'s grant carried no fencing token, although the backend reports fencing supported"
+        ))
+    })
 }
 
 /// Act 3: fencing. A takes the lock with a short lease and pauses; B waits, takes over
@@ -188,7 +202,7 @@ async fn fencing(
     let store = Arc::new(FencedStore::new(START));
     let options_a = LockOptions::new(SHORT_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
     let guard_a = first.acquire(key, &options_a).await?;
-    let token_a = guard_a.fencing_token();
+    let token_a = token_of(&guard_a, "A")?;
     say(format!(
         "fencing: A took the lock with token {token_a} and a {} ms lease, then paused (a GC pause, a stalled VM)",
         SHORT_TTL.as_millis()
@@ -202,7 +216,7 @@ async fn fencing(
             let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(MAX_WAIT));
             let guard = second.acquire(&key, &options).await?;
             store
-                .write(guard.fencing_token(), START - WITHDRAW)
+                .write(token_of(&guard, "B")?, START - WITHDRAW)
                 .map_err(|e| CliError::failed(format!("B's write was refused: {e}")))?;
             Ok::<_, CliError>(guard)
         }
@@ -216,7 +230,7 @@ async fn fencing(
         .await
         .map_err(|_| CliError::failed("B never got the lock"))?
         .map_err(|e| CliError::failed(format!("holder B stopped: {e}")))??;
-    let token_b = guard_b.fencing_token();
+    let token_b = token_of(&guard_b, "B")?;
     if token_b <= token_a {
         return Err(CliError::failed(format!(
             "B's fencing token {token_b} is not above A's {token_a}"

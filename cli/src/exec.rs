@@ -5,18 +5,23 @@
 //! `distlock`, reaches every process of a `sh -c` pipeline, and a terminal's Ctrl-C
 //! reaches it once (forwarded by `distlock`), not twice.
 
+mod backends;
+mod verdict;
+
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
 use distlock::{
-    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, WaitOrder, WaitPolicy,
+    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitOrder,
+    WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
-use crate::duration;
+use self::verdict::{CommandEnd, Release};
 use crate::error::CliError;
+use crate::{duration, escape};
 
 /// Exit code: the lock was not acquired within `--wait` (at once with `--no-wait`).
 /// `EX_TEMPFAIL` from sysexits.h: "try again later", what a cron job wants to hear.
@@ -24,13 +29,21 @@ pub const EXIT_NOT_ACQUIRED: u8 = 75;
 /// Exit code: the backend could not be reached or failed before the command started.
 /// `EX_UNAVAILABLE` from sysexits.h.
 pub const EXIT_UNREACHABLE: u8 = 69;
-/// Exit code: the lock was lost while the command ran, and the command was terminated.
-/// As `timeout(1)` exits 124 when it stopped the command.
+/// Exit code: the lock was lost while the command ran (the command was then stopped if
+/// it still ran), or cannot be shown to have lasted until the command ended. As
+/// `timeout(1)` exits 124 when it stopped the command.
 pub const EXIT_LOCK_LOST: u8 = 124;
 /// Exit code: the command was found but could not be run (as in shells).
 pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit code: the command was not found (as in shells).
 pub const EXIT_NOT_FOUND: u8 = 127;
+
+/// The shortest `--ttl` exec accepts. The library's [`distlock::MIN_TTL`] (10 ms) is a
+/// lease's; exec must also start the command and renew every third of the TTL on a
+/// host that may be busy. Measured on a loaded 2-core host (load 3.3 to 4.4, debug
+/// build; file and Redis backends), runs that lost the lock: 10 ms 20 of 100, 50 ms 1
+/// of 60, 100 ms 1 of 310, 250 ms none of 160.
+pub const MIN_TTL: Duration = Duration::from_millis(250);
 
 /// How long `exec` waits for the release after the command ended.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
@@ -39,24 +52,34 @@ const RELEASE_PATIENCE: Duration = Duration::from_secs(10);
 #[derive(Debug, Args)]
 #[command(after_help = "\
 Exit codes:
-  N      the command's own exit code (128+S if it was killed by signal S)
+  N      the command's own exit code (128+S if it was killed by signal S): the lease
+         lasted until the command ended
   2      usage or configuration error (bad flag, URL, key or duration)
   69     backend unreachable (or failing) before the command started
   75     lock not acquired within --wait (at once with --no-wait)
-  124    lock lost while the command ran; the command was terminated
+  124    lock lost while the command ran (the command was stopped if it still ran),
+         or not shown to have lasted until it ended; stderr says which, with the
+         command's own exit code
   126    command not executable; 127 command not found
   130/143/129  distlock got SIGINT/SIGTERM/SIGHUP while still waiting for the lock
 
-The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN and DISTLOCK_BACKEND in its
-environment and runs in its own process group. SIGINT, SIGTERM and SIGHUP sent to
-distlock are forwarded to that group. If the lock is lost, the group gets SIGTERM, then
-SIGKILL after --kill-after. The lock is released when the command ends. If distlock
-itself is killed with -9, the lock is freed when its lease (--ttl) or session ends.")]
+The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (unset where the backend has no
+fencing, as on Redlock) and DISTLOCK_BACKEND in its environment and runs in its own
+process group. SIGINT, SIGTERM and SIGHUP sent to distlock are forwarded to that group.
+If the lock is lost while the command runs, the group gets SIGTERM, then SIGKILL after
+--kill-after. The lock is released when the command ends. If distlock was paused past
+the lease's validity deadline meanwhile, the command's own code is passed on only if
+the release finds the lock still ours (nobody else held it). If distlock itself is
+killed with -9, the lock is freed as --ttl says for each backend.")]
 pub struct ExecArgs {
     #[command(flatten)]
     backend: crate::LockBackendArgs,
-    /// Lease time-to-live, renewed every third of it while the command runs; a crashed
-    /// distlock frees the lock after at most this long.
+    /// Lease time-to-live (at least 250ms), renewed every third of it while the command
+    /// runs. How long a killed or frozen distlock keeps the lock depends on the backend:
+    /// Redis, Redlock: at most this long. Postgres: a killed distlock frees it at once,
+    /// a frozen or cut-off one keeps it until the server's idle_session_timeout (10s by
+    /// default). ZooKeeper: until its session expires (the session timeout, whatever
+    /// --ttl is). File: a killed distlock frees it at once, a frozen one keeps it.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
     ttl: Duration,
     /// How long to wait for a held lock (default: forever). 0 means --no-wait.
@@ -98,6 +121,14 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let options = LockOptions::new(args.ttl)
         .with_wait(wait)
         .with_auto_renew(AutoRenew::new());
+    if args.ttl < MIN_TTL {
+        return Err(CliError::usage(format!(
+            "invalid --ttl: {} is below exec's minimum of {} (a shorter lease cannot be \
+             renewed reliably while a command runs)",
+            duration::format(args.ttl),
+            duration::format(MIN_TTL)
+        )));
+    }
     options
         .validate()
         .map_err(|e| CliError::usage(format!("invalid --ttl: {e}")))?;
@@ -131,36 +162,35 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         }
     };
     let waited = started.elapsed();
-    let token = guard.fencing_token();
+    let token = guard
+        .fencing_token()
+        .map_or_else(|| "none".to_owned(), |t| t.to_string());
 
-    let outcome = supervise(&args, &guard, &mut signals).await;
+    let quoted_key = escape::quoted(&args.key);
+    let outcome = supervise(&args, &quoted_key, &guard, &mut signals).await;
     let held = guard.lease().acquired_at().elapsed();
     let renewals = guard.monitor().renewals();
-    // Bounded: a backend that stopped answering must not keep distlock (and a cron
-    // slot) waiting; the lease then runs out on its own.
-    let release = match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!(
-            "no answer within {}",
-            duration::format(RELEASE_PATIENCE)
-        )),
-    };
-    if let Err(e) = release {
-        warn(&format!(
-            "could not release lock {:?} ({e}); it is freed when its lease runs out",
-            args.key
-        ));
-    }
+    // Only now, with the command reaped: what the release finds decides whether a lease
+    // whose deadline passed before distlock saw the command end still lasted.
+    let release = release(guard, backend_name).await;
     let code = match &outcome {
-        Ok(Ended::Exited(status)) => exit_code(*status),
-        Ok(Ended::Lost) => EXIT_LOCK_LOST,
-        Err(e) => e.exit_code(),
+        Ok(end) => {
+            let verdict = verdict::decide(&quoted_key, *end, &release);
+            verdict.lines.iter().for_each(|line| warn(line));
+            verdict.code
+        }
+        Err(e) => {
+            if let Release::Failed { error, freed } = &release {
+                warn(&format!(
+                    "could not release lock {quoted_key} ({error}); {freed}"
+                ));
+            }
+            e.exit_code()
+        }
     };
     if args.verbose {
         warn(&format!(
-            "backend={backend_name} key={:?} fencing_token={token} waited={} held={} renewals={renewals} exit={code}",
-            args.key,
+            "backend={backend_name} key={quoted_key} fencing_token={token} waited={} held={} renewals={renewals} exit={code}",
             duration::format(waited),
             duration::format(held),
         ));
@@ -172,20 +202,38 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     }
 }
 
-/// How the command's run ended.
-enum Ended {
-    /// It exited (or was killed by a signal we forwarded).
-    Exited(ExitStatus),
-    /// The lock was lost; it was terminated.
-    Lost,
+/// Releases the lock, owner-checked, and says what that found. Bounded: a backend
+/// that stopped answering must not keep distlock (and a cron slot) waiting.
+async fn release(guard: LockGuard, backend: &'static str) -> Release {
+    let failed = |error| Release::Failed {
+        error,
+        freed: backends::after_failed_release(backend),
+    };
+    match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
+        Ok(Ok(ReleaseOutcome::Released)) if backends::release_shows_continuity(backend) => {
+            Release::StillOurs
+        }
+        Ok(Ok(ReleaseOutcome::Released)) => Release::Inconclusive(
+            "finding the lease on some Redlock nodes at release does not show that no one \
+             else held a majority of them",
+        ),
+        Ok(Ok(ReleaseOutcome::Expired)) => Release::Gone("that it had expired"),
+        Ok(Ok(ReleaseOutcome::HeldByOther)) => Release::Gone("another owner holding it"),
+        Ok(Err(e)) => failed(e.to_string()),
+        Err(_) => failed(format!(
+            "no answer within {}",
+            duration::format(RELEASE_PATIENCE)
+        )),
+    }
 }
 
 /// Spawns the command and waits for it, forwarding signals and enforcing the lock.
 async fn supervise(
     args: &ExecArgs,
+    quoted_key: &str,
     guard: &LockGuard,
     signals: &mut Signals,
-) -> Result<Ended, CliError> {
+) -> Result<CommandEnd, CliError> {
     let (program, rest) = args
         .command
         .split_first()
@@ -194,17 +242,19 @@ async fn supervise(
     command
         .args(rest)
         .env("DISTLOCK_KEY", &args.key)
-        .env(
-            "DISTLOCK_FENCING_TOKEN",
-            guard.fencing_token().get().to_string(),
-        )
         .env("DISTLOCK_BACKEND", &args.backend.backend)
         .process_group(0);
+    match guard.fencing_token() {
+        Some(token) => command.env("DISTLOCK_FENCING_TOKEN", token.get().to_string()),
+        // A backend without fencing (Redlock) has no token to pass on; nor may one
+        // inherited from an enclosing exec pass for this lock's.
+        None => command.env_remove("DISTLOCK_FENCING_TOKEN"),
+    };
     terminate_with_parent(&mut command);
     // Do not start a command the lock can no longer protect, or that was called off
     // between the grant and now.
     if guard.state() == LeaseState::Lost {
-        return Ok(Ended::Lost);
+        return Ok(CommandEnd::NotStarted);
     }
     let pending = tokio::select! {
         biased;
@@ -221,23 +271,37 @@ async fn supervise(
         };
         CliError::with_code(format!("cannot run {program:?}: {e}"), code)
     })?;
+    // Whether the lease was still valid when the command was seen to end: read at that
+    // moment, since a lease is only ever lost later, never found again.
+    let exited = |status: ExitStatus| CommandEnd::Exited {
+        code: exit_code(status),
+        in_time: guard.state() != LeaseState::Lost,
+    };
     let Some(pgid) = child.id() else {
         // Already reaped: nothing to supervise.
-        return Ok(Ended::Exited(child.wait().await.map_err(wait_error)?));
+        return Ok(exited(child.wait().await.map_err(wait_error)?));
     };
     let lost = guard.lost();
     tokio::pin!(lost);
     loop {
         tokio::select! {
-            status = child.wait() => return Ok(Ended::Exited(status.map_err(wait_error)?)),
+            status = child.wait() => return Ok(exited(status.map_err(wait_error)?)),
             signo = signals.next() => forward(pgid, signo),
             () = &mut lost => break,
         }
     }
+    // Lost, or the deadline passed. Reap first: after a pause (SIGSTOP, a suspended VM)
+    // the command may have ended while distlock was stopped, and both wake up together.
+    // Such a command was not stopped by distlock; the release decides its verdict.
+    if let Some(status) = child.try_wait().map_err(wait_error)? {
+        return Ok(CommandEnd::Exited {
+            code: exit_code(status),
+            in_time: false,
+        });
+    }
 
     warn(&format!(
-        "lock {:?} lost while the command ran; sending SIGTERM to it",
-        args.key
+        "lock {quoted_key} lost while the command ran; sending SIGTERM to its process group"
     ));
     signal_group(pgid, libc::SIGTERM);
     let grace = tokio::time::sleep(args.kill_after);
@@ -245,8 +309,8 @@ async fn supervise(
     loop {
         tokio::select! {
             status = child.wait() => {
-                status.map_err(wait_error)?;
-                return Ok(Ended::Lost);
+                let code = exit_code(status.map_err(wait_error)?);
+                return Ok(CommandEnd::Stopped { code });
             }
             signo = signals.next() => forward(pgid, signo),
             () = &mut grace => break,
@@ -257,8 +321,8 @@ async fn supervise(
         duration::format(args.kill_after)
     ));
     signal_group(pgid, libc::SIGKILL);
-    child.wait().await.map_err(wait_error)?;
-    Ok(Ended::Lost)
+    let code = exit_code(child.wait().await.map_err(wait_error)?);
+    Ok(CommandEnd::Stopped { code })
 }
 
 /// Linux: the command gets SIGTERM if distlock dies (killed with -9, say), so it does
@@ -354,10 +418,11 @@ fn lock_error(error: LockError) -> CliError {
     CliError::with_code(message, code)
 }
 
-/// Prints one `distlock: …` line on stderr.
+/// Prints one `distlock: …` line on stderr, control characters escaped: a message can
+/// carry a server's error text.
 fn warn(message: &str) {
     use std::io::Write as _;
-    let _ = writeln!(std::io::stderr(), "distlock: {message}");
+    let _ = writeln!(std::io::stderr(), "distlock: {}", escape::line(message));
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from before the lock is requested, so that none

@@ -11,6 +11,7 @@ mod conformance;
 mod demo;
 mod duration;
 mod error;
+mod escape;
 mod exec;
 mod faults;
 mod status;
@@ -135,8 +136,10 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return report(CliError::failed(format!("cannot start the runtime: {e}"))),
     };
-    // exec may exit right after dropping an acquire (a signal while waiting): give the
-    // backend's clean-up of a late grant or a contender node a bounded moment.
+    // exec may exit right after dropping an acquire (a signal while waiting). Shutting
+    // down drops the runtime's tasks at their next await; what backends do as theirs
+    // are dropped (ZooKeeper closes its session, taking a waiter's contender node with
+    // it) gets a bounded moment.
     let cleanup_grace = matches!(cli.command, Command::Exec(_)).then_some(EXEC_CLEANUP_GRACE);
     let outcome = runtime.block_on(run(cli.command));
     match cleanup_grace {
@@ -183,14 +186,16 @@ pub(crate) fn print_out(text: &str) -> Result<(), CliError> {
         .map_err(|e| CliError::failed(format!("cannot write to stdout: {e}")))
 }
 
-/// Prints `error: …` on one line and returns the error's exit code.
+/// Prints `error: …` on one line, control characters escaped, and returns the error's
+/// exit code.
 fn report(error: CliError) -> ExitCode {
     use std::io::Write as _;
     let message = error.message();
     if message.is_empty() {
         return ExitCode::from(error.exit_code());
     }
-    // Nothing more can be done if stderr is closed; the exit code still tells.
-    let _ = writeln!(std::io::stderr(), "error: {message}");
+    // Nothing more can be done if stderr is closed; the exit code still tells. The
+    // message may quote a server or a key: escaped, it cannot drive the terminal.
+    let _ = writeln!(std::io::stderr(), "error: {}", escape::line(&message));
     ExitCode::from(error.exit_code())
 }

@@ -6,7 +6,7 @@ use distlock::{KeyStatus, LockKey};
 use serde::Serialize;
 
 use crate::error::CliError;
-use crate::print_out;
+use crate::{escape, print_out};
 
 /// What `--json` prints.
 #[derive(Debug, Serialize)]
@@ -27,7 +27,8 @@ struct StatusJson<'a> {
 pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = LockKey::new(key).map_err(|e| CliError::usage(format!("invalid key: {e}")))?;
     let locks = distlock::connect(url).await?;
-    let backend = locks.info().name;
+    let info = locks.info();
+    let backend = info.name;
     let status = locks.inspect(&key).await?;
     let text = if json {
         let json = StatusJson {
@@ -38,17 +39,29 @@ pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
             remaining_ms: status.remaining.map(|r| r.as_millis()),
             holder: status.holder.as_deref(),
         };
-        serde_json::to_string_pretty(&json)
-            .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?
-            + "\n"
+        let text = serde_json::to_string_pretty(&json)
+            .map_err(|e| CliError::failed(format!("cannot encode JSON: {e}")))?;
+        escape::json(&text).into_owned() + "\n"
     } else {
-        table(&key, backend, &status)
+        table(
+            &key,
+            backend,
+            info.capabilities.fencing.is_supported(),
+            &status,
+        )
     };
     print_out(&text)
 }
 
-fn table(key: &LockKey, backend: &str, status: &KeyStatus) -> String {
+/// The human-readable status. The key and the holder (which can be a foreign client's
+/// value on Redis) are quoted and escaped: neither may drive the operator's terminal.
+fn table(key: &LockKey, backend: &str, fencing: bool, status: &KeyStatus) -> String {
     let unknown = || "unknown".to_owned();
+    // Without fencing there is no token to know, rather than one we cannot read.
+    let no_token = || match fencing {
+        true => unknown(),
+        false => "none (this backend has no fencing tokens)".to_owned(),
+    };
     let token_label = if status.held {
         "fencing token"
     } else {
@@ -61,12 +74,12 @@ fn table(key: &LockKey, backend: &str, status: &KeyStatus) -> String {
     };
     format!(
         "key:            {key}\nbackend:        {backend}\nstate:          {state}\n{token_label:<15} {token}\nremaining:      {remaining}\nholder:         {holder}\n",
-        key = key.as_str(),
+        key = escape::quoted(key.as_str()),
         state = if status.held { "held" } else { "free" },
         token_label = format!("{token_label}:"),
-        token = status.fencing_token.map_or_else(unknown, |t| t.to_string()),
+        token = status.fencing_token.map_or_else(no_token, |t| t.to_string()),
         holder = match (&status.holder, status.held) {
-            (Some(holder), _) => holder.clone(),
+            (Some(holder), _) => escape::quoted(holder),
             (None, true) => unknown(),
             (None, false) => "-".to_owned(),
         },

@@ -53,7 +53,13 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
         assert_eq!(cells.len(), 10, "{row}");
         assert!(cells.iter().all(|c| *c != "–"), "a side is missing: {row}");
     }
-    for side in ["distlock", "distlock fifo", "raw", "rslock", "distributed-lock"] {
+    for side in [
+        "distlock",
+        "distlock fifo",
+        "raw",
+        "rslock",
+        "distributed-lock",
+    ] {
         line(&format!("| 1 | {side} | "));
         line(&format!("| 16 | {side} | "));
     }

@@ -2,11 +2,13 @@
 //! `exec` processes never run their commands at the same time; a lock lost under a
 //! running command (its connection cut by a fault proxy) terminates the command's whole
 //! process group; `--no-wait` and `--wait` give up with exit code 75; the lock is
-//! released when the command ends, and freed when a holder is killed with -9.
+//! released when the command ends, and freed when a holder is killed with -9; a waiter
+//! stopped by a signal does not hold up the next one.
 
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Output, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_conformance::fault_proxy::FaultProxy;
@@ -247,6 +249,199 @@ async fn busy_lock_exit_codes_and_release(url: &str) {
     assert!(ran.exists());
 }
 
+/// How long after the holder's command ends the next waiter's command may start: one
+/// hand-off is milliseconds; this is generous for a busy machine, and well below the
+/// ZooKeeper session timeout these tests ask for ([`ZK_WAITER_SESSION_MS`]), which is
+/// how long a contender node left by a dead waiter would block the queue.
+const HANDOFF_BOUND: Duration = Duration::from_secs(3);
+
+/// The ZooKeeper session timeout of [`signalled_waiter_does_not_delay_the_next`]: a
+/// waiter's contender node left to expire with its session would hold the queue this
+/// long, far past [`HANDOFF_BOUND`].
+const ZK_WAITER_SESSION_MS: u64 = 10_000;
+
+/// Counts the waiters queued behind the holder of a key, as the server sees them.
+type WaiterCount =
+    Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = usize> + Send>>>;
+
+/// Polls `count` until it reaches `n` (there is no event to wait on from outside).
+async fn wait_for_waiters(count: &WaiterCount, n: usize, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if count().await >= n {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{what} never queued");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A holder; a second `exec` waiting behind it, stopped by SIGTERM (exit 143); a third
+/// `exec --wait` on the key runs its command within [`HANDOFF_BOUND`] of the holder's
+/// command ending: the signalled waiter left nothing in the queue.
+async fn signalled_waiter_does_not_delay_the_next(url: &str, waiters: WaiterCount) {
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready");
+    let ended = dir.path().join("ended");
+    let started = dir.path().join("started");
+    let key = "exec-e2e/signalled-waiter";
+    let holder_script = format!(
+        r#"trap 'kill $!; date +%s%N > "{ended}"; exit 0' TERM
+           sleep 60 & touch "{ready}"; wait"#,
+        ended = ended.display(),
+        ready = ready.display(),
+    );
+    let holder = exec_sh(url, &[], key, &holder_script)
+        .spawn()
+        .expect("distlock starts");
+    wait_for_file(&ready).await;
+
+    let waiter = exec_sh(url, &["--wait", "60s"], key, "true")
+        .spawn()
+        .expect("distlock starts");
+    wait_for_waiters(&waiters, 1, "the second exec").await;
+    let pid = libc::pid_t::try_from(waiter.id().expect("running")).unwrap();
+    // SAFETY: kill(2) on the child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), waiter.wait_with_output())
+        .await
+        .expect("the signalled waiter exits")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+
+    let record_start = format!(r#"date +%s%N > "{}""#, started.display());
+    let next = exec_sh(url, &["--wait", "20s"], key, &record_start)
+        .spawn()
+        .expect("distlock starts");
+    // The third exec queued (or, on a backend that kept the signalled waiter's place,
+    // that place still there: the hand-off below shows which).
+    wait_for_waiters(&waiters, 1, "the third exec").await;
+
+    let pid = libc::pid_t::try_from(holder.id().expect("running")).unwrap();
+    // SAFETY: kill(2) on the child we spawned and have not reaped.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let out = tokio::time::timeout(Duration::from_secs(30), holder.wait_with_output())
+        .await
+        .expect("the holder exits")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = tokio::time::timeout(Duration::from_secs(60), next.wait_with_output())
+        .await
+        .expect("the third exec finishes")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+
+    let nanos = |path: &Path| -> u128 {
+        std::fs::read_to_string(path)
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    let (ended, started) = (nanos(&ended), nanos(&started));
+    assert!(
+        started >= ended,
+        "the third command ran before the holder's ended"
+    );
+    let handoff = Duration::from_nanos(u64::try_from(started - ended).unwrap());
+    println!("{url}: the third exec ran {handoff:?} after the holder's command ended");
+    assert!(
+        handoff <= HANDOFF_BOUND,
+        "the third exec ran {handoff:?} after the holder's command ended: the signalled \
+         waiter held up the queue"
+    );
+}
+
+/// Waiters on ZooKeeper: contender nodes in the key's lock directory, less the holder's
+/// (`dump` lists every session's ephemeral nodes).
+fn zookeeper_waiters(server: Arc<ZooKeeperServer>, key: &str) -> WaiterCount {
+    let key = distlock::LockKey::new(key).unwrap();
+    let dir = format!("/distlock/{}/", distlock::zookeeper::encode_key(&key));
+    Box::new(move || {
+        let (server, dir) = (server.clone(), dir.clone());
+        Box::pin(async move {
+            let dump = server
+                .four_letter("dump", Duration::from_secs(5))
+                .await
+                .expect("dump");
+            dump.lines()
+                .filter(|line| line.trim().starts_with(&dir))
+                .count()
+                .saturating_sub(1)
+        })
+    })
+}
+
+/// Runs `program args…` to completion and returns its stdout.
+async fn stdout_of(program: &str, args: &[&str]) -> String {
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        Command::new(program).args(args).output(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} answers"))
+    .unwrap_or_else(|e| panic!("{program} runs: {e}"));
+    assert!(out.status.success(), "{program}: {}", text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// Waiters on Postgres: advisory locks requested and not granted (the test's server
+/// has no other).
+fn postgres_waiters(url: String) -> WaiterCount {
+    Box::new(move || {
+        let url = url.clone();
+        Box::pin(async move {
+            let sql = "select count(*) from pg_locks where locktype = 'advisory' and not granted";
+            let count = stdout_of("psql", &[&url, "-Atc", sql]).await;
+            count.trim().parse().expect("a count")
+        })
+    })
+}
+
+/// Waiters on Redis: clients subscribed to a channel or blocked in a command (how a
+/// waiter is woken is the backend's business; the test's server has no other clients
+/// that wait).
+fn redis_waiters(port: u16) -> WaiterCount {
+    Box::new(move || {
+        let port = port.to_string();
+        Box::pin(async move {
+            let clients = stdout_of("redis-cli", &["-p", &port, "CLIENT", "LIST"]).await;
+            clients
+                .lines()
+                .filter(|client| {
+                    client.split(' ').any(|field| match field.split_once('=') {
+                        Some(("sub" | "psub" | "ssub", n)) => n != "0",
+                        Some(("flags", flags)) => flags.contains('b'),
+                        _ => false,
+                    })
+                })
+                .count()
+        })
+    })
+}
+
+/// Waiters on the file backend: `flock` requests blocked on the key's lock file
+/// (`->` lines of /proc/locks with its inode).
+fn file_waiters(dir: &Path, key: &str) -> WaiterCount {
+    use std::os::unix::fs::MetadataExt as _;
+    let locks = distlock::file::FileLock::open(dir).unwrap();
+    let path = locks.lock_file_path(&distlock::LockKey::new(key).unwrap());
+    Box::new(move || {
+        let path = path.clone();
+        Box::pin(async move {
+            let Ok(inode) = std::fs::metadata(&path).map(|m| m.ino()) else {
+                return 0;
+            };
+            let inode = format!(":{inode} ");
+            std::fs::read_to_string("/proc/locks")
+                .unwrap()
+                .lines()
+                .filter(|line| line.contains("->") && line.contains(&inode))
+                .count()
+        })
+    })
+}
+
 fn started<T>(test: &str, server: Result<T, ServerError>) -> Option<T> {
     server.map_err(|e| skip_or_panic(test, &e)).ok()
 }
@@ -262,6 +457,7 @@ async fn exec_on_redis() {
     };
     commands_never_overlap(&server.url()).await;
     busy_lock_exit_codes_and_release(&server.url()).await;
+    signalled_waiter_does_not_delay_the_next(&server.url(), redis_waiters(server.port())).await;
     lost_lock_terminates_the_command(loopback(server.port()), |a| format!("redis://{a}"), false)
         .await;
 }
@@ -272,6 +468,7 @@ async fn exec_on_postgres() {
         return;
     };
     commands_never_overlap(&server.url()).await;
+    signalled_waiter_does_not_delay_the_next(&server.url(), postgres_waiters(server.url())).await;
     lost_lock_terminates_the_command(
         loopback(server.port()),
         |a| format!("postgres://postgres@{a}/postgres"),
@@ -286,6 +483,12 @@ async fn exec_on_zookeeper() {
         return;
     };
     commands_never_overlap(&server.url()).await;
+    let server = Arc::new(server);
+    signalled_waiter_does_not_delay_the_next(
+        &format!("{}?session_timeout_ms={ZK_WAITER_SESSION_MS}", server.url()),
+        zookeeper_waiters(server.clone(), "exec-e2e/signalled-waiter"),
+    )
+    .await;
     // A short session, so that the cut session expires in seconds.
     lost_lock_terminates_the_command(
         loopback(server.port()),
@@ -301,6 +504,11 @@ async fn exec_on_file() {
     let url = format!("file://{}", dir.path().display());
     commands_never_overlap(&url).await;
     busy_lock_exit_codes_and_release(&url).await;
+    signalled_waiter_does_not_delay_the_next(
+        &url,
+        file_waiters(dir.path(), "exec-e2e/signalled-waiter"),
+    )
+    .await;
     holder_killed_with_9_frees_the_lock(&url).await;
 }
 

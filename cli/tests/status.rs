@@ -34,7 +34,7 @@ async fn status_reports_a_held_key_then_a_free_one() {
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
         .await
         .expect("acquires");
-    let token = guard.fencing_token().get();
+    let token = guard.fencing_token().unwrap().get();
 
     let held = json(&status(&url, &["reports/Nightly", "--json"]));
     assert_eq!(held["held"], true, "{held}");

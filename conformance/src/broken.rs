@@ -36,18 +36,22 @@ pub enum Mistake {
     Overwrite,
     /// Every grant gets fencing token 1.
     ConstantFencingToken,
+    /// Reports fencing unsupported, yet hands out a (best-effort) token with every
+    /// grant, which callers then trust.
+    TokenWithoutFencing,
     /// Extend is a plain `PEXPIRE`, without an owner check.
     ExtendWithoutOwnerCheck,
 }
 
 impl Mistake {
     /// Every mistake.
-    pub const ALL: [Mistake; 6] = [
+    pub const ALL: [Mistake; 7] = [
         Mistake::NoTtl,
         Mistake::PlainDelete,
         Mistake::CheckThenDelete,
         Mistake::Overwrite,
         Mistake::ConstantFencingToken,
+        Mistake::TokenWithoutFencing,
         Mistake::ExtendWithoutOwnerCheck,
     ];
 
@@ -59,6 +63,7 @@ impl Mistake {
             Mistake::CheckThenDelete => "release-check-then-del",
             Mistake::Overwrite => "acquire-overwrites",
             Mistake::ConstantFencingToken => "constant-fencing-token",
+            Mistake::TokenWithoutFencing => "token-without-fencing",
             Mistake::ExtendWithoutOwnerCheck => "extend-without-owner-check",
         }
     }
@@ -71,6 +76,9 @@ impl Mistake {
             Mistake::CheckThenDelete => "release is GET + compare, then DEL in a second round trip",
             Mistake::Overwrite => "acquire is SET without NX",
             Mistake::ConstantFencingToken => "every grant carries fencing token 1",
+            Mistake::TokenWithoutFencing => {
+                "reports fencing unsupported, yet every grant carries a token"
+            }
             Mistake::ExtendWithoutOwnerCheck => "extend is PEXPIRE without checking the owner",
         }
     }
@@ -127,7 +135,7 @@ impl BrokenLock {
             _ => self.store.grant(key, owner, ttl),
         };
         Ok(granted.map(|fence| {
-            let lease = Lease::new(key.clone(), owner, fence, ttl, requested_at);
+            let lease = Lease::new(key.clone(), owner, Some(fence), ttl, requested_at);
             LockGuard::new(
                 lease,
                 LeaseMonitor::new(requested_at + ttl),
@@ -141,14 +149,18 @@ impl BrokenLock {
 #[async_trait]
 impl DistributedLock for BrokenLock {
     fn info(&self) -> BackendInfo {
+        // Each claims everything, as the real mistakes' authors did, but one; and none
+        // claims FIFO: the memory store under them wakes every waiter at once.
         let mut capabilities = Capabilities::all_supported();
-        // The memory store under them wakes every waiter at once: no FIFO to claim.
+        if self.mistake == Mistake::TokenWithoutFencing {
+            capabilities.fencing =
+                Capability::Unsupported("the counters are best effort (but handed out anyway)");
+        }
         capabilities.fifo = Capability::Unsupported(
             "built on the memory store, which wakes every waiter of a released key at once",
         );
         BackendInfo {
             name: BROKEN_BACKEND,
-            // Each claims everything else, as the real mistakes' authors did.
             capabilities,
         }
     }

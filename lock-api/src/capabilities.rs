@@ -28,7 +28,8 @@ pub struct Capabilities {
     /// `extend` pushes a lease's expiry out.
     pub extend: Capability,
     /// Fencing tokens strictly increase per key across every grant, expiry takeovers
-    /// included, and can be trusted by a fenced resource.
+    /// included, and can be trusted by a fenced resource. Exactly the backends that
+    /// support this hand tokens out: elsewhere `LockGuard::fencing_token` is `None`.
     pub fencing: Capability,
     /// Waiters are woken by the backend when the lock is released, rather than by polling.
     pub wake_on_release: Capability,

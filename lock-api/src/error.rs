@@ -32,6 +32,30 @@ impl std::fmt::Display for NotHeldReason {
     }
 }
 
+/// An error together with the server address it concerns, so that a message says where.
+///
+/// Backends wrap driver errors in it (see [`LockError::connection_at`]). The address is
+/// `host:port` (or a socket path), never a URL: a URL may carry a password.
+#[derive(Debug, thiserror::Error)]
+#[error("{address}: {source}")]
+pub struct AtAddress {
+    /// The server's `host:port` as configured.
+    pub address: String,
+    /// What happened there.
+    #[source]
+    pub source: BoxError,
+}
+
+impl AtAddress {
+    /// `source`, at `address`.
+    pub fn new(address: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        AtAddress {
+            address: address.into(),
+            source: source.into(),
+        }
+    }
+}
+
 /// Every failure of a lock operation. Each variant names the backend that raised it.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -153,6 +177,16 @@ impl LockError {
             backend,
             source: source.into(),
         }
+    }
+
+    /// A connection error at `address` (`host:port`, never a URL with credentials): the
+    /// message reads `address: source`.
+    pub fn connection_at(
+        backend: &'static str,
+        address: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        LockError::connection(backend, AtAddress::new(address, source))
     }
 
     /// Wraps a driver error as a backend error.

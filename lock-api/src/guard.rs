@@ -71,7 +71,11 @@ impl LockGuard {
     }
 
     /// This grant's fencing token: above every earlier grant's for this key.
-    pub fn fencing_token(&self) -> FencingToken {
+    ///
+    /// `None` when the backend cannot promise ordered tokens (its
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is unsupported, as on
+    /// Redlock); see [`Lease::fencing_token`] for what to do instead.
+    pub fn fencing_token(&self) -> Option<FencingToken> {
         self.lease.fencing_token()
     }
 

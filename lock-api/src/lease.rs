@@ -16,6 +16,10 @@ use crate::LockKey;
 /// Pass it with every write to a fenced resource, which rejects writes carrying a
 /// token lower than the highest it has seen: a holder that stalled past its lease then
 /// cannot overwrite the work of the next holder.
+///
+/// Only backends that can promise this order hand tokens out
+/// ([`Capabilities::fencing`](crate::Capabilities::fencing)); the others' grants carry
+/// none (see [`Lease::fencing_token`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
 
@@ -77,7 +81,7 @@ impl fmt::Debug for OwnerToken {
 pub struct Lease {
     key: LockKey,
     owner: OwnerToken,
-    fencing_token: FencingToken,
+    fencing_token: Option<FencingToken>,
     ttl: Duration,
     acquired_at: Instant,
 }
@@ -85,10 +89,14 @@ pub struct Lease {
 impl Lease {
     /// Describes a grant. `acquired_at` is when the acquire request was sent, so
     /// deadlines computed from it are conservative.
+    ///
+    /// `fencing_token` is `Some` exactly when the backend reports
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
+    /// cannot promise ordered tokens passes `None` rather than a best-effort number.
     pub fn new(
         key: LockKey,
         owner: OwnerToken,
-        fencing_token: FencingToken,
+        fencing_token: Option<FencingToken>,
         ttl: Duration,
         acquired_at: Instant,
     ) -> Self {
@@ -111,8 +119,15 @@ impl Lease {
         self.owner
     }
 
-    /// The fencing token of this grant.
-    pub fn fencing_token(&self) -> FencingToken {
+    /// The fencing token of this grant: above every earlier grant's for this key.
+    ///
+    /// `None` when the backend cannot promise ordered tokens (its
+    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is unsupported, as on
+    /// Redlock). Then nothing stops a holder that stalled past its lease from writing
+    /// after the next holder: use a backend with fencing (a consensus store such as
+    /// ZooKeeper) for such resources, or make every write idempotent or conditional on
+    /// the state it read (a compare-and-set, a version column).
+    pub fn fencing_token(&self) -> Option<FencingToken> {
         self.fencing_token
     }
 

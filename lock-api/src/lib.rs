@@ -11,7 +11,8 @@
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
 //! let guard = locks.acquire(&key, &options).await?;
-//! // Send guard.fencing_token() with every write the lock protects.
+//! // Send guard.fencing_token() with every write the lock protects (`None` where the
+//! // backend has no fencing: then make the writes idempotent or conditional).
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
@@ -32,7 +33,7 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
-pub use error::{BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
+pub use error::{AtAddress, BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};

@@ -403,7 +403,7 @@ impl MemoryLock {
         }
         let owner = OwnerToken::random();
         Ok(self.store.grant(key, owner, options.ttl()).map(|fence| {
-            let lease = Lease::new(key.clone(), owner, fence, options.ttl(), requested_at);
+            let lease = Lease::new(key.clone(), owner, Some(fence), options.ttl(), requested_at);
             self.guard(lease, options)
         }))
     }

@@ -7,14 +7,19 @@ use tokio::time::Instant;
 use crate::Backoff;
 
 /// The shortest TTL accepted. Shorter leases would expire in flight.
-pub const MIN_TTL: Duration = Duration::from_millis(10);
+pub const MIN_TTL: Duration = Duration::from_nanos(MIN_TTL_NANOS);
 
 /// The longest TTL accepted. Hold a lock longer with [`AutoRenew`], so that a crashed
 /// holder frees it within one TTL.
 pub const MAX_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The shortest renewal period [`AutoRenew`] accepts: anything shorter is a tight loop.
-pub const MIN_RENEW_INTERVAL: Duration = Duration::from_millis(5);
+/// A third of [`MIN_TTL`] (3.333333 ms), so that the default period (TTL/3) is accepted for every TTL
+/// that is.
+pub const MIN_RENEW_INTERVAL: Duration = Duration::from_nanos(MIN_TTL_NANOS / 3);
+
+/// [`MIN_TTL`] in nanoseconds: 10 ms. A number, because `Duration` division is not `const`.
+const MIN_TTL_NANOS: u64 = 10_000_000;
 
 /// How long `acquire` waits for a held lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +89,16 @@ pub enum OptionsError {
     /// The auto-renew settings cannot keep the lease alive.
     #[error("{0}")]
     AutoRenew(&'static str),
+    /// The auto-renew period is below [`MIN_RENEW_INTERVAL`] or above half the TTL.
+    #[error("auto-renew interval {interval:?} must be at least {min:?} and at most half the ttl ({max:?})")]
+    RenewInterval {
+        /// The period asked for (TTL/3 by default).
+        interval: Duration,
+        /// [`MIN_RENEW_INTERVAL`].
+        min: Duration,
+        /// Half the TTL.
+        max: Duration,
+    },
 }
 
 /// Renews a held lease in the background (a watchdog).
@@ -210,10 +225,13 @@ impl LockOptions {
         self.backoff.check().map_err(OptionsError::Backoff)?;
         if let Some(renew) = self.auto_renew {
             let interval = renew.interval_for(self.ttl);
-            if interval < MIN_RENEW_INTERVAL || interval > self.ttl / 2 {
-                return Err(OptionsError::AutoRenew(
-                    "auto-renew interval must be at least 5ms and at most half the ttl",
-                ));
+            let max = self.ttl / 2;
+            if interval < MIN_RENEW_INTERVAL || interval > max {
+                return Err(OptionsError::RenewInterval {
+                    interval,
+                    min: MIN_RENEW_INTERVAL,
+                    max,
+                });
             }
             if renew.max_hold.is_some_and(|m| m.is_zero()) {
                 return Err(OptionsError::AutoRenew(
@@ -363,5 +381,32 @@ mod tests {
             max_hold: None,
         };
         assert!(o.with_auto_renew(bad).validate().is_err());
+    }
+
+    /// Issue 18, item 5: the shortest TTL accepted is accepted with the default
+    /// auto-renew too, and a shorter one is refused naming the real minimum.
+    #[test]
+    fn the_minimum_ttl_is_accepted_with_default_auto_renew() {
+        let renewed = |ttl| LockOptions::new(ttl).with_auto_renew(AutoRenew::new());
+        assert_eq!(renewed(MIN_TTL).validate(), Ok(()));
+        let below = MIN_TTL - Duration::from_millis(1);
+        let refused = renewed(below).validate().expect_err("below the minimum");
+        assert_eq!(
+            refused,
+            OptionsError::TtlTooShort {
+                ttl: below,
+                min: MIN_TTL
+            }
+        );
+        assert!(refused.to_string().contains("10ms"), "{refused}");
+        let too_fast = AutoRenew {
+            interval: Some(MIN_RENEW_INTERVAL - Duration::from_nanos(1)),
+            max_hold: None,
+        };
+        let refused = LockOptions::new(Duration::from_secs(1))
+            .with_auto_renew(too_fast)
+            .validate()
+            .expect_err("below the minimum period");
+        assert!(refused.to_string().contains("3.333333ms"), "{refused}");
     }
 }

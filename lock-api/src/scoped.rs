@@ -10,6 +10,10 @@ use crate::{
 /// Takes `key`, runs `work` with the grant's fencing token while the lease is renewed,
 /// and releases the lock when `work` finishes.
 ///
+/// The token is `None` on backends that cannot promise ordered tokens
+/// ([`Capabilities::fencing`](crate::Capabilities::fencing) unsupported, as on Redlock);
+/// [`Lease::fencing_token`](crate::Lease::fencing_token) says what to do instead.
+///
 /// If `options` has no auto-renew, the default watchdog (every TTL/3) is turned on. If
 /// the lock is lost while `work` runs, `work` is dropped (stopped at its next await
 /// point) and the call fails.
@@ -25,7 +29,7 @@ pub async fn with_lock<F, Fut, T>(
     work: F,
 ) -> Result<T, LockError>
 where
-    F: FnOnce(FencingToken) -> Fut,
+    F: FnOnce(Option<FencingToken>) -> Fut,
     Fut: Future<Output = T>,
 {
     let renewing;

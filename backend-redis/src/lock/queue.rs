@@ -80,7 +80,7 @@ impl RedisLock {
         };
         match answer {
             QueueGrant::Granted(token) => {
-                if let Some(guard) = self.guard(key, owner, token, started, options) {
+                if let Some(guard) = self.guard(key, owner, Some(token), started, options) {
                     compensation.disarm();
                     return Ok(QueueAttempt::Granted(guard));
                 }

@@ -110,6 +110,27 @@ pub async fn proxied(
     (lock, proxy)
 }
 
+/// A fault proxy to the server on `port` that runs on a runtime of its own: it is the
+/// network, not part of the client's process, so it outlives the runtime the client
+/// runs on (a scenario shuts a client's runtime down to play its process exiting, and
+/// the client then closes its session through the proxy).
+pub async fn network_proxy(port: u16) -> FaultProxy {
+    static NETWORK: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    let network = NETWORK.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("fault-proxy")
+            .enable_all()
+            .build()
+            .expect("a runtime for the fault proxies")
+    });
+    network
+        .spawn(FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))))
+        .await
+        .expect("the proxy's start does not panic")
+        .expect("fault proxy starts")
+}
+
 /// A raw `zookeeper-client` session, for looking at nodes.
 pub async fn raw(port: u16) -> zk::Client {
     zk::Client::connector()
@@ -183,7 +204,13 @@ impl Harness for ZkHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        let (lock, proxy) = proxied(self.port, SESSION_TIMEOUT, |c| c).await;
+        let proxy = network_proxy(self.port).await;
+        let lock = ZooKeeperLock::connect_with(
+            &url_for(proxy.local_addr().port()),
+            config(SESSION_TIMEOUT),
+        )
+        .await
+        .expect("connects through the proxy");
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }

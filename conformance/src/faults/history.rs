@@ -86,9 +86,9 @@ impl Event {
         self
     }
 
-    /// Sets the fencing token.
-    pub fn token(mut self, token: u64) -> Self {
-        self.token = Some(token);
+    /// Sets the fencing token; `None` (a grant or access without one) leaves it unset.
+    pub fn token(mut self, token: impl Into<Option<u64>>) -> Self {
+        self.token = token.into();
         self
     }
 

@@ -4,7 +4,9 @@
 use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use distlock_api::{DistributedLock, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome};
+use distlock_api::{
+    DistributedLock, FencingToken, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+};
 
 use super::harness::NetFaults;
 use super::history::{Event, History, Op, Phase};
@@ -51,7 +53,7 @@ impl Recorder {
     fn lease_event(&self, guard: &LockGuard, op: Op, phase: Phase) -> Event {
         self.event(guard.key(), op, phase)
             .owner(guard.lease().owner())
-            .token(guard.fencing_token().get())
+            .token(guard.fencing_token().map(FencingToken::get))
             .valid_until_us(self.history.micros(guard.valid_until()))
     }
 
@@ -137,7 +139,12 @@ impl FencedSet {
         }
     }
 
-    fn admit(&self, state: &mut SetState, token: u64) -> bool {
+    /// Whether an access with `token` may proceed. One without a token (a backend
+    /// without fencing) cannot be checked, so it is admitted.
+    fn admit(&self, state: &mut SetState, token: Option<FencingToken>) -> bool {
+        let Some(token) = token.map(FencingToken::get) else {
+            return true;
+        };
         if state.highest.is_some_and(|h| token < h) {
             return false;
         }
@@ -145,22 +152,31 @@ impl FencedSet {
         true
     }
 
-    /// Reads the set with `token`; `None` when the token is stale.
-    pub fn read(&self, client: usize, token: u64) -> Option<Vec<u64>> {
+    /// Reads the set with `token`; `None` when the token is stale. Without a token the
+    /// read is unfenced.
+    pub fn read(&self, client: usize, token: Option<FencingToken>) -> Option<Vec<u64>> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         let ok = self.admit(&mut state, token);
         let phase = if ok { Phase::Ok } else { Phase::Fail };
-        self.history
-            .record(Event::new(client, &self.key, Op::Read, phase).token(token));
+        self.history.record(
+            Event::new(client, &self.key, Op::Read, phase).token(token.map(FencingToken::get)),
+        );
         ok.then(|| state.items.clone())
     }
 
     /// Writes `items` with `token`, as the holder's add of `added`; false when the token
-    /// is stale (nothing changes).
-    pub fn write(&self, client: usize, token: u64, items: Vec<u64>, added: u64) -> bool {
+    /// is stale (nothing changes). Without a token the write is unfenced.
+    pub fn write(
+        &self,
+        client: usize,
+        token: Option<FencingToken>,
+        items: Vec<u64>,
+        added: u64,
+    ) -> bool {
+        let raw = token.map(FencingToken::get);
         self.history.record(
             Event::new(client, &self.key, Op::Write, Phase::Invoke)
-                .token(token)
+                .token(raw)
                 .value(added),
         );
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
@@ -171,14 +187,15 @@ impl FencedSet {
         let phase = if ok { Phase::Ok } else { Phase::Fail };
         self.history.record(
             Event::new(client, &self.key, Op::Write, phase)
-                .token(token)
+                .token(raw)
                 .value(added),
         );
         ok
     }
 
     /// Read-modify-write: adds `value` under `token`; false if either step was refused.
-    pub fn add(&self, client: usize, token: u64, value: u64) -> bool {
+    /// Without a token (a backend without fencing) neither step is fenced.
+    pub fn add(&self, client: usize, token: Option<FencingToken>, value: u64) -> bool {
         let Some(mut items) = self.read(client, token) else {
             return false;
         };

@@ -139,11 +139,11 @@ fn stale_write(
     guard: &LockGuard,
     fencing: bool,
 ) -> Result<&'static str, Failure> {
-    let accepted = set.add(client, guard.fencing_token().get(), 99);
+    let accepted = set.add(client, guard.fencing_token(), 99);
     if fencing {
         check!(
             !accepted,
-            "the stale holder's write with token {} was accepted",
+            "the stale holder's write with token {:?} was accepted",
             guard.fencing_token()
         );
         Ok("stale write refused")
@@ -173,7 +173,7 @@ async fn partitioned_holder_is_fenced_off(h: &dyn FaultHarness) -> Result<Outcom
     let set = FencedSet::new(format!("{key}#set"), history.clone());
     let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack())).await?;
     check!(
-        set.add(0, guard.fencing_token().get(), 1),
+        set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
     net.blackhole();
@@ -194,7 +194,7 @@ async fn partitioned_holder_is_fenced_off(h: &dyn FaultHarness) -> Result<Outcom
     let taken = rb.acquire(&key, &waiting(h.ttl(), takeover(h))).await?;
     let taken_after = cut.elapsed();
     check!(
-        set.add(1, taken.fencing_token().get(), 2),
+        set.add(1, taken.fencing_token(), 2),
         "the new holder's write was refused"
     );
     let stale = stale_write(&set, 0, &guard, fencing(&a))?;
@@ -228,7 +228,7 @@ async fn paused_holder_wakes_to_a_refused_write(h: &dyn FaultHarness) -> Result<
     // No auto-renew: the paused process renews nothing.
     let guard = ra.acquire(&key, &waiting(h.ttl(), h.slack())).await?;
     check!(
-        set.add(0, guard.fencing_token().get(), 1),
+        set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
     let paused = Instant::now();
@@ -239,7 +239,7 @@ async fn paused_holder_wakes_to_a_refused_write(h: &dyn FaultHarness) -> Result<
         let (ttl, wait) = (h.ttl(), takeover(h));
         async move {
             let taken = rb.acquire(&key, &waiting(ttl, wait)).await?;
-            let wrote = set.add(1, taken.fencing_token().get(), 2);
+            let wrote = set.add(1, taken.fencing_token(), 2);
             rb.release(taken).await?;
             Ok::<_, LockError>(wrote)
         }
@@ -404,7 +404,7 @@ fn persistent_waiter(
             let left = deadline.saturating_duration_since(Instant::now());
             match r.acquire(&key, &waiting(ttl, left)).await {
                 Ok(guard) => {
-                    set.add(r.client, guard.fencing_token().get(), value);
+                    set.add(r.client, guard.fencing_token(), value);
                     let _ = r.release(guard).await;
                     return true;
                 }
@@ -433,7 +433,7 @@ async fn server_restart_while_held_and_waited(h: &dyn FaultHarness) -> Result<Ou
     }
     let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack())).await?;
     check!(
-        set.add(0, guard.fencing_token().get(), 1),
+        set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -478,7 +478,7 @@ async fn server_restart_while_held_and_waited(h: &dyn FaultHarness) -> Result<Ou
     }
     let still = guard.state() == LeaseState::Held;
     let guard = if still {
-        set.add(0, guard.fencing_token().get(), 2);
+        set.add(0, guard.fencing_token(), 2);
         let _ = ra.release(guard).await;
         None
     } else {
@@ -603,7 +603,7 @@ async fn ensemble_leader_loss(h: &dyn FaultHarness) -> Result<Outcome, Failure> 
     let set = FencedSet::new(format!("{key}#set"), history.clone());
     let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack() * 5)).await?;
     check!(
-        set.add(0, guard.fencing_token().get(), 1),
+        set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
     let deadline = Instant::now() + Duration::from_secs(40);
@@ -632,7 +632,7 @@ async fn ensemble_leader_loss(h: &dyn FaultHarness) -> Result<Outcome, Failure> 
     let elected = killed.elapsed();
     let kept = guard.state() == LeaseState::Held;
     if kept {
-        set.add(0, guard.fencing_token().get(), 3);
+        set.add(0, guard.fencing_token(), 3);
         ra.release(guard).await?;
     } else {
         ra.lost(&guard);
@@ -664,7 +664,7 @@ async fn terminated_session_fires_lost(h: &dyn FaultHarness) -> Result<Outcome, 
     let set = FencedSet::new(format!("{key}#set"), history.clone());
     let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack())).await?;
     check!(
-        set.add(0, guard.fencing_token().get(), 1),
+        set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
     if let Err(why) = h.terminate_session(&a).await {
@@ -681,7 +681,7 @@ async fn terminated_session_fires_lost(h: &dyn FaultHarness) -> Result<Outcome, 
     ra.lost(&guard);
     let taken = rb.acquire(&key, &waiting(h.ttl(), takeover(h))).await?;
     check!(
-        set.add(1, taken.fencing_token().get(), 2),
+        set.add(1, taken.fencing_token(), 2),
         "the new holder's write was refused"
     );
     let stale = stale_write(&set, 0, &guard, fencing(&a))?;
@@ -760,7 +760,7 @@ async fn contention_under_random_faults(h: &dyn FaultHarness) -> Result<Outcome,
                         granted.fetch_add(1, Ordering::Relaxed);
                         let ms = u64::try_from(begun.elapsed().as_millis()).unwrap_or(u64::MAX);
                         last_grant_ms.fetch_max(ms, Ordering::Relaxed);
-                        set.add(n, guard.fencing_token().get(), (n * ROUNDS + round) as u64);
+                        set.add(n, guard.fencing_token(), (n * ROUNDS + round) as u64);
                         // Its outcome may be an error under faults; never a hang.
                         if timeout(RELEASE_LIMIT, r.release(guard)).await.is_err() {
                             return Some(format!(

@@ -1,8 +1,14 @@
 //! Liveness: free locks are taken at once, waiters are woken, crashed holders expire.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use distlock_api::{LockError, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use tokio::runtime::{Handle, Runtime};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::{check, no_wait, unique_key, waiting, Failure, LONG_TTL};
@@ -46,9 +52,9 @@ pub(super) async fn inspect_reports_held_then_free(h: &dyn Harness) -> Result<St
     check!(during.held, "a held key reads free: {during:?}");
     if let Some(token) = during.fencing_token {
         check!(
-            token == guard.fencing_token(),
+            Some(token) == guard.fencing_token(),
             "inspect gave token {token}, the holder has {}",
-            guard.fencing_token()
+            known(guard.fencing_token())
         );
     }
     if let Some(remaining) = during.remaining {
@@ -237,4 +243,198 @@ pub(super) async fn dropped_guard_frees_quickly(h: &dyn Harness) -> Result<Strin
     let took = dropped_at.elapsed();
     taken.release().await?;
     Ok(format!("freed {} after drop", millis(took)))
+}
+
+/// How far apart the waiters of [`abandoned_waiter_does_not_delay_the_next`] arrive, so
+/// that the one that gives up queues first. (The kit cannot see a backend's queue; with
+/// no gap the check would be weaker, not wrong.)
+const ARRIVAL_GAP: Duration = Duration::from_millis(100);
+
+/// How long the "process" of [`abandoned_waiter_does_not_delay_the_next`] is given to
+/// exit: what its backend does as its runtime's tasks are dropped.
+const EXIT_GRACE: Duration = Duration::from_secs(2);
+
+pub(super) async fn abandoned_waiter_does_not_delay_the_next(
+    h: &dyn Harness,
+) -> Result<String, Failure> {
+    let key = unique_key("abandoned-waiter");
+    let (a, c) = (h.client().await?.lock, h.client().await?.lock);
+
+    // Given up by its wait running out, after the next waiter queued behind it.
+    let b = h.client().await?.lock;
+    let timed_out = hand_off_past(h, &key, &a, &c, |key, _| {
+        let options = waiting(LONG_TTL, 3 * ARRIVAL_GAP);
+        let waiting = tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) });
+        async move {
+            match waiting.await {
+                Ok(Err(LockError::Timeout { .. })) => Ok(()),
+                Ok(Err(e)) => Err(format!("the waiter failed with {e} instead of timing out")),
+                Ok(Ok(())) => Err("the waiter got the key while it was held".into()),
+                Err(e) => Err(format!("the waiter panicked: {e}")),
+            }
+        }
+    })
+    .await
+    .map_err(|why| Failure::Failed(format!("a wait that ran out: {why}")))?;
+
+    // Given up by dropping the acquire future; the client lives on.
+    let b = h.client().await?.lock;
+    let dropped = hand_off_past(h, &key, &a, &c, |key, options| {
+        let waiting = tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) });
+        async move {
+            waiting.abort();
+            let _ = waiting.await;
+            Ok(())
+        }
+    })
+    .await
+    .map_err(|why| Failure::Failed(format!("a dropped acquire: {why}")))?;
+
+    // Given up by its process exiting: a client made on a runtime of its own, which shuts
+    // down (as when `main` returns) while the acquire waits.
+    let process = Process::start()?;
+    let b = OnRuntime::new(process.handle(), h.client()).await?.lock;
+    let exited = hand_off_past(h, &key, &a, &c, |key, options| {
+        let waiting = process
+            .handle()
+            .spawn(async move { b.acquire(&key, &options).await.map(drop) });
+        async move {
+            drop(waiting);
+            process.exit().await
+        }
+    })
+    .await
+    .map_err(|why| Failure::Failed(format!("a process exiting while it waited: {why}")))?;
+
+    Ok(format!(
+        "hand-off past a timed-out wait {}, a dropped acquire {}, an exited process {}",
+        millis(timed_out),
+        millis(dropped),
+        millis(exited)
+    ))
+}
+
+/// `a` takes `key`; a waiter started by `start_waiter` queues, then `c`; the waiter gives
+/// up (the future `start_waiter` returned); `a` releases. `c` must be granted within the
+/// slack of the release. Returns that hand-off time.
+async fn hand_off_past<Start, GiveUp>(
+    h: &dyn Harness,
+    key: &LockKey,
+    a: &Arc<dyn DistributedLock>,
+    c: &Arc<dyn DistributedLock>,
+    start_waiter: Start,
+) -> Result<Duration, String>
+where
+    Start: FnOnce(LockKey, LockOptions) -> GiveUp,
+    GiveUp: Future<Output = Result<(), String>>,
+{
+    let error = |e: LockError| e.to_string();
+    let holder = a.acquire(key, &no_wait(LONG_TTL)).await.map_err(error)?;
+    let give_up = start_waiter(key.clone(), waiting(LONG_TTL, Duration::from_secs(60)));
+    tokio::time::sleep(ARRIVAL_GAP).await;
+    let next: JoinHandle<Result<_, LockError>> = {
+        let (c, key) = (c.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = c
+                .acquire(&key, &waiting(LONG_TTL, Duration::from_secs(60)))
+                .await?;
+            Ok((Instant::now(), guard))
+        })
+    };
+    tokio::time::sleep(ARRIVAL_GAP).await;
+    give_up.await?;
+    if next.is_finished() {
+        return Err(match next.await {
+            Ok(Ok(_)) => "the next waiter got the key while it was held".into(),
+            Ok(Err(e)) => format!("the next waiter failed while the key was held: {e}"),
+            Err(e) => format!("the next waiter panicked: {e}"),
+        });
+    }
+    let released_at = Instant::now();
+    holder.release().await.map_err(error)?;
+    let bound = h.slack();
+    let (granted_at, guard) = match tokio::time::timeout(bound, next).await {
+        Err(_) => {
+            return Err(format!(
+                "the next waiter was not granted within {bound:?} of the holder's release"
+            ))
+        }
+        Ok(joined) => joined
+            .map_err(|e| format!("the next waiter panicked: {e}"))?
+            .map_err(error)?,
+    };
+    guard.release().await.map_err(error)?;
+    Ok(granted_at.saturating_duration_since(released_at))
+}
+
+/// A runtime standing for a client's process.
+struct Process {
+    handle: Handle,
+    /// Taken by `exit` (or at drop).
+    runtime: Option<Runtime>,
+}
+
+impl Process {
+    fn start() -> Result<Self, Failure> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .map_err(|e| Failure::Failed(format!("cannot start a runtime: {e}")))?;
+        Ok(Process {
+            handle: runtime.handle().clone(),
+            runtime: Some(runtime),
+        })
+    }
+
+    fn handle(&self) -> &Handle {
+        &self.handle
+    }
+
+    /// Shuts the runtime down as a process's `main` returning would: its tasks are
+    /// dropped, and the shutdown waits at most [`EXIT_GRACE`].
+    async fn exit(mut self) -> Result<(), String> {
+        let Some(runtime) = self.runtime.take() else {
+            return Ok(());
+        };
+        tokio::task::spawn_blocking(move || runtime.shutdown_timeout(EXIT_GRACE))
+            .await
+            .map_err(|e| format!("the process's shutdown panicked: {e}"))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // On an early return: an async context cannot wait for a runtime to stop.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Polls a future with a runtime entered: what it spawns, and the timers and sockets it
+/// sets up, belong to that runtime (a client made this way lives on it, as if in a
+/// process of its own).
+struct OnRuntime<F> {
+    runtime: Handle,
+    future: Pin<Box<F>>,
+}
+
+impl<F> OnRuntime<F> {
+    fn new(runtime: &Handle, future: F) -> Self {
+        OnRuntime {
+            runtime: runtime.clone(),
+            future: Box::pin(future),
+        }
+    }
+}
+
+impl<F: Future> Future for OnRuntime<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let _entered = this.runtime.enter();
+        this.future.as_mut().poll(cx)
+    }
 }

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    ExtendOutcome, FencingToken, Lease, LockError, LockKey, LockOptions, NotHeldReason, OwnerToken,
-    ReleaseOutcome,
+    Capability, ExtendOutcome, FencingToken, Lease, LockError, LockGuard, LockKey, LockOptions,
+    NotHeldReason, OwnerToken, ReleaseOutcome,
 };
 use tokio::sync::Mutex;
 use tokio::time::Instant;
@@ -116,7 +116,7 @@ fn forged_lease(key: &LockKey) -> Lease {
     Lease::new(
         key.clone(),
         OwnerToken::random(),
-        FencingToken::new(u64::MAX),
+        Some(FencingToken::new(u64::MAX)),
         LONG_TTL,
         Instant::now(),
     )
@@ -309,13 +309,59 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
     Ok(String::new())
 }
 
+/// The token of a grant on a backend that reports fencing supported, which must have one.
+fn token_of(guard: &LockGuard) -> Result<FencingToken, Failure> {
+    guard.fencing_token().ok_or_else(|| {
+        Failure::Failed(
+            "a grant carried no fencing token, although the backend reports fencing supported"
+                .into(),
+        )
+    })
+}
+
+pub(super) async fn fencing_token_iff_fencing_supported(
+    h: &dyn Harness,
+) -> Result<String, Failure> {
+    let key = unique_key("token-presence");
+    let lock = h.client().await?.lock;
+    let fencing = lock.info().capabilities.fencing;
+    let waited = lock.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
+    let by_acquire = waited.fencing_token();
+    waited.release().await?;
+    let tried = lock
+        .try_acquire(&key, &no_wait(LONG_TTL))
+        .await?
+        .ok_or_else(|| Failure::Failed("try-acquire found a just released key held".into()))?;
+    let by_try = tried.fencing_token();
+    tried.release().await?;
+    for (how, token) in [("acquire", by_acquire), ("try-acquire", by_try)] {
+        match (fencing, token) {
+            (Capability::Supported, None) => {
+                return Err(Failure::Failed(format!(
+                    "the backend reports fencing supported, but a grant by {how} carried no token"
+                )))
+            }
+            (Capability::Unsupported(why), Some(token)) => {
+                return Err(Failure::Failed(format!(
+                    "a grant by {how} carried token {token}, although the backend reports fencing unsupported ({why}): callers would trust a token that is not ordered"
+                )))
+            }
+            _ => {}
+        }
+    }
+    Ok(match (by_acquire, by_try) {
+        (Some(a), Some(b)) => format!("fencing supported: tokens {a} and {b}"),
+        _ => "fencing unsupported: no token".to_owned(),
+    })
+}
+
 pub(super) async fn fencing_tokens_strictly_increase(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("fencing");
     let mut last: Option<FencingToken> = None;
     for round in 0..10 {
         let lock = h.client().await?.lock;
         let guard = lock.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
-        let token = guard.fencing_token();
+        let token = token_of(&guard)?;
         if let Some(previous) = last {
             check!(
                 token > previous,
@@ -337,14 +383,14 @@ pub(super) async fn fenced_store_rejects_stale_holder(h: &dyn Harness) -> Result
     let store = FencedStore::new("initial");
     let a = h.client().await?.lock;
     let stale = a.acquire(&key, &no_wait(ttl)).await?;
-    let stale_token = stale.fencing_token();
+    let stale_token = token_of(&stale)?;
     // The holder pauses past its lease.
     tokio::time::timeout(ttl + h.slack(), stale.lost())
         .await
         .map_err(|_| Failure::Failed("lost() did not fire after the TTL".into()))?;
     let b = h.client().await?.lock;
     let fresh = b.acquire(&key, &waiting(LONG_TTL, ttl + h.slack())).await?;
-    let fresh_token = fresh.fencing_token();
+    let fresh_token = token_of(&fresh)?;
     check!(
         fresh_token > stale_token,
         "takeover token {fresh_token} is not above the stale {stale_token}"

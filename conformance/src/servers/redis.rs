@@ -26,6 +26,9 @@ pub struct RedisConfig {
     /// Extra command-line arguments appended after the harness's own, e.g.
     /// `["--appendfsync", "always"]`.
     pub extra_args: Vec<String>,
+    /// The default user's password (`--requirepass`); the readiness probe sends it
+    /// with `AUTH`. `None` (the default): no password.
+    pub password: Option<String>,
 }
 
 impl RedisConfig {
@@ -33,7 +36,7 @@ impl RedisConfig {
     pub fn persistent() -> Self {
         RedisConfig {
             appendonly: true,
-            extra_args: Vec::new(),
+            ..RedisConfig::default()
         }
     }
 }
@@ -49,6 +52,7 @@ pub struct RedisServer {
     process: Supervised,
     port: u16,
     dir: TempDir,
+    password: Option<String>,
 }
 
 impl RedisServer {
@@ -65,8 +69,9 @@ impl RedisServer {
     /// answers `PING` with `+PONG`.
     ///
     /// Runs `redis-server --port P --bind 127.0.0.1 --save "" --appendonly
-    /// no|yes --dir TMP --logfile ""` plus `config.extra_args`. A start that
-    /// loses its port to another process is retried on a new port.
+    /// no|yes --dir TMP --logfile ""`, `--requirepass` with `config.password`
+    /// when set, then `config.extra_args`. A start that loses its port to
+    /// another process is retried on a new port.
     ///
     /// # Errors
     ///
@@ -101,6 +106,9 @@ impl RedisServer {
             .map(OsString::from)
             .collect();
             args.push(dir.path().as_os_str().to_owned());
+            if let Some(password) = &config.password {
+                args.extend(["--requirepass".into(), OsString::from(password)]);
+            }
             args.extend(config.extra_args.iter().map(OsString::from));
             let launch = Launch {
                 program: binary.clone(),
@@ -109,7 +117,13 @@ impl RedisServer {
                 run_as: None,
             };
             let process = Supervised::new(SERVER, launch, dir.path().join("server.log"));
-            let mut server = RedisServer { process, port, dir };
+            let password = config.password.clone();
+            let mut server = RedisServer {
+                process,
+                port,
+                dir,
+                password,
+            };
             match server.boot().await {
                 Ok(()) => return Ok(server),
                 Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS => continue,
@@ -120,9 +134,11 @@ impl RedisServer {
 
     async fn boot(&mut self) -> Result<(), ServerError> {
         self.process.spawn()?;
-        let port = self.port;
+        let (port, password) = (self.port, self.password.as_deref());
         self.process
-            .wait_ready(READY_TIMEOUT, || redis_ping(port, super::PROBE_TIMEOUT))
+            .wait_ready(READY_TIMEOUT, || {
+                redis_ping(port, password, super::PROBE_TIMEOUT)
+            })
             .await
     }
 
@@ -207,13 +223,14 @@ impl RedisServer {
         self.process.resume()
     }
 
-    /// Sends `PING` and expects `+PONG` within `timeout`.
+    /// Sends `PING` (after `AUTH` with the configured password, if any) and
+    /// expects `+PONG` within `timeout`.
     ///
     /// # Errors
     ///
     /// [`ServerError::Probe`] on connection failure, a wrong reply or timeout.
     pub async fn ping(&self, timeout: Duration) -> Result<(), ServerError> {
-        redis_ping(self.port, timeout).await
+        redis_ping(self.port, self.password.as_deref(), timeout).await
     }
 }
 
@@ -232,18 +249,41 @@ fn redis_binary() -> Result<PathBuf, ServerError> {
         })
 }
 
-/// Sends a RESP `PING` to 127.0.0.1:`port` and expects `+PONG`.
-pub(crate) async fn redis_ping(port: u16, timeout: Duration) -> Result<(), ServerError> {
+/// Sends a RESP `PING` to 127.0.0.1:`port`, after `AUTH password` when there is one,
+/// and expects `+PONG`.
+async fn redis_ping(
+    port: u16,
+    password: Option<&str>,
+    timeout: Duration,
+) -> Result<(), ServerError> {
     let probe = async {
         let mut stream = TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| format!("connect to 127.0.0.1:{port}: {e}"))?;
+        let mut request = Vec::new();
+        if let Some(password) = password {
+            request.extend(format!("*2\r\n$4\r\nAUTH\r\n${}\r\n", password.len()).bytes());
+            request.extend(password.bytes());
+            request.extend(b"\r\n");
+        }
+        request.extend(b"*1\r\n$4\r\nPING\r\n");
         stream
-            .write_all(b"*1\r\n$4\r\nPING\r\n")
+            .write_all(&request)
             .await
             .map_err(|e| format!("write PING: {e}"))?;
+        let mut reader = BufReader::new(stream);
         let mut line = String::new();
-        BufReader::new(stream)
+        if password.is_some() {
+            reader
+                .read_line(&mut line)
+                .await
+                .map_err(|e| format!("read reply to AUTH: {e}"))?;
+            if !line.starts_with("+OK") {
+                return Err(format!("unexpected reply to AUTH: {:?}", line.trim_end()));
+            }
+            line.clear();
+        }
+        reader
             .read_line(&mut line)
             .await
             .map_err(|e| format!("read reply: {e}"))?;
