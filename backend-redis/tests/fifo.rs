@@ -245,6 +245,9 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
         matches!(timed_out, Err(LockError::Timeout { .. })),
         "{timed_out:?}"
     );
+    // Gone by the time the call returned, not later: a process exiting right after
+    // its timeout (exec does) leaves nothing behind.
+    assert_eq!(observer.inspect(&k).await.unwrap().waiters, Some(2));
     dropped_wait.abort();
     // Both entries go well before the default 3 s entry TTL could expire them.
     let left_by = Instant::now() + Duration::from_millis(1500);

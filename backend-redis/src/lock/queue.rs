@@ -182,12 +182,23 @@ impl RedisLock {
                     (held_for.filter(|_| place == Some(0)), next_deadline)
                 }
                 Err(error) if error.is_retryable() => {
-                    self.retry_or_give_up(error, deadline, started, &mut failing)?;
+                    if let Err(error) =
+                        self.retry_or_give_up(error, deadline, started, &mut failing)
+                    {
+                        membership.leave().await;
+                        return Err(error);
+                    }
                     (None, None)
                 }
-                Err(error) => return Err(error),
+                Err(error) => {
+                    membership.leave().await;
+                    return Err(error);
+                }
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
+                // Leave before answering: the caller may exit right after (exec
+                // does), and a background removal would not get to run.
+                membership.leave().await;
                 return Err(self.out_of_wait(key, started, *held_seen));
             }
             let Some((ticket, subscribed)) = &ticket else {
@@ -229,13 +240,26 @@ fn waiter_id() -> String {
     String::from_utf8_lossy(&hex(OwnerToken::random())).into_owned()
 }
 
-/// A waiter's place in the queue: leaving the wait in any way but a grant (timeout,
-/// error, a dropped future) removes the entry at once, in the background.
+/// A waiter's place in the queue: leaving the wait in any way but a grant removes the
+/// entry at once: before the call returns (timeout, error), or in the background (a
+/// dropped future).
 struct Membership<'a> {
     lock: &'a RedisLock,
     names: &'a KeyNames,
     waiter: &'a str,
     armed: bool,
+}
+
+impl Membership<'_> {
+    /// Removes the entry now and waits for the answer. If this future is dropped
+    /// midway, the removal runs again in the background.
+    async fn leave(&mut self) {
+        if let Ok(node) = self.lock.queue_node() {
+            // If this fails the entry expires on its own within the entry TTL.
+            let _ = node.leave_queue(self.names, self.waiter).await;
+        }
+        self.armed = false;
+    }
 }
 
 impl Drop for Membership<'_> {
