@@ -445,9 +445,10 @@ impl Node {
     }
 }
 
-/// `EVALSHA <sha> <keys…>`, ready for the script's (at most two) arguments. One command
-/// built in place and sized once: redis-rs' `ScriptInvocation` copies every key and
-/// argument into vectors first, and a growing command reallocates.
+/// `EVALSHA <sha> <keys…>`, ready for the script's arguments. One command built in
+/// place and sized once for the hot path's (at most two) arguments: redis-rs'
+/// `ScriptInvocation` copies every key and argument into vectors first, and a growing
+/// command reallocates. The FIFO scripts' extra arguments grow it once.
 fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     // Name, hash, key count, keys, then an owner token (32) and a TTL (up to 20 digits).
     let data = 7 + script.get_hash().len() + 2 + keys.iter().map(|k| k.len()).sum::<usize>() + 52;

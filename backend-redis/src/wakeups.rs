@@ -221,3 +221,44 @@ impl Drop for WakeTicket {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn channel(queued: &[&str]) -> Channel {
+        Channel {
+            notify: Arc::new(Notify::new()),
+            queued: queued
+                .iter()
+                .map(|id| (id.to_string(), Arc::new(Notify::new())))
+                .collect(),
+            waiters: queued.len(),
+            subscribed: true,
+        }
+    }
+
+    fn woken(channel: &Channel, id: &str) -> bool {
+        channel.queued[id].notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_message_naming_the_head_wakes_only_that_queued_waiter() {
+        let c = channel(&["head", "second"]);
+        c.wake(b"head");
+        assert!(woken(&c, "head"));
+        assert!(!woken(&c, "second"));
+        // A head of another client wakes none of ours.
+        c.wake(b"elsewhere");
+        assert!(!woken(&c, "head") && !woken(&c, "second"));
+    }
+
+    #[test]
+    fn an_empty_message_wakes_every_queued_waiter() {
+        let c = channel(&["a", "b"]);
+        c.wake(b"");
+        assert!(woken(&c, "a") && woken(&c, "b"));
+    }
+}
