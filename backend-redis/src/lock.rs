@@ -6,8 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, KeyStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome, WaitOrder,
 };
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -17,6 +18,11 @@ use crate::keys::KeyNames;
 use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
+
+mod queue;
+
+/// Why Redlock offers no FIFO waiting.
+const REDLOCK_NOT_FIFO: &str = "Redlock's nodes would each order the waiters themselves: waiters arriving together can head the queues of different nodes, so none heads a majority and nobody is granted; FIFO needs one ordering point (use a single node, Postgres or ZooKeeper)";
 
 /// How long an acquire keeps retrying a single node that fails.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -67,13 +73,26 @@ impl RedisLock {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connects with `config`.
+    /// Connects with `config`. A `fifo=true|false` parameter in the URL's query string
+    /// overrides [`RedisConfig::fifo`].
     ///
     /// # Errors
-    /// As [`RedisLock::connect`], and [`LockError::Config`] for invalid `config`.
-    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
+    /// As [`RedisLock::connect`], [`LockError::Config`] for invalid `config` or a
+    /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
+    /// for FIFO on a Redlock URL.
+    pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
+        let (url, fifo) = crate::url_options::take_fifo(url)?;
+        config.fifo = fifo.unwrap_or(config.fifo);
         config.validate()?;
-        let nodes = connect_nodes(&node_urls(url)?, config.request_timeout).await?;
+        let urls = node_urls(&url)?;
+        if config.fifo && urls.len() > 1 {
+            return Err(LockError::Unsupported {
+                backend: REDLOCK_BACKEND,
+                operation: distlock_api::FIFO_OPERATION,
+                reason: REDLOCK_NOT_FIFO,
+            });
+        }
+        let nodes = connect_nodes(&urls, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -270,7 +289,7 @@ impl RedisLock {
             if tickets.is_empty() {
                 // First contention: subscribe on every node, then retry at once.
                 drop(woken);
-                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
+                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names, None))).await;
                 continue;
             }
             let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
@@ -334,20 +353,11 @@ impl RedisLock {
                 Err(error) => errors.push(error),
             }
         }
-        let valid_until = started
-            .checked_add(ttl)
-            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
-            .filter(|end| *end > Instant::now());
-        if let (true, Some(valid_until)) = (granted >= self.quorum(), valid_until) {
-            compensation.disarm();
-            let lease = Lease::new(key.clone(), owner, fence, ttl, started);
-            let guard = LockGuard::new(
-                lease,
-                LeaseMonitor::new(valid_until),
-                Arc::new(self.clone()),
-                options.auto_renew(),
-            );
-            return Ok(Attempt::Granted(guard));
+        if granted >= self.quorum() {
+            if let Some(guard) = self.guard(key, owner, fence, started, options) {
+                compensation.disarm();
+                return Ok(Attempt::Granted(guard));
+            }
         }
         if granted > 0 || !errors.is_empty() {
             // Partial wins, and nodes whose answer we never saw, are undone everywhere.
@@ -362,6 +372,50 @@ impl RedisLock {
             return Err(too_late(self.name(), "acquire"));
         }
         Ok(Attempt::Held(held_for))
+    }
+}
+
+impl RedisLock {
+    /// The guard for a grant requested at `started`, or `None` when the answers came
+    /// too late to leave any validity.
+    fn guard(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        token: Option<FencingToken>,
+        started: Instant,
+        options: &LockOptions,
+    ) -> Option<LockGuard> {
+        let ttl = options.ttl();
+        let valid_until = started
+            .checked_add(ttl)
+            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|end| *end > Instant::now())?;
+        let lease = Lease::new(key.clone(), owner, token, ttl, started);
+        Some(LockGuard::new(
+            lease,
+            LeaseMonitor::new(valid_until),
+            Arc::new(self.clone()),
+            options.auto_renew(),
+        ))
+    }
+
+    /// Whether an acquire with `options` waits in the FIFO queue: asked for by the
+    /// options or by the client's configuration.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] for FIFO asked of a Redlock client.
+    fn queued(&self, options: &LockOptions) -> Result<bool, LockError> {
+        options.check_order(self.name(), self.fifo_capability())?;
+        Ok(self.inner.config.fifo || options.order() == WaitOrder::Fifo)
+    }
+
+    fn fifo_capability(&self) -> Capability {
+        if self.is_redlock() {
+            Capability::Unsupported(REDLOCK_NOT_FIFO)
+        } else {
+            Capability::Supported
+        }
     }
 }
 
@@ -418,6 +472,7 @@ impl DistributedLock for RedisLock {
                 "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
         }
+        capabilities.fifo = self.fifo_capability();
         BackendInfo {
             name: self.name(),
             capabilities,
@@ -430,6 +485,9 @@ impl DistributedLock for RedisLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(self.name())?;
+        if self.queued(options)? {
+            return self.try_ahead_of_queue(key, options).await;
+        }
         match self.attempt(key, &KeyNames::for_key(key), options).await? {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Held(_) => Ok(None),
@@ -441,7 +499,16 @@ impl DistributedLock for RedisLock {
         let started = Instant::now();
         let deadline = options.wait().deadline_from(started);
         let mut held_seen = false;
-        let waiting = self.wait_for(key, options, started, deadline, &mut held_seen);
+        let queued = self.queued(options)?;
+        let held = &mut held_seen;
+        let waiting = async move {
+            if queued {
+                self.wait_in_queue(key, options, started, deadline, held)
+                    .await
+            } else {
+                self.wait_for(key, options, started, deadline, held).await
+            }
+        };
         let bound = deadline
             .filter(|d| *d > started)
             .and_then(|d| d.checked_add(DEADLINE_GRACE));
@@ -544,8 +611,8 @@ impl DistributedLock for RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner. Redlock reports no
-/// token (it keeps no counters), and the shortest remaining lease among the majority's
-/// nodes.
+/// token (it keeps no counters) and no queue, and the shortest remaining lease among
+/// the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views
         .iter()
@@ -558,7 +625,9 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
                 >= quorum
         });
     let token = |status: KeyStatus| match views {
-        [view] if !redlock => status.with_fencing_token(view.fence),
+        [view] if !redlock => status
+            .with_fencing_token(view.fence)
+            .with_waiters(Some(view.queued)),
         _ => status,
     };
     // Keys on a minority of nodes (a partial or expiring grant) hold nobody's lock.
