@@ -10,7 +10,7 @@
 //! | `memory://` | the process-wide default in-memory store |
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
 //! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
-//! | `redis://HOST:PORT[/DB]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node or Redlock (feature `redis`) |
+//! | `redis://HOST:PORT[/DB][?fifo=true]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node (`?fifo=true`: waiters granted in arrival order) or Redlock (feature `redis`) |
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`) |
 //! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //!

@@ -178,11 +178,16 @@ impl FileLock {
 
 const NO_TTL: &str = "a file lock is held until it is released or its process exits; the TTL only sets the holder's local validity deadline";
 
+/// Why the file backend reports no FIFO waiting: the kernel, not this crate, picks the
+/// next holder among processes.
+const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linux wakes every waiter of a released file and the first to run takes it";
+
 #[async_trait]
 impl DistributedLock for FileLock {
     fn info(&self) -> BackendInfo {
         let mut capabilities = Capabilities::all_supported();
         capabilities.ttl_expiry = Capability::Unsupported(NO_TTL);
+        capabilities.fifo = Capability::Unsupported(NOT_FIFO);
         BackendInfo::new(FILE_BACKEND, capabilities)
     }
 
@@ -192,11 +197,13 @@ impl DistributedLock for FileLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(FILE_BACKEND)?;
+        options.check_order(FILE_BACKEND, Capability::Unsupported(NOT_FIFO))?;
         self.attempt(key, options).await
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(FILE_BACKEND)?;
+        options.check_order(FILE_BACKEND, Capability::Unsupported(NOT_FIFO))?;
         let started = Instant::now();
         if let Some(guard) = self.attempt(key, options).await? {
             return Ok(guard);

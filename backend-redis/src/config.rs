@@ -19,6 +19,14 @@ pub struct RedisConfig {
     pub redlock_node_timeout: Option<Duration>,
     /// Clock drift allowance as a fraction of the TTL (default 0.01); 2 ms is added.
     pub clock_drift_factor: f64,
+    /// Grant every acquire of this client in FIFO order, as if it asked for
+    /// `WaitOrder::Fifo` (default false; the URL parameter `?fifo=true` sets it).
+    /// Single node only: Redlock refuses it (see `RedisLock::connect_with`).
+    pub fifo: bool,
+    /// How long a FIFO waiter's queue entry lives unless the waiter refreshes it
+    /// (default 3 s; at least 100 ms). Waiters refresh every third of it, so a waiter
+    /// that died or hangs leaves the queue at most this long after its last refresh.
+    pub fifo_entry_ttl: Duration,
 }
 
 impl Default for RedisConfig {
@@ -27,6 +35,8 @@ impl Default for RedisConfig {
             request_timeout: Duration::from_secs(2),
             redlock_node_timeout: None,
             clock_drift_factor: 0.01,
+            fifo: false,
+            fifo_entry_ttl: Duration::from_secs(3),
         }
     }
 }
@@ -35,8 +45,15 @@ impl RedisConfig {
     /// Checks the settings.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a zero timeout or a drift factor outside `0.0..=0.5`.
+    /// [`LockError::Config`] for a zero timeout, a drift factor outside `0.0..=0.5`, or
+    /// a FIFO entry TTL below 100 ms.
     pub fn validate(&self) -> Result<(), LockError> {
+        if self.fifo_entry_ttl < Duration::from_millis(100) {
+            return Err(LockError::config(
+                REDIS_BACKEND,
+                "fifo_entry_ttl must be at least 100ms",
+            ));
+        }
         if !(0.0..=0.5).contains(&self.clock_drift_factor) {
             return Err(LockError::config(
                 REDIS_BACKEND,

@@ -2,9 +2,10 @@
 
 use distlock_api::LockKey;
 
-/// The three Redis names behind one [`LockKey`] `K`.
+/// The Redis names behind one [`LockKey`] `K`: three fields, and the FIFO queue's two
+/// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
-/// All three start with the hash tag `{K}`, so they live in one Redis Cluster slot
+/// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot
 /// (except when `K` itself starts with `}`, which makes the tag empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -32,6 +33,20 @@ impl KeyNames {
     }
 }
 
+impl KeyNames {
+    /// `{K}:queue`: the FIFO queue, a sorted set of waiter ids scored by arrival.
+    /// It expires with its longest-lived entry and is deleted when it empties.
+    pub fn queue(&self) -> String {
+        [self.lock.as_str(), ":queue"].concat()
+    }
+
+    /// `{K}:queue:deadlines`: the same waiter ids scored by the server time (ms) at
+    /// which each entry expires unless its waiter refreshes it.
+    pub fn queue_deadlines(&self) -> String {
+        [self.lock.as_str(), ":queue:deadlines"].concat()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +57,7 @@ mod tests {
         assert_eq!(names.lock, "{orders/42}");
         assert_eq!(names.fence, "{orders/42}:fence");
         assert_eq!(names.channel, "{orders/42}:released");
+        assert_eq!(names.queue(), "{orders/42}:queue");
+        assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
     }
 }

@@ -45,6 +45,27 @@
 //! lock's state is unknown) — or `LockError::Timeout` if an earlier attempt of the call
 //! saw the key held. `NoWait` makes one attempt, bounded by the request timeout.
 //!
+//! # FIFO mode
+//! With `?fifo=true` in the URL ([`RedisConfig::fifo`]), or for an acquire asking for
+//! `WaitOrder::Fifo`, waiters are granted in arrival order (single node only; Redlock
+//! refuses it with `LockError::Unsupported`, as its nodes would each order waiters
+//! themselves). Two more keys per lock key, both under the hash tag `{K}`:
+//! `{K}:queue` (waiter ids scored by arrival) and `{K}:queue:deadlines` (the same ids
+//! scored by the server time at which each entry expires). The FIFO acquire script
+//! drops expired entries, grants the lock only to the head of the queue and only when
+//! the lock key is free, and otherwise queues the waiter (or refreshes its entry for
+//! [`RedisConfig::fifo_entry_ttl`]). The release script publishes the head's id on
+//! `{K}:released`, and a client wakes only the waiter of that id. A waiter refreshes its
+//! entry at least every third of the entry TTL; one that gives up (timeout, error,
+//! dropped future) removes it at once and wakes the next; one that dies is dropped by
+//! the next script run after its deadline, which the waiters behind it time their naps
+//! to. Both queue keys expire with their longest-lived entry and vanish when empty.
+//! The lock key keeps its plain layout, so other libraries still exclude both ways, but
+//! their `SET NX` (like a distlock client not asking for FIFO) takes a free key ahead of
+//! the queue. The queue's deadlines follow the server's clock: a step forward expires
+//! live entries early (their waiters rejoin at the tail), a step back keeps a dead
+//! entry longer.
+//!
 //! # Connections
 //! One multiplexed RESP3 connection per node (redis-rs `ConnectionManager`, which
 //! reconnects and resubscribes on its own) carries commands and wake-ups for every lock
@@ -86,6 +107,7 @@ mod lock;
 mod membership;
 mod node;
 mod scripts;
+mod url_options;
 mod wakeups;
 
 pub use config::{node_urls, RedisConfig};

@@ -5,20 +5,26 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::backend::mark_contended;
 use distlock_api::backend::prelude::*;
+use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, KeyStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome, WaitOrder,
 };
 use futures_util::future::{join_all, select_all};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
 use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
+
+mod queue;
+
+/// Why Redlock offers no FIFO waiting.
+const REDLOCK_NOT_FIFO: &str = "Redlock's nodes would each order the waiters themselves: waiters arriving together can head the queues of different nodes, so none heads a majority and nobody is granted; FIFO needs one ordering point (use a single node, Postgres or ZooKeeper)";
 
 /// How long an acquire keeps retrying a single node that fails.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -69,13 +75,26 @@ impl RedisLock {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connects with `config`.
+    /// Connects with `config`. A `fifo=true|false` parameter in the URL's query string
+    /// overrides [`RedisConfig::fifo`].
     ///
     /// # Errors
-    /// As [`RedisLock::connect`], and [`LockError::Config`] for invalid `config`.
-    pub async fn connect_with(url: &str, config: RedisConfig) -> Result<Self, LockError> {
+    /// As [`RedisLock::connect`], [`LockError::Config`] for invalid `config` or a
+    /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
+    /// for FIFO on a Redlock URL.
+    pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
+        let (url, fifo) = crate::url_options::take_fifo(url)?;
+        config.fifo = fifo.unwrap_or(config.fifo);
         config.validate()?;
-        let nodes = connect_nodes(&node_urls(url)?, config.request_timeout).await?;
+        let urls = node_urls(&url)?;
+        if config.fifo && urls.len() > 1 {
+            return Err(LockError::Unsupported {
+                backend: REDLOCK_BACKEND,
+                operation: distlock_api::FIFO_OPERATION,
+                reason: REDLOCK_NOT_FIFO,
+            });
+        }
+        let nodes = connect_nodes(&urls, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -239,7 +258,7 @@ impl RedisLock {
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
-        held_seen: &mut bool,
+        report: &WaitReport,
     ) -> Result<LockGuard, LockError> {
         let names = KeyNames::for_key(key);
         let mut backoff = options.backoff().delays();
@@ -260,7 +279,7 @@ impl RedisLock {
                 Ok(Attempt::Granted(guard)) => return Ok(guard),
                 Ok(Attempt::Held(held_for)) => {
                     failing = None;
-                    *held_seen = true;
+                    report.saw_held();
                     held_for
                 }
                 // A single node restarting, or Redlock nodes slow to answer: keep trying
@@ -271,12 +290,12 @@ impl RedisLock {
                 Err(error) => return Err(error),
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(self.out_of_wait(key, started, *held_seen));
+                return Err(self.out_of_wait(key, started, report.held_seen()));
             }
             if tickets.is_empty() {
                 // First contention: subscribe on every node, then retry at once.
                 drop(woken);
-                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names))).await;
+                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names, None))).await;
                 continue;
             }
             let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
@@ -340,20 +359,11 @@ impl RedisLock {
                 Err(error) => errors.push(error),
             }
         }
-        let valid_until = started
-            .checked_add(ttl)
-            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
-            .filter(|end| *end > Instant::now());
-        if let (true, Some(valid_until)) = (granted >= self.quorum(), valid_until) {
-            compensation.disarm();
-            let lease = Lease::new(key.clone(), owner, fence, ttl, started);
-            let guard = LockGuard::new(
-                lease,
-                LeaseMonitor::new(valid_until),
-                Arc::new(self.clone()),
-                options.auto_renew(),
-            );
-            return Ok(Attempt::Granted(guard));
+        if granted >= self.quorum() {
+            if let Some(guard) = self.guard(key, owner, fence, started, options) {
+                compensation.disarm();
+                return Ok(Attempt::Granted(guard));
+            }
         }
         if granted > 0 || !errors.is_empty() {
             // Partial wins, and nodes whose answer we never saw, are undone everywhere.
@@ -368,6 +378,50 @@ impl RedisLock {
             return Err(too_late(self.name(), "acquire"));
         }
         Ok(Attempt::Held(held_for))
+    }
+}
+
+impl RedisLock {
+    /// The guard for a grant requested at `started`, or `None` when the answers came
+    /// too late to leave any validity.
+    fn guard(
+        &self,
+        key: &LockKey,
+        owner: OwnerToken,
+        token: Option<FencingToken>,
+        started: Instant,
+        options: &LockOptions,
+    ) -> Option<LockGuard> {
+        let ttl = options.ttl();
+        let valid_until = started
+            .checked_add(ttl)
+            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|end| *end > Instant::now())?;
+        let lease = Lease::new(key.clone(), owner, token, ttl, started);
+        Some(LockGuard::new(
+            lease,
+            LeaseMonitor::new(valid_until),
+            Arc::new(self.clone()),
+            options.auto_renew(),
+        ))
+    }
+
+    /// Whether an acquire with `options` waits in the FIFO queue: asked for by the
+    /// options or by the client's configuration.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] for FIFO asked of a Redlock client.
+    fn queued(&self, options: &LockOptions) -> Result<bool, LockError> {
+        options.check_order(self.name(), self.fifo_capability())?;
+        Ok(self.inner.config.fifo || options.order() == WaitOrder::Fifo)
+    }
+
+    fn fifo_capability(&self) -> Capability {
+        if self.is_redlock() {
+            Capability::Unsupported(REDLOCK_NOT_FIFO)
+        } else {
+            Capability::Supported
+        }
     }
 }
 
@@ -424,6 +478,7 @@ impl DistributedLock for RedisLock {
                 "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
         }
+        capabilities.fifo = self.fifo_capability();
         BackendInfo::new(self.name(), capabilities)
     }
 
@@ -433,6 +488,9 @@ impl DistributedLock for RedisLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(self.name())?;
+        if self.queued(options)? {
+            return self.try_ahead_of_queue(key, options).await;
+        }
         match self.attempt(key, &KeyNames::for_key(key), options).await? {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Held(_) => Ok(None),
@@ -441,25 +499,25 @@ impl DistributedLock for RedisLock {
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(self.name())?;
-        let started = Instant::now();
-        let deadline = options.wait().deadline_from(started);
-        let mut held_seen = false;
-        let waiting = self.wait_for(key, options, started, deadline, &mut held_seen);
-        let bound = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| d.checked_add(DEADLINE_GRACE));
-        let outcome = match bound {
-            // No wait (one attempt, bounded by the request timeout) or wait forever.
-            None => waiting.await,
-            // The wait bounds the call whatever the servers do. Dropping an attempt in
-            // flight arms its compensation, which releases a grant the server applies
-            // late.
-            Some(bound) => match timeout_at(bound, waiting).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(self.out_of_wait(key, started, held_seen)),
-            },
+        let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
+        let (started, deadline) = (bound.started, bound.deadline);
+        let report = WaitReport::new();
+        let queued = self.queued(options)?;
+        let waiting = async {
+            if queued {
+                self.wait_in_queue(key, options, started, deadline, &report)
+                    .await
+            } else {
+                self.wait_for(key, options, started, deadline, &report)
+                    .await
+            }
         };
-        outcome.map(|guard| mark_contended(guard, held_seen))
+        // The wait bounds the call whatever the servers do. Dropping an attempt in
+        // flight arms its compensation, which releases a grant the server applies late.
+        bounded_wait(self.name(), key, bound, &report, waiting, |_| {
+            self.out_of_wait(key, started, false)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -552,8 +610,8 @@ impl DistributedLock for RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner. Redlock reports no
-/// token (it keeps no counters), and the shortest remaining lease among the majority's
-/// nodes.
+/// token (it keeps no counters) and no queue, and the shortest remaining lease among
+/// the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views
         .iter()
@@ -566,7 +624,9 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
                 >= quorum
         });
     let token = |status: KeyStatus| match views {
-        [view] if !redlock => status.with_fencing_token(view.fence),
+        [view] if !redlock => status
+            .with_fencing_token(view.fence)
+            .with_waiters(Some(view.queued)),
         _ => status,
     };
     // Keys on a minority of nodes (a partial or expiring grant) hold nobody's lock.

@@ -25,6 +25,23 @@ pub(crate) enum NodeGrant {
     Held(Option<Duration>),
 }
 
+/// What the node said to a FIFO acquire attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum QueueGrant {
+    /// Granted, with the node's fencing counter after `INCR`.
+    Granted(FencingToken),
+    /// Not granted: the lock is held, or other waiters are ahead.
+    Waiting {
+        /// The holder's remaining `PX`, if held with an expiry.
+        held_for: Option<Duration>,
+        /// Time until the earliest queue entry's deadline, if anyone is queued: a dead
+        /// waiter ahead leaves the queue then at the latest.
+        next_deadline: Option<Duration>,
+        /// This waiter's 0-based place in the queue, if queued.
+        place: Option<u64>,
+    },
+}
+
 /// One node's view of a key, read atomically.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeView {
@@ -34,6 +51,8 @@ pub(crate) struct NodeView {
     pub(crate) remaining: Option<Duration>,
     /// The key's fencing counter: the last token this node handed out.
     pub(crate) fence: Option<FencingToken>,
+    /// Live entries in the key's FIFO queue.
+    pub(crate) queued: usize,
 }
 
 /// One Redis server: its connection, or, for a Redlock node that did not answer at
@@ -268,6 +287,66 @@ impl Node {
         })
     }
 
+    /// Runs the FIFO acquire script for the queued waiter `waiter`: joins the queue
+    /// (or refreshes its entry for `entry_ttl`) when `join`, else only tries.
+    pub(crate) async fn try_grant_in_queue(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+        waiter: &str,
+        entry_ttl: Duration,
+        join: bool,
+    ) -> Result<QueueGrant, LockError> {
+        let script = &*crate::scripts::QUEUED_ACQUIRE;
+        let (queue, deadlines) = (names.queue(), names.queue_deadlines());
+        let mut cmd = evalsha(
+            script,
+            &[
+                &names.lock,
+                &names.fence,
+                &queue,
+                &deadlines,
+                &names.channel,
+            ],
+        );
+        cmd.arg(&hex(owner)[..])
+            .arg(ttl_millis(ttl))
+            .arg(waiter)
+            .arg(ttl_millis(entry_ttl))
+            .arg(if join { "1" } else { "0" });
+        let answer: Vec<i64> = self.run(script, &cmd).await?;
+        let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
+        Ok(match answer.as_slice() {
+            [1, token] => QueueGrant::Granted(FencingToken::new((*token).max(0) as u64)),
+            [0, held_for, next_deadline, place] => QueueGrant::Waiting {
+                held_for: millis(*held_for),
+                next_deadline: millis(*next_deadline),
+                place: u64::try_from(*place).ok(),
+            },
+            other => {
+                return Err(LockError::backend_error(
+                    REDIS_BACKEND,
+                    format!("unexpected answer to the FIFO acquire script: {other:?}"),
+                ))
+            }
+        })
+    }
+
+    /// Removes `waiter` from the FIFO queue, waking the new head if the lock is free.
+    pub(crate) async fn leave_queue(
+        &self,
+        names: &KeyNames,
+        waiter: &str,
+    ) -> Result<(), LockError> {
+        let script = &*crate::scripts::LEAVE_QUEUE;
+        let (queue, deadlines) = (names.queue(), names.queue_deadlines());
+        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue, &deadlines]);
+        cmd.arg(waiter);
+        let _removed: i64 = self.run(script, &cmd).await?;
+        Ok(())
+    }
+
     /// Runs the owner-checked release script.
     pub(crate) async fn release(
         &self,
@@ -275,7 +354,8 @@ impl Node {
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
         let script = &*crate::scripts::RELEASE;
-        let mut cmd = evalsha(script, &[&names.lock, &names.channel]);
+        let queue = names.queue();
+        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue]);
         cmd.arg(&hex(owner)[..]);
         let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {
@@ -307,9 +387,10 @@ impl Node {
 
     /// Reads the lock and its counter without changing them.
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<NodeView, LockError> {
-        let (owner, pttl, fence): (String, i64, String) = crate::scripts::INSPECT
+        let (owner, pttl, fence, queued): (String, i64, String, i64) = crate::scripts::INSPECT
             .key(&names.lock)
             .key(&names.fence)
+            .key(names.queue_deadlines())
             .invoke_async(&mut self.conn()?)
             .await
             .map_err(|e| lock_error(&self.address, e))?;
@@ -317,6 +398,7 @@ impl Node {
             owner: Some(owner).filter(|o| !o.is_empty()),
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence: fence.parse().ok().map(FencingToken::new),
+            queued: usize::try_from(queued).unwrap_or(0),
         })
     }
 
@@ -334,12 +416,13 @@ impl Node {
         }
     }
 
-    /// Subscribes (once per channel per client) to `names`' release channel.
-    /// A node that has not joined yet gives a ticket without a subscription.
-    pub(crate) async fn watch(&self, names: &KeyNames) -> (WakeTicket, bool) {
+    /// Subscribes (once per channel per client) to `names`' release channel; `queued`
+    /// is a FIFO waiter's id (see [`Wakeups::watch`]). A node that has not joined yet
+    /// gives a ticket without a subscription.
+    pub(crate) async fn watch(&self, names: &KeyNames, queued: Option<&str>) -> (WakeTicket, bool) {
         self.link
             .wakeups
-            .watch(self.link.conn.get(), &names.channel)
+            .watch(self.link.conn.get(), &names.channel, queued)
             .await
     }
 
@@ -349,9 +432,10 @@ impl Node {
     }
 }
 
-/// `EVALSHA <sha> <keys…>`, ready for the script's (at most two) arguments. One command
-/// built in place and sized once: redis-rs' `ScriptInvocation` copies every key and
-/// argument into vectors first, and a growing command reallocates.
+/// `EVALSHA <sha> <keys…>`, ready for the script's arguments. One command built in
+/// place and sized once for the hot path's (at most two) arguments: redis-rs'
+/// `ScriptInvocation` copies every key and argument into vectors first, and a growing
+/// command reallocates. The FIFO scripts' extra arguments grow it once.
 fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     // Name, hash, key count, keys, then an owner token (32) and a TTL (up to 20 digits).
     let data = 7 + script.get_hash().len() + 2 + keys.iter().map(|k| k.len()).sum::<usize>() + 52;
@@ -365,7 +449,7 @@ fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
 
 /// The owner token as stored: 32 lowercase hex digits (as its `Display`), without
 /// going through the formatter or the heap.
-fn hex(owner: OwnerToken) -> [u8; 32] {
+pub(crate) fn hex(owner: OwnerToken) -> [u8; 32] {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     let bits = owner.as_u128();
     let mut out = [0u8; 32];

@@ -22,16 +22,18 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// `KEYS = [lock, channel]`, `ARGV = [token]`.
+/// `KEYS = [lock, channel, queue]`, `ARGV = [token]`.
 /// Returns 1 when released (and a wake-up is published), 2 when another owner holds
-/// the key, 0 when the key is gone.
+/// the key, 0 when the key is gone. The wake-up names the head of the FIFO queue, so
+/// only that queued waiter wakes (empty when nobody is queued: every waiter wakes).
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', KEYS[2], '')
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  redis.call('PUBLISH', KEYS[2], head or '')
   return 1
 elseif holder then
   return 2
@@ -58,14 +60,121 @@ return 0
     )
 });
 
-/// `KEYS = [lock, fence]`. Returns `{owner or '', PTTL of the lock, counter or ''}`:
-/// one consistent read of a key's state, for `inspect`.
+/// `KEYS = [lock, fence, queue deadlines]`. Returns `{owner or '', PTTL of the lock,
+/// counter or '', live FIFO queue entries}`: one consistent read of a key's state,
+/// for `inspect`.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 local owner = redis.call('GET', KEYS[1]) or ''
 local fence = redis.call('GET', KEYS[2]) or ''
-return {owner, redis.call('PTTL', KEYS[1]), fence}
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+return {owner, redis.call('PTTL', KEYS[1]), fence, redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')}
+",
+    )
+});
+
+/// Drops the queue entries whose deadline (server time, ms) has passed. `KEYS[3]` is
+/// the queue and `KEYS[4]` its deadlines. Defines `now`. `TIME` before writes needs
+/// effects replication, the only mode of Redis 7 and switched on here for Redis 6
+/// (nothing may be written before it).
+const PURGE_EXPIRED: &str = r"
+redis.replicate_commands()
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+if #dead > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  for i = 1, #dead, 1000 do
+    redis.call('ZREM', KEYS[3], unpack(dead, i, math.min(i + 999, #dead)))
+  end
+end
+";
+
+/// The FIFO acquire. `KEYS = [lock, fence, queue, queue deadlines, channel]`,
+/// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join]`.
+///
+/// When nobody is queued it is the plain acquire (`SET NX PX`, `INCR`). Otherwise
+/// expired entries are dropped first. The lock is granted (`SET PX`, `INCR` the fence,
+/// and the waiter leaves the queue) when it is free and the queue is empty or headed
+/// by this waiter. Otherwise, with `join` = `1`, the waiter is queued at the tail (or
+/// keeps its place) and its entry's deadline is pushed to now + `entry_ttl_ms`; both
+/// queue keys then expire with their longest-lived entry. A free lock whose head is
+/// another waiter gets that head woken, in case its wake-up went astray.
+///
+/// Returns `{1, fencing_token}` when granted, else `{0, holder PTTL (negative when
+/// free or without expiry), ms until the queue's earliest entry deadline (-1: none),
+/// this waiter's 0-based place in the queue (-1: not queued)}`.
+pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            // Nobody queued (the queue key is deleted when it empties): the plain
+            // acquire, without reading the clock.
+            r"
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+    return {1, redis.call('INCR', KEYS[2])}
+  end
+  if ARGV[5] ~= '1' then
+    return {0, redis.call('PTTL', KEYS[1]), -1, -1}
+  end
+end
+",
+            PURGE_EXPIRED,
+            r"
+local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+local free = redis.call('EXISTS', KEYS[1]) == 0
+if free and (not head or head == ARGV[3]) then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  if head then
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('ZREM', KEYS[4], head)
+  end
+  return {1, redis.call('INCR', KEYS[2])}
+end
+if ARGV[5] == '1' then
+  if not redis.call('ZSCORE', KEYS[3], ARGV[3]) then
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    redis.call('ZADD', KEYS[3], (tonumber(last) or 0) + 1, ARGV[3])
+  end
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[4]), ARGV[3])
+  local latest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+  local keep = tonumber(latest) - now + 1
+  redis.call('PEXPIRE', KEYS[3], keep)
+  redis.call('PEXPIRE', KEYS[4], keep)
+  head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+end
+if free and head and head ~= ARGV[3] then
+  redis.call('PUBLISH', KEYS[5], head)
+end
+local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')[2]
+local first_in = -1
+if first then first_in = tonumber(first) - now end
+local place = redis.call('ZRANK', KEYS[3], ARGV[3]) or -1
+return {0, redis.call('PTTL', KEYS[1]), first_in, place}
+",
+        ]
+        .concat(),
+    )
+});
+
+/// A waiter leaves the FIFO queue. `KEYS = [lock, channel, queue, queue deadlines]`,
+/// `ARGV = [waiter id]`. When it was queued and the lock is free, the new head is
+/// woken, so a waiter giving up never holds up the one behind it. Returns 1 when the
+/// entry was there.
+pub(crate) static LEAVE_QUEUE: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+local removed = redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
+if removed == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head then
+    redis.call('PUBLISH', KEYS[2], head)
+  end
+end
+return removed
 ",
     )
 });

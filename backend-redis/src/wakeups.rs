@@ -3,6 +3,10 @@
 //! The client's single RESP3 connection carries the subscriptions; pushed messages are
 //! routed here and wake the local waiters of that channel. Each channel is subscribed
 //! once however many tasks wait on it, and unsubscribed when the last one leaves.
+//!
+//! A message's payload names the waiter at the head of the key's FIFO queue (empty when
+//! nobody is queued): it wakes that queued waiter only, if it is ours, and every
+//! unordered waiter of the channel. An empty payload wakes everyone.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -13,9 +17,33 @@ use tokio::sync::Notify;
 
 #[derive(Debug)]
 struct Channel {
+    /// Unordered waiters: all woken by every message.
     notify: Arc<Notify>,
+    /// Queued (FIFO) waiters by waiter id: each woken only by a message naming it.
+    queued: HashMap<String, Arc<Notify>>,
     waiters: usize,
     subscribed: bool,
+}
+
+impl Channel {
+    /// Wakes the unordered waiters, and the queued waiter `head` (every queued waiter
+    /// when `head` is empty). A queued waiter keeps the wake-up as a permit if it is
+    /// not listening yet.
+    fn wake(&self, head: &[u8]) {
+        self.notify.notify_waiters();
+        if head.is_empty() {
+            self.queued.values().for_each(|n| n.notify_one());
+        } else if let Some(waiter) = std::str::from_utf8(head)
+            .ok()
+            .and_then(|h| self.queued.get(h))
+        {
+            waiter.notify_one();
+        }
+    }
+
+    fn wake_all(&self) {
+        self.wake(b"");
+    }
 }
 
 /// The channels this client's waiters listen on.
@@ -40,7 +68,10 @@ impl Wakeups {
                 if let Some(Value::BulkString(name)) = push.data.first() {
                     let name = String::from_utf8_lossy(name);
                     if let Some(channel) = self.channels().get(name.as_ref()) {
-                        channel.notify.notify_waiters();
+                        match push.data.get(1) {
+                            Some(Value::BulkString(head)) => channel.wake(head),
+                            _ => channel.wake_all(),
+                        }
                     }
                 }
             }
@@ -49,7 +80,7 @@ impl Wakeups {
                     // The new connection resubscribes only what the manager tracked;
                     // make our own bookkeeping resubscribe on the next watch.
                     channel.subscribed = false;
-                    channel.notify.notify_waiters();
+                    channel.wake_all();
                 }
             }
             _ => {}
@@ -58,8 +89,10 @@ impl Wakeups {
 
     /// Registers a waiter on `channel` and makes sure the connection is subscribed.
     /// The subscription is confirmed by the server before this returns, so a release
-    /// after it is never missed. Returns the ticket and whether the subscription holds;
-    /// without it the caller must poll.
+    /// after it is never missed. `queued` is the waiter's id in the key's FIFO queue,
+    /// for a waiter woken only when it is the head; `None` for an unordered waiter.
+    /// Returns the ticket and whether the subscription holds; without it the caller
+    /// must poll.
     ///
     /// Without a connection (a Redlock node that has not joined yet) the ticket is
     /// detached: it tracks nothing and is never woken, so the caller polls.
@@ -67,12 +100,14 @@ impl Wakeups {
         self: &Arc<Self>,
         conn: Option<&ConnectionManager>,
         channel: &str,
+        queued: Option<&str>,
     ) -> (WakeTicket, bool) {
         let Some(conn) = conn else {
             let ticket = WakeTicket {
                 wakeups: self.clone(),
                 conn: None,
                 channel: channel.to_owned(),
+                queued: None,
                 notify: Arc::new(Notify::new()),
             };
             return (ticket, false);
@@ -83,16 +118,25 @@ impl Wakeups {
                 .entry(channel.to_owned())
                 .or_insert_with(|| Channel {
                     notify: Arc::new(Notify::new()),
+                    queued: HashMap::new(),
                     waiters: 0,
                     subscribed: false,
                 });
             entry.waiters += 1;
-            entry.notify.clone()
+            match queued {
+                Some(id) => entry
+                    .queued
+                    .entry(id.to_owned())
+                    .or_insert_with(|| Arc::new(Notify::new()))
+                    .clone(),
+                None => entry.notify.clone(),
+            }
         };
         let ticket = WakeTicket {
             wakeups: self.clone(),
             conn: Some(conn.clone()),
             channel: channel.to_owned(),
+            queued: queued.map(str::to_owned),
             notify,
         };
         let _serial = self.commands.lock().await;
@@ -134,11 +178,15 @@ pub(crate) struct WakeTicket {
     /// `None` for a detached ticket (see [`Wakeups::watch`]).
     conn: Option<ConnectionManager>,
     channel: String,
+    /// The queued waiter's id, for a FIFO waiter.
+    queued: Option<String>,
     notify: Arc<Notify>,
 }
 
 impl WakeTicket {
-    /// The notifier woken by a release on this channel.
+    /// The notifier woken by a release on this channel. An unordered waiter must
+    /// `enable` its `notified()` before it looks at the key; a queued waiter's is woken
+    /// with `notify_one`, which keeps a wake-up that comes before it listens.
     pub(crate) fn notify(&self) -> &Notify {
         &self.notify
     }
@@ -153,6 +201,9 @@ impl Drop for WakeTicket {
             let mut channels = self.wakeups.channels();
             match channels.get_mut(&self.channel) {
                 Some(c) => {
+                    if let Some(id) = &self.queued {
+                        c.queued.remove(id);
+                    }
                     c.waiters -= 1;
                     c.waiters == 0
                 }
@@ -168,5 +219,46 @@ impl Drop for WakeTicket {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures_util::FutureExt;
+
+    use super::*;
+
+    fn channel(queued: &[&str]) -> Channel {
+        Channel {
+            notify: Arc::new(Notify::new()),
+            queued: queued
+                .iter()
+                .map(|id| (id.to_string(), Arc::new(Notify::new())))
+                .collect(),
+            waiters: queued.len(),
+            subscribed: true,
+        }
+    }
+
+    fn woken(channel: &Channel, id: &str) -> bool {
+        channel.queued[id].notified().now_or_never().is_some()
+    }
+
+    #[test]
+    fn a_message_naming_the_head_wakes_only_that_queued_waiter() {
+        let c = channel(&["head", "second"]);
+        c.wake(b"head");
+        assert!(woken(&c, "head"));
+        assert!(!woken(&c, "second"));
+        // A head of another client wakes none of ours.
+        c.wake(b"elsewhere");
+        assert!(!woken(&c, "head") && !woken(&c, "second"));
+    }
+
+    #[test]
+    fn an_empty_message_wakes_every_queued_waiter() {
+        let c = channel(&["a", "b"]);
+        c.wake(b"");
+        assert!(woken(&c, "a") && woken(&c, "b"));
     }
 }

@@ -9,7 +9,7 @@ use distlock_conformance::faults::{
     run_faults, FaultHarness, FaultReport, FaultVerdict, ServerHarness, ServerKind,
 };
 use distlock_conformance::UrlConnector;
-use distlock_redis::RedisLock;
+use distlock_redis::{RedisConfig, RedisLock};
 
 fn connector() -> UrlConnector {
     Arc::new(|url: String| {
@@ -25,7 +25,9 @@ async fn run(nodes: usize) -> FaultReport {
     let harness = ServerHarness::start(ServerKind::Redis { nodes }, connector())
         .await
         .unwrap_or_else(|e| panic!("could not start redis-server (run scripts/test.sh): {e}"))
-        .with_timing(ttl, ttl);
+        .with_timing(ttl, ttl)
+        // A killed FIFO waiter's queue entry lives until its entry TTL runs out.
+        .with_dead_waiter_bound(RedisConfig::default().fifo_entry_ttl);
     let report = run_faults(Arc::new(harness) as Arc<dyn FaultHarness>).await;
     print!("{}", report.to_table());
     report
@@ -48,6 +50,7 @@ async fn single_node_under_faults() {
         "paused_holder_wakes_to_a_refused_write",
         "server_paused_during_acquire",
         "lost_reply_after_applied_acquire",
+        "crashed_clients_do_not_stall_the_fifo_queue",
         "contention_under_random_faults",
     ] {
         passed(&report, name);

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+use distlock::{DistributedLock, LockKey, LockOptions, WaitOrder, WaitPolicy};
 
 /// Errors inside a run; turned into a [`crate::BenchError`] at the edge.
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -39,29 +39,47 @@ pub(crate) trait Side: Send + Sync {
 }
 
 /// distlock through its public facade: one client shared by every worker, as an
-/// application would use it.
+/// application would use it; in its default waiting order, or asking for FIFO.
 pub(crate) struct Ours {
     lock: Arc<dyn DistributedLock>,
+    order: WaitOrder,
 }
 
 impl Ours {
     pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
         Ok(Ours {
             lock: distlock::connect(url).await?,
+            order: WaitOrder::Any,
+        })
+    }
+
+    /// distlock asking for FIFO waiting (`WaitOrder::Fifo`).
+    pub(crate) async fn fifo(url: &str) -> Result<Self, BoxError> {
+        Ok(Ours {
+            order: WaitOrder::Fifo,
+            ..Ours::connect(url).await?
         })
     }
 }
 
+/// The FIFO side's name in tables.
+pub(crate) const OURS_FIFO: &str = "distlock fifo";
+
 #[async_trait]
 impl Side for Ours {
     fn name(&self) -> &'static str {
-        "distlock"
+        match self.order {
+            WaitOrder::Fifo => OURS_FIFO,
+            _ => "distlock",
+        }
     }
 
     async fn contender(&self, _worker: usize) -> Result<Box<dyn Contender>, BoxError> {
         Ok(Box::new(OursContender {
             lock: self.lock.clone(),
-            options: LockOptions::new(TTL).with_wait(WaitPolicy::Timeout(PATIENCE)),
+            options: LockOptions::new(TTL)
+                .with_wait(WaitPolicy::Timeout(PATIENCE))
+                .with_order(self.order),
         }))
     }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use clap::Args;
 use distlock::{
-    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitOrder,
+    WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -93,6 +94,12 @@ pub struct ExecArgs {
     /// Print a summary (backend, key, fencing token, wait, hold, renewals) on stderr.
     #[arg(long, short)]
     verbose: bool,
+    /// Do not ask for FIFO waiting. By default a waiting exec is granted in arrival
+    /// order wherever the backend can promise it (Redis single node, Postgres,
+    /// ZooKeeper); with this flag Redis waiters race on each release instead, which
+    /// hands off a little faster but lets one waiter lose for seconds.
+    #[arg(long)]
+    no_fifo: bool,
     /// The lock key.
     #[arg(value_name = "KEY")]
     key: String,
@@ -131,6 +138,13 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         .await
         .map_err(lock_error)?;
     let backend_name = locks.info().name;
+    // Waiting execs are served in arrival order wherever the backend can promise it
+    // (README, "Operators"): a cron job must not starve behind newer ones.
+    let options = if !args.no_fifo && locks.info().capabilities.fifo.is_supported() {
+        options.with_order(WaitOrder::Fifo)
+    } else {
+        options
+    };
     let started = Instant::now();
     let acquiring = locks.acquire(&key, &options);
     tokio::pin!(acquiring);

@@ -60,6 +60,17 @@ fn timing(kind: Option<ServerKind>) -> (Duration, Duration) {
     (ttl, bound)
 }
 
+/// How long a killed FIFO waiter holds up the queue when it is longer than the crash
+/// bound: on Redis, the queue entry's TTL (clients here use the default config).
+fn dead_waiter_bound(kind: Option<ServerKind>, crash_bound: Duration) -> Duration {
+    match kind {
+        Some(ServerKind::Redis { .. }) => {
+            crash_bound.max(distlock::redis::RedisConfig::default().fifo_entry_ttl)
+        }
+        _ => crash_bound,
+    }
+}
+
 async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliError> {
     let kind = ServerKind::for_url(url);
     // Only the scheme goes into messages: URLs may carry passwords.
@@ -77,7 +88,11 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
         let harness = ServerHarness::start(kind, connector())
             .await
             .map_err(|e| CliError::failed(format!("cannot start the servers: {e}")))?;
-        return Ok(Arc::new(harness.with_timing(ttl, bound)));
+        return Ok(Arc::new(
+            harness
+                .with_timing(ttl, bound)
+                .with_dead_waiter_bound(dead_waiter_bound(Some(kind), bound)),
+        ));
     }
     // Connect once first, so a bad or unreachable backend is one clear error.
     let probe = distlock::connect(url).await?;
@@ -90,7 +105,11 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
     drop(probe);
     let (ttl, bound) = timing(kind);
     let harness = ProxiedHarness::new(url, connector()).await.map_err(usage)?;
-    Ok(Arc::new(harness.with_timing(ttl, bound)))
+    Ok(Arc::new(
+        harness
+            .with_timing(ttl, bound)
+            .with_dead_waiter_bound(dead_waiter_bound(kind, bound)),
+    ))
 }
 
 /// Runs every fault scenario against `url` (or servers spawned like it), prints the

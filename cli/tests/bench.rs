@@ -30,6 +30,8 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
     };
     let header = line("| concurrency | distlock |");
     for column in [
+        "distlock fifo",
+        "distlock/distlock fifo",
         "raw",
         "rslock",
         "distributed-lock",
@@ -41,21 +43,29 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
     }
     for concurrency in [1, 16, 64] {
         let row = line(&format!("| {concurrency} | "));
-        // Three rates of comparators and three ratios, each a number.
+        // Four rates beside ours (FIFO mode and three comparators) and four ratios,
+        // each a number.
         let cells: Vec<&str> = row
             .split('|')
             .map(str::trim)
             .filter(|c| !c.is_empty())
             .collect();
-        assert_eq!(cells.len(), 8, "{row}");
+        assert_eq!(cells.len(), 10, "{row}");
         assert!(cells.iter().all(|c| *c != "–"), "a side is missing: {row}");
     }
-    for side in ["distlock", "raw", "rslock", "distributed-lock"] {
+    for side in [
+        "distlock",
+        "distlock fifo",
+        "raw",
+        "rslock",
+        "distributed-lock",
+    ] {
         line(&format!("| 1 | {side} | "));
         line(&format!("| 16 | {side} | "));
     }
     // The hot key: distlock and rslock wait for a held key (distributed-lock 0.2 does not).
     line("| distlock | ");
+    line("| distlock fifo | ");
     line("| rslock | ");
     assert!(table.contains("### Cost of holding"), "{table}");
     line("| 100 | ");

@@ -573,3 +573,46 @@ async fn exec_defaults_to_the_file_backend() {
     let key = distlock::LockKey::new(&key).unwrap();
     std::fs::remove_file(locks.lock_file_path(&key)).unwrap();
 }
+
+/// Waiting execs on Redis queue in arrival order (they ask for FIFO): each is seen in
+/// the key's queue before the next starts, and after the holder's release they run in
+/// that order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiting_execs_run_in_arrival_order_on_redis() {
+    let Some(server) = started(
+        "waiting_execs_run_in_arrival_order_on_redis",
+        RedisServer::start().await,
+    ) else {
+        return;
+    };
+    let url = server.url();
+    let key = "exec-fifo";
+    let lock_key = distlock::LockKey::new(key).unwrap();
+    let locks = distlock::connect(&url).await.unwrap();
+    let holder = locks
+        .acquire(&lock_key, &distlock::LockOptions::default())
+        .await
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("order");
+    let mut execs = Vec::new();
+    for n in 0..4 {
+        let script = format!("echo {n} >> '{}'", log.display());
+        execs.push(exec_sh(&url, &[], key, &script).spawn().unwrap());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while locks.inspect(&lock_key).await.unwrap().waiters != Some(n + 1) {
+            assert!(Instant::now() < deadline, "exec {n} never queued");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+    holder.release().await.unwrap();
+    for exec in execs {
+        let out = tokio::time::timeout(Duration::from_secs(60), exec.wait_with_output())
+            .await
+            .expect("exec finishes")
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+    let order = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(order, "0\n1\n2\n3\n");
+}

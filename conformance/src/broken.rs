@@ -151,12 +151,16 @@ impl BrokenLock {
 #[async_trait]
 impl DistributedLock for BrokenLock {
     fn info(&self) -> BackendInfo {
-        // Each claims everything, as the real mistakes' authors did, but one.
+        // Each claims everything, as the real mistakes' authors did, but one; and none
+        // claims FIFO: the memory store under them wakes every waiter at once.
         let mut capabilities = Capabilities::all_supported();
         if self.mistake == Mistake::TokenWithoutFencing {
             capabilities.fencing =
                 Capability::Unsupported("the counters are best effort (but handed out anyway)");
         }
+        capabilities.fifo = Capability::Unsupported(
+            "built on the memory store, which wakes every waiter of a released key at once",
+        );
         BackendInfo::new(BROKEN_BACKEND, capabilities)
     }
 

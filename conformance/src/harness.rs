@@ -80,6 +80,14 @@ pub trait Harness: Send + Sync {
         ttl
     }
 
+    /// The longest a crashed waiter holds up the waiters queued behind it on a FIFO
+    /// backend: how long its queue entry outlives it (Redis: the FIFO entry TTL;
+    /// ZooKeeper: the session timeout; Postgres: until the server sees the connection
+    /// gone). The default is [`Harness::crash_bound`] of [`Harness::ttl`].
+    fn dead_waiter_bound(&self) -> Duration {
+        self.crash_bound(self.ttl())
+    }
+
     /// A URL connector, if the harness has one (`distlock::connect`, say).
     fn url_connector(&self) -> Option<UrlConnector> {
         None

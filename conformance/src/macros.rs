@@ -33,6 +33,7 @@ macro_rules! conformance_tests {
             release_frees_key_at_once,
             inspect_reports_held_then_free,
             waiter_acquires_promptly_after_release,
+            waiters_are_granted_in_arrival_order,
             wait_timeout_is_honoured,
             crashed_holder_frees_within_lease,
             abandoned_waiter_does_not_delay_the_next,

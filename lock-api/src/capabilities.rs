@@ -36,6 +36,11 @@ pub struct Capabilities {
     pub fencing: Capability,
     /// Waiters are woken by the backend when the lock is released, rather than by polling.
     pub wake_on_release: Capability,
+    /// Waiters are granted in the order they started waiting, across clients, when an
+    /// acquire asks for [`crate::WaitOrder::Fifo`] (backends whose waiting is always
+    /// FIFO report it too). Where unsupported, such an acquire is refused with
+    /// [`crate::LockError::Unsupported`].
+    pub fifo: Capability,
 }
 
 impl Capabilities {
@@ -46,6 +51,7 @@ impl Capabilities {
             extend: Capability::Supported,
             fencing: Capability::Supported,
             wake_on_release: Capability::Supported,
+            fifo: Capability::Supported,
         }
     }
 }

@@ -69,7 +69,8 @@ pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::{DistributedLock, ExtendOutcome, ReleaseOutcome};
 pub use memory::MemoryLock;
 pub use options::{
-    check_ttl, AutoRenew, LockOptions, WaitPolicy, MAX_TTL, MIN_RENEW_INTERVAL, MIN_TTL,
+    check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
+    MIN_RENEW_INTERVAL, MIN_TTL,
 };
 pub use scoped::with_lock;
 pub use status::KeyStatus;

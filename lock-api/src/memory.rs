@@ -19,12 +19,17 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::{
-    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
+    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 
 /// The backend name in errors and reports.
 pub const MEMORY_BACKEND: &str = "memory";
+
+/// Why the memory backend reports no FIFO waiting.
+const NOT_FIFO: &str =
+    "a release wakes every waiter of the key at once and the first to run takes it";
 
 #[derive(Debug)]
 struct Slot {
@@ -427,7 +432,9 @@ impl MemoryLock {
 #[async_trait]
 impl DistributedLock for MemoryLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(MEMORY_BACKEND, Capabilities::all_supported())
+        let mut capabilities = Capabilities::all_supported();
+        capabilities.fifo = Capability::Unsupported(NOT_FIFO);
+        BackendInfo::new(MEMORY_BACKEND, capabilities)
     }
 
     async fn try_acquire(
@@ -436,11 +443,13 @@ impl DistributedLock for MemoryLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(MEMORY_BACKEND)?;
+        options.check_order(MEMORY_BACKEND, Capability::Unsupported(NOT_FIFO))?;
         Ok(self.attempt(key, options)?.ok())
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(MEMORY_BACKEND)?;
+        options.check_order(MEMORY_BACKEND, Capability::Unsupported(NOT_FIFO))?;
         self.store
             .acquire_woken(key, options, MEMORY_BACKEND, || self.attempt(key, options))
             .await

@@ -45,6 +45,26 @@ impl WaitPolicy {
     }
 }
 
+/// In which order waiters of one key are granted it.
+///
+/// A FIFO wait is granted in the order the waiters started waiting, across clients and
+/// processes: a waiter that keeps losing races behind newer ones cannot happen. It
+/// costs throughput on a hot key, since each release must go to one particular waiter
+/// (see the backend's docs for the figures and for how a dead waiter leaves the queue).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum WaitOrder {
+    /// No order promised beyond the backend's own: waiters may race on each release.
+    /// Backends whose waiting is FIFO anyway (Postgres, ZooKeeper), and Redis clients
+    /// connected with `?fifo=true`, still grant in arrival order.
+    #[default]
+    Any,
+    /// Strict arrival order. A backend that cannot honour it (its
+    /// [`crate::Capabilities::fifo`] is unsupported) refuses the acquire with
+    /// [`crate::LockError::Unsupported`] rather than ignore the request.
+    Fifo,
+}
+
 /// Renews a held lease in the background (a watchdog).
 ///
 /// The watchdog extends the lease every `interval` (default: TTL/3; at least
@@ -98,17 +118,31 @@ pub struct LockOptions {
     wait: WaitPolicy,
     backoff: Backoff,
     auto_renew: Option<AutoRenew>,
+    order: WaitOrder,
 }
 
 impl LockOptions {
-    /// A lease of `ttl`, waiting forever, with the default backoff and no auto-renew.
+    /// A lease of `ttl`, waiting forever, with the default backoff, no auto-renew and
+    /// no waiting order asked for ([`WaitOrder::Any`]).
     pub fn new(ttl: Duration) -> Self {
         LockOptions {
             ttl,
             wait: WaitPolicy::Forever,
             backoff: Backoff::default(),
             auto_renew: None,
+            order: WaitOrder::Any,
         }
+    }
+
+    /// Sets the order waiters are granted in; see [`WaitOrder`].
+    pub fn with_order(mut self, order: WaitOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The waiting order asked for.
+    pub fn order(&self) -> WaitOrder {
+        self.order
     }
 
     /// Sets the lease TTL.
@@ -194,6 +228,35 @@ impl LockOptions {
     }
 }
 
+impl LockOptions {
+    /// Refuses [`WaitOrder::Fifo`] on a backend whose `fifo` capability is
+    /// unsupported, so an explicit request for FIFO is never silently ignored.
+    /// Backends call it with their own [`crate::Capabilities::fifo`].
+    ///
+    /// # Errors
+    /// [`crate::LockError::Unsupported`] naming `backend` and its reason.
+    pub fn check_order(
+        &self,
+        backend: &'static str,
+        fifo: crate::Capability,
+    ) -> Result<(), crate::LockError> {
+        match (self.order, fifo) {
+            (WaitOrder::Fifo, crate::Capability::Unsupported(reason)) => {
+                Err(crate::LockError::Unsupported {
+                    backend,
+                    operation: FIFO_OPERATION,
+                    reason,
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The operation named by the [`crate::LockError::Unsupported`] a backend without FIFO
+/// waiting returns for [`WaitOrder::Fifo`].
+pub const FIFO_OPERATION: &str = "FIFO waiting (WaitOrder::Fifo)";
+
 impl Default for LockOptions {
     /// A 30 s lease, waiting forever.
     fn default() -> Self {
@@ -237,6 +300,45 @@ mod tests {
         let now = Instant::now();
         assert_eq!(WaitPolicy::Timeout(Duration::MAX).deadline_from(now), None);
         assert_eq!(WaitPolicy::NoWait.deadline_from(now), Some(now));
+    }
+
+    #[test]
+    fn fifo_on_a_backend_without_it_is_refused_not_ignored() {
+        let unsupported = crate::Capability::Unsupported("no queue");
+        let fifo = LockOptions::default().with_order(WaitOrder::Fifo);
+        assert!(matches!(
+            fifo.check_order("test", unsupported),
+            Err(crate::LockError::Unsupported {
+                operation: FIFO_OPERATION,
+                reason: "no queue",
+                ..
+            })
+        ));
+        assert!(fifo
+            .check_order("test", crate::Capability::Supported)
+            .is_ok());
+        assert_eq!(LockOptions::default().order(), WaitOrder::Any);
+        assert!(LockOptions::default()
+            .check_order("test", unsupported)
+            .is_ok());
+    }
+
+    #[tokio::test]
+    async fn memory_refuses_fifo() {
+        use crate::{DistributedLock, LockKey, MemoryLock};
+        let lock = MemoryLock::new();
+        let key = LockKey::new("k").unwrap();
+        let fifo = LockOptions::default().with_order(WaitOrder::Fifo);
+        assert!(!lock.info().capabilities.fifo.is_supported());
+        assert!(matches!(
+            lock.acquire(&key, &fifo).await,
+            Err(crate::LockError::Unsupported { .. })
+        ));
+        assert!(matches!(
+            lock.try_acquire(&key, &fifo).await,
+            Err(crate::LockError::Unsupported { .. })
+        ));
+        assert!(lock.store().get(&key).is_none());
     }
 
     #[test]

@@ -21,6 +21,9 @@ pub struct KeyStatus {
     pub remaining: Option<Duration>,
     /// Who holds it, in the backend's own words (a session, a process id), if known.
     pub holder: Option<String>,
+    /// How many waiters are queued for the key, on backends that keep a queue they
+    /// can count (Redis in FIFO mode); `None` when the backend cannot tell.
+    pub waiters: Option<usize>,
 }
 
 impl KeyStatus {
@@ -46,6 +49,12 @@ impl KeyStatus {
     /// Sets the remaining lease.
     pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
         self.remaining = remaining;
+        self
+    }
+
+    /// Sets the count of queued waiters.
+    pub fn with_waiters(mut self, waiters: Option<usize>) -> Self {
+        self.waiters = waiters;
         self
     }
 

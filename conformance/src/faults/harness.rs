@@ -145,6 +145,9 @@ pub enum Fault {
     SessionTerminated,
     /// Random network faults under contention.
     RandomFaults,
+    /// Clients killed while queued for a lock (FIFO), or while holding it with a queue
+    /// behind them.
+    QueueCrash,
 }
 
 /// Whether a backend claims safety (no exclusion, fencing or lost-update violation)

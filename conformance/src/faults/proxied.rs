@@ -39,6 +39,7 @@ pub struct ProxiedHarness {
     next_id: AtomicUsize,
     ttl: Duration,
     crash_bound: Duration,
+    dead_waiter_bound: Option<Duration>,
 }
 
 impl ProxiedHarness {
@@ -93,6 +94,7 @@ impl ProxiedHarness {
             next_id: AtomicUsize::new(0),
             ttl: Duration::from_millis(500),
             crash_bound: Duration::from_millis(500),
+            dead_waiter_bound: None,
         })
     }
 
@@ -100,6 +102,13 @@ impl ProxiedHarness {
     pub fn with_timing(mut self, ttl: Duration, crash_bound: Duration) -> Self {
         self.ttl = ttl;
         self.crash_bound = crash_bound;
+        self
+    }
+
+    /// Sets the longest a crashed waiter holds up the FIFO queue behind it
+    /// ([`Harness::dead_waiter_bound`]; by default the crash bound).
+    pub fn with_dead_waiter_bound(mut self, bound: Duration) -> Self {
+        self.dead_waiter_bound = Some(bound);
         self
     }
 }
@@ -120,6 +129,10 @@ impl Harness for ProxiedHarness {
 
     fn crash_bound(&self, _ttl: Duration) -> Duration {
         self.crash_bound
+    }
+
+    fn dead_waiter_bound(&self) -> Duration {
+        self.dead_waiter_bound.unwrap_or(self.crash_bound)
     }
 }
 

@@ -96,6 +96,7 @@ pub struct ServerHarness {
     ttl: Duration,
     slack: Duration,
     crash_bound: Duration,
+    dead_waiter_bound: Option<Duration>,
 }
 
 fn err(e: ServerError) -> String {
@@ -144,6 +145,7 @@ impl ServerHarness {
             ttl: Duration::from_millis(500),
             slack: Duration::from_secs(1),
             crash_bound: Duration::from_millis(500),
+            dead_waiter_bound: None,
         })
     }
 
@@ -151,6 +153,13 @@ impl ServerHarness {
     pub fn with_timing(mut self, ttl: Duration, crash_bound: Duration) -> Self {
         self.ttl = ttl;
         self.crash_bound = crash_bound;
+        self
+    }
+
+    /// Sets the longest a crashed waiter holds up the FIFO queue behind it
+    /// ([`Harness::dead_waiter_bound`]; by default the crash bound).
+    pub fn with_dead_waiter_bound(mut self, bound: Duration) -> Self {
+        self.dead_waiter_bound = Some(bound);
         self
     }
 
@@ -214,6 +223,10 @@ impl Harness for ServerHarness {
 
     fn crash_bound(&self, _ttl: Duration) -> Duration {
         self.crash_bound
+    }
+
+    fn dead_waiter_bound(&self) -> Duration {
+        self.dead_waiter_bound.unwrap_or(self.crash_bound)
     }
 }
 

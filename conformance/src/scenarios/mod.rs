@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::Harness;
 
 mod bad_input;
+pub(crate) mod fifo;
 mod liveness;
 mod safety;
 mod ttl;
@@ -54,6 +55,8 @@ pub enum Requirement {
     Fencing,
     /// [`Capabilities::wake_on_release`].
     WakeOnRelease,
+    /// [`Capabilities::fifo`].
+    Fifo,
     /// The harness can crash a client ([`crate::ClientFaults::crash`]).
     CrashFault,
     /// The harness has a URL connector ([`Harness::url_connector`]).
@@ -68,6 +71,7 @@ impl Requirement {
             Requirement::Extend => Some(caps.extend),
             Requirement::Fencing => Some(caps.fencing),
             Requirement::WakeOnRelease => Some(caps.wake_on_release),
+            Requirement::Fifo => Some(caps.fifo),
             Requirement::CrashFault | Requirement::UrlConnector => None,
         }
     }
@@ -138,6 +142,7 @@ macro_rules! scenario {
 }
 
 use bad_input::*;
+use fifo::*;
 use liveness::*;
 use safety::*;
 use ttl::*;
@@ -170,6 +175,8 @@ pub static SCENARIOS: &[Scenario] = &[
         "inspect (distlock status) reads a key free, then held with the holder's fencing token and a remaining lease within the TTL where the backend can tell, then free after release; skipped where inspect is unsupported"),
     scenario!(waiter_acquires_promptly_after_release, Liveness, [WakeOnRelease],
         "a waiting client gets the lock within the slack of the release (hand-off latency reported)"),
+    scenario!(waiters_are_granted_in_arrival_order, Liveness, [Fifo],
+        "a holder, then 5 clients asking for FIFO start waiting one after another (each seen queued through the backend's queue count where it has one, else 300 ms or more apart): after the release they are granted in arrival order"),
     scenario!(wait_timeout_is_honoured, Liveness, [],
         "a wait with a timeout on a held key fails as timed out, no earlier than the timeout and within the slack after it"),
     scenario!(crashed_holder_frees_within_lease, Liveness, [CrashFault],

@@ -1,0 +1,517 @@
+//! FIFO mode (`?fifo=true` or `WaitOrder::Fifo`) against real redis-server processes:
+//! arrival order across clients, a crashed waiter's entry expiring within its bound, a
+//! giving-up waiter leaving at once, a release waking only the head, no residue, and
+//! typed errors for bad parameters.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitOrder, WaitPolicy};
+use distlock_redis::{RedisConfig, RedisLock};
+use tokio::time::{timeout, Instant};
+
+const LONG_TTL: Duration = Duration::from_secs(60);
+
+fn key(name: &str) -> LockKey {
+    LockKey::new(format!("fifo/{name}")).unwrap()
+}
+
+fn fifo_url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}?fifo=true")
+}
+
+/// A FIFO client whose queue entries live `entry_ttl` unless refreshed.
+async fn fifo_client(url: &str, entry_ttl: Duration) -> RedisLock {
+    let mut config = RedisConfig::default();
+    config.fifo = true;
+    config.fifo_entry_ttl = entry_ttl;
+    RedisLock::connect_with(url, config).await.unwrap()
+}
+
+/// Polls `inspect` until the key's queue holds `count` live waiters.
+async fn until_queued(observer: &RedisLock, key: &LockKey, count: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let waiters = observer.inspect(key).await.unwrap().waiters;
+        if waiters == Some(count) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the queue never held {count} waiters (last: {waiters:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Polls until the server holds no key but the fencing counters of `keys` (which are
+/// kept for ever, see the README's key layout).
+async fn until_only_fence_counters(raw: &mut redis::aio::MultiplexedConnection, keys: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let all: Vec<String> = redis::cmd("KEYS").arg("*").query_async(raw).await.unwrap();
+        let size: usize = redis::cmd("DBSIZE").query_async(raw).await.unwrap();
+        if size == keys && all.iter().all(|k| k.ends_with(":fence")) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "keys left behind: {all:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_of_different_clients_are_granted_in_arrival_order() {
+    let h = common::start(1).await;
+    let port = h.ports[0];
+    let k = key("order");
+    let holder = RedisLock::connect(&fifo_url(port)).await.unwrap();
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        // Half ask by URL, half by the lock option on a plain client.
+        let (lock, options) = if i % 2 == 0 {
+            (
+                RedisLock::connect(&fifo_url(port)).await.unwrap(),
+                LockOptions::new(LONG_TTL),
+            )
+        } else {
+            (
+                RedisLock::connect(&h.url()).await.unwrap(),
+                LockOptions::new(LONG_TTL).with_order(WaitOrder::Fifo),
+            )
+        };
+        let (waited_key, granted) = (k.clone(), granted.clone());
+        waiters.push(tokio::spawn(async move {
+            let guard = lock.acquire(&waited_key, &options).await?;
+            granted.lock().unwrap().push(i);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            guard.release().await
+        }));
+        // Each is seen queued before the next one starts.
+        until_queued(&observer, &k, i + 1).await;
+    }
+    guard.release().await.unwrap();
+    for waiter in waiters {
+        timeout(Duration::from_secs(30), waiter)
+            .await
+            .expect("a waiter hung")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(*granted.lock().unwrap(), (0..8).collect::<Vec<_>>());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_try_does_not_overtake_queued_waiters() {
+    let h = common::start(1).await;
+    let url = fifo_url(h.ports[0]);
+    let k = key("try");
+    let (holder, waiter, other) = (
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&url).await.unwrap(),
+    );
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let queued = tokio::spawn({
+        let k = k.clone();
+        async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+    });
+    until_queued(&other, &k, 1).await;
+    // Between the release and the head's grant the key is free, yet nobody else gets it.
+    guard.release().await.unwrap();
+    let no_wait = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::NoWait);
+    for _ in 0..20 {
+        if let Some(g) = other.try_acquire(&k, &no_wait).await.unwrap() {
+            panic!("a try overtook the queue: token {:?}", g.fencing_token());
+        }
+    }
+    let granted = timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the head hung")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+    assert!(other.try_acquire(&k, &no_wait).await.unwrap().is_some());
+}
+
+/// A waiter whose process dies (its connections cut) keeps its place only until its
+/// entry's deadline: the waiter behind it is granted within the entry TTL (plus slack)
+/// of the crash, and the queue is empty afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_waiter_leaves_the_queue_within_the_entry_ttl() {
+    let h = common::start(1).await;
+    let entry_ttl = Duration::from_millis(900);
+    let k = key("crashed-waiter");
+    let holder = fifo_client(&h.url(), entry_ttl).await;
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    // The doomed waiter goes through a proxy we can cut.
+    let (doomed, proxies) = {
+        let (lock, proxies) = h.proxied_client().await;
+        drop(lock);
+        let port = proxies[0].local_addr().port();
+        (
+            fifo_client(&format!("redis://127.0.0.1:{port}"), entry_ttl).await,
+            proxies,
+        )
+    };
+    let doomed_wait = tokio::spawn({
+        let k = k.clone();
+        async move { doomed.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+    });
+    until_queued(&observer, &k, 1).await;
+    let next = fifo_client(&h.url(), entry_ttl).await;
+    let next_wait = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let guard = next.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            Ok::<_, LockError>((Instant::now(), guard))
+        }
+    });
+    until_queued(&observer, &k, 2).await;
+    for proxy in &proxies {
+        proxy.cut();
+    }
+    let crashed_at = Instant::now();
+    guard.release().await.unwrap();
+    let (granted_at, granted) = timeout(Duration::from_secs(20), next_wait)
+        .await
+        .expect("the waiter behind a dead one hung")
+        .unwrap()
+        .unwrap();
+    let took = granted_at.duration_since(crashed_at);
+    assert!(
+        took <= entry_ttl + Duration::from_secs(1),
+        "granted {took:?} after the crash; the bound is the entry TTL {entry_ttl:?} + slack"
+    );
+    assert_eq!(observer.inspect(&k).await.unwrap().waiters, Some(0));
+    granted.release().await.unwrap();
+    doomed_wait.abort();
+}
+
+/// A waiter that times out, and one whose acquire future is dropped, leave the queue at
+/// once; the waiter behind them is then the head and is woken by the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
+    let h = common::start(1).await;
+    let url = fifo_url(h.ports[0]);
+    let k = key("gives-up");
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let holder = RedisLock::connect(&url).await.unwrap();
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let impatient = RedisLock::connect(&url).await.unwrap();
+    let impatient_wait = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let options = LockOptions::new(LONG_TTL)
+                .with_wait(WaitPolicy::Timeout(Duration::from_millis(800)));
+            impatient.acquire(&k, &options).await
+        }
+    });
+    until_queued(&observer, &k, 1).await;
+    let dropped = RedisLock::connect(&url).await.unwrap();
+    let dropped_wait = tokio::spawn({
+        let k = k.clone();
+        async move { dropped.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+    });
+    until_queued(&observer, &k, 2).await;
+    let patient = RedisLock::connect(&url).await.unwrap();
+    let patient_wait = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let guard = patient.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            Ok::<_, LockError>((Instant::now(), guard))
+        }
+    });
+    until_queued(&observer, &k, 3).await;
+    let timed_out = impatient_wait.await.unwrap();
+    assert!(
+        matches!(timed_out, Err(LockError::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    // Gone by the time the call returned, not later: a process exiting right after
+    // its timeout (exec does) leaves nothing behind.
+    assert_eq!(observer.inspect(&k).await.unwrap().waiters, Some(2));
+    dropped_wait.abort();
+    // Both entries go well before the default 3 s entry TTL could expire them.
+    let left_by = Instant::now() + Duration::from_millis(1500);
+    until_queued(&observer, &k, 1).await;
+    assert!(
+        Instant::now() < left_by,
+        "the entries were not removed at once"
+    );
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let (granted_at, granted) = timeout(Duration::from_secs(10), patient_wait)
+        .await
+        .expect("the patient waiter hung")
+        .unwrap()
+        .unwrap();
+    let took = granted_at.duration_since(released_at);
+    assert!(took < Duration::from_millis(500), "hand-off took {took:?}");
+    granted.release().await.unwrap();
+}
+
+/// A release wakes only the head: with 8 waiters queued on 8 clients, the release and
+/// the head's grant are the only scripts run; the others do not retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_only_the_head() {
+    let h = common::start(1).await;
+    let mut raw = h.raw(0).await;
+    // Entries refreshed every 10 s: no refresh falls in the measured window.
+    let entry_ttl = Duration::from_secs(30);
+    let k = key("head-only");
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let holder = fifo_client(&h.url(), entry_ttl).await;
+    // The server learns the release script now (`NOSCRIPT` and a load would add calls).
+    let other = holder
+        .acquire(&key("other"), &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    other.release().await.unwrap();
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..8 {
+        let lock = fifo_client(&h.url(), entry_ttl).await;
+        let waited_key = k.clone();
+        waiters.push(tokio::spawn(async move {
+            lock.acquire(&waited_key, &LockOptions::new(LONG_TTL)).await
+        }));
+        until_queued(&observer, &k, i + 1).await;
+    }
+    let script_calls = |info: String| -> u64 {
+        info.lines()
+            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+            .filter_map(|l| l.split("calls=").nth(1))
+            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+            .sum()
+    };
+    // Quiet first: every waiter subscribed and done with its retry after subscribing.
+    let channel = format!("{{{}}}:released", k.as_str());
+    let mut before = u64::MAX;
+    let quiet_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let numsub: (String, usize) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        let calls = script_calls(
+            redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut raw)
+                .await
+                .unwrap(),
+        );
+        if numsub.1 == 8 && calls == before {
+            break;
+        }
+        assert!(Instant::now() < quiet_by, "the waiters never settled");
+        before = calls;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    guard.release().await.unwrap();
+    let mut waiters = waiters.into_iter();
+    let head = waiters.next().unwrap();
+    let head_guard = timeout(Duration::from_secs(10), head)
+        .await
+        .expect("the head hung")
+        .unwrap()
+        .unwrap();
+    // Room for a herd to show up, had the release woken everyone.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = script_calls(
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut raw)
+            .await
+            .unwrap(),
+    );
+    // A herd would add one call per waiter.
+    let calls = after - before;
+    assert!(
+        calls <= 2,
+        "{calls} script calls for the release and the head's grant: waiters beyond the head were woken"
+    );
+    drop(head_guard);
+    for waiter in waiters {
+        waiter.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_locks_leave_no_residue() {
+    let h = common::start(1).await;
+    let entry_ttl = Duration::from_millis(600);
+    let mut raw = h.raw(0).await;
+    let keys: Vec<LockKey> = (0..3).map(|i| key(&format!("residue/{i}"))).collect();
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    for k in &keys {
+        let holder = fifo_client(&h.url(), entry_ttl).await;
+        let guard = holder
+            .acquire(k, &LockOptions::new(LONG_TTL))
+            .await
+            .unwrap();
+        let mut waits = Vec::new();
+        for i in 0..3 {
+            let lock = fifo_client(&h.url(), entry_ttl).await;
+            let waited_key = k.clone();
+            waits.push(tokio::spawn(async move {
+                let guard = lock
+                    .acquire(&waited_key, &LockOptions::new(LONG_TTL))
+                    .await?;
+                guard.release().await
+            }));
+            until_queued(&observer, k, i + 1).await;
+        }
+        // A waiter that dies in the queue: its entry must expire by itself.
+        let (doomed, proxies) = {
+            let (lock, proxies) = h.proxied_client().await;
+            drop(lock);
+            let port = proxies[0].local_addr().port();
+            (
+                fifo_client(&format!("redis://127.0.0.1:{port}"), entry_ttl).await,
+                proxies,
+            )
+        };
+        let doomed_wait = tokio::spawn({
+            let k = k.clone();
+            async move { doomed.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+        });
+        until_queued(&observer, k, 4).await;
+        proxies.iter().for_each(|p| p.cut());
+        guard.release().await.unwrap();
+        for wait in waits {
+            timeout(Duration::from_secs(20), wait)
+                .await
+                .expect("a waiter hung")
+                .unwrap()
+                .unwrap();
+        }
+        doomed_wait.abort();
+    }
+    until_only_fence_counters(&mut raw, keys.len()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_fifo_parameters_are_typed_errors() {
+    let h = common::start(3).await;
+    let port = h.ports[0];
+    for value in ["maybe", "", "1", "TRUE"] {
+        let url = format!("redis://127.0.0.1:{port}?fifo={value}");
+        let err = RedisLock::connect(&url).await.unwrap_err();
+        assert!(matches!(err, LockError::Config { .. }), "{url}: {err:?}");
+        assert!(err.to_string().contains("fifo"), "{err}");
+    }
+    let twice = format!("redis://127.0.0.1:{port}?fifo=true&fifo=false");
+    assert!(matches!(
+        RedisLock::connect(&twice).await,
+        Err(LockError::Config { .. })
+    ));
+    let mut config = RedisConfig::default();
+    config.fifo_entry_ttl = Duration::from_millis(10);
+    assert!(matches!(
+        RedisLock::connect_with(&h.url(), config).await,
+        Err(LockError::Config { .. })
+    ));
+    // Redlock cannot be FIFO: by URL at connect, by option at acquire.
+    let redlock_fifo = format!("{}?fifo=true", h.url());
+    let err = RedisLock::connect(&redlock_fifo).await.unwrap_err();
+    assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
+    let redlock = RedisLock::connect(&h.url()).await.unwrap();
+    assert!(!redlock.info().capabilities.fifo.is_supported());
+    let fifo = LockOptions::new(LONG_TTL).with_order(WaitOrder::Fifo);
+    let k = key("redlock");
+    let err = redlock.acquire(&k, &fifo).await.unwrap_err();
+    assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
+    let err = redlock.try_acquire(&k, &fifo).await.unwrap_err();
+    assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
+    // Nothing was taken.
+    assert!(!redlock.inspect(&k).await.unwrap().held);
+    // `fifo=false` is accepted and leaves the client unordered; the capability holds
+    // for every single-node client (FIFO on request).
+    let plain = RedisLock::connect(&format!("redis://127.0.0.1:{port}?fifo=false"))
+        .await
+        .unwrap();
+    assert!(plain.info().capabilities.fifo.is_supported());
+}
+
+/// The lock key keeps its plain layout in FIFO mode: a foreign `SET NX PX` holder
+/// excludes FIFO clients and a FIFO holder excludes it; a foreign `SET NX` on a free
+/// key jumps the queue (documented), and the queue's head is served after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_set_nx_excludes_both_ways_and_may_jump_the_queue() {
+    let h = common::start(1).await;
+    let mut raw = h.raw(0).await;
+    let k = key("foreign");
+    let lock_name = format!("{{{}}}", k.as_str());
+    let fifo = RedisLock::connect(&fifo_url(h.ports[0])).await.unwrap();
+    let no_wait = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::NoWait);
+    let set_nx = |value: &'static str| {
+        redis::cmd("SET")
+            .arg(&lock_name)
+            .arg(value)
+            .arg("NX")
+            .arg("PX")
+            .arg(30_000)
+            .clone()
+    };
+    // A FIFO holder excludes a foreign SET NX.
+    let guard = fifo.acquire(&k, &no_wait).await.unwrap();
+    let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
+    assert_eq!(theirs, None);
+    // With a FIFO waiter queued, a foreign SET NX on the freed key takes it first.
+    let waiter = RedisLock::connect(&fifo_url(h.ports[0])).await.unwrap();
+    let queued = tokio::spawn({
+        let k = k.clone();
+        async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+    });
+    until_queued(&fifo, &k, 1).await;
+    // Freed without a wake-up (a raw DEL, as a foreign release would), then taken.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
+    assert_eq!(theirs.as_deref(), Some("OK"));
+    drop(guard);
+    // The foreign holder excludes FIFO clients, queued or not.
+    assert!(matches!(
+        fifo.acquire(&k, &no_wait).await,
+        Err(LockError::Timeout { .. })
+    ));
+    assert!(!queued.is_finished());
+    // Its release (a plain DEL, no publish) is found by the head's poll.
+    let _: i64 = redis::cmd("DEL")
+        .arg(&lock_name)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let granted = timeout(Duration::from_secs(10), queued)
+        .await
+        .expect("the head was not served after the foreign holder")
+        .unwrap()
+        .unwrap();
+    granted.release().await.unwrap();
+}
