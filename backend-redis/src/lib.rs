@@ -107,7 +107,6 @@ mod lock;
 mod membership;
 mod node;
 mod scripts;
-mod url_options;
 mod wakeups;
 
 pub use config::{node_urls, RedisConfig};

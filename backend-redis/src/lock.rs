@@ -83,7 +83,7 @@ impl RedisLock {
     /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
     /// for FIFO on a Redlock URL.
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
-        let (url, fifo) = crate::url_options::take_fifo(url)?;
+        let (url, fifo) = crate::config::take_fifo(url)?;
         config.fifo = fifo.unwrap_or(config.fifo);
         config.validate()?;
         let urls = node_urls(&url)?;
