@@ -42,6 +42,8 @@
 //! # Ok(()) }
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub use distlock_api::memory;
 pub use distlock_api::*;
 
@@ -158,7 +160,7 @@ async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockErro
     match backend {
         Backend::Memory => connect_memory(rest),
         #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url)?)),
+        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url).await?)),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(feature_off(scheme, backend)),
         #[cfg(feature = "redis")]

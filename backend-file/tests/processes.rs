@@ -35,6 +35,7 @@ fn flock_holder(path: &std::path::Path) -> Child {
     child
 }
 
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 fn kill_group(child: &mut Child) {
     let pgid = i32::try_from(child.id()).expect("pid fits");
     // SAFETY: kill(2) with a negative pid signals that process group; no memory is shared.

@@ -22,6 +22,7 @@ use crate::POSTGRES_BACKEND;
 /// # }
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LockTableFull {
     /// The server's message and hint.
     pub server_message: String,
@@ -92,10 +93,19 @@ fn lock_table_full(error: &sqlx::Error) -> Option<LockTableFull> {
     })
 }
 
-/// Maps an error from a lock statement to a [`LockError`].
+/// SQLSTATEs the server uses for "this transaction lost a race, run it again":
+/// serialization_failure and deadlock_detected. The statement was rolled back.
+const RETRY_STATES: [&str; 2] = ["40001", "40P01"];
+
+/// Maps an error from a lock statement to a [`LockError`]: a session-ending error is a
+/// connection error, a [`RETRY_STATES`] refusal is [`LockError::Transient`], and
+/// anything else the server refused is a backend error.
 pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
     if let Some(full) = lock_table_full(&error) {
         return LockError::backend_error(POSTGRES_BACKEND, full);
+    }
+    if sqlstate(&error).is_some_and(|code| RETRY_STATES.contains(&code)) {
+        return LockError::transient(POSTGRES_BACKEND, error);
     }
     if ends_session(&error) {
         return LockError::connection(POSTGRES_BACKEND, error);

@@ -115,20 +115,25 @@
 //! - A hash collision between two keys makes them contend as one lock; it never lets
 //!   two holders in.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
+mod client;
 mod config;
 mod error;
-mod hash;
+mod keys;
 mod lock;
+mod mailbox;
 mod session;
 mod sql;
 mod xact;
 
 pub use config::{PostgresConfig, URL_SCHEMES};
 pub use error::LockTableFull;
-pub use hash::advisory_key;
+pub use keys::advisory_key;
 pub use lock::PostgresLock;
+/// The driver this backend is built on, re-exported so its types (for example in error
+/// sources) can be named without a separate dependency on a matching version.
+pub use sqlx;
 pub use xact::{PostgresXactLock, XactError, XactFuture};
 
 /// The backend name, in errors and reports.

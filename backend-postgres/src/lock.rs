@@ -1,25 +1,27 @@
 //! [`PostgresLock`]: the [`DistributedLock`] over Postgres session advisory locks.
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
     Lease, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
-use sqlx::postgres::PgConnectOptions;
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
-use crate::config::{connect_options, server_address, PostgresConfig};
+use crate::client::{locked, ClientState, Settings};
+use crate::config::{connect_options, PostgresConfig};
 use crate::error;
-use crate::hash::advisory_key;
-use crate::session::{self, Command, Failure, Granted, Kind, SessionHandle};
+use crate::keys::advisory_key;
+use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
+use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
@@ -36,21 +38,6 @@ const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
-/// What every session of a client is opened and run with.
-#[derive(Debug)]
-pub(crate) struct Settings {
-    pub config: PostgresConfig,
-    pub connect: PgConnectOptions,
-    pub sql: Statements,
-}
-
-impl Settings {
-    /// A connection error with a message of ours, at the server's address.
-    pub(crate) fn connection_error(&self, why: impl Into<String>) -> LockError {
-        LockError::connection_at(POSTGRES_BACKEND, server_address(&self.connect), why.into())
-    }
-}
-
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
 /// sessions. See the crate docs for the protocol and its guarantees.
 ///
@@ -60,99 +47,11 @@ impl Settings {
 /// client tracks the keys its shared sessions hold).
 #[derive(Clone)]
 pub struct PostgresLock {
-    shared: Arc<Shared>,
-}
-
-/// The state shared by a client's handles and its session tasks.
-pub(crate) struct Shared {
-    pub settings: Arc<Settings>,
-    registry: Mutex<Registry>,
-    pool: Mutex<Pool>,
-    /// Signalled when a shared session is added or an opening attempt ends.
-    pool_changed: Notify,
-    /// Dedicated sessions holding nothing, ready for the next wait.
-    idle_waits: Mutex<Vec<Arc<SessionHandle>>>,
-    /// One permit per dedicated session in use (waiting, or holding what it waited for).
-    wait_slots: Arc<Semaphore>,
-    /// Open sessions of each kind, counted by the session tasks.
-    pub(crate) open_shared: AtomicUsize,
-    pub(crate) open_waits: AtomicUsize,
-}
-
-#[derive(Default)]
-struct Registry {
-    /// Owner token of every held lease → the session holding it.
-    routes: HashMap<u128, Arc<SessionHandle>>,
-    /// Key hash → owner, for every key granted or being granted on a shared session
-    /// of this client: a second grant of the same key would be re-entrant.
-    shared_keys: HashMap<i64, u128>,
-}
-
-#[derive(Default)]
-struct Pool {
-    sessions: Vec<Arc<SessionHandle>>,
-    /// Shared sessions being opened.
-    opening: usize,
-}
-
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few map operations that cannot panic half-way.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-impl Shared {
-    pub(crate) fn forget_shared_key(&self, hash: i64, owner: u128) {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
-        }
-    }
-
-    pub(crate) fn add_route(&self, owner: u128, session: Arc<SessionHandle>) {
-        locked(&self.registry).routes.insert(owner, session);
-    }
-
-    pub(crate) fn remove_route(&self, owner: u128, hash: i64) {
-        let mut registry = locked(&self.registry);
-        registry.routes.remove(&owner);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
-        }
-    }
-
-    fn route(&self, owner: u128) -> Option<Arc<SessionHandle>> {
-        locked(&self.registry).routes.get(&owner).cloned()
-    }
-
-    pub(crate) fn return_wait_session(&self, session: Arc<SessionHandle>) {
-        let mut idle = locked(&self.idle_waits);
-        if session.is_alive() && !idle.iter().any(|s| Arc::ptr_eq(s, &session)) {
-            idle.push(session);
-        }
-    }
-
-    pub(crate) fn drop_session(&self, session: &Arc<SessionHandle>) {
-        locked(&self.idle_waits).retain(|s| !Arc::ptr_eq(s, session));
-        locked(&self.pool)
-            .sessions
-            .retain(|s| !Arc::ptr_eq(s, session));
-        self.pool_changed.notify_waiters();
-    }
-
-    /// Reserves the key for a grant on a shared session; `false` if this client holds
-    /// it, or is taking it, already.
-    fn reserve_shared_key(&self, hash: i64, owner: u128) -> bool {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.contains_key(&hash) {
-            return false;
-        }
-        registry.shared_keys.insert(hash, owner);
-        true
-    }
+    state: Arc<ClientState>,
 }
 
 /// Counts a shared session being opened, until dropped.
-struct Opening(Arc<Shared>);
+struct Opening(Arc<ClientState>);
 
 impl Drop for Opening {
     fn drop(&mut self) {
@@ -167,7 +66,7 @@ impl Drop for Opening {
 /// guard: the release is queued behind the grant on the same session, so it runs after
 /// it, whatever the grant's outcome.
 struct Pending<'a> {
-    shared: &'a Shared,
+    state: &'a ClientState,
     hash: i64,
     owner: u128,
     /// Whether a shared key was reserved for this grant.
@@ -196,7 +95,7 @@ impl Drop for Pending<'_> {
         });
         if !queued && self.reserved {
             // Never sent, or the session is gone (and its locks with it).
-            self.shared.forget_shared_key(self.hash, self.owner);
+            self.state.forget_shared_key(self.hash, self.owner);
         }
     }
 }
@@ -242,7 +141,7 @@ impl PostgresLock {
             let _ = conn.close().await;
             return Err(e);
         }
-        let shared = Arc::new(Shared {
+        let state = Arc::new(ClientState {
             wait_slots: Arc::new(Semaphore::new(config.wait_sessions)),
             settings: Arc::new(Settings {
                 config,
@@ -256,28 +155,28 @@ impl PostgresLock {
             open_shared: AtomicUsize::new(0),
             open_waits: AtomicUsize::new(0),
         });
-        let first = session::start(Kind::Shared, conn, &shared);
-        locked(&shared.pool).sessions.push(first);
-        Ok(PostgresLock { shared })
+        let first = session::start(Kind::Shared, conn, &state);
+        locked(&state.pool).sessions.push(first);
+        Ok(PostgresLock { state })
     }
 
     /// The settings in force.
     pub fn config(&self) -> &PostgresConfig {
-        &self.shared.settings.config
+        &self.state.settings.config
     }
 
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
         (
-            self.shared.open_shared.load(Ordering::Relaxed),
-            self.shared.open_waits.load(Ordering::Relaxed),
+            self.state.open_shared.load(Ordering::Relaxed),
+            self.state.open_waits.load(Ordering::Relaxed),
         )
     }
 
     /// The least busy shared session, opening one if all are busy and there is room.
     async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let shared = &self.shared;
-        let max = shared.settings.config.shared_sessions;
+        let state = &self.state;
+        let max = state.settings.config.shared_sessions;
         enum Next {
             Use(Arc<SessionHandle>),
             OpenAside(Arc<SessionHandle>),
@@ -289,7 +188,7 @@ impl PostgresLock {
         let mut changed = None;
         loop {
             let next = {
-                let mut pool = locked(&shared.pool);
+                let mut pool = locked(&state.pool);
                 pool.sessions.retain(|s| s.is_alive());
                 // Use as many sessions as the load needs, about one per
                 // QUEUE_PER_SESSION requests in flight: what is queued on a session
@@ -324,26 +223,26 @@ impl PostgresLock {
                 // first, then looking again, so no notification is missed).
                 Next::Wait => match changed.take() {
                     None => {
-                        let mut armed = Box::pin(shared.pool_changed.notified());
+                        let mut armed = Box::pin(state.pool_changed.notified());
                         armed.as_mut().enable();
                         changed = Some(armed);
                     }
                     Some(armed) => armed.await,
                 },
                 Next::Open => {
-                    let _opening = Opening(shared.clone());
-                    let session = session::open(Kind::Shared, shared).await?;
-                    locked(&shared.pool).sessions.push(session.clone());
+                    let _opening = Opening(state.clone());
+                    let session = session::open(Kind::Shared, state).await?;
+                    locked(&state.pool).sessions.push(session.clone());
                     return Ok(session);
                 }
                 Next::OpenAside(session) => {
                     // Busy sessions: open one more in the background, and meanwhile
                     // join the least busy one's next batch.
-                    let shared = shared.clone();
+                    let state = state.clone();
                     tokio::spawn(async move {
-                        let _opening = Opening(shared.clone());
-                        match session::open(Kind::Shared, &shared).await {
-                            Ok(opened) => locked(&shared.pool).sessions.push(opened),
+                        let _opening = Opening(state.clone());
+                        match session::open(Kind::Shared, &state).await {
+                            Ok(opened) => locked(&state.pool).sessions.push(opened),
                             Err(error) => {
                                 tracing::debug!(%error, "could not open another shared session")
                             }
@@ -358,11 +257,11 @@ impl PostgresLock {
     /// An idle dedicated session, or a new one. The caller holds a wait slot.
     async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
         loop {
-            let idle = locked(&self.shared.idle_waits).pop();
+            let idle = locked(&self.state.idle_waits).pop();
             match idle {
                 Some(s) if s.is_alive() => return Ok(s),
                 Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.shared).await,
+                None => return session::open(Kind::Wait, &self.state).await,
             }
         }
     }
@@ -403,11 +302,11 @@ impl PostgresLock {
         for _ in 0..SESSION_ATTEMPTS {
             let owner = OwnerToken::random();
             let owner_bits = owner.as_u128();
-            if !self.shared.reserve_shared_key(hash, owner_bits) {
+            if !self.state.reserve_shared_key(hash, owner_bits) {
                 return Ok(None);
             }
             let mut pending = Pending {
-                shared: &self.shared,
+                state: &self.state,
                 hash,
                 owner: owner_bits,
                 reserved: true,
@@ -434,7 +333,7 @@ impl PostgresLock {
                 Ok(Ok(None)) => return Ok(None),
                 Ok(Err(Failure::Closed)) => continue,
                 Err(_) => {
-                    self.shared.forget_shared_key(hash, owner_bits);
+                    self.state.forget_shared_key(hash, owner_bits);
                     continue;
                 }
                 // The session broke under the command, and its locks ended with it:
@@ -448,7 +347,7 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session: every one tried closed or broke"))
     }
@@ -463,7 +362,7 @@ impl PostgresLock {
         deadline: Option<Instant>,
     ) -> Result<Option<LockGuard>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.shared.wait_slots.clone();
+            let slots = self.state.wait_slots.clone();
             let slot = match deadline {
                 Some(d) => match timeout_at(d, slots.acquire_owned()).await {
                     Ok(slot) => slot,
@@ -499,7 +398,7 @@ impl PostgresLock {
                 continue;
             }
             let mut pending = Pending {
-                shared: &self.shared,
+                state: &self.state,
                 hash,
                 owner: owner.as_u128(),
                 reserved: false,
@@ -516,20 +415,20 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session to wait on: every one tried closed"))
     }
 
     /// The body of `acquire`, unbounded by the wait when the server
-    /// does not answer; notes in `seen_held` each answer saying the key is held.
+    /// does not answer; notes in `report` each answer saying the key is held.
     async fn acquire_until(
         &self,
         key: &LockKey,
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
-        seen_held: &AtomicBool,
+        report: &WaitReport,
     ) -> Result<LockGuard, LockError> {
         let hash = advisory_key(key);
         let timed_out = || LockError::Timeout {
@@ -542,7 +441,7 @@ impl PostgresLock {
         loop {
             let attempt = match self.try_shared(key, hash, options).await {
                 Ok(None) => {
-                    seen_held.store(true, Ordering::Relaxed);
+                    report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timed_out());
                     }
@@ -553,15 +452,16 @@ impl PostgresLock {
             match attempt {
                 Ok(Some(guard)) => return Ok(guard),
                 Ok(None) => {
-                    seen_held.store(true, Ordering::Relaxed);
+                    report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timed_out());
                     }
                     // The server's wait was capped below our deadline: wait again.
                     failing_since = None;
                 }
-                // The server is down or restarting: retry while the wait allows.
-                Err(error @ LockError::Connection { .. }) if deadline != Some(started) => {
+                // The server is down, restarting or asked us to retry: retry while the
+                // wait allows.
+                Err(error) if error.is_retryable() && deadline != Some(started) => {
                     let since = *failing_since.get_or_insert_with(Instant::now);
                     let out_of_time =
                         deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
@@ -598,7 +498,7 @@ impl PostgresLock {
             }
         }
         Err(self
-            .shared
+            .state
             .settings
             .connection_error("no usable session: every one tried closed"))
     }
@@ -608,9 +508,9 @@ impl PostgresLock {
     async fn to_holder<T>(
         &self,
         owner: u128,
-        command: impl FnOnce(session::Reply<T>) -> Command,
+        command: impl FnOnce(Reply<T>) -> Command,
     ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.shared.route(owner) else {
+        let Some(session) = self.state.route(owner) else {
             return Ok(None);
         };
         let (tx, rx) = oneshot::channel();
@@ -629,10 +529,7 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo {
-            name: POSTGRES_BACKEND,
-            capabilities: Capabilities::all_supported(),
-        }
+        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
     }
 
     async fn try_acquire(
@@ -651,30 +548,16 @@ impl DistributedLock for PostgresLock {
     /// and `Forever` are bounded by the request timeout and the error patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(POSTGRES_BACKEND)?;
-        let started = Instant::now();
-        let deadline = options.wait().deadline_from(started);
-        let seen_held = AtomicBool::new(false);
-        let attempt = self.acquire_until(key, options, started, deadline, &seen_held);
-        let Some((wait, cut)) = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)))
-        else {
-            return attempt.await;
-        };
-        match timeout_at(cut, attempt).await {
-            Ok(result) => result,
-            // An answer of this call said the key is held: that is what the wait saw.
-            Err(_) if seen_held.load(Ordering::Relaxed) => Err(LockError::Timeout {
-                backend: POSTGRES_BACKEND,
-                key: key.clone(),
-                waited: started.elapsed(),
-            }),
-            Err(_) => Err(self.shared.settings.connection_error(format!(
-                "the server did not answer within the wait of {:?}; whether the lock was \
-                 granted is unknown (a late grant is released)",
-                wait
-            ))),
-        }
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let report = WaitReport::new();
+        let attempts = self.acquire_until(key, options, bound.started, bound.deadline, &report);
+        bounded_wait(POSTGRES_BACKEND, key, bound, &report, attempts, |wait| {
+            self.state.settings.connection_error(format!(
+                "the server did not answer within the wait of {wait:?}; whether the lock was \
+                 granted is unknown (a late grant is released)"
+            ))
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

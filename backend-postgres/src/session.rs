@@ -15,20 +15,22 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
+use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
-use crate::hash::pg_locks_ids;
-use crate::lock::Shared;
+use crate::keys::pg_locks_ids;
+use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
 use crate::POSTGRES_BACKEND;
 
 /// The most commands of one kind sent as one statement.
@@ -44,121 +46,6 @@ const PAUSED_LATENESS: Duration = Duration::from_secs(1);
 /// that the release finds it still held and can report that nobody else held it
 /// meanwhile (`distlock exec` passes on its command's exit code then).
 const PAUSE_GRACE: Duration = Duration::from_secs(1);
-
-/// What a session is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Carries grants that did not wait, for any number of keys.
-    Shared,
-    /// Waits in the server's queue for one key, then holds that one lock.
-    Wait,
-}
-
-/// Why a command failed.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// The session closed before running the command: nothing happened, retry elsewhere.
-    Closed,
-    /// The command ran, or may have, and failed.
-    Lock(LockError),
-}
-
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
-
-/// A lock granted to a session.
-#[derive(Debug)]
-pub(crate) struct Granted {
-    pub token: i64,
-    /// When the lease starts, on the client's clock (conservative).
-    pub acquired_at: Instant,
-    pub monitor: LeaseMonitor,
-}
-
-/// A command for a session task.
-#[derive(Debug)]
-pub(crate) enum Command {
-    /// `pg_try_advisory_lock`, and a fencing token if granted.
-    TryGrant {
-        hash: i64,
-        owner: u128,
-        ttl: Duration,
-        requested_at: Instant,
-        reply: Reply<Option<Granted>>,
-    },
-    /// `pg_advisory_lock` under `lock_timeout` (ms, 0 for none); dedicated sessions only.
-    Wait {
-        hash: i64,
-        owner: u128,
-        ttl: Duration,
-        lock_timeout_ms: u64,
-        slot: OwnedSemaphorePermit,
-        reply: Reply<Option<Granted>>,
-    },
-    /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
-    /// reply it is the compensation for a grant whose caller went away.
-    Release {
-        owner: u128,
-        reply: Option<Reply<bool>>,
-    },
-    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
-    /// the new validity deadline, or `None` if this session does not hold the lease.
-    Extend {
-        owner: u128,
-        ttl: Duration,
-        reply: Reply<Option<Instant>>,
-    },
-    /// Whether any session of the database holds `hash`.
-    HeldByAnyone { hash: i64, reply: Reply<bool> },
-}
-
-impl Command {
-    fn fail(self, failure: Failure) {
-        match self {
-            Command::TryGrant { reply, .. } | Command::Wait { reply, .. } => {
-                let _ = reply.send(Err(failure));
-            }
-            Command::Release { reply, .. } => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(failure));
-                }
-            }
-            Command::Extend { reply, .. } => {
-                let _ = reply.send(Err(failure));
-            }
-            Command::HeldByAnyone { reply, .. } => {
-                let _ = reply.send(Err(failure));
-            }
-        }
-    }
-}
-
-/// The client's handle on a session task.
-#[derive(Debug)]
-pub(crate) struct SessionHandle {
-    tx: mpsc::UnboundedSender<Command>,
-    /// Commands sent and not yet finished, for picking the least busy session.
-    load: AtomicUsize,
-    alive: AtomicBool,
-}
-
-impl SessionHandle {
-    /// Queues `command`; gives it back if the task has stopped taking commands.
-    pub fn send(&self, command: Command) -> Result<(), Command> {
-        self.load.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(command).map_err(|e| {
-            self.load.fetch_sub(1, Ordering::Relaxed);
-            e.0
-        })
-    }
-
-    pub fn load(&self) -> usize {
-        self.load.load(Ordering::Relaxed)
-    }
-
-    pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire) && !self.tx.is_closed()
-    }
-}
 
 /// One held lease.
 #[derive(Debug)]
@@ -208,7 +95,7 @@ enum Trip<T> {
 /// Opens a session of `kind` and starts its task.
 pub(crate) async fn open(
     kind: Kind,
-    client: &Arc<Shared>,
+    client: &Arc<ClientState>,
 ) -> Result<Arc<SessionHandle>, LockError> {
     let conn = connect(
         &client.settings.connect,
@@ -241,18 +128,14 @@ pub(crate) async fn connect(
 }
 
 /// Starts the task of a session over `conn`.
-pub(crate) fn start(kind: Kind, conn: PgConnection, client: &Arc<Shared>) -> Arc<SessionHandle> {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let handle = Arc::new(SessionHandle {
-        tx,
-        load: AtomicUsize::new(0),
-        alive: AtomicBool::new(true),
-    });
-    match kind {
-        Kind::Shared => &client.open_shared,
-        Kind::Wait => &client.open_waits,
-    }
-    .fetch_add(1, Ordering::Relaxed);
+pub(crate) fn start(
+    kind: Kind,
+    conn: PgConnection,
+    client: &Arc<ClientState>,
+) -> Arc<SessionHandle> {
+    let (handle, rx) = SessionHandle::new();
+    let handle = Arc::new(handle);
+    client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
     let now = Instant::now();
     let task = Task {
         conn: Some(conn),
@@ -260,7 +143,7 @@ pub(crate) fn start(kind: Kind, conn: PgConnection, client: &Arc<Shared>) -> Arc
         me: Arc::downgrade(&handle),
         kind,
         client: Arc::downgrade(client),
-        shared: client.settings.clone(),
+        settings: client.settings.clone(),
         held: HashMap::new(),
         expiries: BTreeSet::new(),
         last_proof: now,
@@ -278,8 +161,8 @@ struct Task {
     rx: mpsc::UnboundedReceiver<Command>,
     me: Weak<SessionHandle>,
     kind: Kind,
-    client: Weak<Shared>,
-    shared: Arc<crate::lock::Settings>,
+    client: Weak<ClientState>,
+    settings: Arc<Settings>,
     held: HashMap<u128, Held>,
     /// `(TTL deadline, owner)` of every held lease.
     expiries: BTreeSet<(Instant, u128)>,
@@ -296,7 +179,7 @@ struct Task {
 impl Task {
     /// A connection error of this session: `why`, at the server's address.
     fn broken(&self, why: impl Into<String>) -> LockError {
-        self.shared.connection_error(why)
+        self.settings.connection_error(why)
     }
 
     async fn run(mut self) {
@@ -305,8 +188,8 @@ impl Task {
     }
 
     async fn serve(&mut self) -> End {
-        let heartbeat = self.shared.config.heartbeat();
-        let idle_close = self.shared.config.idle_close();
+        let heartbeat = self.settings.config.heartbeat();
+        let idle_close = self.settings.config.idle_close();
         loop {
             // Timers first, so a steady stream of commands cannot starve them.
             if let Err(end) = self.due_work(heartbeat, idle_close).await {
@@ -326,7 +209,7 @@ impl Task {
                     let count = batch.len();
                     let result = self.process(batch).await;
                     if let Some(me) = self.me.upgrade() {
-                        me.load.fetch_sub(count, Ordering::Relaxed);
+                        me.finished(count);
                     }
                     self.last_used = Instant::now();
                     if let Err(end) = result {
@@ -410,13 +293,13 @@ impl Task {
 
     /// The validity deadline of a lease ending at `ttl_deadline`.
     fn deadline(&self, ttl_deadline: Instant) -> Instant {
-        ttl_deadline.min(self.last_proof + self.shared.config.lease_horizon())
+        ttl_deadline.min(self.last_proof + self.settings.config.lease_horizon())
     }
 
     /// Pushes every held lease's validity to the current proof's horizon.
     fn renew_all(&mut self, force: bool) {
         self.last_renewal = Instant::now();
-        let horizon = self.last_proof + self.shared.config.lease_horizon();
+        let horizon = self.last_proof + self.settings.config.lease_horizon();
         for held in self.held.values() {
             // Lost is final, also when only the deadline says so: never revive.
             if held.monitor.state() == LeaseState::Lost {
@@ -453,8 +336,8 @@ impl Task {
             return Trip::Broken("the session was abandoned".into());
         };
         let started = Instant::now();
-        let limit = self.shared.config.request_timeout;
-        let suspect_after = self.shared.config.heartbeat().min(limit);
+        let limit = self.settings.config.request_timeout;
+        let suspect_after = self.settings.config.heartbeat().min(limit);
         let result = {
             let fut = run(conn);
             tokio::pin!(fut);
@@ -495,7 +378,7 @@ impl Task {
     }
 
     async fn ping(&mut self) -> Result<(), End> {
-        let sql = self.shared.sql.ping;
+        let sql = self.settings.sql.ping;
         match self
             .trip(move |c| {
                 Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
@@ -624,7 +507,7 @@ impl Task {
                 _ => None,
             })
             .collect();
-        let sql = self.shared.clone();
+        let sql = self.settings.clone();
         let batch = hashes.clone();
         let outcome = self
             .trip(move |c| {
@@ -711,7 +594,7 @@ impl Task {
     /// After a failed statement: unlocks whichever of `hashes` this session holds.
     async fn unlock_any_held(&mut self, hashes: Vec<i64>) -> Result<(), End> {
         let fallback = hashes.clone();
-        let sql = self.shared.sql.unlock_any_held;
+        let sql = self.settings.sql.unlock_any_held;
         match self
             .trip(move |c| {
                 Box::pin(async move {
@@ -731,7 +614,7 @@ impl Task {
         }
         // None of `hashes` was held by this session before the failed statement, so
         // unlocking each is right (the server warns about those it did not grant).
-        let sql = self.shared.sql.unlock;
+        let sql = self.settings.sql.unlock;
         match self
             .trip(move |c| {
                 Box::pin(async move {
@@ -772,7 +655,7 @@ impl Task {
         let unlocked: HashMap<i64, bool> = if hashes.is_empty() {
             HashMap::new()
         } else {
-            let (many, one) = (self.shared.sql.unlock, self.shared.sql.unlock_one);
+            let (many, one) = (self.settings.sql.unlock, self.settings.sql.unlock_one);
             match self
                 .trip(move |c| {
                     Box::pin(async move {
@@ -914,7 +797,7 @@ impl Task {
             }
             return Err(End::Broken(why));
         }
-        let horizon = started + self.shared.config.lease_horizon();
+        let horizon = started + self.settings.config.lease_horizon();
         let mut lapsed = Vec::new();
         for (owner, ttl, reply) in live {
             let Some(held) = self.held.get_mut(&owner) else {
@@ -945,7 +828,7 @@ impl Task {
     }
 
     async fn held_by_anyone(&mut self, hash: i64, reply: Reply<bool>) -> Result<(), End> {
-        let sql = self.shared.sql.held_by_anyone;
+        let sql = self.settings.sql.held_by_anyone;
         let (high, low) = pg_locks_ids(hash);
         match self
             .trip(move |c| {
@@ -989,7 +872,7 @@ impl Task {
             return Ok(());
         };
         let started = Instant::now();
-        let shared = self.shared.clone();
+        let shared = self.settings.clone();
         let limit = match lock_timeout_ms {
             0 => None,
             ms => Some(Duration::from_millis(ms) + shared.config.request_timeout),
@@ -1110,17 +993,15 @@ impl Task {
 
     async fn stop(mut self, end: End) {
         if let Some(me) = self.me.upgrade() {
-            me.alive.store(false, Ordering::Release);
+            me.close();
         }
         if let Some(client) = self.client.upgrade() {
             if let Some(me) = self.me.upgrade() {
                 client.drop_session(&me);
             }
-            match self.kind {
-                Kind::Shared => &client.open_shared,
-                Kind::Wait => &client.open_waits,
-            }
-            .fetch_sub(1, Ordering::Relaxed);
+            client
+                .open_sessions(self.kind)
+                .fetch_sub(1, Ordering::Relaxed);
         }
         self.rx.close();
         while let Ok(command) = self.rx.try_recv() {
@@ -1158,6 +1039,9 @@ fn copy_error(error: &LockError) -> LockError {
         },
         LockError::Connection { source, .. } => {
             LockError::connection(POSTGRES_BACKEND, source.to_string())
+        }
+        LockError::Transient { source, .. } => {
+            LockError::transient(POSTGRES_BACKEND, source.to_string())
         }
         other => LockError::backend_error(POSTGRES_BACKEND, other.to_string()),
     }

@@ -15,7 +15,7 @@ use tokio::time::Instant;
 
 use crate::config::{connect_options, server_address, PostgresConfig};
 use crate::error::{connect_error, lock_error, sqlstate};
-use crate::hash::advisory_key;
+use crate::keys::advisory_key;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
@@ -23,6 +23,8 @@ use crate::POSTGRES_BACKEND;
 pub type XactFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
 
 /// Why [`PostgresXactLock::with_lock`] failed.
+///
+/// Exhaustive by choice (see `distlock_api`'s stability rules): the lock or the work.
 #[derive(Debug)]
 pub enum XactError<E> {
     /// The lock was not taken (timeout, connection or server error), or the
@@ -176,15 +178,15 @@ impl PostgresXactLock {
     ) -> Result<FencingToken, LockError> {
         let hash = advisory_key(key);
         let started = Instant::now();
-        let timeout_ms = match wait {
-            WaitPolicy::NoWait => None,
-            WaitPolicy::Timeout(limit) if limit.is_zero() => None,
-            WaitPolicy::Timeout(limit) => Some(
-                u64::try_from(limit.as_micros().div_ceil(1000))
+        // `None`: one try; `Some(0)`: no lock_timeout (wait forever).
+        let timeout_ms = match wait.deadline_from(started) {
+            None => Some(0),
+            Some(deadline) if deadline <= started => None,
+            Some(deadline) => Some(
+                u64::try_from((deadline - started).as_micros().div_ceil(1000))
                     .unwrap_or(u64::MAX)
                     .min(i32::MAX as u64),
             ),
-            WaitPolicy::Forever => Some(0),
         };
         let result = match timeout_ms {
             None => {

@@ -90,3 +90,35 @@ async fn a_server_gone_after_connect_is_named() {
         );
     }
 }
+
+/// The guard says whether its acquire met the key held: what `distlock::connect`'s
+/// metrics wrapper counts as contention, without a round trip of its own. A waiter
+/// queued in the server (seen in `pg_locks`) is contended; a free key is not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_guard_granted_after_a_wait_reports_contention() {
+    let h = common::start().await;
+    let mut raw = h.raw().await;
+    let (a, b) = (h.client().await, h.client().await);
+    let key = LockKey::new("connect/contended").unwrap();
+    let hash = distlock_postgres::advisory_key(&key);
+    let options = LockOptions::new(Duration::from_secs(30))
+        .with_wait(distlock_api::WaitPolicy::Timeout(Duration::from_secs(30)));
+    let holder = a.acquire(&key, &options).await.unwrap();
+    assert!(!holder.contended(), "a free key was reported contended");
+    let waiter = tokio::spawn(async move { b.acquire(&key, &options).await });
+    common::wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(20),
+        "the waiter queued behind the holder",
+        |entries| entries.iter().any(|(_, granted)| !granted),
+    )
+    .await;
+    holder.release().await.unwrap();
+    let granted = waiter.await.unwrap().expect("granted after the release");
+    assert!(
+        granted.contended(),
+        "a grant after a wait was not reported contended"
+    );
+    granted.release().await.unwrap();
+}

@@ -243,3 +243,49 @@ async fn lock_in_a_callers_transaction() {
     tx.commit().await.unwrap();
     assert!(lock_entries(&mut raw, advisory_key(&k)).await.is_empty());
 }
+
+/// Two transactions that each hold one key and wait for the other's: the server breaks
+/// the deadlock by failing one wait with SQLSTATE 40P01, which is a retryable
+/// `LockError::Transient`; once it rolls back, the other wait is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadlock_between_transactions_is_transient() {
+    let h = common::start().await;
+    let locks = PostgresXactLock::connect(&h.url()).await.unwrap();
+    let (a, b) = (key("deadlock-a"), key("deadlock-b"));
+    let mut first = locks.pool().begin().await.unwrap();
+    let mut second = locks.pool().begin().await.unwrap();
+    locks
+        .lock_in(&mut first, &a, WaitPolicy::NoWait)
+        .await
+        .unwrap();
+    locks
+        .lock_in(&mut second, &b, WaitPolicy::NoWait)
+        .await
+        .unwrap();
+    // Each waits for the other's key, then ends its transaction either way.
+    let cross = |mut tx: sqlx::Transaction<'static, sqlx::Postgres>, wanted: LockKey| {
+        let locks = &locks;
+        async move {
+            let result = locks
+                .lock_in(&mut tx, &wanted, WaitPolicy::Timeout(LONG))
+                .await;
+            tx.rollback().await.unwrap();
+            result
+        }
+    };
+    let (one, two) = timeout(LONG, async {
+        tokio::join!(cross(first, b.clone()), cross(second, a.clone()))
+    })
+    .await
+    .expect("the server did not break the deadlock");
+    let (victim, winner) = match (one, two) {
+        (Err(e), Ok(token)) | (Ok(token), Err(e)) => (e, token),
+        other => panic!("expected one deadlock victim and one grant, got {other:?}"),
+    };
+    assert!(
+        matches!(victim, LockError::Transient { .. }) && victim.is_retryable(),
+        "a deadlock is not a retryable transient error: {victim:?}"
+    );
+    assert!(victim.to_string().contains("deadlock"), "{victim}");
+    assert!(winner.get() > 0);
+}

@@ -1,10 +1,14 @@
 //! Parsing `redis://`, `rediss://` and `redis+redlock://` URLs into node URLs.
 
+mod url_options;
+
 use std::time::Duration;
 
 use distlock_api::LockError;
 
 use crate::REDIS_BACKEND;
+
+pub(crate) use url_options::take_fifo;
 
 /// Settings of a Redis lock client.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,6 +8,7 @@ use distlock_api::LockKey;
 /// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot
 /// (except when `K` itself starts with `}`, which makes the tag empty).
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,

@@ -1,5 +1,22 @@
 //! The Redis backend of distlock: one node, or Redlock over N independent nodes.
 //!
+//! ```no_run
+//! # async fn demo() -> Result<(), distlock_api::LockError> {
+//! use std::time::Duration;
+//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_redis::RedisLock;
+//!
+//! // Or "redis+redlock://h1:6379,h2:6379,h3:6379" for Redlock.
+//! let locks = RedisLock::connect("redis://127.0.0.1:6379").await?;
+//! let options = LockOptions::new(Duration::from_secs(10))
+//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+//! let guard = locks.acquire(&LockKey::new("billing/close-month")?, &options).await?;
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! The driver is re-exported as [`redis`], so its types need no separate dependency.
+//!
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
 //! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
@@ -81,19 +98,23 @@
 //! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
 //!   for any grant that may have landed.
 
+#![forbid(unsafe_code)]
+
 mod config;
+mod error;
 mod keys;
 mod lock;
 mod membership;
 mod node;
-mod refusal;
 mod scripts;
-mod url_options;
 mod wakeups;
 
 pub use config::{node_urls, RedisConfig};
 pub use keys::KeyNames;
 pub use lock::RedisLock;
+/// The driver this backend is built on, re-exported so its types (for example in error
+/// sources) can be named without a separate dependency on a matching version.
+pub use redis;
 
 /// The backend name of a single-node client, in errors and reports.
 pub const REDIS_BACKEND: &str = "redis";

@@ -5,13 +5,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
     ReleaseOutcome, WaitOrder,
 };
 use futures_util::future::{join_all, select_all};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use crate::config::{node_urls, RedisConfig};
 use crate::keys::KeyNames;
@@ -81,7 +83,7 @@ impl RedisLock {
     /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
     /// for FIFO on a Redlock URL.
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
-        let (url, fifo) = crate::url_options::take_fifo(url)?;
+        let (url, fifo) = crate::config::take_fifo(url)?;
         config.fifo = fifo.unwrap_or(config.fifo);
         config.validate()?;
         let urls = node_urls(&url)?;
@@ -169,16 +171,20 @@ impl RedisLock {
         }
         // Every failed node's own error, each naming its address.
         let failures: Vec<String> = errors.iter().map(at_node).collect();
-        LockError::connection(
-            REDLOCK_BACKEND,
-            format!(
-                "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
-                failures.len(),
-                self.inner.nodes.len(),
-                self.quorum(),
-                failures.join("; ")
-            ),
-        )
+        let message = format!(
+            "{} of {} Redlock nodes failed, so no majority of {} is possible: {}",
+            failures.len(),
+            self.inner.nodes.len(),
+            self.quorum(),
+            failures.join("; ")
+        );
+        // Retrying helps only if the nodes that may recover could still make a majority.
+        let permanent = errors.iter().filter(|e| !e.is_retryable()).count();
+        if self.inner.nodes.len() - permanent < self.quorum() {
+            LockError::backend_error(REDLOCK_BACKEND, message)
+        } else {
+            LockError::connection(REDLOCK_BACKEND, message)
+        }
     }
 
     /// Owner-checked release on every node, including ones that failed or timed out.
@@ -252,7 +258,7 @@ impl RedisLock {
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
-        held_seen: &mut bool,
+        report: &WaitReport,
     ) -> Result<LockGuard, LockError> {
         let names = KeyNames::for_key(key);
         let mut backoff = options.backoff().delays();
@@ -273,7 +279,7 @@ impl RedisLock {
                 Ok(Attempt::Granted(guard)) => return Ok(guard),
                 Ok(Attempt::Held(held_for)) => {
                     failing = None;
-                    *held_seen = true;
+                    report.saw_held();
                     held_for
                 }
                 // A single node restarting, or Redlock nodes slow to answer: keep trying
@@ -284,7 +290,7 @@ impl RedisLock {
                 Err(error) => return Err(error),
             };
             if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(self.out_of_wait(key, started, *held_seen));
+                return Err(self.out_of_wait(key, started, report.held_seen()));
             }
             if tickets.is_empty() {
                 // First contention: subscribe on every node, then retry at once.
@@ -473,10 +479,7 @@ impl DistributedLock for RedisLock {
             );
         }
         capabilities.fifo = self.fifo_capability();
-        BackendInfo {
-            name: self.name(),
-            capabilities,
-        }
+        BackendInfo::new(self.name(), capabilities)
     }
 
     async fn try_acquire(
@@ -496,30 +499,25 @@ impl DistributedLock for RedisLock {
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(self.name())?;
-        let started = Instant::now();
-        let deadline = options.wait().deadline_from(started);
-        let mut held_seen = false;
+        let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
+        let (started, deadline) = (bound.started, bound.deadline);
+        let report = WaitReport::new();
         let queued = self.queued(options)?;
-        let held = &mut held_seen;
-        let waiting = async move {
+        let waiting = async {
             if queued {
-                self.wait_in_queue(key, options, started, deadline, held)
+                self.wait_in_queue(key, options, started, deadline, &report)
                     .await
             } else {
-                self.wait_for(key, options, started, deadline, held).await
+                self.wait_for(key, options, started, deadline, &report)
+                    .await
             }
-        };
-        let bound = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| d.checked_add(DEADLINE_GRACE));
-        let Some(bound) = bound else {
-            // No wait (one attempt, bounded by the request timeout) or wait forever.
-            return waiting.await;
         };
         // The wait bounds the call whatever the servers do. Dropping an attempt in
         // flight arms its compensation, which releases a grant the server applies late.
-        let outcome = timeout_at(bound, waiting).await;
-        outcome.unwrap_or_else(|_| Err(self.out_of_wait(key, started, held_seen)))
+        bounded_wait(self.name(), key, bound, &report, waiting, |_| {
+            self.out_of_wait(key, started, false)
+        })
+        .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
@@ -565,7 +563,8 @@ impl DistributedLock for RedisLock {
             match result {
                 Ok(ExtendOutcome::Extended { .. }) => extended += 1,
                 Ok(ExtendOutcome::HeldByOther) => held_by_other = true,
-                Ok(ExtendOutcome::Expired) => {}
+                // A node never answers Lost (only a guard does).
+                Ok(ExtendOutcome::Expired | ExtendOutcome::Lost) => {}
                 Err(error) => errors.push(error),
             }
         }

@@ -97,9 +97,9 @@ pub(crate) async fn connect_nodes(
 /// A node's error as `address: what happened`, without the backend's prefix.
 pub(crate) fn at_node(error: &LockError) -> String {
     match error {
-        LockError::Connection { source, .. } | LockError::Backend { source, .. } => {
-            source.to_string()
-        }
+        LockError::Connection { source, .. }
+        | LockError::Transient { source, .. }
+        | LockError::Backend { source, .. } => source.to_string(),
         LockError::Config { message, .. } => message.clone(),
         other => other.to_string(),
     }
@@ -108,7 +108,9 @@ pub(crate) fn at_node(error: &LockError) -> String {
 /// What happened at a node, without the backend's prefix or the node's address.
 fn cause(error: &LockError) -> String {
     match error {
-        LockError::Connection { source, .. } | LockError::Backend { source, .. } => source
+        LockError::Connection { source, .. }
+        | LockError::Transient { source, .. }
+        | LockError::Backend { source, .. } => source
             .downcast_ref::<AtAddress>()
             .map_or_else(|| source.to_string(), |at| at.source.to_string()),
         other => at_node(other),

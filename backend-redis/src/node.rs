@@ -4,13 +4,14 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::{AtAddress, ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
+use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
     Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
     RedisError, Script, ServerErrorKind,
 };
 
+use crate::error::lock_error;
 use crate::keys::KeyNames;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
@@ -104,20 +105,6 @@ impl std::fmt::Debug for Node {
     }
 }
 
-/// Maps a driver error from an operation on the server at `address` to the API's
-/// error kinds; the message names the address.
-fn lock_error(address: &str, error: RedisError) -> LockError {
-    if error.is_io_error()
-        || error.is_timeout()
-        || error.is_connection_dropped()
-        || error.is_connection_refusal()
-    {
-        LockError::connection_at(REDIS_BACKEND, address, error)
-    } else {
-        LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
-    }
-}
-
 impl Node {
     /// Prepares a node for the server at `url` (`redis://…`) without connecting. It will
     /// speak RESP3, so that pub/sub pushes share the command connection.
@@ -192,7 +179,7 @@ impl Node {
             .client
             .get_connection_manager_with_config(config)
             .await
-            .map_err(|e| crate::refusal::connect_error(&self.address, self.link.db, e))
+            .map_err(|e| crate::error::connect_error(&self.address, self.link.db, e))
     }
 
     /// Makes `conn` this node's connection: operations use it from now on. A node joins
@@ -480,6 +467,8 @@ fn ttl_millis(ttl: Duration) -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use distlock_api::backend::prelude::*;
+
     use super::*;
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{RedisConfig, RedisServer};
+use distlock_conformance::servers::{RedisServer, RedisServerOptions};
 use distlock_redis::{KeyNames, RedisLock};
 use redis::AsyncCommands;
 use tokio::io::AsyncWriteExt;
@@ -25,14 +25,14 @@ fn options() -> LockOptions {
     LockOptions::new(Duration::from_secs(10)).with_wait(WaitPolicy::Timeout(Duration::from_secs(5)))
 }
 
-async fn server_with(config: RedisConfig) -> RedisServer {
+async fn server_with(config: RedisServerOptions) -> RedisServer {
     RedisServer::start_with(config)
         .await
         .unwrap_or_else(|e| panic!("could not start redis-server (run scripts/test.sh): {e}"))
 }
 
 async fn server() -> RedisServer {
-    server_with(RedisConfig::default()).await
+    server_with(RedisServerOptions::default()).await
 }
 
 /// The error of connecting to `url`, which must fail.
@@ -59,7 +59,7 @@ fn assert_config(error: &LockError, address: &str, what: &str, secret: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_credentials_say_authentication_failed() {
-    let mut config = RedisConfig::default();
+    let mut config = RedisServerOptions::default();
     config.password = Some(PASSWORD.to_owned());
     config.extra_args = [
         "--user",

@@ -5,7 +5,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome};
-use distlock_conformance::servers::{RedisConfig, RedisServer};
+use distlock_conformance::servers::{RedisServer, RedisServerOptions};
 use distlock_redis::RedisLock;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -40,7 +40,7 @@ async fn locks_over_tls() {
         .local_addr()
         .unwrap()
         .port();
-    let mut config = RedisConfig::default();
+    let mut config = RedisServerOptions::default();
     for arg in [
         "--tls-port".to_owned(),
         tls_port.to_string(),

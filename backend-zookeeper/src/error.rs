@@ -121,3 +121,29 @@ pub(crate) fn at_servers(hosts: &str, error: LockError) -> LockError {
         other => other,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connection_loss_is_retryable_and_refusals_are_not() {
+        for error in [
+            zk::Error::ConnectionLoss,
+            zk::Error::Timeout,
+            zk::Error::SessionExpired,
+        ] {
+            let mapped = zk_error(error.clone());
+            assert!(
+                matches!(mapped, LockError::Connection { .. }),
+                "{error:?}: {mapped:?}"
+            );
+            assert!(mapped.is_retryable(), "{error:?}");
+        }
+        let refused = zk_error(zk::Error::NoAuth);
+        assert!(matches!(refused, LockError::Backend { .. }), "{refused:?}");
+        assert!(!refused.is_retryable());
+        let no_reply = LockError::from(Fail::TimedOut(Duration::from_secs(1)));
+        assert!(no_reply.is_retryable(), "{no_reply:?}");
+    }
+}

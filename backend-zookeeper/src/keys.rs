@@ -1,5 +1,6 @@
 //! Lock keys to ZooKeeper node names, and the Curator-compatible contender names.
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{LockKey, OwnerToken};
 
 /// The lock name Curator's `InterProcessMutex` uses: contender nodes are called

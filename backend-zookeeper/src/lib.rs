@@ -154,6 +154,8 @@
 //! - Every acquire writes the lock directory's (empty) data, so its data version
 //!   counts acquires; nothing, Curator included, reads it.
 
+#![forbid(unsafe_code)]
+
 mod config;
 mod error;
 mod keys;
@@ -170,6 +172,9 @@ pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
 };
 pub use lock::ZooKeeperLock;
+/// The driver this backend is built on, re-exported so its types (for example in error
+/// sources) can be named without a separate dependency on a matching version.
+pub use zookeeper_client;
 
 /// The backend name, in errors and reports.
 pub const ZOOKEEPER_BACKEND: &str = "zookeeper";

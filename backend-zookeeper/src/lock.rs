@@ -1,17 +1,19 @@
 //! [`ZooKeeperLock`]: the [`DistributedLock`] over ZooKeeper.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
     ReleaseOutcome,
 };
 use tokio::sync::Mutex;
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::config::{check_session_timeout, parse_url, validate_path, ZooKeeperConfig};
@@ -201,13 +203,13 @@ impl ZooKeeperLock {
     }
 
     /// Takes `key`, waiting if `waits`, until the options' deadline; notes in
-    /// `seen_held` each listing that showed another contender ahead of ours.
+    /// `report` each listing that showed another contender ahead of ours.
     async fn obtain(
         &self,
         key: &LockKey,
         options: &LockOptions,
         waits: bool,
-        seen_held: &AtomicBool,
+        report: &WaitReport,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ZOOKEEPER_BACKEND)?;
         let dir = self.lock_dir(key);
@@ -224,7 +226,7 @@ impl ZooKeeperLock {
         loop {
             let attempt = match self.session().await {
                 Ok(session) => {
-                    self.contend(&session, key, &dir, options, deadline, waits, seen_held)
+                    self.contend(&session, key, &dir, options, deadline, waits, report)
                         .await
                 }
                 Err(error) => Err(error),
@@ -274,7 +276,7 @@ impl ZooKeeperLock {
         options: &LockOptions,
         deadline: Option<Instant>,
         waits: bool,
-        seen_held: &AtomicBool,
+        report: &WaitReport,
     ) -> Result<Contend, LockError> {
         let limit = self.limit(session);
         let owner = OwnerToken::random();
@@ -316,7 +318,7 @@ impl ZooKeeperLock {
                     self.grant(session, key, options, owner, path, fence, sent),
                 ));
             }
-            seen_held.store(true, Ordering::Relaxed);
+            report.saw_held();
             if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
                 match within(limit, session.client.delete(&path, None)).await {
                     Ok(()) => cleanup.disarm(),
@@ -410,10 +412,7 @@ impl DistributedLock for ZooKeeperLock {
         capabilities.ttl_expiry = Capability::Unsupported(
             "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
         );
-        BackendInfo {
-            name: ZOOKEEPER_BACKEND,
-            capabilities,
-        }
+        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
     }
 
     async fn try_acquire(
@@ -421,7 +420,7 @@ impl DistributedLock for ZooKeeperLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.obtain(key, options, false, &AtomicBool::new(false))
+        self.obtain(key, options, false, &WaitReport::new())
             .await
             .map_err(|e| self.located(e))
     }
@@ -465,33 +464,27 @@ impl ZooKeeperLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let started = Instant::now();
-        let timed_out = || LockError::Timeout {
-            backend: ZOOKEEPER_BACKEND,
-            key: key.clone(),
-            waited: started.elapsed(),
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let report = WaitReport::new();
+        let attempts = async {
+            self.obtain(key, options, true, &report)
+                .await?
+                .ok_or_else(|| LockError::Timeout {
+                    backend: ZOOKEEPER_BACKEND,
+                    key: key.clone(),
+                    waited: bound.started.elapsed(),
+                })
         };
-        let seen_held = AtomicBool::new(false);
-        let attempt = self.obtain(key, options, true, &seen_held);
-        let deadline = options.wait().deadline_from(started);
-        let Some((wait, cut)) = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)))
-        else {
-            return attempt.await?.ok_or_else(timed_out);
-        };
-        match timeout_at(cut, attempt).await {
-            Ok(result) => result?.ok_or_else(timed_out),
-            // A listing of this call showed the key held: that is what the wait saw.
-            Err(_) if seen_held.load(Ordering::Relaxed) => Err(timed_out()),
-            Err(_) => Err(LockError::connection(
+        bounded_wait(ZOOKEEPER_BACKEND, key, bound, &report, attempts, |wait| {
+            LockError::connection(
                 ZOOKEEPER_BACKEND,
                 format!(
                     "ZooKeeper did not answer within the wait of {wait:?}; whether the lock \
                      was granted is unknown (a late contender node is removed)"
                 ),
-            )),
-        }
+            )
+        })
+        .await
     }
 
     /// [`DistributedLock::release`].

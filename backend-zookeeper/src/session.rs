@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{LeaseMonitor, LockError, OwnerToken};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    DistributedLock, FencingToken, LeaseState, LockError, LockKey, LockOptions, NotHeldReason,
+    DistributedLock, ExtendOutcome, FencingToken, LeaseState, LockError, LockKey, LockOptions,
     ReleaseOutcome, WaitPolicy,
 };
 use distlock_conformance::servers::ZooKeeperEnsemble;
@@ -112,10 +112,7 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
 
     // The stale holder can no longer hurt the new one.
     match guard.extend(Duration::from_secs(30)).await {
-        Err(LockError::NotHeld {
-            reason: NotHeldReason::Lost,
-            ..
-        }) => {}
+        Ok(ExtendOutcome::Lost) => {}
         other => panic!("extend after expiry gave {other:?}"),
     }
     let store = FencedStore::new("initial");

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::servers::{ZooKeeperConfig as ServerConfig, ZooKeeperServer};
+use distlock_conformance::servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperLock, MIN_SESSION_TIMEOUT};
 
 use common::{shared_port, start_server, url_for};
@@ -43,7 +43,7 @@ async fn a_session_timeout_below_the_minimum_is_a_config_error_on_every_run() {
 /// the client cannot work with: a configuration error naming the granted timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_negotiated_session_timeout_below_the_minimum_is_a_config_error() {
-    let mut config = ServerConfig::default();
+    let mut config = ZooKeeperServerOptions::default();
     config.tick_time_ms = 100;
     config.min_session_timeout_ms = 200;
     config.max_session_timeout_ms = 300;

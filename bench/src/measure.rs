@@ -19,6 +19,7 @@ pub(crate) struct Slice {
 }
 
 /// CPU time (user + system) this process has used so far.
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 pub(crate) fn process_cpu() -> Duration {
     // SAFETY: getrusage only writes the struct we pass, which is plain data.
     let mut usage: libc::rusage = unsafe { std::mem::zeroed() };

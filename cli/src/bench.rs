@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use distlock_bench::{BenchConfig, BenchError};
-use distlock_conformance::servers::{PostgresConfig, PostgresServer, RedisServer, ZooKeeperServer};
+use distlock_conformance::servers::{
+    PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer,
+};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -84,7 +86,7 @@ async fn spawn(kind: Spawn) -> Result<Spawned, CliError> {
         // beside the other sides' connections.
         Spawn::Postgres => Spawned::Postgres(
             PostgresServer::start_with({
-                let mut config = PostgresConfig::default();
+                let mut config = PostgresServerOptions::default();
                 config
                     .settings
                     .push(("max_connections".into(), "300".into()));

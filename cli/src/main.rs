@@ -12,6 +12,8 @@ mod demo;
 mod duration;
 mod error;
 mod escape;
+// The command runner makes the process-control FFI calls (prctl, kill, raise).
+#[allow(unsafe_code)]
 mod exec;
 mod faults;
 mod status;

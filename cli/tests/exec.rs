@@ -1,6 +1,8 @@
 //! `distlock exec` end to end on the memory backend (one process, so no contention
 //! across processes here; see `exec_servers.rs` for that): exit codes, the command's
 //! environment, signal forwarding, usage errors and the `--verbose` summary.
+// The tests signal the processes they start (libc::kill).
+#![allow(unsafe_code)]
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};

@@ -79,6 +79,7 @@ fn process_state(pid: i32) -> Option<char> {
     after.trim_start().chars().next()
 }
 
+#[allow(unsafe_code)] // FFI: see the SAFETY note
 fn signal(pid: i32, signo: i32) {
     // SAFETY: kill(2) on a process this test started and has not reaped.
     assert_eq!(unsafe { libc::kill(pid, signo) }, 0, "kill({pid}, {signo})");

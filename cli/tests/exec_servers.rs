@@ -4,6 +4,8 @@
 //! process group; `--no-wait` and `--wait` give up with exit code 75; the lock is
 //! released when the command ends, and freed when a holder is killed with -9; a waiter
 //! stopped by a signal does not hold up the next one.
+// The tests signal the processes they start (libc::kill).
+#![allow(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::Path;

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
@@ -25,6 +26,7 @@ pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(100);
 
 /// One classic mistake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Mistake {
     /// `SET NX` without `PX`: a crashed holder's lock is never freed.
     NoTtl,
@@ -159,10 +161,7 @@ impl DistributedLock for BrokenLock {
         capabilities.fifo = Capability::Unsupported(
             "built on the memory store, which wakes every waiter of a released key at once",
         );
-        BackendInfo {
-            name: BROKEN_BACKEND,
-            capabilities,
-        }
+        BackendInfo::new(BROKEN_BACKEND, capabilities)
     }
 
     async fn try_acquire(

@@ -7,6 +7,7 @@ use distlock_api::FencingToken;
 /// A write refused because its token is below the highest one the store has seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("stale write refused: token {token} is below the highest seen, {highest}")]
+#[non_exhaustive]
 pub struct StaleWrite {
     /// The refused write's token.
     pub token: FencingToken,

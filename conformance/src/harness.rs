@@ -19,6 +19,7 @@ pub trait ClientFaults: Send + Sync {
 
 /// One client of the backend under test, as if in its own process.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Client {
     /// The client's lock handle.
     pub lock: Arc<dyn DistributedLock>,

@@ -1,7 +1,6 @@
 //! [`Report`]: what a conformance run found, as a table or JSON.
 
 use std::fmt::Write as _;
-use std::time::Duration;
 
 use serde::Serialize;
 
@@ -10,6 +9,7 @@ use crate::Category;
 /// The result of one scenario.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", content = "detail", rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Verdict {
     /// The scenario's checks held; the text holds measurements, if any.
     Passed(String),
@@ -28,6 +28,7 @@ impl Verdict {
 
 /// One row of a [`Report`].
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct ScenarioResult {
     /// The scenario's name.
     pub name: &'static str,
@@ -41,6 +42,7 @@ pub struct ScenarioResult {
 
 /// Every scenario's result for one backend.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct Report {
     /// The harness's name.
     pub backend: String,
@@ -98,8 +100,4 @@ impl Report {
         let _ = writeln!(out, "{passed} passed, {failed} failed, {skipped} skipped");
         out
     }
-}
-
-pub(crate) fn millis(d: Duration) -> String {
-    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }

@@ -103,6 +103,7 @@ pub async fn run_scenario_test(name: &str, harness: Arc<dyn Harness>) {
 
 /// One deliberately broken backend and the scenarios that caught it.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct SelfTestRow {
     /// The mistake's name.
     pub mistake: &'static str,
@@ -114,6 +115,7 @@ pub struct SelfTestRow {
 
 /// The kit run against the reference backend and every broken backend.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct SelfTestReport {
     /// The correct memory backend's report: it must pass everything.
     pub reference: Report,

@@ -39,9 +39,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use postgres::{PostgresConfig, PostgresServer};
-pub use redis::{RedisConfig, RedisServer};
-pub use zookeeper::{ZooKeeperConfig, ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer};
+pub use postgres::{PostgresServer, PostgresServerOptions};
+pub use redis::{RedisServer, RedisServerOptions};
+pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 
 /// Why a throwaway server could not be started, probed or controlled.
 ///

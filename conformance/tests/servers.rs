@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use distlock_conformance::servers::{
-    self, PostgresServer, RedisConfig, RedisServer, ServerError, ZooKeeperEnsemble, ZooKeeperMode,
-    ZooKeeperServer,
+    self, PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble,
+    ZooKeeperMode, ZooKeeperServer,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -80,7 +80,7 @@ async fn redis_cmd(port: u16, args: &[&str]) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_server_lifecycle() {
     let test = "redis_server_lifecycle";
-    let mut cfg = RedisConfig::persistent();
+    let mut cfg = RedisServerOptions::persistent();
     cfg.extra_args = vec!["--appendfsync".into(), "always".into()];
     let mut redis = start_or_skip!(test, RedisServer::start_with(cfg).await);
     let port = redis.port();

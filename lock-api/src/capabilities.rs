@@ -1,6 +1,9 @@
 //! What a backend can promise, so callers and the conformance kit know what to expect.
 
 /// Whether a backend offers one guarantee.
+///
+/// Exhaustive by choice (see the crate docs): a guarantee holds or it does not; a
+/// partial one is `Unsupported`, with the text saying what remains.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Capability {
     /// The guarantee holds.
@@ -55,9 +58,17 @@ impl Capabilities {
 
 /// A backend's name and guarantees.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct BackendInfo {
     /// Short name, as used in errors and reports (`memory`, `redis`, …).
     pub name: &'static str,
     /// The guarantees offered.
     pub capabilities: Capabilities,
+}
+
+impl BackendInfo {
+    /// A backend named `name` (as used in errors and reports) offering `capabilities`.
+    pub fn new(name: &'static str, capabilities: Capabilities) -> Self {
+        BackendInfo { name, capabilities }
+    }
 }

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::{KeyError, LockKey, OptionsError};
+use crate::{KeyError, LockKey};
 
 /// A boxed error from a backend's driver.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -38,6 +38,7 @@ impl std::fmt::Display for NotHeldReason {
 /// `host:port` (or a socket path), never a URL: a URL may carry a password.
 #[derive(Debug, thiserror::Error)]
 #[error("{address}: {source}")]
+#[non_exhaustive]
 pub struct AtAddress {
     /// The server's `host:port` as configured.
     pub address: String,
@@ -54,6 +55,44 @@ impl AtAddress {
             source: source.into(),
         }
     }
+}
+
+/// Why [`LockOptions`](crate::LockOptions) were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// The TTL was below [`MIN_TTL`](crate::MIN_TTL).
+    #[error("ttl {ttl:?} is below the minimum of {min:?}")]
+    TtlTooShort {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MIN_TTL`](crate::MIN_TTL).
+        min: Duration,
+    },
+    /// The TTL was above [`MAX_TTL`](crate::MAX_TTL).
+    #[error("ttl {ttl:?} is above the maximum of {max:?}; use auto-renew to hold longer")]
+    TtlTooLong {
+        /// The TTL given.
+        ttl: Duration,
+        /// [`MAX_TTL`](crate::MAX_TTL).
+        max: Duration,
+    },
+    /// The retry backoff would spin or is inverted.
+    #[error("{0}")]
+    Backoff(&'static str),
+    /// The auto-renew settings cannot keep the lease alive.
+    #[error("{0}")]
+    AutoRenew(&'static str),
+    /// The auto-renew period is below [`MIN_RENEW_INTERVAL`](crate::MIN_RENEW_INTERVAL) or above half the TTL.
+    #[error("auto-renew interval {interval:?} must be at least {min:?} and at most half the ttl ({max:?})")]
+    RenewInterval {
+        /// The period asked for (TTL/3 by default).
+        interval: Duration,
+        /// [`MIN_RENEW_INTERVAL`](crate::MIN_RENEW_INTERVAL).
+        min: Duration,
+        /// Half the TTL.
+        max: Duration,
+    },
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.
@@ -128,7 +167,19 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
-    /// The server answered with an error, or answered something unexpected.
+    /// The server is up but cannot serve the request now, and said so in its own terms
+    /// (Redis `LOADING`, `BUSY`, `TRYAGAIN`; Postgres serialization failure `40001` or
+    /// deadlock `40P01`): the same call may succeed shortly, nothing was changed.
+    #[error("{backend}: the server cannot serve this now (retry): {source}")]
+    Transient {
+        /// Backend name.
+        backend: &'static str,
+        /// The driver's error, with the server's code.
+        #[source]
+        source: BoxError,
+    },
+    /// The server answered with an error, or answered something unexpected; retrying
+    /// the same call will not help (see [`LockError::is_retryable`]).
     #[error("{backend}: backend error: {source}")]
     Backend {
         /// Backend name.
@@ -150,15 +201,22 @@ impl LockError {
             | LockError::Unsupported { backend, .. }
             | LockError::Config { backend, .. }
             | LockError::Connection { backend, .. }
+            | LockError::Transient { backend, .. }
             | LockError::Backend { backend, .. } => backend,
         }
     }
 
-    /// Whether the same call may succeed later: true for timeouts and connection errors.
+    /// Whether the same call may succeed later: true for timeouts, connection errors
+    /// and [`LockError::Transient`] refusals (the backend's own "try again" signals);
+    /// false for everything retrying cannot fix (bad input, configuration, a lease no
+    /// longer held, unsupported operations, other server errors).
+    ///
+    /// The guard's renewal watchdog stops at the first error that is not retryable,
+    /// and backends retry only retryable errors while an acquire may wait.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            LockError::Timeout { .. } | LockError::Connection { .. }
+            LockError::Timeout { .. } | LockError::Connection { .. } | LockError::Transient { .. }
         )
     }
 
@@ -189,6 +247,14 @@ impl LockError {
         LockError::connection(backend, AtAddress::new(address, source))
     }
 
+    /// Wraps a driver error the server marked as temporary as a [`LockError::Transient`].
+    pub fn transient(backend: &'static str, source: impl Into<BoxError>) -> Self {
+        LockError::Transient {
+            backend,
+            source: source.into(),
+        }
+    }
+
     /// Wraps a driver error as a backend error.
     pub fn backend_error(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Backend {
@@ -209,5 +275,19 @@ impl From<KeyError> for LockError {
             backend: API_BACKEND_NAME,
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retryable_kinds_are_the_ones_a_retry_can_fix() {
+        assert!(LockError::transient("x", "BUSY").is_retryable());
+        assert!(LockError::connection("x", "reset").is_retryable());
+        assert!(!LockError::backend_error("x", "WRONGTYPE").is_retryable());
+        assert!(!LockError::config("x", "bad url").is_retryable());
+        assert_eq!(LockError::transient("x", "BUSY").backend(), "x");
     }
 }

@@ -11,7 +11,7 @@ use tracing::Instrument as _;
 
 use crate::{
     AutoRenew, DistributedLock, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState,
-    LockError, LockKey, NotHeldReason, ReleaseOutcome,
+    LockError, LockKey, ReleaseOutcome,
 };
 
 /// A held lock.
@@ -30,15 +30,13 @@ pub struct LockGuard {
     released: bool,
     /// Whether the hold time (and loss) has been recorded; once per guard.
     observed: bool,
+    /// Whether the acquire met the key held before it was granted.
+    contended: bool,
 }
 
 impl LockGuard {
-    /// Wraps a grant. For backend implementors.
-    ///
-    /// `backend` is the handle release and extend go through; `monitor` tracks the
-    /// lease (the backend may keep a clone to report loss). With `auto_renew`, a
-    /// watchdog task is spawned on the current runtime.
-    pub fn new(
+    /// See [`crate::backend::NewGuard::new`].
+    pub(crate) fn from_grant(
         lease: Lease,
         monitor: LeaseMonitor,
         backend: Arc<dyn DistributedLock>,
@@ -62,7 +60,21 @@ impl LockGuard {
             runtime,
             released: false,
             observed: false,
+            contended: false,
         }
+    }
+
+    /// See [`crate::backend::mark_contended`].
+    pub(crate) fn with_contended(mut self, contended: bool) -> Self {
+        self.contended = contended;
+        self
+    }
+
+    /// Whether the acquire that granted this guard found the key held by another owner
+    /// first (and so waited for it), as the backend reported it. `false` for a
+    /// `try_acquire` grant.
+    pub fn contended(&self) -> bool {
+        self.contended
     }
 
     /// The key held.
@@ -106,49 +118,49 @@ impl LockGuard {
         self.monitor.clone()
     }
 
-    /// Extends the lease to expire `ttl` from now, and returns the new deadline.
+    /// Extends the lease to expire `ttl` from now: [`ExtendOutcome::Extended`] with the
+    /// new deadline, or, as [`LockGuard::release`] does, an outcome saying the lease is
+    /// not ours any more ([`ExtendOutcome::Expired`], [`ExtendOutcome::HeldByOther`];
+    /// the guard is then lost).
     ///
     /// A lease already lost (its validity deadline passed) is not extended, even if the
-    /// server still has it: lost is final.
+    /// server still has it: lost is final, and the outcome is [`ExtendOutcome::Lost`].
     ///
     /// # Errors
-    /// [`LockError::NotHeld`] when the lease is gone or lost (the guard is then lost),
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
     /// on backends without extend, and connection and backend errors.
-    pub async fn extend(&self, ttl: Duration) -> Result<Instant, LockError> {
+    pub async fn extend(&self, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         let backend = self.backend.info().name;
         let span = tracing::debug_span!("extend", backend, key = %self.key(), ttl = ?ttl);
-        let extended = self.extend_inner(ttl).instrument(span).await;
-        crate::observe::renewal(backend, extended.is_ok());
-        extended
+        let outcome = self.extend_inner(ttl).instrument(span).await;
+        crate::metrics::renewal(
+            backend,
+            matches!(outcome, Ok(ExtendOutcome::Extended { .. })),
+        );
+        outcome
     }
 
-    async fn extend_inner(&self, ttl: Duration) -> Result<Instant, LockError> {
-        let not_held = |reason| {
-            self.monitor.mark_lost();
-            LockError::NotHeld {
-                backend: self.backend.info().name,
-                key: self.key().clone(),
-                reason,
-            }
-        };
+    async fn extend_inner(&self, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         let _turn = self.monitor.renewal_turn().await;
         // Lost is final: reviving the server's key now would leave a lock nobody holds.
         if self.monitor.state() == LeaseState::Lost {
-            return Err(not_held(NotHeldReason::Lost));
+            return Ok(ExtendOutcome::Lost);
         }
-        match self.backend.extend(&self.lease, ttl).await? {
+        let outcome = self.backend.extend(&self.lease, ttl).await?;
+        match outcome {
             ExtendOutcome::Extended { valid_until } => {
-                if !self.monitor.renewed(valid_until) {
+                if !self.monitor.apply_renewal(valid_until) {
                     // The deadline passed while the extend was in flight.
+                    self.monitor.set_lost();
                     let _ = self.backend.release(&self.lease).await;
-                    return Err(not_held(NotHeldReason::Lost));
+                    return Ok(ExtendOutcome::Lost);
                 }
-                Ok(valid_until)
             }
-            ExtendOutcome::Expired => Err(not_held(NotHeldReason::Expired)),
-            ExtendOutcome::HeldByOther => Err(not_held(NotHeldReason::HeldByOther)),
+            ExtendOutcome::Expired | ExtendOutcome::HeldByOther | ExtendOutcome::Lost => {
+                self.monitor.set_lost();
+            }
         }
+        Ok(outcome)
     }
 
     /// Stops renewal, then releases the lock (owner-checked).
@@ -170,7 +182,7 @@ impl LockGuard {
     fn record_end(&mut self) {
         if !self.observed {
             self.observed = true;
-            crate::observe::guard_ended(
+            crate::metrics::guard_ended(
                 self.backend.info().name,
                 self.key(),
                 self.lease.acquired_at().elapsed(),

@@ -52,8 +52,8 @@ impl OwnerToken {
         OwnerToken(rand::random())
     }
 
-    /// Wraps raw bits, for backends that parse a stored token.
-    pub const fn from_u128(bits: u128) -> Self {
+    /// See [`crate::backend::OwnerBits::from_u128`].
+    pub(crate) const fn from_bits(bits: u128) -> Self {
         OwnerToken(bits)
     }
 
@@ -87,13 +87,8 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// Describes a grant. `acquired_at` is when the acquire request was sent, so
-    /// deadlines computed from it are conservative.
-    ///
-    /// `fencing_token` is `Some` exactly when the backend reports
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
-    /// cannot promise ordered tokens passes `None` rather than a best-effort number.
-    pub fn new(
+    /// See [`crate::backend::NewLease::new`].
+    pub(crate) fn describe(
         key: LockKey,
         owner: OwnerToken,
         fencing_token: Option<FencingToken>,
@@ -143,6 +138,8 @@ impl Lease {
 }
 
 /// The three states of a lease.
+///
+/// Exhaustive by choice (see the crate docs): the lease model has exactly these.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LeaseState {
     /// Held, and its validity deadline has not passed.
@@ -180,8 +177,8 @@ struct MonitorShared {
 }
 
 impl LeaseMonitor {
-    /// A held lease valid until `valid_until` (on the monotonic clock).
-    pub fn new(valid_until: Instant) -> Self {
+    /// See [`crate::backend::MonitorWriter::new`].
+    pub(crate) fn held_until(valid_until: Instant) -> Self {
         let (status, _) = watch::channel(Status {
             state: LeaseState::Held,
             valid_until,
@@ -210,11 +207,8 @@ impl LeaseMonitor {
         self.shared.status.borrow().valid_until
     }
 
-    /// A renewal succeeded: held until `valid_until`. Ignored once lost.
-    ///
-    /// A lease whose deadline has already passed is lost, even if nobody said so yet: a
-    /// renewal that lands late cannot revive it. Returns whether the lease is held now.
-    pub fn renewed(&self, valid_until: Instant) -> bool {
+    /// See [`crate::backend::MonitorWriter::renewed`].
+    pub(crate) fn apply_renewal(&self, valid_until: Instant) -> bool {
         let now = Instant::now();
         self.shared.status.send_if_modified(|s| {
             if s.state == LeaseState::Lost {
@@ -248,8 +242,8 @@ impl LeaseMonitor {
         self.shared.renewals.lock().await
     }
 
-    /// The lease may be lost (connection trouble). Ignored once lost.
-    pub fn suspect(&self) {
+    /// See [`crate::backend::MonitorWriter::suspect`].
+    pub(crate) fn mark_suspect(&self) {
         self.shared.status.send_if_modified(|s| {
             let change = s.state == LeaseState::Held;
             if change {
@@ -259,8 +253,8 @@ impl LeaseMonitor {
         });
     }
 
-    /// The lease is known lost. Wakes every [`LeaseMonitor::lost`] future.
-    pub fn mark_lost(&self) {
+    /// See [`crate::backend::MonitorWriter::mark_lost`].
+    pub(crate) fn set_lost(&self) {
         self.shared.status.send_if_modified(|s| {
             let change = s.state != LeaseState::Lost;
             s.state = LeaseState::Lost;
@@ -277,7 +271,7 @@ impl LeaseMonitor {
             loop {
                 let status = *changes.borrow_and_update();
                 if status.state == LeaseState::Lost || Instant::now() >= status.valid_until {
-                    monitor.mark_lost();
+                    monitor.set_lost();
                     return;
                 }
                 tokio::select! {
@@ -297,32 +291,32 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn lost_fires_at_deadline_unless_renewed() {
         let start = Instant::now();
-        let m = LeaseMonitor::new(start + Duration::from_secs(1));
+        let m = LeaseMonitor::held_until(start + Duration::from_secs(1));
         let lost = tokio::spawn(m.lost());
         tokio::time::sleep(Duration::from_millis(900)).await;
-        m.renewed(start + Duration::from_secs(2));
+        m.apply_renewal(start + Duration::from_secs(2));
         assert_eq!(m.state(), LeaseState::Held);
         assert!(lost.await.is_ok());
         assert!(Instant::now() >= start + Duration::from_secs(2));
         assert_eq!(m.state(), LeaseState::Lost);
-        m.renewed(start + Duration::from_secs(9));
+        m.apply_renewal(start + Duration::from_secs(9));
         assert_eq!(m.state(), LeaseState::Lost, "lost is final");
     }
 
     #[tokio::test(start_paused = true)]
     async fn suspect_then_lost() {
-        let m = LeaseMonitor::new(Instant::now() + Duration::from_secs(60));
-        m.suspect();
+        let m = LeaseMonitor::held_until(Instant::now() + Duration::from_secs(60));
+        m.mark_suspect();
         assert_eq!(m.state(), LeaseState::Suspect);
         let lost = tokio::spawn(m.lost());
-        m.mark_lost();
+        m.set_lost();
         assert!(lost.await.is_ok());
         assert_eq!(m.state(), LeaseState::Lost);
     }
 
     #[test]
     fn owner_token_is_128_bit_hex() {
-        let t = OwnerToken::from_u128(0xab);
+        let t = OwnerToken::from_bits(0xab);
         assert_eq!(t.to_string(), format!("{:032x}", 0xab));
         assert_ne!(OwnerToken::random(), OwnerToken::random());
     }

@@ -16,7 +16,35 @@
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Stability: which types may grow
+//!
+//! The API can grow in a minor release only where a type says so. The rule, applied
+//! to every public type of the workspace's published crates:
+//! - **Errors and reasons** ([`LockError`], [`KeyError`], [`OptionsError`],
+//!   [`NotHeldReason`], and each backend's error types) are `#[non_exhaustive]`:
+//!   match them with a wildcard arm, since new failure modes get new variants.
+//! - **Data and options types with public fields** ([`BackendInfo`], [`Capabilities`],
+//!   [`KeyStatus`], [`AtAddress`], [`AutoRenew`], [`WaitPolicy`], the memory store's
+//!   [`memory::Entry`], each backend's `Config`) are `#[non_exhaustive]`, as redis-rs
+//!   marks its data types: read their fields freely, but build them through their
+//!   constructors and `with_…` methods, so a new field is not a breaking change.
+//! - **Types with private fields** ([`LockKey`], [`LockOptions`], [`Lease`],
+//!   [`LockGuard`], the lock clients, …) need no marker: they grow through methods.
+//! - **Outcomes are exhaustive by choice**: [`ReleaseOutcome`], [`ExtendOutcome`],
+//!   [`LeaseState`] and [`Capability`] list every case a caller must handle, so a
+//!   `match` without a wildcard is the point: a new case would change what the lock
+//!   promises, and then it should not compile silently. Changing one of them is a
+//!   major version.
+//!
+//! "Not ours" reads the same from release and extend: both report it as an outcome
+//! ([`ReleaseOutcome::Expired`] / [`ReleaseOutcome::HeldByOther`],
+//! [`ExtendOutcome::Expired`] / [`ExtendOutcome::HeldByOther`]), never as an error;
+//! errors are for calls that could not find out.
 
+#![forbid(unsafe_code)]
+
+pub mod backend;
 mod backoff;
 mod capabilities;
 mod error;
@@ -25,6 +53,7 @@ mod key;
 mod lease;
 mod lock;
 pub mod memory;
+mod metrics;
 pub mod observe;
 mod options;
 mod renew;
@@ -33,15 +62,15 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
-pub use error::{AtAddress, BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
+pub use error::{AtAddress, BoxError, LockError, NotHeldReason, OptionsError, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::{DistributedLock, ExtendOutcome, ReleaseOutcome};
 pub use memory::MemoryLock;
 pub use options::{
-    check_ttl, AutoRenew, LockOptions, OptionsError, WaitOrder, WaitPolicy, FIFO_OPERATION,
-    MAX_TTL, MIN_RENEW_INTERVAL, MIN_TTL,
+    check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
+    MIN_RENEW_INTERVAL, MIN_TTL,
 };
 pub use scoped::with_lock;
 pub use status::KeyStatus;

@@ -9,6 +9,8 @@ use tokio::time::Instant;
 use crate::{BackendInfo, KeyStatus, Lease, LockError, LockGuard, LockKey, LockOptions};
 
 /// What an owner-checked release found.
+///
+/// Exhaustive by choice (see the crate docs): these are the cases a caller handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReleaseOutcome {
     /// Our lease was removed; the key is free.
@@ -21,6 +23,8 @@ pub enum ReleaseOutcome {
 }
 
 /// What an owner-checked extend found.
+///
+/// Exhaustive by choice (see the crate docs): these are the cases a caller handles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExtendOutcome {
     /// Our lease now lasts until `valid_until` (client monotonic clock, conservative).
@@ -32,6 +36,11 @@ pub enum ExtendOutcome {
     Expired,
     /// Another owner holds the key. Their lock was left untouched.
     HeldByOther,
+    /// The guard's lease was already lost (reported lost, or its validity deadline
+    /// passed, possibly while this extend was in flight), so it was not extended: lost
+    /// is final. Only [`LockGuard::extend`] reports it; backends answer `Expired` or
+    /// `HeldByOther` instead.
+    Lost,
 }
 
 /// A distributed lock service: one backend, one connection pool or session, any keys.

@@ -55,6 +55,7 @@ impl Holder {
 
 /// What a key holds now, as seen by [`MemoryStore::get`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Entry {
     /// The owner token stored under the key.
     pub owner: OwnerToken,
@@ -68,6 +69,11 @@ pub struct Entry {
 ///
 /// Every method is atomic with respect to every other. Expired entries are treated as
 /// absent.
+///
+/// Applications read it ([`MemoryStore::get`]); its raw commands (writes that bypass
+/// the owner check, grants, waits) are hidden from the docs and outside the stable
+/// API: they exist for [`MemoryLock`] and for the conformance kit's deliberately broken
+/// backends.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     slots: Mutex<HashMap<LockKey, Slot>>,
@@ -114,6 +120,7 @@ impl MemoryStore {
 
     /// Stores `owner` under `key` for `ttl` (`None`: forever) unless a live entry is
     /// there (`SET NX PX`). On refusal returns the live entry's expiry.
+    #[doc(hidden)]
     pub fn set_if_absent(
         &self,
         key: &LockKey,
@@ -130,6 +137,7 @@ impl MemoryStore {
     }
 
     /// Stores `owner` under `key` for `ttl`, replacing any entry (`SET PX`, no `NX`).
+    #[doc(hidden)]
     pub fn overwrite(&self, key: &LockKey, owner: OwnerToken, ttl: Option<Duration>) {
         Self::put(&mut self.slots(), key, owner, ttl, None, Instant::now());
     }
@@ -157,6 +165,7 @@ impl MemoryStore {
     }
 
     /// [`MemoryStore::set_if_absent`] and, on success, a fresh fencing token, atomically.
+    #[doc(hidden)]
     pub fn grant(
         &self,
         key: &LockKey,
@@ -174,12 +183,14 @@ impl MemoryStore {
     }
 
     /// A fencing token above every one handed out before by this store (`INCR`).
+    #[doc(hidden)]
     pub fn next_fencing_token(&self) -> FencingToken {
         FencingToken::new(self.fence.fetch_add(1, Ordering::SeqCst) + 1)
     }
 
     /// Removes any entry under `key` without looking at its owner (`DEL`), waking
     /// waiters. Returns whether a live entry was removed.
+    #[doc(hidden)]
     pub fn delete(&self, key: &LockKey) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -190,6 +201,7 @@ impl MemoryStore {
 
     /// Removes the entry under `key` only if `owner` holds it, atomically (the Lua
     /// compare-and-delete), waking waiters.
+    #[doc(hidden)]
     pub fn delete_if_owner(&self, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -216,6 +228,7 @@ impl MemoryStore {
 
     /// Sets the expiry of the live entry under `key` to `ttl` from now, whoever owns it
     /// (`PEXPIRE`). Returns whether there was a live entry.
+    #[doc(hidden)]
     pub fn expire(&self, key: &LockKey, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -231,6 +244,7 @@ impl MemoryStore {
     /// Sets the expiry of the entry under `key` to `ttl` from now only if `owner` holds
     /// it, atomically (the Lua compare-and-`PEXPIRE`). `valid_until` in the outcome is
     /// `requested_at + ttl`.
+    #[doc(hidden)]
     pub fn expire_if_owner(
         &self,
         key: &LockKey,
@@ -255,6 +269,7 @@ impl MemoryStore {
 
     /// The notifier woken whenever the entry under `key` is deleted. Register interest
     /// (`Notified::enable`) before checking the key, so no wake-up is lost.
+    #[doc(hidden)]
     pub fn wake_handle(&self, key: &LockKey) -> Arc<Notify> {
         self.slots()
             .entry(key.clone())
@@ -272,6 +287,7 @@ impl MemoryStore {
     ///
     /// # Errors
     /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
+    #[doc(hidden)]
     pub async fn acquire_woken<F>(
         &self,
         key: &LockKey,
@@ -285,15 +301,17 @@ impl MemoryStore {
         let start = Instant::now();
         let deadline = options.wait().deadline_from(start);
         let wake = self.wake_handle(key);
+        let mut met_held = false;
         loop {
             let woken = wake.notified();
             tokio::pin!(woken);
             // Registered before the attempt, so a delete in between still wakes us.
             woken.as_mut().enable();
             let holder_expiry = match attempt()? {
-                Ok(guard) => return Ok(guard),
+                Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
                 Err(expiry) => expiry,
             };
+            met_held = true;
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(LockError::Timeout {
                     backend,
@@ -318,6 +336,7 @@ impl MemoryStore {
     }
 
     /// How many keys the table tracks (held, expired-but-not-yet-cleared, or waited on).
+    #[doc(hidden)]
     pub fn tracked_keys(&self) -> usize {
         self.slots().len()
     }
@@ -382,9 +401,9 @@ impl MemoryLock {
 
     fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
         let valid_until = lease.acquired_at() + lease.ttl();
-        LockGuard::new(
+        LockGuard::from_grant(
             lease,
-            LeaseMonitor::new(valid_until),
+            LeaseMonitor::held_until(valid_until),
             Arc::new(self.clone()),
             options.auto_renew(),
         )
@@ -403,7 +422,8 @@ impl MemoryLock {
         }
         let owner = OwnerToken::random();
         Ok(self.store.grant(key, owner, options.ttl()).map(|fence| {
-            let lease = Lease::new(key.clone(), owner, Some(fence), options.ttl(), requested_at);
+            let lease =
+                Lease::describe(key.clone(), owner, Some(fence), options.ttl(), requested_at);
             self.guard(lease, options)
         }))
     }
@@ -414,10 +434,7 @@ impl DistributedLock for MemoryLock {
     fn info(&self) -> BackendInfo {
         let mut capabilities = Capabilities::all_supported();
         capabilities.fifo = Capability::Unsupported(NOT_FIFO);
-        BackendInfo {
-            name: MEMORY_BACKEND,
-            capabilities,
-        }
+        BackendInfo::new(MEMORY_BACKEND, capabilities)
     }
 
     async fn try_acquire(

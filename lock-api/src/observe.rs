@@ -8,7 +8,7 @@
 //! Where each is recorded:
 //! - [`Observed`] (which `distlock::connect` wraps around every backend) records
 //!   [`ACQUIRE_SECONDS`], [`WAIT_SECONDS`] and [`CONTENTION_TOTAL`], in the `acquire`
-//!   and `wait` spans;
+//!   span;
 //! - [`crate::LockGuard`] records [`HOLD_SECONDS`] and [`LOST_TOTAL`] when it ends
 //!   (released or dropped), in the `release` and `lost` spans, and
 //!   [`RENEWALS_TOTAL`] / [`RENEWAL_FAILURES_TOTAL`] for explicit extends, in the
@@ -25,29 +25,14 @@ use tracing::Instrument as _;
 
 use crate::{
     BackendInfo, DistributedLock, ExtendOutcome, KeyStatus, Lease, LockError, LockGuard, LockKey,
-    LockOptions, ReleaseOutcome, WaitPolicy,
+    LockOptions, ReleaseOutcome,
 };
 
-/// Histogram, seconds: how long each successful `acquire`/`try_acquire` call took,
-/// waiting included.
-pub const ACQUIRE_SECONDS: &str = "distlock_acquire_seconds";
-/// Histogram, seconds: how long an `acquire` that found the key held waited, whether it
-/// got the lock in the end or timed out.
-pub const WAIT_SECONDS: &str = "distlock_wait_seconds";
-/// Histogram, seconds: how long a lock was held, from the grant request until the
-/// guard was released or dropped.
-pub const HOLD_SECONDS: &str = "distlock_hold_seconds";
-/// Counter: acquire attempts that found the key held by another owner.
-pub const CONTENTION_TOTAL: &str = "distlock_contention_total";
-/// Counter: successful lease renewals (watchdog or [`crate::LockGuard::extend`]).
-pub const RENEWALS_TOTAL: &str = "distlock_renewals_total";
-/// Counter: renewals that failed (an error, or the backend refused).
-pub const RENEWAL_FAILURES_TOTAL: &str = "distlock_renewal_failures_total";
-/// Counter: guards that ended with their lease lost (counted once, when the guard is
-/// released or dropped).
-pub const LOST_TOTAL: &str = "distlock_lost_total";
-/// The one label on every metric: the backend's name from [`BackendInfo::name`].
-pub const BACKEND_LABEL: &str = "backend";
+use crate::metrics::{acquired, contended};
+pub use crate::metrics::{
+    ACQUIRE_SECONDS, BACKEND_LABEL, CONTENTION_TOTAL, HOLD_SECONDS, LOST_TOTAL, RENEWALS_TOTAL,
+    RENEWAL_FAILURES_TOTAL, WAIT_SECONDS,
+};
 
 /// Wraps `inner` so its acquires are measured and traced. `distlock::connect` does this
 /// for every backend it returns.
@@ -57,12 +42,11 @@ pub fn observed(inner: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
 
 /// A backend whose `acquire` and `try_acquire` record metrics and spans.
 ///
-/// An `acquire` that may wait first tries once without waiting, so that contention and
-/// wait time are measured the same way on every backend; a contended acquire thus costs
-/// one extra round trip, an uncontended one none. A `WaitPolicy::Timeout` bounds that first try
-/// too: if it is unanswered when the wait runs out, the call fails with
-/// [`LockError::Connection`]. Release, extend and inspect go
-/// straight to the inner backend (the guard records release and extend).
+/// It measures only: every call goes to the inner backend once, unchanged, so a wrapped
+/// backend behaves exactly as the bare one. Contention is what the backend reports: a
+/// grant after the key was found held ([`LockGuard::contended`]) or a
+/// [`LockError::Timeout`]. Release, extend and inspect go straight to the inner backend
+/// (the guard records release and extend).
 #[derive(Debug)]
 pub struct Observed {
     inner: Arc<dyn DistributedLock>,
@@ -99,94 +83,25 @@ impl DistributedLock for Observed {
         let span = tracing::debug_span!("acquire", backend, key = %key, wait = ?options.wait());
         async {
             let start = Instant::now();
-            if options.wait() == WaitPolicy::NoWait {
-                return match self.inner.acquire(key, options).await {
-                    Ok(guard) => {
-                        acquired(backend, start.elapsed());
-                        Ok(guard)
-                    }
-                    Err(e @ LockError::Timeout { .. }) => {
-                        contended(backend);
-                        Err(e)
-                    }
-                    Err(e) => Err(e),
-                };
-            }
-            // The wait bounds the whole call, this first try included: a server that
-            // does not answer must not hold the caller past it (backends' attempts are
-            // cancel-safe, so dropping this one undoes any late grant).
-            let first = self.inner.try_acquire(key, options);
-            let first = match options.wait() {
-                // A zero wait is one try, bounded by the backend as `NoWait` is.
-                WaitPolicy::Timeout(limit) if !limit.is_zero() => {
-                    match tokio::time::timeout(limit, first).await {
-                        Ok(tried) => tried,
-                        Err(_) => {
-                            return Err(LockError::connection(
-                                backend,
-                                format!("no answer within the wait of {limit:?}; whether the lock is held is unknown"),
-                            ))
-                        }
-                    }
-                }
-                _ => first.await,
-            };
-            let transient = match first {
-                Ok(Some(guard)) => {
-                    acquired(backend, start.elapsed());
-                    return Ok(guard);
-                }
-                Ok(None) => {
-                    contended(backend);
-                    None
-                }
-                // Transient (a server restarting, a slow node): the backend's own wait
-                // retries those, so go on waiting rather than fail fast.
-                Err(error) if error.is_retryable() => {
-                    tracing::debug!(%error, "first try failed; waiting");
-                    Some(error)
-                }
-                Err(error) => return Err(error),
-            };
-            let remaining = match options.wait() {
-                WaitPolicy::Timeout(limit) => match limit.checked_sub(start.elapsed()) {
-                    Some(left) if !left.is_zero() => WaitPolicy::Timeout(left),
-                    // The wait is used up: another try could outlast it.
-                    _ => {
-                        return Err(transient.unwrap_or_else(|| LockError::Timeout {
-                            backend,
-                            key: key.clone(),
-                            waited: start.elapsed(),
-                        }))
-                    }
-                },
-                other => other,
-            };
-            let waiting = options.clone().with_wait(remaining);
-            let waited = self
-                .inner
-                .acquire(key, &waiting)
-                .instrument(tracing::debug_span!("wait", backend, key = %key))
-                .await;
+            let may_wait = options.wait().deadline_from(start) != Some(start);
+            let result = self.inner.acquire(key, options).await;
             let elapsed = start.elapsed();
-            match waited {
-                Ok(guard) => {
+            // Contention as the backend saw it: a grant after meeting the key held, or
+            // a wait that ran out.
+            let met_held = match &result {
+                Ok(guard) => guard.contended(),
+                Err(error) => matches!(error, LockError::Timeout { .. }),
+            };
+            if met_held {
+                contended(backend);
+                if may_wait {
                     metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
-                    acquired(backend, elapsed);
-                    Ok(guard)
                 }
-                Err(LockError::Timeout {
-                    backend: b, key, ..
-                }) => {
-                    metrics::histogram!(WAIT_SECONDS, BACKEND_LABEL => backend).record(elapsed);
-                    Err(LockError::Timeout {
-                        backend: b,
-                        key,
-                        waited: elapsed,
-                    })
-                }
-                Err(e) => Err(e),
             }
+            if result.is_ok() {
+                acquired(backend, elapsed);
+            }
+            result
         }
         .instrument(span)
         .await
@@ -202,35 +117,5 @@ impl DistributedLock for Observed {
 
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
         self.inner.inspect(key).await
-    }
-}
-
-fn acquired(backend: &'static str, took: Duration) {
-    metrics::histogram!(ACQUIRE_SECONDS, BACKEND_LABEL => backend).record(took);
-    tracing::debug!(took = ?took, "acquired");
-}
-
-fn contended(backend: &'static str) {
-    metrics::counter!(CONTENTION_TOTAL, BACKEND_LABEL => backend).increment(1);
-    tracing::debug!("key held by another owner");
-}
-
-/// A renewal (watchdog or explicit extend) succeeded or failed.
-pub(crate) fn renewal(backend: &'static str, ok: bool) {
-    if ok {
-        metrics::counter!(RENEWALS_TOTAL, BACKEND_LABEL => backend).increment(1);
-    } else {
-        metrics::counter!(RENEWAL_FAILURES_TOTAL, BACKEND_LABEL => backend).increment(1);
-    }
-}
-
-/// A guard ended (release or drop) after holding for `held`; `lost` if its lease was.
-pub(crate) fn guard_ended(backend: &'static str, key: &LockKey, held: Duration, lost: bool) {
-    metrics::histogram!(HOLD_SECONDS, BACKEND_LABEL => backend).record(held);
-    if lost {
-        metrics::counter!(LOST_TOTAL, BACKEND_LABEL => backend).increment(1);
-        tracing::warn_span!("lost", backend, key = %key).in_scope(
-            || tracing::warn!(held = ?held, "the lease was lost while the lock was held"),
-        );
     }
 }

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::Backoff;
+use crate::{Backoff, LockError, OptionsError};
 
 /// The shortest TTL accepted. Shorter leases would expire in flight.
 pub const MIN_TTL: Duration = Duration::from_nanos(MIN_TTL_NANOS);
@@ -23,6 +23,7 @@ const MIN_TTL_NANOS: u64 = 10_000_000;
 
 /// How long `acquire` waits for a held lock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WaitPolicy {
     /// Try once; fail with [`crate::LockError::Timeout`] if the lock is held.
     NoWait,
@@ -51,6 +52,7 @@ impl WaitPolicy {
 /// costs throughput on a hot key, since each release must go to one particular waiter
 /// (see the backend's docs for the figures and for how a dead waiter leaves the queue).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum WaitOrder {
     /// No order promised beyond the backend's own: waiters may race on each release.
     /// Backends whose waiting is FIFO anyway (Postgres, ZooKeeper), and Redis clients
@@ -63,53 +65,17 @@ pub enum WaitOrder {
     Fifo,
 }
 
-/// Why [`LockOptions`] were refused.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum OptionsError {
-    /// The TTL was below [`MIN_TTL`].
-    #[error("ttl {ttl:?} is below the minimum of {min:?}")]
-    TtlTooShort {
-        /// The TTL given.
-        ttl: Duration,
-        /// [`MIN_TTL`].
-        min: Duration,
-    },
-    /// The TTL was above [`MAX_TTL`].
-    #[error("ttl {ttl:?} is above the maximum of {max:?}; use auto-renew to hold longer")]
-    TtlTooLong {
-        /// The TTL given.
-        ttl: Duration,
-        /// [`MAX_TTL`].
-        max: Duration,
-    },
-    /// The retry backoff would spin or is inverted.
-    #[error("{0}")]
-    Backoff(&'static str),
-    /// The auto-renew settings cannot keep the lease alive.
-    #[error("{0}")]
-    AutoRenew(&'static str),
-    /// The auto-renew period is below [`MIN_RENEW_INTERVAL`] or above half the TTL.
-    #[error("auto-renew interval {interval:?} must be at least {min:?} and at most half the ttl ({max:?})")]
-    RenewInterval {
-        /// The period asked for (TTL/3 by default).
-        interval: Duration,
-        /// [`MIN_RENEW_INTERVAL`].
-        min: Duration,
-        /// Half the TTL.
-        max: Duration,
-    },
-}
-
 /// Renews a held lease in the background (a watchdog).
 ///
 /// The watchdog extends the lease every `interval` (default: TTL/3; at least
 /// [`MIN_RENEW_INTERVAL`] and at most TTL/2, so a renewal has time to land) by the lock's TTL,
 /// stops as soon as the guard is released or dropped, and stops renewing once
 /// `max_hold` has passed since the grant, letting the lease run out. If a renewal is
-/// refused, or the validity deadline passes while renewals fail, the lease is marked
-/// lost and [`crate::LockGuard::lost`] fires; while renewals fail it is suspect.
+/// refused, fails with an error that is not [retryable](crate::LockError::is_retryable),
+/// or the validity deadline passes while renewals fail, the lease is marked lost and
+/// [`crate::LockGuard::lost`] fires; while retryable renewal errors last it is suspect.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct AutoRenew {
     /// Time between renewals; `None` means TTL/3.
     pub interval: Option<Duration>,
@@ -121,6 +87,13 @@ impl AutoRenew {
     /// Renews every TTL/3 until release, with no cap.
     pub fn new() -> Self {
         AutoRenew::default()
+    }
+
+    /// Renews every `interval` instead of TTL/3 (checked by [`LockOptions::validate`]:
+    /// at least [`MIN_RENEW_INTERVAL`] and at most TTL/2).
+    pub fn with_interval(mut self, interval: Duration) -> Self {
+        self.interval = Some(interval);
+        self
     }
 
     /// Caps the total hold time at `max_hold`.
@@ -249,9 +222,9 @@ impl LockOptions {
     ///
     /// # Errors
     /// [`crate::LockError::InvalidOptions`] naming the first bound broken.
-    pub fn validate_for(&self, backend: &'static str) -> Result<(), crate::LockError> {
+    pub fn validate_for(&self, backend: &'static str) -> Result<(), LockError> {
         self.validate()
-            .map_err(|e| crate::LockError::invalid_options(backend, e))
+            .map_err(|e| LockError::invalid_options(backend, e))
     }
 }
 

@@ -41,10 +41,10 @@ pub(crate) async fn renew_until_stopped(
         let span = tracing::debug_span!("renew", backend = name, key = %lease.key(), extension = ?extension);
         let outcome = backend.extend(&lease, extension).instrument(span).await;
         drop(turn);
-        crate::observe::renewal(name, matches!(outcome, Ok(ExtendOutcome::Extended { .. })));
+        crate::metrics::renewal(name, matches!(outcome, Ok(ExtendOutcome::Extended { .. })));
         match outcome {
             Ok(ExtendOutcome::Extended { valid_until }) => {
-                if !monitor.renewed(valid_until) {
+                if !monitor.apply_renewal(valid_until) {
                     tracing::warn!(key = %lease.key(), "renewal landed after the lease ran out; lock lost");
                     let _ = backend.release(&lease).await;
                     return;
@@ -53,14 +53,21 @@ pub(crate) async fn renew_until_stopped(
             }
             Ok(outcome) => {
                 tracing::warn!(key = %lease.key(), ?outcome, "renewal refused; lock lost");
-                monitor.mark_lost();
+                monitor.set_lost();
+                return;
+            }
+            Err(error) if !error.is_retryable() => {
+                // Retrying cannot fix it (the backend refused for good): the lease will
+                // not be renewed, so say so now rather than at its deadline.
+                tracing::warn!(key = %lease.key(), %error, "renewal failed for good; lock lost");
+                monitor.set_lost();
                 return;
             }
             Err(error) => {
-                monitor.suspect();
+                monitor.mark_suspect();
                 if Instant::now() >= monitor.valid_until() {
                     tracing::warn!(key = %lease.key(), %error, "renewals failed until the lease ran out; lock lost");
-                    monitor.mark_lost();
+                    monitor.set_lost();
                     return;
                 }
                 tracing::warn!(key = %lease.key(), %error, "renewal failed; lease suspect, retrying");

@@ -9,6 +9,7 @@ use crate::FencingToken;
 /// Each field a backend cannot tell is `None`, so a caller never mistakes "unknown"
 /// for "free" or "no expiry".
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct KeyStatus {
     /// Whether some owner holds the key now.
     pub held: bool,

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{
     async_trait, with_lock, AutoRenew, BackendInfo, DistributedLock, ExtendOutcome, Lease,
     LockError, LockGuard, LockKey, LockOptions, MemoryLock, NotHeldReason, ReleaseOutcome,
@@ -106,10 +107,7 @@ async fn extend_after_expiry_marks_the_guard_lost() {
         .unwrap();
     guard.lost().await;
     match guard.extend(Duration::from_secs(1)).await {
-        Err(LockError::NotHeld {
-            reason: NotHeldReason::Lost,
-            ..
-        }) => {}
+        Ok(ExtendOutcome::Lost) => {}
         other => panic!("extend after expiry gave {other:?}"),
     }
     assert_eq!(guard.state(), distlock_api::LeaseState::Lost);
@@ -171,4 +169,84 @@ async fn with_lock_stops_the_work_when_the_lock_is_lost() {
         0,
         "the work ran on after the loss"
     );
+}
+
+/// Every extend fails with the error `fail` makes.
+#[derive(Debug)]
+struct FailingExtends {
+    inner: MemoryLock,
+    fail: fn() -> LockError,
+}
+
+#[async_trait]
+impl DistributedLock for FailingExtends {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+    async fn try_acquire(
+        &self,
+        k: &LockKey,
+        o: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        self.inner.try_acquire(k, o).await
+    }
+    async fn acquire(&self, k: &LockKey, o: &LockOptions) -> Result<LockGuard, LockError> {
+        self.inner.acquire(k, o).await
+    }
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+    async fn extend(&self, _: &Lease, _: Duration) -> Result<ExtendOutcome, LockError> {
+        Err((self.fail)())
+    }
+}
+
+/// A guard renewed through `fail`ing extends, with a TTL of `ttl`.
+async fn guard_failing_with(fail: fn() -> LockError, ttl: Duration) -> LockGuard {
+    let failing = Arc::new(FailingExtends {
+        inner: MemoryLock::new(),
+        fail,
+    });
+    let raw = failing
+        .inner
+        .acquire(&key("failing"), &LockOptions::new(ttl))
+        .await
+        .unwrap();
+    let lease = raw.lease().clone();
+    std::mem::forget(raw);
+    LockGuard::new(
+        lease.clone(),
+        distlock_api::LeaseMonitor::new(lease.acquired_at() + ttl),
+        failing,
+        Some(AutoRenew::new()),
+    )
+}
+
+#[tokio::test]
+async fn watchdog_gives_up_at_once_on_an_error_retrying_cannot_fix() {
+    let ttl = Duration::from_secs(3);
+    // Refused for good: lost at the first renewal (TTL/3), long before the deadline.
+    let refused = guard_failing_with(
+        || LockError::backend_error("failing", "WRONGTYPE the key holds something else"),
+        ttl,
+    )
+    .await;
+    tokio::time::timeout(ttl * 2 / 3, refused.lost())
+        .await
+        .expect("a permanent renewal error did not mark the lease lost before its deadline");
+    assert!(tokio::time::Instant::now() < refused.valid_until());
+    assert_eq!(refused.state(), distlock_api::LeaseState::Lost);
+    // Refused for now: suspect and retrying, still not lost before the deadline.
+    let busy = guard_failing_with(|| LockError::transient("failing", "BUSY try again"), ttl).await;
+    let deadline = busy.valid_until();
+    let poll_until = tokio::time::Instant::now() + ttl * 2 / 3;
+    while busy.state() != distlock_api::LeaseState::Suspect {
+        assert!(
+            tokio::time::Instant::now() < poll_until,
+            "a transient renewal error did not make the lease suspect"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(tokio::time::Instant::now() < deadline);
+    assert_eq!(busy.state(), distlock_api::LeaseState::Suspect);
 }

@@ -109,12 +109,17 @@ async fn acquire_contention_renewal_and_loss_are_counted() {
         let key = key.clone();
         tokio::spawn(async move { locks.acquire(&key, &LockOptions::new(ttl)).await })
     };
-    while get(&totals.read(), observe::CONTENTION_TOTAL) < 3 {
+    // This test's runtime has one thread: yielding runs the spawned waiter up to its
+    // wait on the held key (the memory backend's attempt does not await).
+    for _ in 0..3 {
         tokio::task::yield_now().await;
     }
+    assert!(!waiter.is_finished(), "the waiter did not wait");
     held.release().await.expect("release");
     let second = waiter.await.unwrap().expect("granted after release");
+    assert!(second.contended(), "the backend did not report the wait");
     let v = totals.read();
+    assert_eq!(get(&v, observe::CONTENTION_TOTAL), 3);
     assert_eq!(get(&v, observe::WAIT_SECONDS), 2);
     assert_eq!(get(&v, observe::ACQUIRE_SECONDS), 2);
     assert_eq!(get(&v, observe::HOLD_SECONDS), 1);

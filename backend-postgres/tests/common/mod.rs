@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
 use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{PostgresConfig as ServerConfig, PostgresServer};
+use distlock_conformance::servers::{PostgresServer, PostgresServerOptions};
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_postgres::{PostgresConfig, PostgresLock};
 use sqlx::{Connection, PgConnection};
@@ -56,7 +56,7 @@ pub async fn start_with(settings: &[(&str, &str)]) -> PgHarness {
         .acquire_owned()
         .await
         .expect("the server slots are never closed");
-    let mut config = ServerConfig::default();
+    let mut config = PostgresServerOptions::default();
     config.settings = [("max_connections", "400")]
         .iter()
         .chain(settings)

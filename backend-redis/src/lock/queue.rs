@@ -13,6 +13,7 @@
 
 use std::time::Duration;
 
+use distlock_api::backend::WaitReport;
 use distlock_api::{LockError, LockGuard, LockKey, LockOptions, OwnerToken};
 use tokio::time::Instant;
 
@@ -132,7 +133,7 @@ impl RedisLock {
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
-        held_seen: &mut bool,
+        report: &WaitReport,
     ) -> Result<LockGuard, LockError> {
         let node = self.queue_node()?;
         let names = KeyNames::for_key(key);
@@ -145,7 +146,7 @@ impl RedisLock {
             {
                 QueueAttempt::Granted(guard) => Ok(guard),
                 QueueAttempt::Waiting { .. } => {
-                    *held_seen = true;
+                    report.saw_held();
                     Err(self.out_of_wait(key, started, true))
                 }
             };
@@ -176,7 +177,7 @@ impl RedisLock {
                     place,
                 }) => {
                     failing = None;
-                    *held_seen = true;
+                    report.saw_held();
                     // Only the head takes over from a holder that expires; the rest
                     // would find it queued ahead of them.
                     (held_for.filter(|_| place == Some(0)), next_deadline)
@@ -199,7 +200,7 @@ impl RedisLock {
                 // Leave before answering: the caller may exit right after (exec
                 // does), and a background removal would not get to run.
                 membership.leave().await;
-                return Err(self.out_of_wait(key, started, *held_seen));
+                return Err(self.out_of_wait(key, started, report.held_seen()));
             }
             let Some((ticket, subscribed)) = &ticket else {
                 // Queued: listen for our name, then try again at once, so a release

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
 use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{ZooKeeperConfig as ServerConfig, ZooKeeperServer};
+use distlock_conformance::servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use zookeeper_client as zk;
@@ -23,8 +23,8 @@ pub const SESSION_TIMEOUT: Duration = Duration::from_secs(2);
 pub const TICK: Duration = Duration::from_millis(200);
 
 /// The server settings every test uses: a 200 ms tick, sessions of 0.4 ..= 20 s.
-pub fn server_config() -> ServerConfig {
-    ServerConfig::default()
+pub fn server_config() -> ZooKeeperServerOptions {
+    ZooKeeperServerOptions::default()
 }
 
 /// Starts a standalone server of our own; one that cannot start fails the test.
@@ -47,6 +47,7 @@ extern "C" fn stop_shared_server() {
 
 /// The port of one server shared by every test of this binary (started on first use,
 /// stopped when the test process exits). For tests that do not kill or pause it.
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 pub fn shared_port() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
     *PORT.get_or_init(|| {

@@ -12,6 +12,7 @@ use super::history::{Event, Op, Phase};
 /// One grant's claimed validity window: from the acquire's success to the earliest of
 /// its release, its observed loss, and the last validity deadline it claimed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Grant {
     /// The holding client.
     pub client: usize,
@@ -30,6 +31,7 @@ pub struct Grant {
 /// Something a checker found wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Violation {
     /// Two grants of one key overlapped within their claimed validity windows.
     Overlap {
@@ -298,6 +300,7 @@ pub fn check_lost_updates(events: &[Event]) -> Vec<Violation> {
 
 /// What the three checkers found in one history.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Findings {
     /// Overlapping grants.
     pub exclusion: Vec<Violation>,

@@ -66,6 +66,7 @@ impl NetFaults {
 /// A client of the backend under test, numbered, with its network faults if the
 /// harness can inject them.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct FaultClient {
     /// The harness's number for this client (unique per harness).
     pub id: usize,
@@ -78,6 +79,7 @@ pub struct FaultClient {
 /// How the servers behind the harness are laid out, as far as fault scenarios care.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Topology {
     /// The harness does not own the servers: no server faults.
     Uncontrolled,
@@ -108,6 +110,7 @@ impl Topology {
 
 /// What the harness can do to one server node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ServerAction {
     /// SIGKILL.
     Kill,
@@ -122,6 +125,7 @@ pub enum ServerAction {
 /// The faults the scenarios inject, for [`FaultHarness::claim`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Fault {
     /// A holder cut off from the servers for longer than its lease.
     Partition,
@@ -150,6 +154,7 @@ pub enum Fault {
 /// under a fault.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "claim", content = "why", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Claim {
     /// It does: any violation fails the scenario.
     Safe,

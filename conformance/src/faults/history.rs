@@ -9,6 +9,7 @@ use tokio::time::Instant;
 /// What an operation did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Op {
     /// Take the lock.
     Acquire,
@@ -27,6 +28,7 @@ pub enum Op {
 /// Where an operation stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Phase {
     /// It started.
     Invoke,
@@ -40,6 +42,7 @@ pub enum Phase {
 
 /// One entry of a [`History`]. Times are microseconds since the history began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct Event {
     /// When it was recorded, on the harness's monotonic clock.
     pub at_us: u64,

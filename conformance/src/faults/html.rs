@@ -28,8 +28,15 @@ table{border-collapse:collapse;margin-bottom:1em}td,th{border:1px solid #ccc;pad
 .PASS{color:#176b2c}.FAIL{color:#b00020;font-weight:bold}.SHOWN{color:#a65e00;font-weight:bold}.SKIP{color:#777}\
 svg{border:1px solid #ddd;background:#fafafa}.ok{fill:#4a7fd0}.bad{fill:#d0302a}text{font-size:10px;fill:#444}";
 
-/// The page.
-pub(crate) fn page(reports: &[FaultReport]) -> String {
+impl FaultReport {
+    /// A self-contained HTML page: the table, and per scenario a timeline of grants.
+    pub fn to_html(&self) -> String {
+        html_page(std::slice::from_ref(self))
+    }
+}
+
+/// One self-contained HTML page for several backends' reports.
+pub fn html_page(reports: &[FaultReport]) -> String {
     let mut out = String::from(
         "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>distlock fault conformance</title><style>",
     );
@@ -176,7 +183,7 @@ mod tests {
                 elapsed_ms: 1,
             }],
         };
-        let html = page(&[report]);
+        let html = html_page(&[report]);
         assert_eq!(html.matches("class=\"bad\"").count(), 2, "{html}");
         assert_eq!(html.matches("class=\"ok\"").count(), 1, "{html}");
         assert!(html.contains("x&lt;y&gt;") && html.contains("a &amp; b"));

@@ -22,9 +22,10 @@ pub use harness::{
     Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology, NOT_CONTROLLED,
 };
 pub use history::{Event, History, Op, Phase};
+pub use html::html_page;
 pub use proxied::ProxiedHarness;
 pub use record::{pause_holder, FencedSet, Recorder};
-pub use report::{html_page, FaultReport, FaultResult, FaultVerdict};
+pub use report::{FaultReport, FaultResult, FaultVerdict};
 pub use scenarios::{
     run_fault_scenario, run_faults, run_selected_faults, FaultScenario, FAULT_SCENARIOS,
 };

@@ -27,6 +27,7 @@ fn phase_of(error: &LockError) -> Phase {
 /// One client's lock calls, each logged to a [`History`] as invoke then ok, fail or
 /// unknown, with the lease's owner, token and claimed validity deadline.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct Recorder {
     /// The client's number in the history.
     pub client: usize,

@@ -10,6 +10,7 @@ use super::harness::{Claim, Fault};
 /// The result of one fault scenario.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "status", content = "detail", rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum FaultVerdict {
     /// No violation; the text holds measurements.
     Pass(String),
@@ -45,6 +46,7 @@ impl FaultVerdict {
 
 /// One row of a [`FaultReport`].
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct FaultResult {
     /// The scenario's name.
     pub name: &'static str,
@@ -79,6 +81,7 @@ impl FaultResult {
 
 /// Every fault scenario's result for one backend.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct FaultReport {
     /// The harness's name.
     pub backend: String,
@@ -149,14 +152,4 @@ impl FaultReport {
         );
         out
     }
-
-    /// A self-contained HTML page: the table, and per scenario a timeline of grants.
-    pub fn to_html(&self) -> String {
-        super::html::page(std::slice::from_ref(self))
-    }
-}
-
-/// One self-contained HTML page for several backends' reports.
-pub fn html_page(reports: &[FaultReport]) -> String {
-    super::html::page(reports)
 }

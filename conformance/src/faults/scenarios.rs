@@ -29,6 +29,7 @@ type FaultFuture<'a> = Pin<Box<dyn Future<Output = Result<Outcome, Failure>> + S
 
 /// One named fault scenario.
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub struct FaultScenario {
     /// Unique snake_case name.
     pub name: &'static str,
@@ -115,7 +116,7 @@ fn takeover(h: &dyn FaultHarness) -> Duration {
 }
 
 fn millis(d: Duration) -> String {
-    crate::report::millis(d)
+    crate::scenarios::millis(d)
 }
 
 /// Runs `action` on every node, in order.
@@ -323,6 +324,7 @@ fn error_kind(e: &LockError) -> &'static str {
     match e {
         LockError::Timeout { .. } => "timeout",
         LockError::Connection { .. } => "connection",
+        LockError::Transient { .. } => "transient",
         LockError::Backend { .. } => "backend",
         LockError::NotHeld { .. } => "not-held",
         LockError::Unsupported { .. } => "unsupported",

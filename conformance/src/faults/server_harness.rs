@@ -13,12 +13,14 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use crate::fault_proxy::FaultProxy;
 use crate::servers::{
-    PostgresConfig, PostgresServer, RedisServer, ServerError, ZooKeeperEnsemble, ZooKeeperServer,
+    PostgresServer, PostgresServerOptions, RedisServer, ServerError, ZooKeeperEnsemble,
+    ZooKeeperServer,
 };
 use crate::{Client, Harness, UrlConnector};
 
 /// Which servers a [`ServerHarness`] starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ServerKind {
     /// `nodes` redis-servers without persistence: one is a single node, more is Redlock.
     Redis {
@@ -117,7 +119,7 @@ impl ServerHarness {
             }
             ServerKind::Postgres => {
                 // 16 contending clients with a few sessions each, and the waits'.
-                let config = PostgresConfig {
+                let config = PostgresServerOptions {
                     settings: vec![("max_connections".into(), "400".into())],
                 };
                 Servers::Postgres(PostgresServer::start_with(config).await?)

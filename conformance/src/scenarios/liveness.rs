@@ -11,8 +11,8 @@ use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use super::millis;
 use super::{check, no_wait, unique_key, waiting, Failure, LONG_TTL};
-use crate::report::millis;
 use crate::Harness;
 
 pub(super) async fn release_frees_key_at_once(h: &dyn Harness) -> Result<String, Failure> {

@@ -18,6 +18,7 @@ mod ttl;
 /// The family a scenario belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Category {
     /// At most one holder; owner checks; fencing.
     Safety,
@@ -44,6 +45,7 @@ impl Category {
 /// A backend guarantee or harness hook a scenario needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Requirement {
     /// [`Capabilities::ttl_expiry`].
     TtlExpiry,
@@ -80,6 +82,7 @@ pub type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = Result<String, Failure
 
 /// One named scenario of the kit.
 #[derive(Clone, Copy)]
+#[non_exhaustive]
 pub struct Scenario {
     /// Unique snake_case name; also the test name the macro generates.
     pub name: &'static str,
@@ -102,6 +105,7 @@ impl std::fmt::Debug for Scenario {
 
 /// Why a scenario did not pass.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Failure {
     /// A check failed.
     Failed(String),
@@ -156,7 +160,7 @@ pub static SCENARIOS: &[Scenario] = &[
     scenario!(release_racing_expiry_keeps_new_holder, Safety, [TtlExpiry],
         "a release sent just before the lease expires, while a waiter takes over at expiry, never removes the waiter's lock"),
     scenario!(late_extend_after_expiry_fails_as_lost, Safety, [TtlExpiry, Extend],
-        "extend after the lease expired fails as not held, whether the key is free or held by a new owner, and the new holder keeps it"),
+        "extend after the lease expired reports it not ours (Expired, HeldByOther or Lost), whether the key is free or held by a new owner, and the new holder keeps it"),
     scenario!(fencing_token_iff_fencing_supported, Safety, [],
         "a grant (by acquire and by try-acquire) carries a fencing token exactly when the backend reports fencing supported"),
     scenario!(fencing_tokens_strictly_increase, Safety, [Fencing],
@@ -202,7 +206,7 @@ pub static SCENARIOS: &[Scenario] = &[
     scenario!(zero_and_enormous_waits, BadInput, [],
         "a zero wait on a held key times out at once; an enormous wait on a free key succeeds without overflow"),
     scenario!(release_twice_is_a_typed_outcome, BadInput, [],
-        "releasing the same lease twice reports Expired the second time, and extending it then fails as not held"),
+        "releasing the same lease twice reports Expired the second time, and extending it then reports Expired"),
     scenario!(invalid_urls_are_config_errors, BadInput, [UrlConnector],
         "malformed URLs and unknown schemes give configuration errors, without panicking"),
 ];
@@ -229,3 +233,8 @@ pub(crate) fn no_wait(ttl: Duration) -> LockOptions {
 
 /// A TTL long enough that no scenario step outlives it by accident.
 pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+
+/// `d` in milliseconds with one decimal, for scenario details.
+pub(crate) fn millis(d: Duration) -> String {
+    format!("{:.1} ms", d.as_secs_f64() * 1000.0)
+}

@@ -1,10 +1,10 @@
 //! TTL: leases expire when promised, extend and renew work, and loss is reported.
 
-use distlock_api::{AutoRenew, LeaseState, LockOptions, ReleaseOutcome};
+use distlock_api::{AutoRenew, ExtendOutcome, LeaseState, LockOptions, ReleaseOutcome};
 use tokio::time::Instant;
 
+use super::millis;
 use super::{check, no_wait, unique_key, waiting, Failure, LONG_TTL};
-use crate::report::millis;
 use crate::Harness;
 
 pub(super) async fn unrenewed_lease_expires_after_ttl(h: &dyn Harness) -> Result<String, Failure> {
@@ -47,7 +47,14 @@ pub(super) async fn extend_pushes_expiry_out(h: &dyn Harness) -> Result<String, 
     let guard = a.acquire(&key, &no_wait(ttl)).await?;
     let first_deadline = guard.valid_until();
     let longer = ttl * 3;
-    let new_deadline = guard.extend(longer).await?;
+    let new_deadline = match guard.extend(longer).await? {
+        ExtendOutcome::Extended { valid_until } => valid_until,
+        other => {
+            return Err(Failure::Failed(format!(
+                "extend of a held lease gave {other:?}"
+            )))
+        }
+    };
     check!(
         new_deadline > first_deadline,
         "extend returned {new_deadline:?}, not later than the first deadline"

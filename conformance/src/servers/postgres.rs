@@ -18,7 +18,7 @@ const INITDB_TIMEOUT: Duration = Duration::from_secs(60);
 /// Options for [`PostgresServer::start_with`].
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
-pub struct PostgresConfig {
+pub struct PostgresServerOptions {
     /// Extra `-c name=value` server settings, applied after the harness's own
     /// (`listen_addresses=127.0.0.1`, `fsync=off`, `synchronous_commit=off`,
     /// `full_page_writes=off`), so they can override them.
@@ -45,13 +45,13 @@ pub struct PostgresServer {
 }
 
 impl PostgresServer {
-    /// Starts a server with the default [`PostgresConfig`].
+    /// Starts a server with the default [`PostgresServerOptions`].
     ///
     /// # Errors
     ///
     /// See [`PostgresServer::start_with`].
     pub async fn start() -> Result<PostgresServer, ServerError> {
-        Self::start_with(PostgresConfig::default()).await
+        Self::start_with(PostgresServerOptions::default()).await
     }
 
     /// Runs `initdb -A trust -U postgres` into a temporary directory, starts
@@ -72,7 +72,7 @@ impl PostgresServer {
     /// [`ServerError::Exited`] or [`ServerError::StartTimeout`] (with the log
     /// tail) when the server does not come up; [`ServerError::Io`] for
     /// file-system or spawn failures.
-    pub async fn start_with(config: PostgresConfig) -> Result<PostgresServer, ServerError> {
+    pub async fn start_with(config: PostgresServerOptions) -> Result<PostgresServer, ServerError> {
         let bin = pg_bin_dir()?;
         let run_as = postgres_identity()?;
         let mut attempt = 0;
@@ -340,6 +340,7 @@ fn pg_bin_dir() -> Result<PathBuf, ServerError> {
 
 /// `Some((uid, gid))` of the `postgres` user when running as root, else
 /// `None` (run as the current user).
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 fn postgres_identity() -> Result<Option<(u32, u32)>, ServerError> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
@@ -429,6 +430,7 @@ async fn initdb(
 /// A killed postmaster leaves its SysV shared-memory segment behind (a later
 /// restart on the same directory would remove it). Remove it at drop so
 /// repeated test runs do not exhaust the system's segment limit.
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 fn remove_orphaned_shm(data_dir: &Path) {
     // postmaster.pid exists only if the server did not shut down cleanly.
     // Line 7 is "<key> <shmid>".

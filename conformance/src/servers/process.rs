@@ -273,6 +273,7 @@ impl Drop for Supervised {
     }
 }
 
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 fn send_signal(pid: i32, signal: i32) {
     if pid <= 0 {
         return;

@@ -17,7 +17,7 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 /// Options for [`RedisServer::start_with`].
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
-pub struct RedisConfig {
+pub struct RedisServerOptions {
     /// Enable the append-only file (`--appendonly yes`, default fsync policy
     /// `everysec`) so that data survives [`RedisServer::kill`] +
     /// [`RedisServer::restart`]. Off by default: the server then keeps no
@@ -31,12 +31,12 @@ pub struct RedisConfig {
     pub password: Option<String>,
 }
 
-impl RedisConfig {
+impl RedisServerOptions {
     /// The default configuration with the append-only file switched on.
     pub fn persistent() -> Self {
-        RedisConfig {
+        RedisServerOptions {
             appendonly: true,
-            ..RedisConfig::default()
+            ..RedisServerOptions::default()
         }
     }
 }
@@ -56,13 +56,13 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
-    /// Starts a non-persistent server with the default [`RedisConfig`].
+    /// Starts a non-persistent server with the default [`RedisServerOptions`].
     ///
     /// # Errors
     ///
     /// See [`RedisServer::start_with`].
     pub async fn start() -> Result<RedisServer, ServerError> {
-        Self::start_with(RedisConfig::default()).await
+        Self::start_with(RedisServerOptions::default()).await
     }
 
     /// Starts a server on a free port and waits (at most 15 s) until it
@@ -80,7 +80,7 @@ impl RedisServer {
     /// `/usr/bin/redis-server`); [`ServerError::Exited`] or
     /// [`ServerError::StartTimeout`] (with the log tail) when the server does
     /// not come up; [`ServerError::Io`] for temp-dir or spawn failures.
-    pub async fn start_with(config: RedisConfig) -> Result<RedisServer, ServerError> {
+    pub async fn start_with(config: RedisServerOptions) -> Result<RedisServer, ServerError> {
         let binary = redis_binary()?;
         let mut attempt = 0;
         loop {

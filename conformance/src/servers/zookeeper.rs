@@ -21,7 +21,7 @@ const SERVER: &str = "zookeeper";
 /// minimum session timeout let session-expiry tests run in about a second.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
-pub struct ZooKeeperConfig {
+pub struct ZooKeeperServerOptions {
     /// `tickTime` in milliseconds. Default 200.
     pub tick_time_ms: u32,
     /// `minSessionTimeout` in milliseconds. Default 400.
@@ -42,9 +42,9 @@ pub struct ZooKeeperConfig {
     pub extra_config: Vec<String>,
 }
 
-impl Default for ZooKeeperConfig {
+impl Default for ZooKeeperServerOptions {
     fn default() -> Self {
-        ZooKeeperConfig {
+        ZooKeeperServerOptions {
             tick_time_ms: 200,
             min_session_timeout_ms: 400,
             max_session_timeout_ms: 20_000,
@@ -137,13 +137,13 @@ pub struct ZooKeeperServer {
 }
 
 impl ZooKeeperServer {
-    /// Starts a standalone server with the default [`ZooKeeperConfig`].
+    /// Starts a standalone server with the default [`ZooKeeperServerOptions`].
     ///
     /// # Errors
     ///
     /// See [`ZooKeeperServer::start_with`].
     pub async fn start() -> Result<ZooKeeperServer, ServerError> {
-        Self::start_with(ZooKeeperConfig::default()).await
+        Self::start_with(ZooKeeperServerOptions::default()).await
     }
 
     /// Starts a standalone server on a free loopback port and waits (at most
@@ -161,7 +161,9 @@ impl ZooKeeperServer {
     /// missing; [`ServerError::Exited`] or [`ServerError::StartTimeout`]
     /// (with the log tail) when the server does not come up;
     /// [`ServerError::Io`] for file-system or spawn failures.
-    pub async fn start_with(config: ZooKeeperConfig) -> Result<ZooKeeperServer, ServerError> {
+    pub async fn start_with(
+        config: ZooKeeperServerOptions,
+    ) -> Result<ZooKeeperServer, ServerError> {
         let runtime = JavaRuntime::find()?;
         let mut attempt = 0;
         loop {
@@ -181,7 +183,7 @@ impl ZooKeeperServer {
     /// Writes the config into a fresh temp dir; does not start the JVM.
     fn prepare(
         runtime: &JavaRuntime,
-        config: &ZooKeeperConfig,
+        config: &ZooKeeperServerOptions,
         client_port: u16,
         id: Option<u32>,
         peers: &[(u16, u16)],
@@ -429,13 +431,13 @@ pub struct ZooKeeperEnsemble {
 }
 
 impl ZooKeeperEnsemble {
-    /// Starts an `n`-node ensemble with the default [`ZooKeeperConfig`].
+    /// Starts an `n`-node ensemble with the default [`ZooKeeperServerOptions`].
     ///
     /// # Errors
     ///
     /// See [`ZooKeeperEnsemble::start_with`].
     pub async fn start(n: usize) -> Result<ZooKeeperEnsemble, ServerError> {
-        Self::start_with(n, ZooKeeperConfig::default()).await
+        Self::start_with(n, ZooKeeperServerOptions::default()).await
     }
 
     /// Starts `n` JVMs at once, waits (at most `config.ready_timeout`) until
@@ -451,7 +453,7 @@ impl ZooKeeperEnsemble {
     /// [`ServerError::NoLeader`] when the election does not settle.
     pub async fn start_with(
         n: usize,
-        config: ZooKeeperConfig,
+        config: ZooKeeperServerOptions,
     ) -> Result<ZooKeeperEnsemble, ServerError> {
         if n == 0 {
             return Err(ServerError::InvalidArgument(

@@ -1,4 +1,6 @@
-//! What a failed connection handshake means, told from the server's actual reply.
+//! Every mapping of a driver error to a [`LockError`]: a failed connection handshake,
+//! told from the server's actual reply; an operation's failure; and the replies that
+//! mean "try again later".
 //!
 //! redis-rs opens a connection with `HELLO 3 [AUTH user password]` and `SELECT db`; a
 //! refusal of either comes back as the server's error. Refusals that retrying cannot fix
@@ -48,6 +50,10 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
             source: Some(Box::new(error)),
         };
     }
+    if is_transient(&error) {
+        // A server still loading its dataset refuses the handshake with LOADING.
+        return LockError::transient(REDIS_BACKEND, AtAddress::new(address, error));
+    }
     if error.is_connection_refusal() || error.is_timeout() {
         return LockError::connection_at(REDIS_BACKEND, address, error);
     }
@@ -72,5 +78,67 @@ fn server_said(error: &RedisError) -> String {
         (Some(code), Some(detail)) => format!("server said: {code} {detail}"),
         (None, Some(detail)) => format!("server said: {detail}"),
         _ => error.to_string(),
+    }
+}
+
+/// Error codes with which a Redis server refuses a command it did not run and would
+/// run later: `LOADING` (reading its dataset at start-up), `BUSY` (a script or function
+/// is running past `busy-reply-threshold`), `TRYAGAIN` (a cluster slot is migrating),
+/// `MASTERDOWN` (a replica that lost its primary).
+const RETRY_CODES: [&str; 4] = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"];
+
+/// Whether the server refused `error`'s command for now (see [`RETRY_CODES`]).
+pub(crate) fn is_transient(error: &RedisError) -> bool {
+    error.code().is_some_and(|code| RETRY_CODES.contains(&code))
+}
+
+/// Maps a driver error from an operation on the server at `address` to the API's
+/// error kinds; the message names the address. The server's own "try again" replies
+/// ([`is_transient`]) are [`LockError::Transient`].
+pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
+    if error.is_io_error()
+        || error.is_timeout()
+        || error.is_connection_dropped()
+        || error.is_connection_refusal()
+    {
+        LockError::connection_at(REDIS_BACKEND, address, error)
+    } else if is_transient(&error) {
+        LockError::transient(REDIS_BACKEND, AtAddress::new(address, error))
+    } else {
+        LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server error reply `text` (code and message), as the driver parses it.
+    fn reply(text: &str) -> RedisError {
+        match redis::parse_redis_value(format!("-{text}\r\n").as_bytes()) {
+            Ok(redis::Value::ServerError(error)) => error.into(),
+            other => panic!("not an error reply: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn try_again_replies_are_transient_and_others_are_not() {
+        for text in [
+            "LOADING Redis is loading the dataset in memory",
+            "BUSY Redis is busy running a script",
+            "TRYAGAIN Multiple keys request during rehashing of slot",
+            "MASTERDOWN Link with MASTER is down",
+        ] {
+            let error = lock_error("127.0.0.1:6379", reply(text));
+            assert!(
+                matches!(error, LockError::Transient { .. }),
+                "{text}: {error:?}"
+            );
+            assert!(error.is_retryable());
+            assert!(error.to_string().contains("127.0.0.1:6379"), "{error}");
+        }
+        let error = lock_error("127.0.0.1:6379", reply("WRONGTYPE Operation against a key"));
+        assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
+        assert!(!error.is_retryable());
     }
 }

@@ -17,6 +17,7 @@ pub fn default_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/distlock-{}", effective_uid()))
 }
 
+#[allow(unsafe_code)] // FFI: see the SAFETY notes
 fn effective_uid() -> u32 {
     // SAFETY: geteuid has no preconditions and cannot fail.
     unsafe { libc::geteuid() }

@@ -1,0 +1,146 @@
+//! The mailbox between a client and its session tasks: what a session is for, the
+//! commands a task takes, their replies, and the client's handle on a task.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use distlock_api::{LeaseMonitor, LockError};
+use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use tokio::time::Instant;
+
+/// What a session is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// Carries grants that did not wait, for any number of keys.
+    Shared,
+    /// Waits in the server's queue for one key, then holds that one lock.
+    Wait,
+}
+
+/// Why a command failed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// The session closed before running the command: nothing happened, retry elsewhere.
+    Closed,
+    /// The command ran, or may have, and failed.
+    Lock(LockError),
+}
+
+pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
+
+/// A lock granted to a session.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub token: i64,
+    /// When the lease starts, on the client's clock (conservative).
+    pub acquired_at: Instant,
+    pub monitor: LeaseMonitor,
+}
+
+/// A command for a session task.
+#[derive(Debug)]
+pub(crate) enum Command {
+    /// `pg_try_advisory_lock`, and a fencing token if granted.
+    TryGrant {
+        hash: i64,
+        owner: u128,
+        ttl: Duration,
+        requested_at: Instant,
+        reply: Reply<Option<Granted>>,
+    },
+    /// `pg_advisory_lock` under `lock_timeout` (ms, 0 for none); dedicated sessions only.
+    Wait {
+        hash: i64,
+        owner: u128,
+        ttl: Duration,
+        lock_timeout_ms: u64,
+        slot: OwnedSemaphorePermit,
+        reply: Reply<Option<Granted>>,
+    },
+    /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
+    /// reply it is the compensation for a grant whose caller went away.
+    Release {
+        owner: u128,
+        reply: Option<Reply<bool>>,
+    },
+    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
+    /// the new validity deadline, or `None` if this session does not hold the lease.
+    Extend {
+        owner: u128,
+        ttl: Duration,
+        reply: Reply<Option<Instant>>,
+    },
+    /// Whether any session of the database holds `hash`.
+    HeldByAnyone { hash: i64, reply: Reply<bool> },
+}
+
+impl Command {
+    /// Answers the command with `failure`, if it expects an answer.
+    pub(crate) fn fail(self, failure: Failure) {
+        match self {
+            Command::TryGrant { reply, .. } | Command::Wait { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+            Command::Release { reply, .. } => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(failure));
+                }
+            }
+            Command::Extend { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+            Command::HeldByAnyone { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+        }
+    }
+}
+
+/// The client's handle on a session task.
+#[derive(Debug)]
+pub(crate) struct SessionHandle {
+    tx: mpsc::UnboundedSender<Command>,
+    /// Commands sent and not yet finished, for picking the least busy session.
+    load: AtomicUsize,
+    alive: AtomicBool,
+}
+
+impl SessionHandle {
+    /// A handle for a new task, and the task's end of the mailbox.
+    pub fn new() -> (Self, mpsc::UnboundedReceiver<Command>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let handle = SessionHandle {
+            tx,
+            load: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+        };
+        (handle, rx)
+    }
+
+    /// Notes that the task finished `count` commands.
+    pub fn finished(&self, count: usize) {
+        self.load.fetch_sub(count, Ordering::Relaxed);
+    }
+
+    /// Notes that the task stopped: the session takes no more commands.
+    pub fn close(&self) {
+        self.alive.store(false, Ordering::Release);
+    }
+
+    /// Queues `command`; gives it back if the task has stopped taking commands.
+    pub fn send(&self, command: Command) -> Result<(), Command> {
+        self.load.fetch_add(1, Ordering::Relaxed);
+        self.tx.send(command).map_err(|e| {
+            self.load.fetch_sub(1, Ordering::Relaxed);
+            e.0
+        })
+    }
+
+    pub fn load(&self) -> usize {
+        self.load.load(Ordering::Relaxed)
+    }
+
+    pub fn is_alive(&self) -> bool {
+        self.alive.load(Ordering::Acquire) && !self.tx.is_closed()
+    }
+}
