@@ -51,7 +51,7 @@ impl NewGuard for LockGuard {
         backend: Arc<dyn DistributedLock>,
         auto_renew: Option<AutoRenew>,
     ) -> Self {
-        LockGuard::from_grant(lease, monitor, backend, auto_renew)
+        LockGuard::from_grant(lease, monitor, Arc::new(backend), auto_renew)
     }
 }
 

@@ -422,10 +422,11 @@ impl MemoryLock {
 
     fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
         let valid_until = lease.acquired_at() + lease.ttl();
+        let backend: Arc<dyn DistributedLock> = Arc::new(self.clone());
         LockGuard::from_grant(
             lease,
             LeaseMonitor::held_until(valid_until),
-            Arc::new(self.clone()),
+            Arc::new(backend),
             options.auto_renew(),
         )
     }
