@@ -19,6 +19,7 @@
 
 mod backoff;
 mod capabilities;
+mod cleanup;
 mod error;
 mod guard;
 mod key;
@@ -33,6 +34,7 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
+pub use cleanup::{settle_cleanups, spawn_cleanup};
 pub use error::{AtAddress, BoxError, LockError, NotHeldReason, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
