@@ -456,7 +456,8 @@ impl Drop for Compensation<'_> {
                 self.owner,
                 self.ttl,
             );
-            runtime.spawn(async move {
+            // Counted, so that a program exiting right after can let it finish.
+            distlock_api::spawn_cleanup(&runtime, async move {
                 lock.release_everywhere(&names, owner, ttl).await;
             });
         }
@@ -500,15 +501,14 @@ impl DistributedLock for RedisLock {
         let deadline = options.wait().deadline_from(started);
         let mut held_seen = false;
         let queued = self.queued(options)?;
+        if queued {
+            // Bounds its own steps by the wait, and leaves the queue before it returns.
+            return self
+                .wait_in_queue(key, options, started, deadline, &mut held_seen)
+                .await;
+        }
         let held = &mut held_seen;
-        let waiting = async move {
-            if queued {
-                self.wait_in_queue(key, options, started, deadline, held)
-                    .await
-            } else {
-                self.wait_for(key, options, started, deadline, held).await
-            }
-        };
+        let waiting = self.wait_for(key, options, started, deadline, held);
         let bound = deadline
             .filter(|d| *d > started)
             .and_then(|d| d.checked_add(DEADLINE_GRACE));

@@ -11,12 +11,13 @@
 //!
 //! [`RedisConfig::fifo_entry_ttl`]: crate::RedisConfig::fifo_entry_ttl
 
+use std::future::Future;
 use std::time::Duration;
 
 use distlock_api::{LockError, LockGuard, LockKey, LockOptions, OwnerToken};
 use tokio::time::Instant;
 
-use super::{too_late, Compensation, RedisLock};
+use super::{too_late, Compensation, RedisLock, DEADLINE_GRACE};
 use crate::keys::KeyNames;
 use crate::node::{hex, Node, QueueGrant};
 use crate::REDIS_BACKEND;
@@ -157,14 +158,30 @@ impl RedisLock {
             waiter: &waiter,
             armed: true,
         };
+        // The wait bounds the call whatever the server does: a step still in flight at
+        // `bound` is cut short (an attempt's compensation releases a grant the server
+        // applies late), and the entry is removed before the call returns, however slow
+        // the server: a background removal would not run if the caller exits.
+        let bound = deadline.and_then(|d| d.checked_add(DEADLINE_GRACE));
+        let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = options.backoff().delays();
         let mut ticket = None;
         let mut failing: Option<(Instant, u32)> = None;
+        let mut attempted = false;
         loop {
-            let (held_for, next_deadline) = match self
-                .attempt_in_queue(key, &names, options, &waiter, true)
-                .await
-            {
+            if attempted && past_deadline() {
+                // No attempt past the deadline: its round trip, and the removal's after
+                // it, would both have to fit in the grace.
+                membership.leave().await;
+                return Err(self.out_of_wait(key, started, *held_seen));
+            }
+            attempted = true;
+            let attempt = self.attempt_in_queue(key, &names, options, &waiter, true);
+            let Some(attempt) = within(bound, attempt).await else {
+                membership.leave().await;
+                return Err(self.out_of_wait(key, started, *held_seen));
+            };
+            let (held_for, next_deadline) = match attempt {
                 Ok(QueueAttempt::Granted(guard)) => {
                     // The grant took our entry out of the queue.
                     membership.armed = false;
@@ -195,7 +212,7 @@ impl RedisLock {
                     return Err(error);
                 }
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if past_deadline() {
                 // Leave before answering: the caller may exit right after (exec
                 // does), and a background removal would not get to run.
                 membership.leave().await;
@@ -204,7 +221,11 @@ impl RedisLock {
             let Some((ticket, subscribed)) = &ticket else {
                 // Queued: listen for our name, then try again at once, so a release
                 // published before the subscription is not missed.
-                ticket = Some(node.watch(&names, Some(&waiter)).await);
+                let Some(watch) = within(bound, node.watch(&names, Some(&waiter))).await else {
+                    membership.leave().await;
+                    return Err(self.out_of_wait(key, started, *held_seen));
+                };
+                ticket = Some(watch);
                 continue;
             };
             let mut nap = if *subscribed && failing.is_none() {
@@ -232,6 +253,14 @@ impl RedisLock {
                 _ = tokio::time::sleep(nap) => {}
             }
         }
+    }
+}
+
+/// `step`'s output, or `None` when `bound` passed first (the step is then dropped).
+async fn within<T>(bound: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
+    match bound {
+        Some(bound) => tokio::time::timeout_at(bound, step).await.ok(),
+        None => Some(step.await),
     }
 }
 
@@ -273,7 +302,8 @@ impl Drop for Membership<'_> {
                 self.names.clone(),
                 self.waiter.to_owned(),
             );
-            runtime.spawn(async move {
+            // Counted, so that a program exiting right after can let it finish.
+            distlock_api::spawn_cleanup(&runtime, async move {
                 if let Ok(node) = lock.queue_node() {
                     // If this fails the entry expires on its own within the entry TTL.
                     let _ = node.leave_queue(&names, &waiter).await;
