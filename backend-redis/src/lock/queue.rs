@@ -159,10 +159,10 @@ impl RedisLock {
             armed: true,
         };
         // The wait bounds the call whatever the server does: a step still in flight at
-        // `bound` is cut short (an attempt's compensation releases a grant the server
+        // `cutoff` is cut short (an attempt's compensation releases a grant the server
         // applies late), and the entry is removed before the call returns, however slow
         // the server: a background removal would not run if the caller exits.
-        let bound = deadline.and_then(|d| d.checked_add(DEADLINE_GRACE));
+        let cutoff = deadline.and_then(|d| d.checked_add(DEADLINE_GRACE));
         let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = options.backoff().delays();
         let mut ticket = None;
@@ -172,14 +172,16 @@ impl RedisLock {
             if attempted && past_deadline() {
                 // No attempt past the deadline: its round trip, and the removal's after
                 // it, would both have to fit in the grace.
-                membership.leave().await;
-                return Err(self.out_of_wait(key, started, *held_seen));
+                return membership
+                    .give_up(self.out_of_wait(key, started, *held_seen))
+                    .await;
             }
             attempted = true;
             let attempt = self.attempt_in_queue(key, &names, options, &waiter, true);
-            let Some(attempt) = within(bound, attempt).await else {
-                membership.leave().await;
-                return Err(self.out_of_wait(key, started, *held_seen));
+            let Some(attempt) = within(cutoff, attempt).await else {
+                return membership
+                    .give_up(self.out_of_wait(key, started, *held_seen))
+                    .await;
             };
             let (held_for, next_deadline) = match attempt {
                 Ok(QueueAttempt::Granted(guard)) => {
@@ -202,28 +204,28 @@ impl RedisLock {
                     if let Err(error) =
                         self.retry_or_give_up(error, deadline, started, &mut failing)
                     {
-                        membership.leave().await;
-                        return Err(error);
+                        return membership.give_up(error).await;
                     }
                     (None, None)
                 }
                 Err(error) => {
-                    membership.leave().await;
-                    return Err(error);
+                    return membership.give_up(error).await;
                 }
             };
             if past_deadline() {
                 // Leave before answering: the caller may exit right after (exec
                 // does), and a background removal would not get to run.
-                membership.leave().await;
-                return Err(self.out_of_wait(key, started, *held_seen));
+                return membership
+                    .give_up(self.out_of_wait(key, started, *held_seen))
+                    .await;
             }
             let Some((ticket, subscribed)) = &ticket else {
                 // Queued: listen for our name, then try again at once, so a release
                 // published before the subscription is not missed.
-                let Some(watch) = within(bound, node.watch(&names, Some(&waiter))).await else {
-                    membership.leave().await;
-                    return Err(self.out_of_wait(key, started, *held_seen));
+                let Some(watch) = within(cutoff, node.watch(&names, Some(&waiter))).await else {
+                    return membership
+                        .give_up(self.out_of_wait(key, started, *held_seen))
+                        .await;
                 };
                 ticket = Some(watch);
                 continue;
@@ -256,10 +258,10 @@ impl RedisLock {
     }
 }
 
-/// `step`'s output, or `None` when `bound` passed first (the step is then dropped).
-async fn within<T>(bound: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
-    match bound {
-        Some(bound) => tokio::time::timeout_at(bound, step).await.ok(),
+/// `step`'s output, or `None` when `cutoff` passed first (the step is then dropped).
+async fn within<T>(cutoff: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
+    match cutoff {
+        Some(cutoff) => tokio::time::timeout_at(cutoff, step).await.ok(),
         None => Some(step.await),
     }
 }
@@ -280,6 +282,12 @@ struct Membership<'a> {
 }
 
 impl Membership<'_> {
+    /// Leaves the queue (as [`Membership::leave`]), then fails with `error`.
+    async fn give_up<T>(&mut self, error: LockError) -> Result<T, LockError> {
+        self.leave().await;
+        Err(error)
+    }
+
     /// Removes the entry now and waits for the answer. If this future is dropped
     /// midway, the removal runs again in the background.
     async fn leave(&mut self) {
