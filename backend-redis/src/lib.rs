@@ -41,7 +41,8 @@
 //!
 //! A `WaitPolicy::Timeout` bounds the whole call, whatever the servers do: an attempt
 //! still unanswered at the deadline (plus 50 ms of grace) is dropped, its possible grant
-//! released in the background, and the call fails with `LockError::Connection` (the
+//! released in the background (a clean-up `distlock_api::settle_cleanups` waits for),
+//! and the call fails with `LockError::Connection` (the
 //! lock's state is unknown) — or `LockError::Timeout` if an earlier attempt of the call
 //! saw the key held. `NoWait` makes one attempt, bounded by the request timeout.
 //!
@@ -54,12 +55,16 @@
 //! scored by the server time at which each entry expires). The FIFO acquire script
 //! drops expired entries, grants the lock only to the head of the queue and only when
 //! the lock key is free, and otherwise queues the waiter (or refreshes its entry for
-//! [`RedisConfig::fifo_entry_ttl`]). The release script publishes the head's id on
-//! `{K}:released`, and a client wakes only the waiter of that id. A waiter refreshes its
-//! entry at least every third of the entry TTL; one that gives up (timeout, error,
-//! dropped future) removes it at once and wakes the next; one that dies is dropped by
-//! the next script run after its deadline, which the waiters behind it time their naps
-//! to. Both queue keys expire with their longest-lived entry and vanish when empty.
+//! [`RedisConfig::fifo_entry_ttl`]). The release script drops expired entries too and
+//! publishes the head's id on `{K}:released`, and a client wakes only the waiter of that
+//! id. A waiter refreshes its entry at least every third of the entry TTL; one that
+//! gives up (timeout, error) removes it before its call returns and wakes the next (so
+//! a timed-out FIFO acquire may return later than the wait plus grace: by one removal,
+//! bounded by the request timeout, and it makes no attempt past its deadline); a
+//! dropped one removes it in the background (see `distlock_api::settle_cleanups`); one
+//! that dies is dropped by the next script run after its deadline, which the waiters
+//! behind it time their naps to. Both queue keys expire with their longest-lived entry
+//! and vanish when empty.
 //! The lock key keeps its plain layout, so other libraries still exclude both ways, but
 //! their `SET NX` (like a distlock client not asking for FIFO) takes a free key ahead of
 //! the queue. The queue's deadlines follow the server's clock: a step forward expires

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
+use distlock_api::backend::{bounded_wait, mark_contended, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
@@ -462,7 +462,8 @@ impl Drop for Compensation<'_> {
                 self.owner,
                 self.ttl,
             );
-            runtime.spawn(async move {
+            // Counted, so that a program exiting right after can let it finish.
+            distlock_api::backend::spawn_cleanup(&runtime, async move {
                 lock.release_everywhere(&names, owner, ttl).await;
             });
         }
@@ -503,14 +504,16 @@ impl DistributedLock for RedisLock {
         let (started, deadline) = (bound.started, bound.deadline);
         let report = WaitReport::new();
         let queued = self.queued(options)?;
+        if queued {
+            // Bounds its own steps by the wait, and leaves the queue before it returns.
+            let granted = self
+                .wait_in_queue(key, options, started, deadline, &report)
+                .await?;
+            return Ok(mark_contended(granted, report.held_seen()));
+        }
         let waiting = async {
-            if queued {
-                self.wait_in_queue(key, options, started, deadline, &report)
-                    .await
-            } else {
-                self.wait_for(key, options, started, deadline, &report)
-                    .await
-            }
+            self.wait_for(key, options, started, deadline, &report)
+                .await
         };
         // The wait bounds the call whatever the servers do. Dropping an attempt in
         // flight arms its compensation, which releases a grant the server applies late.

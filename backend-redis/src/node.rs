@@ -354,8 +354,8 @@ impl Node {
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
         let script = &*crate::scripts::RELEASE;
-        let queue = names.queue();
-        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue]);
+        let (queue, deadlines) = (names.queue(), names.queue_deadlines());
+        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue, &deadlines]);
         cmd.arg(&hex(owner)[..]);
         let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {

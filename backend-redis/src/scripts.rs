@@ -22,17 +22,26 @@ return {0, redis.call('PTTL', KEYS[1])}
     )
 });
 
-/// `KEYS = [lock, channel, queue]`, `ARGV = [token]`.
+/// `KEYS = [lock, channel, queue, queue deadlines]`, `ARGV = [token]`.
 /// Returns 1 when released (and a wake-up is published), 2 when another owner holds
 /// the key, 0 when the key is gone. The wake-up names the head of the FIFO queue, so
-/// only that queued waiter wakes (empty when nobody is queued: every waiter wakes).
+/// only that queued waiter wakes (empty when nobody is queued: every waiter wakes);
+/// expired entries are dropped first, so it never names a dead waiter.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            EFFECTS_REPLICATION,
+            r"
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  if head then
+",
+            PURGE_EXPIRED,
+            r"
+    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+  end
   redis.call('PUBLISH', KEYS[2], head or '')
   return 1
 elseif holder then
@@ -40,6 +49,8 @@ elseif holder then
 end
 return 0
 ",
+        ]
+        .concat(),
     )
 });
 
@@ -75,12 +86,16 @@ return {owner, redis.call('PTTL', KEYS[1]), fence, redis.call('ZCOUNT', KEYS[3],
     )
 });
 
+/// The first line of every script that reads `TIME` and then writes: that needs
+/// effects replication, the only mode of Redis 7, switched on here for Redis 6, where
+/// it must come before any write command is called (even one that writes nothing, as
+/// a `SET NX` on a held key).
+const EFFECTS_REPLICATION: &str = "redis.replicate_commands()\n";
+
 /// Drops the queue entries whose deadline (server time, ms) has passed. `KEYS[3]` is
-/// the queue and `KEYS[4]` its deadlines. Defines `now`. `TIME` before writes needs
-/// effects replication, the only mode of Redis 7 and switched on here for Redis 6
-/// (nothing may be written before it).
+/// the queue and `KEYS[4]` its deadlines. Defines `now`. The script must start with
+/// [`EFFECTS_REPLICATION`].
 const PURGE_EXPIRED: &str = r"
-redis.replicate_commands()
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local dead = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
@@ -109,6 +124,7 @@ end
 pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
+            EFFECTS_REPLICATION,
             // Nobody queued (the queue key is deleted when it empties): the plain
             // acquire, without reading the clock.
             r"
@@ -161,14 +177,19 @@ return {0, redis.call('PTTL', KEYS[1]), first_in, place}
 
 /// A waiter leaves the FIFO queue. `KEYS = [lock, channel, queue, queue deadlines]`,
 /// `ARGV = [waiter id]`. When it was queued and the lock is free, the new head is
-/// woken, so a waiter giving up never holds up the one behind it. Returns 1 when the
-/// entry was there.
+/// woken (expired entries dropped first, so that it is a live one), so a waiter giving
+/// up never holds up the one behind it. Returns 1 when the entry was there.
 pub(crate) static LEAVE_QUEUE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            EFFECTS_REPLICATION,
+            r"
 local removed = redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 if removed == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
+",
+            PURGE_EXPIRED,
+            r"
   local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
   if head then
     redis.call('PUBLISH', KEYS[2], head)
@@ -176,5 +197,7 @@ if removed == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
 end
 return removed
 ",
+        ]
+        .concat(),
     )
 });

@@ -1,7 +1,8 @@
 //! FIFO mode (`?fifo=true` or `WaitOrder::Fifo`) against real redis-server processes:
 //! arrival order across clients, a crashed waiter's entry expiring within its bound, a
-//! giving-up waiter leaving at once, a release waking only the head, no residue, and
-//! typed errors for bad parameters.
+//! giving-up waiter leaving at once (on a slow server too), a release waking only the
+//! head (a live one, past an expired entry), no residue, and typed errors for bad
+//! parameters.
 
 mod common;
 
@@ -9,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitOrder, WaitPolicy};
-use distlock_redis::{RedisConfig, RedisLock};
+use distlock_redis::{KeyNames, RedisConfig, RedisLock};
 use tokio::time::{timeout, Instant};
 
 const LONG_TTL: Duration = Duration::from_secs(60);
@@ -58,6 +59,48 @@ async fn until_only_fence_counters(raw: &mut redis::aio::MultiplexedConnection, 
         }
         assert!(Instant::now() < deadline, "keys left behind: {all:?}");
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// How many scripts the server has run.
+async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(raw)
+        .await
+        .unwrap();
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| l.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Polls until `subscribers` waiters listen for `key`'s releases and no script has run
+/// for a poll interval (each waiter done with its retry after subscribing); returns how
+/// many scripts the server has run.
+async fn until_quiet(
+    raw: &mut redis::aio::MultiplexedConnection,
+    key: &LockKey,
+    subscribers: usize,
+) -> u64 {
+    let channel = KeyNames::for_key(key).channel;
+    let mut before = u64::MAX;
+    let quiet_by = Instant::now() + Duration::from_secs(20);
+    loop {
+        let numsub: (String, usize) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(&channel)
+            .query_async(raw)
+            .await
+            .unwrap();
+        let calls = script_calls(raw).await;
+        if numsub.1 == subscribers && calls == before {
+            return calls;
+        }
+        assert!(Instant::now() < quiet_by, "the waiters never settled");
+        before = calls;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -268,6 +311,116 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
     granted.release().await.unwrap();
 }
 
+/// A waiter whose wait runs out while the server is slow (every round trip longer than
+/// the grace an attempt in flight gets past the deadline) has left the queue when the
+/// call returns: the removal is awaited, not dropped with the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
+    let h = common::start(1).await;
+    let k = key("slow-timeout");
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let guard = observer
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let (lock, proxies) = h.proxied_client().await;
+    drop(lock);
+    let port = proxies[0].local_addr().port();
+    let slow = fifo_client(&format!("redis://127.0.0.1:{port}"), Duration::from_secs(3)).await;
+    let briefly =
+        LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(Duration::from_millis(50)));
+    // The server learns the queue's scripts now (`NOSCRIPT` and a load would add calls).
+    let primed = slow.acquire(&k, &briefly).await;
+    assert!(
+        matches!(primed, Err(LockError::Timeout { .. })),
+        "{primed:?}"
+    );
+    // A 240 ms round trip: the server answers, late.
+    proxies[0].set_latency(Duration::from_millis(120));
+    let wait = Duration::from_millis(600);
+    let started = Instant::now();
+    let outcome = slow
+        .acquire(
+            &k,
+            &LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(wait)),
+        )
+        .await;
+    let took = started.elapsed();
+    assert!(
+        matches!(outcome, Err(LockError::Timeout { .. })),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        observer.inspect(&k).await.unwrap().waiters,
+        Some(0),
+        "the entry outlived the call"
+    );
+    // The wait, the grace, and one removal bounded by the request timeout.
+    assert!(
+        took < wait + Duration::from_secs(3),
+        "the call took {took:?}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// A release drops expired queue entries before it names the head to wake: a waiter
+/// that died at the head of the queue (its entry expired, and no script has run since)
+/// does not take the wake-up meant for the live waiter behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_wakes_the_live_waiter_behind_an_expired_head() {
+    let h = common::start(1).await;
+    let mut raw = h.raw(0).await;
+    // Entries refreshed every 10 s: the waiter naps that long unless woken.
+    let entry_ttl = Duration::from_secs(30);
+    let k = key("expired-head");
+    let names = KeyNames::for_key(&k);
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let holder = fifo_client(&h.url(), entry_ttl).await;
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let waiter = fifo_client(&h.url(), entry_ttl).await;
+    let wait = tokio::spawn({
+        let k = k.clone();
+        async move {
+            let guard = waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            Ok::<_, LockError>((Instant::now(), guard))
+        }
+    });
+    until_queued(&observer, &k, 1).await;
+    until_quiet(&mut raw, &k, 1).await;
+    // A dead waiter ahead of it: arrived first (score 0), expired long ago (1 ms after
+    // the epoch).
+    let () = redis::pipe()
+        .cmd("ZADD")
+        .arg(names.queue())
+        .arg(0)
+        .arg("dead")
+        .ignore()
+        .cmd("ZADD")
+        .arg(names.queue_deadlines())
+        .arg(1)
+        .arg("dead")
+        .ignore()
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    let released_at = Instant::now();
+    guard.release().await.unwrap();
+    let (granted_at, granted) = timeout(Duration::from_secs(30), wait)
+        .await
+        .expect("the waiter hung")
+        .unwrap()
+        .unwrap();
+    let took = granted_at.duration_since(released_at);
+    assert!(
+        took < Duration::from_secs(2),
+        "hand-off took {took:?}: the release woke the expired head"
+    );
+    granted.release().await.unwrap();
+}
+
 /// A release wakes only the head: with 8 waiters queued on 8 clients, the release and
 /// the head's grant are the only scripts run; the others do not retry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,38 +451,8 @@ async fn a_release_wakes_only_the_head() {
         }));
         until_queued(&observer, &k, i + 1).await;
     }
-    let script_calls = |info: String| -> u64 {
-        info.lines()
-            .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-            .filter_map(|l| l.split("calls=").nth(1))
-            .filter_map(|rest| rest.split(',').next()?.parse::<u64>().ok())
-            .sum()
-    };
     // Quiet first: every waiter subscribed and done with its retry after subscribing.
-    let channel = format!("{{{}}}:released", k.as_str());
-    let mut before = u64::MAX;
-    let quiet_by = Instant::now() + Duration::from_secs(20);
-    loop {
-        let numsub: (String, usize) = redis::cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&channel)
-            .query_async(&mut raw)
-            .await
-            .unwrap();
-        let calls = script_calls(
-            redis::cmd("INFO")
-                .arg("commandstats")
-                .query_async(&mut raw)
-                .await
-                .unwrap(),
-        );
-        if numsub.1 == 8 && calls == before {
-            break;
-        }
-        assert!(Instant::now() < quiet_by, "the waiters never settled");
-        before = calls;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let before = until_quiet(&mut raw, &k, 8).await;
     guard.release().await.unwrap();
     let mut waiters = waiters.into_iter();
     let head = waiters.next().unwrap();
@@ -340,13 +463,7 @@ async fn a_release_wakes_only_the_head() {
         .unwrap();
     // Room for a herd to show up, had the release woken everyone.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let after = script_calls(
-        redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut raw)
-            .await
-            .unwrap(),
-    );
+    let after = script_calls(&mut raw).await;
     // A herd would add one call per waiter.
     let calls = after - before;
     assert!(

@@ -320,15 +320,16 @@ impl Drop for Cleanup {
         let Some(session) = self.session.take() else {
             return;
         };
-        // On the session's runtime, wherever the drop happens: should that runtime be
-        // shutting down, the task never runs, and the session is closed instead.
+        // On the session's runtime, wherever the drop happens, counted so that a
+        // program exiting right after can let it finish: should that runtime shut down
+        // first, the task never runs, and the session is closed instead.
         let runtime = session.runtime.clone();
         let (dir, mine, limit) = (
             std::mem::take(&mut self.dir),
             std::mem::take(&mut self.mine),
             self.limit,
         );
-        runtime.spawn(async move {
+        distlock_api::backend::spawn_cleanup(&runtime, async move {
             if !session.is_alive() {
                 return;
             }

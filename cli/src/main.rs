@@ -125,8 +125,10 @@ struct FaultArgs {
     html: Option<std::path::PathBuf>,
 }
 
-/// The longest `exec` waits at exit for background clean-up tasks.
-const EXEC_CLEANUP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+/// The longest distlock waits at exit for background clean-ups (the release of a
+/// dropped guard, the undoing of an acquire cut short by a signal): each is one request
+/// bounded by the backend's request timeout.
+const CLEANUP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn main() -> ExitCode {
     // Clap prints its own usage errors (exit code 2) and help/version (exit code 0).
@@ -138,16 +140,23 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return report(CliError::failed(format!("cannot start the runtime: {e}"))),
     };
-    // exec may exit right after dropping an acquire (a signal while waiting). Shutting
-    // down drops the runtime's tasks at their next await; what backends do as theirs
-    // are dropped (ZooKeeper closes its session, taking a waiter's contender node with
-    // it) gets a bounded moment.
-    let cleanup_grace = matches!(cli.command, Command::Exec(_)).then_some(EXEC_CLEANUP_GRACE);
-    let outcome = runtime.block_on(run(cli.command));
-    match cleanup_grace {
-        Some(grace) => runtime.shutdown_timeout(grace),
-        // Do not wait for background tasks (releases on drop, renewals) at exit.
-        None => runtime.shutdown_background(),
+    let is_exec = matches!(cli.command, Command::Exec(_));
+    let outcome = runtime.block_on(async {
+        let outcome = run(cli.command).await;
+        // exec may return right after dropping an acquire (a signal while waiting),
+        // whose backend still has to undo it on the server (a Redis waiter leaves the
+        // queue, a late grant is released). Shutting the runtime down would drop those
+        // tasks unrun, so they get a bounded moment first.
+        distlock::settle_cleanups(CLEANUP_GRACE).await;
+        outcome
+    });
+    if is_exec {
+        // What backends do as the runtime's tasks are dropped (ZooKeeper closes its
+        // session, taking a waiter's contender node with it) is blocking work: bounded.
+        runtime.shutdown_timeout(CLEANUP_GRACE);
+    } else {
+        // Do not wait for the other background tasks (renewals, subscriptions).
+        runtime.shutdown_background();
     }
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

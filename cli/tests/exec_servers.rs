@@ -251,11 +251,16 @@ async fn busy_lock_exit_codes_and_release(url: &str) {
     assert!(ran.exists());
 }
 
-/// How long after the holder's command ends the next waiter's command may start: one
-/// hand-off is milliseconds; this is generous for a busy machine, and well below the
-/// ZooKeeper session timeout these tests ask for ([`ZK_WAITER_SESSION_MS`]), which is
-/// how long a contender node left by a dead waiter would block the queue.
-const HANDOFF_BOUND: Duration = Duration::from_secs(3);
+/// How long after the holder's command ends the next waiter's command may start: the
+/// holder's release, the waiter's wake-up and grant, and two processes started (`sh`,
+/// `date`), tens of milliseconds; this is generous for a busy machine, and well below
+/// how long a place left by a dead waiter would block the queue: a Redis FIFO entry's
+/// TTL (3 s), the ZooKeeper session timeout these tests ask for
+/// ([`ZK_WAITER_SESSION_MS`]).
+const HANDOFF_BOUND: Duration = Duration::from_millis(750);
+
+/// The key of [`signalled_waiter_does_not_delay_the_next`].
+const SIGNALLED_KEY: &str = "exec-e2e/signalled-waiter";
 
 /// The ZooKeeper session timeout of [`signalled_waiter_does_not_delay_the_next`]: a
 /// waiter's contender node left to expire with its session would hold the queue this
@@ -281,12 +286,21 @@ async fn wait_for_waiters(count: &WaiterCount, n: usize, what: &str) {
 /// A holder; a second `exec` waiting behind it, stopped by SIGTERM (exit 143); a third
 /// `exec --wait` on the key runs its command within [`HANDOFF_BOUND`] of the holder's
 /// command ending: the signalled waiter left nothing in the queue.
-async fn signalled_waiter_does_not_delay_the_next(url: &str, waiters: WaiterCount) {
+///
+/// `queued` counts what the server keeps of waiters: it must be zero as soon as the
+/// signalled waiter has exited (`None` where the server learns of the exit later: a
+/// Postgres backend blocked in a lock wait notices its closed connection only when it
+/// is granted, and then lets go at once).
+async fn signalled_waiter_does_not_delay_the_next(
+    url: &str,
+    waiters: WaiterCount,
+    queued: Option<WaiterCount>,
+) {
     let dir = tempfile::tempdir().unwrap();
     let ready = dir.path().join("ready");
     let ended = dir.path().join("ended");
     let started = dir.path().join("started");
-    let key = "exec-e2e/signalled-waiter";
+    let key = SIGNALLED_KEY;
     let holder_script = format!(
         r#"trap 'kill $!; date +%s%N > "{ended}"; exit 0' TERM
            sleep 60 & touch "{ready}"; wait"#,
@@ -310,6 +324,13 @@ async fn signalled_waiter_does_not_delay_the_next(url: &str, waiters: WaiterCoun
         .expect("the signalled waiter exits")
         .unwrap();
     assert_eq!(out.status.code(), Some(143), "{}", text(&out.stderr));
+    if let Some(queued) = queued {
+        assert_eq!(
+            queued().await,
+            0,
+            "the signalled waiter exited and left its place in the queue"
+        );
+    }
 
     let record_start = format!(r#"date +%s%N > "{}""#, started.display());
     let next = exec_sh(url, &["--wait", "20s"], key, &record_start)
@@ -422,6 +443,18 @@ fn redis_waiters(port: u16) -> WaiterCount {
     })
 }
 
+/// Entries in a Redis key's FIFO queue (`ZCARD {K}:queue`).
+fn redis_queue(port: u16, key: &str) -> WaiterCount {
+    let queue = distlock::redis::KeyNames::for_key(&distlock::LockKey::new(key).unwrap()).queue();
+    Box::new(move || {
+        let (port, queue) = (port.to_string(), queue.clone());
+        Box::pin(async move {
+            let count = stdout_of("redis-cli", &["-p", &port, "ZCARD", &queue]).await;
+            count.trim().parse().expect("a count")
+        })
+    })
+}
+
 /// Waiters on the file backend: `flock` requests blocked on the key's lock file
 /// (`->` lines of /proc/locks with its inode).
 fn file_waiters(dir: &Path, key: &str) -> WaiterCount {
@@ -459,7 +492,12 @@ async fn exec_on_redis() {
     };
     commands_never_overlap(&server.url()).await;
     busy_lock_exit_codes_and_release(&server.url()).await;
-    signalled_waiter_does_not_delay_the_next(&server.url(), redis_waiters(server.port())).await;
+    signalled_waiter_does_not_delay_the_next(
+        &server.url(),
+        redis_waiters(server.port()),
+        Some(redis_queue(server.port(), SIGNALLED_KEY)),
+    )
+    .await;
     lost_lock_terminates_the_command(loopback(server.port()), |a| format!("redis://{a}"), false)
         .await;
 }
@@ -470,7 +508,8 @@ async fn exec_on_postgres() {
         return;
     };
     commands_never_overlap(&server.url()).await;
-    signalled_waiter_does_not_delay_the_next(&server.url(), postgres_waiters(server.url())).await;
+    signalled_waiter_does_not_delay_the_next(&server.url(), postgres_waiters(server.url()), None)
+        .await;
     lost_lock_terminates_the_command(
         loopback(server.port()),
         |a| format!("postgres://postgres@{a}/postgres"),
@@ -488,7 +527,8 @@ async fn exec_on_zookeeper() {
     let server = Arc::new(server);
     signalled_waiter_does_not_delay_the_next(
         &format!("{}?session_timeout_ms={ZK_WAITER_SESSION_MS}", server.url()),
-        zookeeper_waiters(server.clone(), "exec-e2e/signalled-waiter"),
+        zookeeper_waiters(server.clone(), SIGNALLED_KEY),
+        Some(zookeeper_waiters(server.clone(), SIGNALLED_KEY)),
     )
     .await;
     // A short session, so that the cut session expires in seconds.
@@ -508,7 +548,8 @@ async fn exec_on_file() {
     busy_lock_exit_codes_and_release(&url).await;
     signalled_waiter_does_not_delay_the_next(
         &url,
-        file_waiters(dir.path(), "exec-e2e/signalled-waiter"),
+        file_waiters(dir.path(), SIGNALLED_KEY),
+        Some(file_waiters(dir.path(), SIGNALLED_KEY)),
     )
     .await;
     holder_killed_with_9_frees_the_lock(&url).await;

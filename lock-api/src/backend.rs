@@ -13,6 +13,8 @@
 //!   suspicion and loss through, and an owner token parsed from the server. Import them
 //!   at once with `use distlock_api::backend::prelude::*;`; calls then read
 //!   `LockGuard::new(…)`, `monitor.mark_lost()` and so on.
+//! - [`spawn_cleanup`] runs a drop-path clean-up (a compensating release, leaving a
+//!   queue) so that [`crate::settle_cleanups`] can wait for it before the process exits.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +22,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::{timeout_at, Instant};
+
+pub use crate::cleanup::spawn_cleanup;
 
 use crate::{
     AutoRenew, DistributedLock, FencingToken, Lease, LeaseMonitor, LockError, LockGuard, LockKey,

@@ -19,7 +19,9 @@ use crate::{
 ///
 /// Release it with [`LockGuard::release`] to learn the outcome. Dropping it instead
 /// releases in the background, on the runtime that was current at acquire time; `Drop`
-/// never blocks and never panics, and without a runtime the lease simply runs out.
+/// never blocks and never panics, and without a runtime the lease simply runs out. A
+/// program that exits right after a drop awaits [`crate::settle_cleanups`] first, or
+/// the runtime's shutdown may drop the release unsent.
 #[must_use = "dropping the guard releases the lock at once"]
 #[derive(Debug)]
 pub struct LockGuard {
@@ -212,8 +214,9 @@ impl Drop for LockGuard {
         let backend = self.backend.clone();
         let lease = self.lease.clone();
         // Spawning on a runtime that has shut down drops the task; it does not panic.
+        // Counted, so that a program exiting right after can let it finish.
         let span = tracing::debug_span!("release", backend = backend.name(), key = %lease.key(), on_drop = true);
-        runtime.spawn(async move {
+        crate::cleanup::spawn_cleanup(&runtime, async move {
             if let Err(error) = backend.release(&lease).instrument(span).await {
                 tracing::warn!(key = %lease.key(), %error, "release on drop failed; the lease will run out");
             }

@@ -47,6 +47,7 @@
 pub mod backend;
 mod backoff;
 mod capabilities;
+mod cleanup;
 mod error;
 mod guard;
 mod key;
@@ -64,6 +65,7 @@ mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability};
+pub use cleanup::settle_cleanups;
 pub use error::{AtAddress, BoxError, LockError, NotHeldReason, OptionsError, API_BACKEND_NAME};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};

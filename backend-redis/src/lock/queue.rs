@@ -11,13 +11,14 @@
 //!
 //! [`RedisConfig::fifo_entry_ttl`]: crate::RedisConfig::fifo_entry_ttl
 
+use std::future::Future;
 use std::time::Duration;
 
 use distlock_api::backend::WaitReport;
 use distlock_api::{LockError, LockGuard, LockKey, LockOptions, OwnerToken};
 use tokio::time::Instant;
 
-use super::{too_late, Compensation, RedisLock};
+use super::{too_late, Compensation, RedisLock, DEADLINE_GRACE};
 use crate::keys::KeyNames;
 use crate::node::{hex, Node, QueueGrant};
 use crate::REDIS_BACKEND;
@@ -158,14 +159,32 @@ impl RedisLock {
             waiter: &waiter,
             armed: true,
         };
+        // The wait bounds the call whatever the server does: a step still in flight at
+        // `cutoff` is cut short (an attempt's compensation releases a grant the server
+        // applies late), and the entry is removed before the call returns, however slow
+        // the server: a background removal would not run if the caller exits.
+        let cutoff = deadline.and_then(|d| d.checked_add(DEADLINE_GRACE));
+        let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = options.backoff().delays();
         let mut ticket = None;
         let mut failing: Option<(Instant, u32)> = None;
+        let mut attempted = false;
         loop {
-            let (held_for, next_deadline) = match self
-                .attempt_in_queue(key, &names, options, &waiter, true)
-                .await
-            {
+            if attempted && past_deadline() {
+                // No attempt past the deadline: its round trip, and the removal's after
+                // it, would both have to fit in the grace.
+                return membership
+                    .give_up(self.out_of_wait(key, started, report.held_seen()))
+                    .await;
+            }
+            attempted = true;
+            let attempt = self.attempt_in_queue(key, &names, options, &waiter, true);
+            let Some(attempt) = within(cutoff, attempt).await else {
+                return membership
+                    .give_up(self.out_of_wait(key, started, report.held_seen()))
+                    .await;
+            };
+            let (held_for, next_deadline) = match attempt {
                 Ok(QueueAttempt::Granted(guard)) => {
                     // The grant took our entry out of the queue.
                     membership.armed = false;
@@ -186,26 +205,30 @@ impl RedisLock {
                     if let Err(error) =
                         self.retry_or_give_up(error, deadline, started, &mut failing)
                     {
-                        membership.leave().await;
-                        return Err(error);
+                        return membership.give_up(error).await;
                     }
                     (None, None)
                 }
                 Err(error) => {
-                    membership.leave().await;
-                    return Err(error);
+                    return membership.give_up(error).await;
                 }
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
+            if past_deadline() {
                 // Leave before answering: the caller may exit right after (exec
                 // does), and a background removal would not get to run.
-                membership.leave().await;
-                return Err(self.out_of_wait(key, started, report.held_seen()));
+                return membership
+                    .give_up(self.out_of_wait(key, started, report.held_seen()))
+                    .await;
             }
             let Some((ticket, subscribed)) = &ticket else {
                 // Queued: listen for our name, then try again at once, so a release
                 // published before the subscription is not missed.
-                ticket = Some(node.watch(&names, Some(&waiter)).await);
+                let Some(watch) = within(cutoff, node.watch(&names, Some(&waiter))).await else {
+                    return membership
+                        .give_up(self.out_of_wait(key, started, report.held_seen()))
+                        .await;
+                };
+                ticket = Some(watch);
                 continue;
             };
             let mut nap = if *subscribed && failing.is_none() {
@@ -236,6 +259,14 @@ impl RedisLock {
     }
 }
 
+/// `step`'s output, or `None` when `cutoff` passed first (the step is then dropped).
+async fn within<T>(cutoff: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
+    match cutoff {
+        Some(cutoff) => tokio::time::timeout_at(cutoff, step).await.ok(),
+        None => Some(step.await),
+    }
+}
+
 /// A fresh waiter id: 32 hex digits, like an owner token.
 fn waiter_id() -> String {
     String::from_utf8_lossy(&hex(OwnerToken::random())).into_owned()
@@ -252,6 +283,12 @@ struct Membership<'a> {
 }
 
 impl Membership<'_> {
+    /// Leaves the queue (as [`Membership::leave`]), then fails with `error`.
+    async fn give_up<T>(&mut self, error: LockError) -> Result<T, LockError> {
+        self.leave().await;
+        Err(error)
+    }
+
     /// Removes the entry now and waits for the answer. If this future is dropped
     /// midway, the removal runs again in the background.
     async fn leave(&mut self) {
@@ -274,7 +311,8 @@ impl Drop for Membership<'_> {
                 self.names.clone(),
                 self.waiter.to_owned(),
             );
-            runtime.spawn(async move {
+            // Counted, so that a program exiting right after can let it finish.
+            distlock_api::backend::spawn_cleanup(&runtime, async move {
                 if let Ok(node) = lock.queue_node() {
                     // If this fails the entry expires on its own within the entry TTL.
                     let _ = node.leave_queue(&names, &waiter).await;
