@@ -124,11 +124,12 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// - `file://` uses OS file locks in `distlock_file::default_dir()`, and
 ///   `file:///DIR` in `DIR` (feature `file`, on by default).
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
-///   `rediss://` over TLS (feature `redis-tls`); see `distlock_redis::node_urls` for
-///   the forms.
-/// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`); see
-///   `distlock_zookeeper::parse_url` for the form.
+///   `rediss://` over TLS (feature `redis-tls`).
+/// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`).
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`).
+///
+/// Every backend crate parses its URLs with `parse_url` (for example
+/// `distlock_redis::parse_url`), whose docs give the forms and options.
 ///
 /// Each call returns a new, independent client, wrapped in [`observe::Observed`] so
 /// that acquires are measured (see [`observe`]). Error messages never repeat the URL

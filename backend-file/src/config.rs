@@ -45,8 +45,28 @@ pub(crate) fn private_default_dir() -> Result<PathBuf, LockError> {
     Ok(dir)
 }
 
+/// A parsed `file://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileUrl {
+    /// The lock directory the URL names; `None` for `file://`, the [`default_dir`].
+    pub dir: Option<PathBuf>,
+}
+
+/// Parses `file://` (the [`default_dir`]) or `file:///ABSOLUTE/DIR` (also
+/// `file://localhost/ABSOLUTE/DIR`), with `%xx` escapes decoded in the path.
+///
+/// # Errors
+/// [`LockError::Config`] for another scheme, a relative path, a host other than
+/// `localhost`, a query or fragment, or a bad `%`-escape.
+pub fn parse_url(url: &str) -> Result<FileUrl, LockError> {
+    Ok(FileUrl {
+        dir: parse_dir(url)?,
+    })
+}
+
 /// The directory a `file://` URL names: `None` for the default (`file://`).
-pub(crate) fn parse(url: &str) -> Result<Option<PathBuf>, LockError> {
+fn parse_dir(url: &str) -> Result<Option<PathBuf>, LockError> {
     let usage = "use file:// (the default directory) or file:///ABSOLUTE/DIR";
     let fail = |what: &str| LockError::config(FILE_BACKEND, format!("{what}: {usage}"));
     let rest = url
@@ -93,13 +113,15 @@ mod tests {
 
     #[test]
     fn urls_name_absolute_directories() {
-        assert_eq!(parse("file://").expect("default"), None);
+        assert_eq!(parse_url("file://").expect("default").dir, None);
         assert_eq!(
-            parse("file:///var/lock/app").expect("absolute"),
+            parse_url("file:///var/lock/app").expect("absolute").dir,
             Some(PathBuf::from("/var/lock/app"))
         );
         assert_eq!(
-            parse("FILE://localhost/tmp/a%20b").expect("localhost"),
+            parse_url("FILE://localhost/tmp/a%20b")
+                .expect("localhost")
+                .dir,
             Some(PathBuf::from("/tmp/a b"))
         );
     }
@@ -117,7 +139,7 @@ mod tests {
             "file:///bad%zz",
             "file:///nul%00",
         ] {
-            match parse(url) {
+            match parse_url(url) {
                 Err(LockError::Config { .. }) => {}
                 other => panic!("{url}: expected a config error, got {other:?}"),
             }

@@ -59,7 +59,7 @@ mod lock;
 mod lock_file;
 mod waiter;
 
-pub use config::default_dir;
+pub use config::{default_dir, parse_url, FileUrl};
 pub use lock::FileLock;
 
 /// The backend name in errors and reports.

@@ -62,14 +62,15 @@ impl FileLock {
     }
 
     /// A client for a `file://` URL: `file:///ABSOLUTE/DIR`, or `file://` for
-    /// [`default_dir`](crate::default_dir) (created private to the user).
+    /// [`default_dir`](crate::default_dir) (created private to the user). See
+    /// [`crate::parse_url`] for the URL forms.
     ///
     /// # Errors
     /// [`LockError::Config`] for a malformed URL, a relative path, a host other than
     /// `localhost`, a default directory owned by another user, or a directory that
     /// cannot be created.
     pub async fn connect(url: &str) -> Result<FileLock, LockError> {
-        match config::parse(url)? {
+        match config::parse_url(url)?.dir {
             Some(dir) => Self::open(dir),
             None => config::private_default_dir().map(Self::in_dir),
         }

@@ -171,14 +171,37 @@ pub(crate) fn server_address(options: &PgConnectOptions) -> String {
     }
 }
 
-/// Parses `url` into sqlx connect options, with the server settings every distlock
-/// session runs with (see the crate docs).
+/// A parsed `postgres://` or `postgresql://` URL: the server, login and database, before
+/// the settings every distlock session adds. Its `Debug` shows the server's address
+/// only, never the password.
+#[derive(Clone)]
+pub struct PostgresUrl {
+    options: PgConnectOptions,
+}
+
+impl PostgresUrl {
+    /// The URL as the driver parsed it (host, port, user, database, its own options).
+    pub fn options(&self) -> &PgConnectOptions {
+        &self.options
+    }
+}
+
+impl std::fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresUrl")
+            .field("server", &server_address(&self.options))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Parses `postgres://` or `postgresql://` URLs in the forms sqlx accepts
+/// (`postgres://user:password@host:port/database?options`). An `application_name` is
+/// set to `distlock` unless the URL names one.
 ///
-/// Error messages never repeat the URL, which may carry a password.
-pub(crate) fn connect_options(
-    url: &str,
-    config: &PostgresConfig,
-) -> Result<PgConnectOptions, LockError> {
+/// # Errors
+/// [`LockError::Config`] for another scheme or a URL sqlx cannot parse. Error messages
+/// never repeat the URL, which may carry a password.
+pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     match scheme {
         Some(s) if URL_SCHEMES.iter().any(|k| k.eq_ignore_ascii_case(s)) => {}
@@ -205,6 +228,13 @@ pub(crate) fn connect_options(
     } else {
         options
     };
+    Ok(PostgresUrl { options })
+}
+
+/// The connect options of `url` with the server settings every distlock session runs
+/// with (see the crate docs).
+pub(crate) fn session_options(url: &PostgresUrl, config: &PostgresConfig) -> PgConnectOptions {
+    let options = url.options.clone();
     let peer_secs = config.dead_peer_timeout.as_secs().max(2);
     let keepalive_idle = peer_secs / 2;
     let keepalive_count = (peer_secs - keepalive_idle).max(1);
@@ -237,7 +267,7 @@ pub(crate) fn connect_options(
         ("synchronous_commit", "on".to_string()),
     ];
     // Waits are long statements by design: keep sqlx from logging them as slow.
-    Ok(options.options(settings).disable_statement_logging())
+    options.options(settings).disable_statement_logging()
 }
 
 #[cfg(test)]
@@ -308,13 +338,17 @@ mod tests {
             "postgresql://u:pw@h/db",
             "POSTGRES://h",
         ] {
-            let o = connect_options(url, &c).unwrap_or_else(|e| panic!("{url}: {e}"));
+            let parsed = parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
+            let o = session_options(&parsed, &c);
             assert!(o
                 .get_options()
                 .is_some_and(|s| s.contains("idle_session_timeout=10000")));
             assert_eq!(o.get_application_name(), Some("distlock"));
         }
-        let o = connect_options("postgres://h/db?application_name=mine", &c).unwrap();
+        let o = session_options(
+            &parse_url("postgres://h/db?application_name=mine").unwrap(),
+            &c,
+        );
         assert_eq!(o.get_application_name(), Some("mine"));
         for url in [
             "",
@@ -326,7 +360,7 @@ mod tests {
             "://nothing",
             "postgres://u:secret@h:notaport/db",
         ] {
-            match connect_options(url, &c) {
+            match parse_url(url) {
                 Err(LockError::Config { message, .. }) => {
                     assert!(!message.contains("secret"), "{message}")
                 }

@@ -127,7 +127,7 @@ mod session;
 mod sql;
 mod xact;
 
-pub use config::{PostgresConfig, URL_SCHEMES};
+pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;

@@ -17,7 +17,7 @@ use tokio::sync::{oneshot, Notify, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
-use crate::config::{connect_options, PostgresConfig};
+use crate::config::{parse_url, session_options, PostgresConfig};
 use crate::error;
 use crate::keys::advisory_key;
 use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
@@ -112,8 +112,8 @@ impl fmt::Debug for PostgresLock {
 
 impl PostgresLock {
     /// Connects to the server named by a `postgres://` or `postgresql://` URL (the forms
-    /// sqlx accepts: `postgres://user:password@host:port/database?options`), with the
-    /// default [`PostgresConfig`].
+    /// sqlx accepts: `postgres://user:password@host:port/database?options`; see
+    /// [`crate::parse_url`]), with the default [`PostgresConfig`].
     ///
     /// Opens one session at once, and creates the fencing sequence (schema `distlock`)
     /// if it is missing; more sessions are opened on demand.
@@ -134,7 +134,7 @@ impl PostgresLock {
     /// [`PostgresConfig::validate`].
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let connect = connect_options(url, &config)?;
+        let connect = session_options(&parse_url(url)?, &config);
         let sql = Statements::new(&config.schema);
         let mut conn = session::connect(&connect, config.request_timeout).await?;
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {

@@ -13,7 +13,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Acquire as _, Postgres, Transaction};
 use tokio::time::Instant;
 
-use crate::config::{connect_options, server_address, PostgresConfig};
+use crate::config::{parse_url, server_address, session_options, PostgresConfig};
 use crate::error::{connect_error, lock_error, sqlstate};
 use crate::keys::advisory_key;
 use crate::sql::{ensure_schema, Statements};
@@ -116,7 +116,7 @@ impl PostgresXactLock {
         // The URL checks, TCP keepalives and synchronous commit of the session mode;
         // no idle timeout (pooled connections idle between transactions) and no
         // session-wide lock timeout (the work's own statements may wait).
-        let options = connect_options(url, &config)?
+        let options = session_options(&parse_url(url)?, &config)
             .options([("idle_session_timeout", "0"), ("lock_timeout", "0")]);
         let address = server_address(&options);
         let pool = PgPoolOptions::new()

@@ -8,7 +8,7 @@ use distlock_api::LockError;
 
 use crate::REDIS_BACKEND;
 
-pub(crate) use url_options::take_fifo;
+use url_options::take_fifo;
 
 /// Settings of a Redis lock client.
 #[derive(Debug, Clone, PartialEq)]
@@ -81,7 +81,19 @@ impl RedisConfig {
     }
 }
 
-/// Splits a URL into one `redis://` URL per node.
+/// A parsed `redis://`, `rediss://` or `redis+redlock://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisUrl {
+    /// One `redis://` (or `rediss://`) URL per node: one for a single node, 3 or more
+    /// (an odd number) for Redlock. They carry the URL's credentials.
+    pub nodes: Vec<String>,
+    /// The `fifo=true|false` parameter of the query string, if given (taken out of the
+    /// node URLs, as the driver does not know it).
+    pub fifo: Option<bool>,
+}
+
+/// Parses a Redis URL into its node URLs and lock options.
 ///
 /// - `redis://[user:pass@]host[:port][/db]` is a single node; so is
 ///   `rediss://…` (TLS) with the `tls` feature, where a `#insecure` fragment skips
@@ -91,10 +103,23 @@ impl RedisConfig {
 ///   odd number of them, at least 3, none listed twice. (Connecting also refuses two
 ///   spellings of one server: names resolving to a common address, or one `run_id`.)
 ///
+/// - a `fifo=true|false` query parameter asks for FIFO waiting ([`RedisConfig::fifo`]);
+///   other query parameters and a `#fragment` are passed to the driver.
+///
 /// # Errors
 /// [`LockError::Config`] for any other scheme, `rediss://` without the `tls` feature,
-/// or an empty, even or duplicated Redlock node list.
-pub fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
+/// an empty, even or duplicated Redlock node list, or a `fifo` parameter that is not
+/// `true` or `false` or is given twice.
+pub fn parse_url(url: &str) -> Result<RedisUrl, LockError> {
+    let (url, fifo) = take_fifo(url)?;
+    Ok(RedisUrl {
+        nodes: node_urls(&url)?,
+        fifo,
+    })
+}
+
+/// Splits a URL (without lock options) into one `redis://` URL per node.
+fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
     let config_error = |message: String| LockError::config(REDIS_BACKEND, message);
     let (scheme, rest) = url
         .split_once("://")
@@ -163,6 +188,13 @@ mod tests {
     #[test]
     fn single_and_redlock_urls() {
         assert_eq!(node_urls("redis://h:1/2").unwrap(), ["redis://h:1/2"]);
+        assert_eq!(
+            parse_url("redis://h:1/2?fifo=true").unwrap(),
+            RedisUrl {
+                nodes: vec!["redis://h:1/2".into()],
+                fifo: Some(true)
+            }
+        );
         assert_eq!(node_urls("REDIS://h:1").unwrap(), ["redis://h:1"]);
         assert_eq!(
             node_urls("redis+redlock://:pw@a:1,b:2,c:3/4").unwrap(),

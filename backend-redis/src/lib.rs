@@ -114,7 +114,7 @@ mod node;
 mod scripts;
 mod wakeups;
 
-pub use config::{node_urls, RedisConfig};
+pub use config::{parse_url, RedisConfig, RedisUrl};
 pub use keys::KeyNames;
 pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error

@@ -15,7 +15,7 @@ use distlock_api::{
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, Instant};
 
-use crate::config::{node_urls, RedisConfig};
+use crate::config::{parse_url, RedisConfig};
 use crate::keys::KeyNames;
 use crate::membership::{at_node, connect_nodes};
 use crate::node::{Node, NodeGrant, NodeView};
@@ -61,7 +61,7 @@ enum Attempt {
 
 impl RedisLock {
     /// Connects to the node(s) named by `url` with default settings. See
-    /// [`crate::node_urls`] for the URL forms.
+    /// [`crate::parse_url`] for the URL forms.
     ///
     /// Redlock needs a majority of its nodes to answer; the others join in the
     /// background when they do (see the crate docs).
@@ -83,10 +83,10 @@ impl RedisLock {
     /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
     /// for FIFO on a Redlock URL.
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
-        let (url, fifo) = crate::config::take_fifo(url)?;
-        config.fifo = fifo.unwrap_or(config.fifo);
+        let url = parse_url(url)?;
+        config.fifo = url.fifo.unwrap_or(config.fifo);
         config.validate()?;
-        let urls = node_urls(&url)?;
+        let urls = url.nodes;
         if config.fifo && urls.len() > 1 {
             return Err(LockError::Unsupported {
                 backend: REDLOCK_BACKEND,

@@ -43,6 +43,7 @@ macro_rules! conformance_tests {
             extend_pushes_expiry_out,
             auto_renew_holds_past_five_ttls,
             auto_renew_stops_at_max_hold,
+            contended_reports_a_wait_on_a_held_key,
             lost_fires_when_lease_lost,
             lost_fires_when_renewal_fails,
             bad_keys_are_typed_errors,

@@ -55,7 +55,7 @@ impl NewGuard for LockGuard {
         backend: Arc<dyn DistributedLock>,
         auto_renew: Option<AutoRenew>,
     ) -> Self {
-        LockGuard::from_grant(lease, monitor, backend, auto_renew)
+        LockGuard::from_grant(lease, monitor, Arc::new(backend), auto_renew)
     }
 }
 

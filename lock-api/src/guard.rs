@@ -9,9 +9,10 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
+use crate::lease_backend::LeaseBackend;
 use crate::{
-    AutoRenew, DistributedLock, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState,
-    LockError, LockKey, ReleaseOutcome,
+    AutoRenew, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LeaseState, LockError, LockKey,
+    ReleaseOutcome,
 };
 
 /// A held lock.
@@ -26,7 +27,7 @@ use crate::{
 pub struct LockGuard {
     lease: Lease,
     monitor: LeaseMonitor,
-    backend: Arc<dyn DistributedLock>,
+    backend: Arc<dyn LeaseBackend>,
     watchdog: Option<JoinHandle<()>>,
     runtime: Option<Handle>,
     released: bool,
@@ -41,7 +42,7 @@ impl LockGuard {
     pub(crate) fn from_grant(
         lease: Lease,
         monitor: LeaseMonitor,
-        backend: Arc<dyn DistributedLock>,
+        backend: Arc<dyn LeaseBackend>,
         auto_renew: Option<AutoRenew>,
     ) -> Self {
         let runtime = Handle::try_current().ok();
@@ -132,7 +133,7 @@ impl LockGuard {
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, [`LockError::Unsupported`]
     /// on backends without extend, and connection and backend errors.
     pub async fn extend(&self, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        let backend = self.backend.info().name;
+        let backend = self.backend.name();
         let span = tracing::debug_span!("extend", backend, key = %self.key(), ttl = ?ttl);
         let outcome = self.extend_inner(ttl).instrument(span).await;
         crate::metrics::renewal(
@@ -173,7 +174,7 @@ impl LockGuard {
         self.stop_watchdog();
         self.record_end();
         let span =
-            tracing::debug_span!("release", backend = self.backend.info().name, key = %self.key());
+            tracing::debug_span!("release", backend = self.backend.name(), key = %self.key());
         let outcome = self.backend.release(&self.lease).instrument(span).await;
         // Only now: if this future is dropped mid-release, `Drop` releases instead.
         self.released = true;
@@ -185,7 +186,7 @@ impl LockGuard {
         if !self.observed {
             self.observed = true;
             crate::metrics::guard_ended(
-                self.backend.info().name,
+                self.backend.name(),
                 self.key(),
                 self.lease.acquired_at().elapsed(),
                 self.monitor.state() == LeaseState::Lost,
@@ -214,7 +215,7 @@ impl Drop for LockGuard {
         let lease = self.lease.clone();
         // Spawning on a runtime that has shut down drops the task; it does not panic.
         // Counted, so that a program exiting right after can let it finish.
-        let span = tracing::debug_span!("release", backend = backend.info().name, key = %lease.key(), on_drop = true);
+        let span = tracing::debug_span!("release", backend = backend.name(), key = %lease.key(), on_drop = true);
         crate::cleanup::spawn_cleanup(&runtime, async move {
             if let Err(error) = backend.release(&lease).instrument(span).await {
                 tracing::warn!(key = %lease.key(), %error, "release on drop failed; the lease will run out");

@@ -52,11 +52,13 @@ mod error;
 mod guard;
 mod key;
 mod lease;
+mod lease_backend;
 mod lock;
 pub mod memory;
 mod metrics;
 pub mod observe;
 mod options;
+mod outcome;
 mod renew;
 mod scoped;
 mod status;
@@ -68,12 +70,13 @@ pub use error::{AtAddress, BoxError, LockError, NotHeldReason, OptionsError, API
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
-pub use lock::{DistributedLock, ExtendOutcome, ReleaseOutcome};
+pub use lock::DistributedLock;
 pub use memory::MemoryLock;
 pub use options::{
     check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
     MIN_RENEW_INTERVAL, MIN_TTL,
 };
+pub use outcome::{ExtendOutcome, ReleaseOutcome};
 pub use scoped::with_lock;
 pub use status::KeyStatus;
 

@@ -1,47 +1,16 @@
-//! The [`DistributedLock`] trait and the typed outcomes of release and extend.
+//! The [`DistributedLock`] trait.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::time::Instant;
 
-use crate::{BackendInfo, KeyStatus, Lease, LockError, LockGuard, LockKey, LockOptions};
-
-/// What an owner-checked release found.
-///
-/// Exhaustive by choice (see the crate docs): these are the cases a caller handles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ReleaseOutcome {
-    /// Our lease was removed; the key is free.
-    Released,
-    /// The key no longer carried our lease (it expired or was already released) and
-    /// nobody else holds it. Nothing was changed.
-    Expired,
-    /// Another owner holds the key. Their lock was left untouched.
-    HeldByOther,
-}
-
-/// What an owner-checked extend found.
-///
-/// Exhaustive by choice (see the crate docs): these are the cases a caller handles.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ExtendOutcome {
-    /// Our lease now lasts until `valid_until` (client monotonic clock, conservative).
-    Extended {
-        /// The new validity deadline.
-        valid_until: Instant,
-    },
-    /// The key no longer carries our lease and nobody else holds it.
-    Expired,
-    /// Another owner holds the key. Their lock was left untouched.
-    HeldByOther,
-    /// The guard's lease was already lost (reported lost, or its validity deadline
-    /// passed, possibly while this extend was in flight), so it was not extended: lost
-    /// is final. Only [`LockGuard::extend`] reports it; backends answer `Expired` or
-    /// `HeldByOther` instead.
-    Lost,
-}
+use crate::lease_backend::LeaseBackend;
+use crate::{
+    BackendInfo, ExtendOutcome, KeyStatus, Lease, LockError, LockGuard, LockKey, LockOptions,
+    ReleaseOutcome,
+};
 
 /// A distributed lock service: one backend, one connection pool or session, any keys.
 ///
@@ -109,5 +78,21 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
             operation: "inspect",
             reason: "this backend cannot look at a key without taking it",
         })
+    }
+}
+
+/// A guard's view of the backend that granted it.
+#[async_trait]
+impl LeaseBackend for Arc<dyn DistributedLock> {
+    fn name(&self) -> &'static str {
+        self.info().name
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        DistributedLock::release(&**self, lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        DistributedLock::extend(&**self, lease, ttl).await
     }
 }

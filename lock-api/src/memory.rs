@@ -31,6 +31,23 @@ pub const MEMORY_BACKEND: &str = "memory";
 const NOT_FIFO: &str =
     "a release wakes every waiter of the key at once and the first to run takes it";
 
+/// A raw store command [`MemoryLock`] uses: public with the `test-util` feature (for
+/// the conformance kit's broken backends), crate-private otherwise.
+macro_rules! raw_command {
+    ($(#[$meta:meta])* fn $($rest:tt)+) => {
+        #[cfg(feature = "test-util")]
+        $(#[$meta])* pub fn $($rest)+
+        #[cfg(not(feature = "test-util"))]
+        $(#[$meta])* pub(crate) fn $($rest)+
+    };
+    ($(#[$meta:meta])* async fn $($rest:tt)+) => {
+        #[cfg(feature = "test-util")]
+        $(#[$meta])* pub async fn $($rest)+
+        #[cfg(not(feature = "test-util"))]
+        $(#[$meta])* pub(crate) async fn $($rest)+
+    };
+}
+
 #[derive(Debug)]
 struct Slot {
     holder: Option<Holder>,
@@ -70,10 +87,10 @@ pub struct Entry {
 /// Every method is atomic with respect to every other. Expired entries are treated as
 /// absent.
 ///
-/// Applications read it ([`MemoryStore::get`]); its raw commands (writes that bypass
-/// the owner check, grants, waits) are hidden from the docs and outside the stable
-/// API: they exist for [`MemoryLock`] and for the conformance kit's deliberately broken
-/// backends.
+/// Applications read it ([`MemoryStore::get`]). Its raw commands (writes that bypass
+/// the owner check, grants, waits) exist for [`MemoryLock`] and for the conformance
+/// kit's deliberately broken backends: they are public only with the `test-util`
+/// feature of `distlock-api`, which applications do not turn on.
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     slots: Mutex<HashMap<LockKey, Slot>>,
@@ -120,7 +137,7 @@ impl MemoryStore {
 
     /// Stores `owner` under `key` for `ttl` (`None`: forever) unless a live entry is
     /// there (`SET NX PX`). On refusal returns the live entry's expiry.
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn set_if_absent(
         &self,
         key: &LockKey,
@@ -137,7 +154,7 @@ impl MemoryStore {
     }
 
     /// Stores `owner` under `key` for `ttl`, replacing any entry (`SET PX`, no `NX`).
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn overwrite(&self, key: &LockKey, owner: OwnerToken, ttl: Option<Duration>) {
         Self::put(&mut self.slots(), key, owner, ttl, None, Instant::now());
     }
@@ -164,33 +181,35 @@ impl MemoryStore {
             .holder = Some(holder);
     }
 
-    /// [`MemoryStore::set_if_absent`] and, on success, a fresh fencing token, atomically.
-    #[doc(hidden)]
-    pub fn grant(
-        &self,
-        key: &LockKey,
-        owner: OwnerToken,
-        ttl: Duration,
-    ) -> Result<FencingToken, Option<Instant>> {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        if let Some(holder) = Self::live_holder(&slots, key, now) {
-            return Err(holder.expires_at);
+    raw_command! {
+        /// [`MemoryStore::set_if_absent`] and, on success, a fresh fencing token, atomically.
+        fn grant(
+            &self,
+            key: &LockKey,
+            owner: OwnerToken,
+            ttl: Duration,
+        ) -> Result<FencingToken, Option<Instant>> {
+            let now = Instant::now();
+            let mut slots = self.slots();
+            if let Some(holder) = Self::live_holder(&slots, key, now) {
+                return Err(holder.expires_at);
+            }
+            let token = self.next_fencing_token();
+            Self::put(&mut slots, key, owner, Some(ttl), Some(token), now);
+            Ok(token)
         }
-        let token = self.next_fencing_token();
-        Self::put(&mut slots, key, owner, Some(ttl), Some(token), now);
-        Ok(token)
     }
 
-    /// A fencing token above every one handed out before by this store (`INCR`).
-    #[doc(hidden)]
-    pub fn next_fencing_token(&self) -> FencingToken {
-        FencingToken::new(self.fence.fetch_add(1, Ordering::SeqCst) + 1)
+    raw_command! {
+        /// A fencing token above every one handed out before by this store (`INCR`).
+        fn next_fencing_token(&self) -> FencingToken {
+            FencingToken::new(self.fence.fetch_add(1, Ordering::SeqCst) + 1)
+        }
     }
 
     /// Removes any entry under `key` without looking at its owner (`DEL`), waking
     /// waiters. Returns whether a live entry was removed.
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn delete(&self, key: &LockKey) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -199,19 +218,20 @@ impl MemoryStore {
         was_live
     }
 
-    /// Removes the entry under `key` only if `owner` holds it, atomically (the Lua
-    /// compare-and-delete), waking waiters.
-    #[doc(hidden)]
-    pub fn delete_if_owner(&self, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        match Self::live_holder(&slots, key, now) {
-            Some(h) if h.owner == owner => {
-                Self::clear(&mut slots, key);
-                ReleaseOutcome::Released
+    raw_command! {
+        /// Removes the entry under `key` only if `owner` holds it, atomically (the Lua
+        /// compare-and-delete), waking waiters.
+        fn delete_if_owner(&self, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
+            let now = Instant::now();
+            let mut slots = self.slots();
+            match Self::live_holder(&slots, key, now) {
+                Some(h) if h.owner == owner => {
+                    Self::clear(&mut slots, key);
+                    ReleaseOutcome::Released
+                }
+                Some(_) => ReleaseOutcome::HeldByOther,
+                None => ReleaseOutcome::Expired,
             }
-            Some(_) => ReleaseOutcome::HeldByOther,
-            None => ReleaseOutcome::Expired,
         }
     }
 
@@ -228,7 +248,7 @@ impl MemoryStore {
 
     /// Sets the expiry of the live entry under `key` to `ttl` from now, whoever owns it
     /// (`PEXPIRE`). Returns whether there was a live entry.
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn expire(&self, key: &LockKey, ttl: Duration) -> bool {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -241,36 +261,36 @@ impl MemoryStore {
         }
     }
 
-    /// Sets the expiry of the entry under `key` to `ttl` from now only if `owner` holds
-    /// it, atomically (the Lua compare-and-`PEXPIRE`). `valid_until` in the outcome is
-    /// `requested_at + ttl`.
-    #[doc(hidden)]
-    pub fn expire_if_owner(
-        &self,
-        key: &LockKey,
-        owner: OwnerToken,
-        ttl: Duration,
-        requested_at: Instant,
-    ) -> ExtendOutcome {
-        let now = Instant::now();
-        let mut slots = self.slots();
-        match slots.get_mut(key).and_then(|s| s.holder.as_mut()) {
-            Some(h) if h.is_live(now) && h.owner == owner => {
-                h.expires_at = now.checked_add(ttl);
-                match requested_at.checked_add(ttl) {
-                    Some(valid_until) => ExtendOutcome::Extended { valid_until },
-                    None => ExtendOutcome::Expired,
+    raw_command! {
+        /// Sets the expiry of the entry under `key` to `ttl` from now only if `owner` holds
+        /// it, atomically (the Lua compare-and-`PEXPIRE`). `valid_until` in the outcome is
+        /// `requested_at + ttl`.
+        fn expire_if_owner(
+            &self,
+            key: &LockKey,
+            owner: OwnerToken,
+            ttl: Duration,
+            requested_at: Instant,
+        ) -> ExtendOutcome {
+            let now = Instant::now();
+            let mut slots = self.slots();
+            match slots.get_mut(key).and_then(|s| s.holder.as_mut()) {
+                Some(h) if h.is_live(now) && h.owner == owner => {
+                    h.expires_at = now.checked_add(ttl);
+                    match requested_at.checked_add(ttl) {
+                        Some(valid_until) => ExtendOutcome::Extended { valid_until },
+                        None => ExtendOutcome::Expired,
+                    }
                 }
+                Some(h) if h.is_live(now) => ExtendOutcome::HeldByOther,
+                _ => ExtendOutcome::Expired,
             }
-            Some(h) if h.is_live(now) => ExtendOutcome::HeldByOther,
-            _ => ExtendOutcome::Expired,
         }
     }
 
     /// The notifier woken whenever the entry under `key` is deleted. Register interest
     /// (`Notified::enable`) before checking the key, so no wake-up is lost.
-    #[doc(hidden)]
-    pub fn wake_handle(&self, key: &LockKey) -> Arc<Notify> {
+    fn wake_handle(&self, key: &LockKey) -> Arc<Notify> {
         self.slots()
             .entry(key.clone())
             .or_insert_with(|| Slot {
@@ -281,62 +301,63 @@ impl MemoryStore {
             .clone()
     }
 
-    /// The waiting loop of an acquire: calls `attempt` until it grants, waking on every
-    /// delete of `key` and at the holder's expiry (no polling), until the wait policy
-    /// runs out. `attempt` returns the guard, or the live holder's expiry.
-    ///
-    /// # Errors
-    /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
-    #[doc(hidden)]
-    pub async fn acquire_woken<F>(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-        backend: &'static str,
-        mut attempt: F,
-    ) -> Result<LockGuard, LockError>
-    where
-        F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
-    {
-        let start = Instant::now();
-        let deadline = options.wait().deadline_from(start);
-        let wake = self.wake_handle(key);
-        let mut met_held = false;
-        loop {
-            let woken = wake.notified();
-            tokio::pin!(woken);
-            // Registered before the attempt, so a delete in between still wakes us.
-            woken.as_mut().enable();
-            let holder_expiry = match attempt()? {
-                Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
-                Err(expiry) => expiry,
-            };
-            met_held = true;
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(LockError::Timeout {
-                    backend,
-                    key: key.clone(),
-                    waited: start.elapsed(),
-                });
-            }
-            let wake_at = match (holder_expiry, deadline) {
-                (Some(e), Some(d)) => Some(e.min(d)),
-                (e, d) => e.or(d),
-            };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        _ = &mut woken => {}
-                        _ = tokio::time::sleep_until(at) => {}
-                    }
+    raw_command! {
+        /// The waiting loop of an acquire: calls `attempt` until it grants, waking on every
+        /// delete of `key` and at the holder's expiry (no polling), until the wait policy
+        /// runs out. `attempt` returns the guard, or the live holder's expiry.
+        ///
+        /// # Errors
+        /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
+        async fn acquire_woken<F>(
+            &self,
+            key: &LockKey,
+            options: &LockOptions,
+            backend: &'static str,
+            mut attempt: F,
+        ) -> Result<LockGuard, LockError>
+        where
+            F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
+        {
+            let start = Instant::now();
+            let deadline = options.wait().deadline_from(start);
+            let wake = self.wake_handle(key);
+            let mut met_held = false;
+            loop {
+                let woken = wake.notified();
+                tokio::pin!(woken);
+                // Registered before the attempt, so a delete in between still wakes us.
+                woken.as_mut().enable();
+                let holder_expiry = match attempt()? {
+                    Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
+                    Err(expiry) => expiry,
+                };
+                met_held = true;
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(LockError::Timeout {
+                        backend,
+                        key: key.clone(),
+                        waited: start.elapsed(),
+                    });
                 }
-                None => woken.await,
+                let wake_at = match (holder_expiry, deadline) {
+                    (Some(e), Some(d)) => Some(e.min(d)),
+                    (e, d) => e.or(d),
+                };
+                match wake_at {
+                    Some(at) => {
+                        tokio::select! {
+                            _ = &mut woken => {}
+                            _ = tokio::time::sleep_until(at) => {}
+                        }
+                    }
+                    None => woken.await,
+                }
             }
         }
     }
 
     /// How many keys the table tracks (held, expired-but-not-yet-cleared, or waited on).
-    #[doc(hidden)]
+    #[cfg(feature = "test-util")]
     pub fn tracked_keys(&self) -> usize {
         self.slots().len()
     }
@@ -401,10 +422,11 @@ impl MemoryLock {
 
     fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
         let valid_until = lease.acquired_at() + lease.ttl();
+        let backend: Arc<dyn DistributedLock> = Arc::new(self.clone());
         LockGuard::from_grant(
             lease,
             LeaseMonitor::held_until(valid_until),
-            Arc::new(self.clone()),
+            Arc::new(backend),
             options.auto_renew(),
         )
     }

@@ -5,18 +5,19 @@ use std::sync::Arc;
 use tokio::time::{sleep, Instant};
 use tracing::Instrument as _;
 
-use crate::{AutoRenew, DistributedLock, ExtendOutcome, Lease, LeaseMonitor, LeaseState, MIN_TTL};
+use crate::lease_backend::LeaseBackend;
+use crate::{AutoRenew, ExtendOutcome, Lease, LeaseMonitor, LeaseState, MIN_TTL};
 
 /// Extends `lease` every interval until the task is aborted (on release or drop), the
 /// lease is lost, or `max_hold` runs out. Failed renewals mark the lease suspect and are
 /// retried at a shorter period until the validity deadline, which then marks it lost.
 pub(crate) async fn renew_until_stopped(
-    backend: Arc<dyn DistributedLock>,
+    backend: Arc<dyn LeaseBackend>,
     lease: Lease,
     monitor: LeaseMonitor,
     policy: AutoRenew,
 ) {
-    let name = backend.info().name;
+    let name = backend.name();
     let ttl = lease.ttl();
     let interval = policy.interval_for(ttl);
     let hold_until = policy

@@ -195,6 +195,8 @@ pub static SCENARIOS: &[Scenario] = &[
         "with auto-renew a lock stays held and its state Held for more than 5 x TTL, and is free at once after release"),
     scenario!(auto_renew_stops_at_max_hold, Ttl, [TtlExpiry, Extend],
         "the watchdog stops at the max-hold cap: lost() fires and another client gets the key, within a TTL plus slack after the cap"),
+    scenario!(contended_reports_a_wait_on_a_held_key, Ttl, [TtlExpiry],
+        "an acquire of a free key reports contended() false; one that starts while another client holds the key (short TTL, no renewal) and is granted after the TTL runs out reports contended() true"),
     scenario!(lost_fires_when_lease_lost, Ttl, [TtlExpiry],
         "lost() resolves at the validity deadline of an unrenewed lease, not before, and the state reads Lost"),
     scenario!(lost_fires_when_renewal_fails, Ttl, [Extend, CrashFault],

@@ -237,3 +237,50 @@ pub(super) async fn lost_fires_when_renewal_fails(h: &dyn Harness) -> Result<Str
         millis(crashed_at.elapsed())
     ))
 }
+
+pub(super) async fn contended_reports_a_wait_on_a_held_key(
+    h: &dyn Harness,
+) -> Result<String, Failure> {
+    let key = unique_key("contended");
+    let ttl = h.ttl();
+    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let free = b.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
+    check!(
+        !free.contended(),
+        "an acquire of a free key reported contended"
+    );
+    free.release().await?;
+    // Held for one TTL, not renewed: the waiter meets it held, then gets it at expiry.
+    let holder = a.acquire(&key, &no_wait(ttl)).await?;
+    let holder_valid_until = holder.valid_until();
+    let waiter_start = Instant::now();
+    check!(
+        waiter_start + ttl / 2 <= holder_valid_until,
+        "the machine was too slow to start the waiter while the key was surely held"
+    );
+    let waiter = b
+        .acquire(&key, &waiting(LONG_TTL, ttl + h.slack()))
+        .await
+        .map_err(|e| {
+            Failure::Failed(format!(
+                "the waiter did not get the key within TTL + slack: {e}"
+            ))
+        })?;
+    let granted_at = Instant::now();
+    check!(
+        granted_at >= holder_valid_until,
+        "the waiter was granted {:?} before the holder's validity ended",
+        holder_valid_until - granted_at
+    );
+    check!(
+        waiter.contended(),
+        "an acquire that waited {} for a held key to expire reported contended() == false",
+        millis(granted_at - waiter_start)
+    );
+    waiter.release().await?;
+    drop(holder);
+    Ok(format!(
+        "granted {} after it started waiting",
+        millis(granted_at - waiter_start)
+    ))
+}
