@@ -604,13 +604,16 @@ async fn foreign_set_nx_excludes_both_ways_and_may_jump_the_queue() {
         async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
     });
     until_queued(&fifo, &k, 1).await;
-    // Freed without a wake-up (a raw DEL, as a foreign release would), then taken.
-    let _: i64 = redis::cmd("DEL")
+    // Freed without a wake-up (a raw DEL, as a foreign release would), then taken. One
+    // MULTI, so the queued waiter's own periodic retry cannot take the key in between.
+    let (_, theirs): (i64, Option<String>) = redis::pipe()
+        .atomic()
+        .cmd("DEL")
         .arg(&lock_name)
+        .add_command(set_nx("theirs"))
         .query_async(&mut raw)
         .await
         .unwrap();
-    let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
     assert_eq!(theirs.as_deref(), Some("OK"));
     drop(guard);
     // The foreign holder excludes FIFO clients, queued or not.
