@@ -7,7 +7,7 @@ use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions as _;
 
-use crate::POSTGRES_BACKEND;
+use crate::{tls, POSTGRES_BACKEND};
 
 /// Settings of a Postgres lock client ([`crate::PostgresLock`]).
 ///
@@ -198,9 +198,17 @@ impl std::fmt::Debug for PostgresUrl {
 /// (`postgres://user:password@host:port/database?options`). An `application_name` is
 /// set to `distlock` unless the URL names one.
 ///
+/// TLS follows libpq's parameters `sslmode` (default `prefer`), `sslrootcert`,
+/// `sslcert` and `sslkey`, with libpq's environment variables (`PGSSLMODE`, …) and
+/// default files in `~/.postgresql/` (see the crate docs for the rules and the few
+/// differences). The named files are checked here, so a missing one fails the parse.
+///
 /// # Errors
-/// [`LockError::Config`] for another scheme or a URL sqlx cannot parse. Error messages
-/// never repeat the URL, which may carry a password.
+/// [`LockError::Config`] for another scheme, a URL sqlx cannot parse, an unknown or
+/// unsupported (`allow`) `sslmode`, a certificate or key file that cannot be read, a
+/// verifying mode without a root certificate, a client certificate without its key, or
+/// a mode needing TLS in a build without the `tls` feature. Error messages never
+/// repeat the URL, which may carry a password.
 pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
     let scheme = url.split_once("://").map(|(scheme, _)| scheme);
     match scheme {
@@ -218,11 +226,14 @@ pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
             ))
         }
     }
-    let options = PgConnectOptions::from_str(url).map_err(|e| LockError::Config {
+    let unparsable = |source: Box<dyn std::error::Error + Send + Sync>| LockError::Config {
         backend: POSTGRES_BACKEND,
         message: "the Postgres URL could not be parsed".into(),
-        source: Some(e.into()),
-    })?;
+        source: Some(source),
+    };
+    let parsed = url::Url::parse(url).map_err(|e| unparsable(e.into()))?;
+    let options = PgConnectOptions::from_str(url).map_err(|e| unparsable(e.into()))?;
+    let options = tls::apply(&parsed, &tls::Sources::process(), options)?;
     let options = if options.get_application_name().is_none() {
         options.application_name("distlock")
     } else {

@@ -122,7 +122,7 @@ pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
 
 /// Maps an error from opening a session with the server at `address`: refusals that
 /// retrying cannot fix (authentication, missing database, a server too old for the
-/// settings) are configuration errors; the rest are connection errors. Either names the
+/// settings, a TLS refusal: see [`tls_refusal`]) are configuration errors; the rest are connection errors. Either names the
 /// address.
 pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
     if let Some(full) = lock_table_full(&error) {
@@ -152,12 +152,33 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
                 source: Some(error.into()),
             }
         }
+        (None, error) if tls_refusal(&error) => LockError::Config {
+            backend: POSTGRES_BACKEND,
+            message: format!("{address}: TLS failed: {error}"),
+            source: Some(error.into()),
+        },
         (None, sqlx::Error::Configuration(source)) => LockError::Config {
             backend: POSTGRES_BACKEND,
             message: format!("{address}: invalid connection settings"),
             source: Some(source),
         },
         (None, error) => LockError::connection_at(POSTGRES_BACKEND, address, error),
+    }
+}
+
+/// Whether opening a session failed on TLS in a way retrying cannot fix: the server
+/// does not offer TLS where the mode needs it, a certificate or key the driver cannot
+/// use, or a handshake one side refused (an untrusted or misnamed server certificate,
+/// a client certificate the server refused). A connection cut during the handshake is
+/// a plain I/O error, not one of these.
+fn tls_refusal(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        #[cfg(feature = "tls")]
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
     }
 }
 

@@ -102,6 +102,29 @@
 //! statements and a plain sqlx pool, so it works behind PgBouncer in transaction mode,
 //! which breaks session locks (and refuses the startup settings [`PostgresLock`] sends).
 //!
+//! # TLS
+//! URLs take libpq's parameters: `sslmode` (`disable`, `prefer` (the default),
+//! `require`, `verify-ca`, `verify-full`), `sslrootcert`, `sslcert` and `sslkey`, with
+//! libpq's environment variables (`PGSSLMODE`, `PGSSLROOTCERT`, `PGSSLCERT`,
+//! `PGSSLKEY`) and default files (`~/.postgresql/root.crt`, `postgresql.crt`,
+//! `postgresql.key`, where `~` is `$HOME`). As in libpq, `prefer` uses TLS when the server
+//! offers it and plaintext otherwise; `require` checks the certificate chain when a root
+//! certificate is there; `verify-ca` checks the chain and `verify-full` the host name
+//! too, and both need a root certificate. TLS itself needs the `tls` feature (rustls,
+//! ring); without it `prefer` is plaintext and the modes that need TLS are
+//! configuration errors. A certificate the client refuses, a client certificate the
+//! server refuses, and a server without TLS under `require` are configuration errors
+//! naming the server's address.
+//!
+//! Differences from libpq: `allow` is refused; a file named by a parameter must be
+//! readable (libpq ignores a missing `sslrootcert` or `sslcert` where it does not
+//! verify); `prefer` never checks the certificate (libpq checks it when a root
+//! certificate is there and then retries in plaintext on failure); the system's
+//! trusted roots are trusted beside `sslrootcert` (the driver adds the file to them), so
+//! `verify-ca` also accepts a server certificate from a publicly trusted authority, for
+//! any name: use `verify-full` where that matters; `sslrootcert=system` (libpq 16) is
+//! read as a file name; the key file's permissions are not checked.
+//!
 //! # Caveats
 //! - Advisory locks are not WAL-logged: they are lost on failover to a replica, and on a
 //!   server restart (holders see `lost()`; waiters retry and get the lock).
@@ -111,7 +134,7 @@
 //!   [`LockError::Backend`](distlock_api::LockError::Backend) with a [`LockTableFull`]
 //!   source.
 //! - Needs PostgreSQL 14 or later (`idle_session_timeout`,
-//!   `client_connection_check_interval`). No TLS in this build.
+//!   `client_connection_check_interval`).
 //! - A hash collision between two keys makes them contend as one lock; it never lets
 //!   two holders in.
 
@@ -125,6 +148,7 @@ mod lock;
 mod mailbox;
 mod session;
 mod sql;
+mod tls;
 mod xact;
 
 pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
