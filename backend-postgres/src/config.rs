@@ -232,8 +232,10 @@ pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
         source: Some(source),
     };
     let parsed = url::Url::parse(url).map_err(|e| unparsable(e.into()))?;
+    // TLS first: its errors are clearer than the driver's.
+    let tls = tls::resolve(&parsed, &tls::Sources::process())?;
     let options = PgConnectOptions::from_str(url).map_err(|e| unparsable(e.into()))?;
-    let options = tls::apply(&parsed, &tls::Sources::process(), options)?;
+    let options = tls.apply(options);
     let options = if options.get_application_name().is_none() {
         options.application_name("distlock")
     } else {

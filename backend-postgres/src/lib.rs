@@ -116,14 +116,19 @@
 //! server refuses, and a server without TLS under `require` are configuration errors
 //! naming the server's address.
 //!
-//! Differences from libpq: `allow` is refused; a file named by a parameter must be
-//! readable (libpq ignores a missing `sslrootcert` or `sslcert` where it does not
-//! verify); `prefer` never checks the certificate (libpq checks it when a root
-//! certificate is there and then retries in plaintext on failure); the system's
-//! trusted roots are trusted beside `sslrootcert` (the driver adds the file to them), so
-//! `verify-ca` also accepts a server certificate from a publicly trusted authority, for
-//! any name: use `verify-full` where that matters; `sslrootcert=system` (libpq 16) is
-//! read as a file name; the key file's permissions are not checked.
+//! Differences from libpq:
+//! - `allow` is refused (the driver cannot fall back from plaintext to TLS).
+//! - A file named by a parameter must be readable; libpq ignores a missing
+//!   `sslrootcert` or `sslcert` in the modes that do not verify.
+//! - `prefer` never checks the certificate; libpq checks it when a root certificate is
+//!   there, and retries in plaintext when that fails.
+//! - The system's trusted roots are trusted beside `sslrootcert` (the driver adds the
+//!   file to them), so a certificate from a publicly trusted authority is accepted too.
+//! - `verify-ca` (and `require` with a root certificate) also checks the host name, as
+//!   `verify-full` does: sqlx 0.8 with rustls 0.23.24 or later fails to skip it
+//!   (sqlx issue 3793). A server reached under a name its certificate lacks is refused.
+//! - `sslrootcert=system` (libpq 16) is read as a file name; the key file's permissions
+//!   are not checked.
 //!
 //! # Caveats
 //! - Advisory locks are not WAL-logged: they are lost on failover to a replica, and on a

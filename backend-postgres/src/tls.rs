@@ -166,8 +166,8 @@ fn display(path: &Path) -> String {
     path.display().to_string()
 }
 
-/// Sets the driver's TLS options of `options` from the URL's TLS parameters, the
-/// environment and `~/.postgresql/`, following libpq:
+/// The driver's TLS settings for the URL's TLS parameters, the environment and
+/// `~/.postgresql/`, following libpq:
 /// - `sslmode` defaults to `prefer`: TLS if the server offers it, else plaintext, with
 ///   no certificate check;
 /// - `require` checks the server's certificate chain as `verify-ca` does when a root
@@ -177,27 +177,25 @@ fn display(path: &Path) -> String {
 ///   is sent with its key (`sslkey`, or `~/.postgresql/postgresql.key`), which must
 ///   exist then.
 ///
-/// Differences from libpq, all refusing what libpq would let through silently or not
-/// at all: `allow` is refused (the driver cannot fall back from plaintext to TLS); a
-/// file named by a parameter must be readable, where libpq ignores a missing
-/// `sslrootcert` or `sslcert` in modes that do not verify; `sslrootcert=system`
-/// (libpq 16) is read as a file name.
+/// The differences from libpq are listed in the crate docs (section TLS).
 ///
 /// # Errors
 /// [`LockError::Config`] for an unknown `sslmode`, `allow`, a named file that cannot
 /// be read, a verifying mode without a root certificate, a client certificate without
 /// its key, or a mode that needs TLS in a build without the `tls` feature.
-pub(crate) fn apply(
-    url: &url::Url,
-    sources: &Sources<'_>,
-    options: PgConnectOptions,
-) -> Result<PgConnectOptions, LockError> {
+pub(crate) fn resolve(url: &url::Url, sources: &Sources<'_>) -> Result<TlsSettings, LockError> {
     let mode = match sources.explicit(url, &SSLMODE) {
         Some(value) => SslMode::parse(&value)?,
         None => SslMode::Prefer,
     };
     let driver_mode = match mode {
-        SslMode::Disable => return Ok(options.ssl_mode(PgSslMode::Disable)),
+        SslMode::Disable => {
+            return Ok(TlsSettings {
+                mode: PgSslMode::Disable,
+                root: None,
+                client: None,
+            })
+        }
         SslMode::Allow => {
             return Err(config(
                 "sslmode \"allow\" is not supported (use prefer, or disable)".into(),
@@ -215,7 +213,6 @@ pub(crate) fn apply(
         SslMode::VerifyCa => PgSslMode::VerifyCa,
         SslMode::VerifyFull => PgSslMode::VerifyFull,
     };
-    let mut options = options;
     let root = sources.file(url, &SSLROOTCERT)?;
     let driver_mode = match (&root, driver_mode) {
         // libpq: with a root certificate, `require` verifies as `verify-ca` does.
@@ -229,20 +226,47 @@ pub(crate) fn apply(
         }
         (_, other) => other,
     };
-    if let Some(root) = root {
-        options = options.ssl_root_cert(root);
+    let client = match sources.file(url, &SSLCERT)? {
+        Some(cert) => {
+            let key = sources.file(url, &SSLKEY)?.ok_or_else(|| {
+                config(format!(
+                    "client certificate {} has no private key: set sslkey \
+                     (the default ~/.postgresql/postgresql.key does not exist)",
+                    display(&cert)
+                ))
+            })?;
+            Some((cert, key))
+        }
+        None => None,
+    };
+    Ok(TlsSettings {
+        mode: driver_mode,
+        root,
+        client,
+    })
+}
+
+/// The TLS settings [`resolve`] found, in the driver's terms.
+#[derive(Debug)]
+pub(crate) struct TlsSettings {
+    mode: PgSslMode,
+    root: Option<PathBuf>,
+    /// The client certificate and its key.
+    client: Option<(PathBuf, PathBuf)>,
+}
+
+impl TlsSettings {
+    /// `options` with these settings.
+    pub(crate) fn apply(self, options: PgConnectOptions) -> PgConnectOptions {
+        let mut options = options.ssl_mode(self.mode);
+        if let Some(root) = self.root {
+            options = options.ssl_root_cert(root);
+        }
+        if let Some((cert, key)) = self.client {
+            options = options.ssl_client_cert(cert).ssl_client_key(key);
+        }
+        options
     }
-    if let Some(cert) = sources.file(url, &SSLCERT)? {
-        let key = sources.file(url, &SSLKEY)?.ok_or_else(|| {
-            config(format!(
-                "client certificate {} has no private key: set sslkey \
-                 (the default ~/.postgresql/postgresql.key does not exist)",
-                display(&cert)
-            ))
-        })?;
-        options = options.ssl_client_cert(cert).ssl_client_key(key);
-    }
-    Ok(options.ssl_mode(driver_mode))
 }
 
 #[cfg(test)]
@@ -267,7 +291,7 @@ mod tests {
         };
         let parsed = url::Url::parse(url).expect("test URL");
         let base = PgConnectOptions::from_str("postgres://h/db").expect("base options");
-        apply(&parsed, &sources, base)
+        resolve(&parsed, &sources).map(|settings| settings.apply(base))
     }
 
     fn mode(options: &PgConnectOptions) -> String {
@@ -294,14 +318,20 @@ mod tests {
 
     #[test]
     fn prefer_is_the_default_and_disable_is_plaintext() {
-        assert_eq!(mode(&resolve("postgres://h/db", &[], None).unwrap()), "Prefer");
+        assert_eq!(
+            mode(&resolve("postgres://h/db", &[], None).unwrap()),
+            "Prefer"
+        );
         assert_eq!(
             mode(&resolve("postgres://h/db?sslmode=disable", &[], None).unwrap()),
             "Disable"
         );
         // The URL wins over the environment, which wins over the default.
         let env = [("PGSSLMODE", "disable")];
-        assert_eq!(mode(&resolve("postgres://h/db", &env, None).unwrap()), "Disable");
+        assert_eq!(
+            mode(&resolve("postgres://h/db", &env, None).unwrap()),
+            "Disable"
+        );
         assert_eq!(
             mode(&resolve("postgres://h/db?sslmode=prefer", &env, None).unwrap()),
             "Prefer"
@@ -337,11 +367,8 @@ mod tests {
     #[test]
     fn verifying_modes_need_a_root_certificate() {
         for m in ["verify-ca", "verify-full"] {
-            let message = config_message(resolve(
-                &format!("postgres://h/db?sslmode={m}"),
-                &[],
-                None,
-            ));
+            let message =
+                config_message(resolve(&format!("postgres://h/db?sslmode={m}"), &[], None));
             assert!(message.contains("needs a root certificate"), "{message}");
         }
     }
@@ -351,7 +378,10 @@ mod tests {
     fn require_verifies_the_chain_when_a_root_certificate_is_there() {
         let home = home_with(&["root.crt"]);
         let named = home.path().join(".postgresql/root.crt");
-        let url = format!("postgres://h/db?sslmode=require&sslrootcert={}", named.display());
+        let url = format!(
+            "postgres://h/db?sslmode=require&sslrootcert={}",
+            named.display()
+        );
         assert_eq!(mode(&resolve(&url, &[], None).unwrap()), "VerifyCa");
         // The default file counts as libpq's does.
         let options = resolve("postgres://h/db?sslmode=require", &[], Some(home.path())).unwrap();
@@ -359,7 +389,12 @@ mod tests {
         let bare = home_with(&[]);
         let options = resolve("postgres://h/db?sslmode=require", &[], Some(bare.path())).unwrap();
         assert_eq!(mode(&options), "Require");
-        let options = resolve("postgres://h/db?sslmode=verify-full", &[], Some(home.path())).unwrap();
+        let options = resolve(
+            "postgres://h/db?sslmode=verify-full",
+            &[],
+            Some(home.path()),
+        )
+        .unwrap();
         assert_eq!(mode(&options), "VerifyFull");
     }
 
@@ -380,6 +415,9 @@ mod tests {
     fn modes_needing_tls_name_the_feature_in_a_build_without_it() {
         let message = config_message(resolve("postgres://h/db?sslmode=require", &[], None));
         assert!(message.contains("`tls` feature"), "{message}");
-        assert_eq!(mode(&resolve("postgres://h/db", &[], None).unwrap()), "Prefer");
+        assert_eq!(
+            mode(&resolve("postgres://h/db", &[], None).unwrap()),
+            "Prefer"
+        );
     }
 }

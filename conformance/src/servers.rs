@@ -29,7 +29,9 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+mod openssl_ca;
 mod postgres;
+mod postgres_tls;
 mod process;
 mod redis;
 mod zookeeper;
@@ -39,7 +41,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use postgres::{PostgresServer, PostgresServerOptions};
+pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 

@@ -20,7 +20,8 @@ use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 /// PostgreSQL cluster, and timing-sensitive scenarios share two cores with them.
 const SERVERS_AT_ONCE: usize = 3;
 
-fn server_slots() -> Arc<Semaphore> {
+/// A permit to run one more test server in this test binary.
+pub fn server_slots() -> Arc<Semaphore> {
     static SLOTS: OnceLock<Arc<Semaphore>> = OnceLock::new();
     SLOTS
         .get_or_init(|| Arc::new(Semaphore::new(SERVERS_AT_ONCE)))

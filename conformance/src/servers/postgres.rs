@@ -301,7 +301,7 @@ impl Drop for PostgresServer {
 }
 
 /// The directory holding `initdb` and `postgres`.
-fn pg_bin_dir() -> Result<PathBuf, ServerError> {
+pub(super) fn pg_bin_dir() -> Result<PathBuf, ServerError> {
     let usable = |dir: &Path| dir.join("initdb").is_file() && dir.join("postgres").is_file();
     if let Some(dir) = std::env::var_os("DISTLOCK_PG_BIN") {
         let dir = PathBuf::from(dir);
@@ -341,7 +341,7 @@ fn pg_bin_dir() -> Result<PathBuf, ServerError> {
 /// `Some((uid, gid))` of the `postgres` user when running as root, else
 /// `None` (run as the current user).
 #[allow(unsafe_code)] // FFI: see the SAFETY notes
-fn postgres_identity() -> Result<Option<(u32, u32)>, ServerError> {
+pub(super) fn postgres_identity() -> Result<Option<(u32, u32)>, ServerError> {
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);
