@@ -37,7 +37,7 @@ if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/in
     missing+=(postgresql)
 fi
 
-# The TLS test makes a throwaway certificate with the openssl tool.
+# The TLS tests (Redis, Postgres) make throwaway certificates with the openssl tool.
 if ! command -v openssl >/dev/null 2>&1; then
     missing+=(openssl)
 fi

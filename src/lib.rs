@@ -11,7 +11,7 @@
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
 //! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
 //! | `redis://HOST:PORT[/DB][?fifo=true]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node (`?fifo=true`: waiters granted in arrival order) or Redlock (feature `redis`) |
-//! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`) |
+//! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
 //! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported
@@ -126,7 +126,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
 ///   `rediss://` over TLS (feature `redis-tls`).
 /// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`).
-/// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`).
+/// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`),
+///   over TLS as libpq's `sslmode` says (feature `postgres-tls`).
 ///
 /// Every backend crate parses its URLs with `parse_url` (for example
 /// `distlock_redis::parse_url`), whose docs give the forms and options.

@@ -13,7 +13,8 @@
 //!
 //! Nothing here uses Docker; the server binaries come from the Debian packages
 //! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
-//! them). Where a binary lives can be overridden with environment variables:
+//! them); TLS servers get throwaway certificates from the `openssl` tool. Where
+//! a binary lives can be overridden with environment variables:
 //!
 //! | variable | meaning |
 //! | --- | --- |
