@@ -201,13 +201,6 @@ pub(crate) fn resolve(url: &url::Url, sources: &Sources<'_>) -> Result<TlsSettin
                 "sslmode \"allow\" is not supported (use prefer, or disable)".into(),
             ))
         }
-        _ if mode.needs_tls() && !cfg!(feature = "tls") => {
-            return Err(config(format!(
-                "sslmode \"{}\" needs TLS, which this build lacks: enable the `tls` feature \
-                 of distlock-postgres (`postgres-tls` of distlock)",
-                mode.name()
-            )))
-        }
         SslMode::Prefer => PgSslMode::Prefer,
         SslMode::Require => PgSslMode::Require,
         SslMode::VerifyCa => PgSslMode::VerifyCa,
@@ -239,6 +232,13 @@ pub(crate) fn resolve(url: &url::Url, sources: &Sources<'_>) -> Result<TlsSettin
         }
         None => None,
     };
+    if mode.needs_tls() && !cfg!(feature = "tls") {
+        return Err(config(format!(
+            "sslmode \"{}\" needs TLS, which this build lacks: enable the `tls` feature \
+             of distlock-postgres (`postgres-tls` of distlock)",
+            mode.name()
+        )));
+    }
     Ok(TlsSettings {
         mode: driver_mode,
         root,
@@ -275,7 +275,8 @@ mod tests {
     use std::collections::HashMap;
     use std::str::FromStr;
 
-    fn resolve(
+    /// The driver options for `url` with environment `env` and home directory `home`.
+    fn options_for(
         url: &str,
         env: &[(&str, &str)],
         home: Option<&Path>,
@@ -291,7 +292,7 @@ mod tests {
         };
         let parsed = url::Url::parse(url).expect("test URL");
         let base = PgConnectOptions::from_str("postgres://h/db").expect("base options");
-        resolve(&parsed, &sources).map(|settings| settings.apply(base))
+        super::resolve(&parsed, &sources).map(|settings| settings.apply(base))
     }
 
     fn mode(options: &PgConnectOptions) -> String {
@@ -319,21 +320,21 @@ mod tests {
     #[test]
     fn prefer_is_the_default_and_disable_is_plaintext() {
         assert_eq!(
-            mode(&resolve("postgres://h/db", &[], None).unwrap()),
+            mode(&options_for("postgres://h/db", &[], None).unwrap()),
             "Prefer"
         );
         assert_eq!(
-            mode(&resolve("postgres://h/db?sslmode=disable", &[], None).unwrap()),
+            mode(&options_for("postgres://h/db?sslmode=disable", &[], None).unwrap()),
             "Disable"
         );
         // The URL wins over the environment, which wins over the default.
         let env = [("PGSSLMODE", "disable")];
         assert_eq!(
-            mode(&resolve("postgres://h/db", &env, None).unwrap()),
+            mode(&options_for("postgres://h/db", &env, None).unwrap()),
             "Disable"
         );
         assert_eq!(
-            mode(&resolve("postgres://h/db?sslmode=prefer", &env, None).unwrap()),
+            mode(&options_for("postgres://h/db?sslmode=prefer", &env, None).unwrap()),
             "Prefer"
         );
     }
@@ -341,14 +342,14 @@ mod tests {
     #[test]
     fn unknown_and_unsupported_modes_are_config_errors() {
         for bad in ["bogus", "REQUIRE", "", "verify_full"] {
-            let message = config_message(resolve(
+            let message = config_message(options_for(
                 &format!("postgres://h/db?sslmode={bad}"),
                 &[],
                 None,
             ));
             assert!(message.contains("is not one of"), "{message}");
         }
-        let message = config_message(resolve("postgres://h/db?sslmode=allow", &[], None));
+        let message = config_message(options_for("postgres://h/db?sslmode=allow", &[], None));
         assert!(message.contains("not supported"), "{message}");
     }
 
@@ -359,7 +360,7 @@ mod tests {
             "postgres://h/db?sslrootcert=/no/such/root.crt",
             "postgres://h/db?sslcert=/no/such/client.crt&sslkey=/no/such/client.key",
         ] {
-            let message = config_message(resolve(url, &[], None));
+            let message = config_message(options_for(url, &[], None));
             assert!(message.contains("/no/such/"), "{url}: {message}");
         }
     }
@@ -367,8 +368,11 @@ mod tests {
     #[test]
     fn verifying_modes_need_a_root_certificate() {
         for m in ["verify-ca", "verify-full"] {
-            let message =
-                config_message(resolve(&format!("postgres://h/db?sslmode={m}"), &[], None));
+            let message = config_message(options_for(
+                &format!("postgres://h/db?sslmode={m}"),
+                &[],
+                None,
+            ));
             assert!(message.contains("needs a root certificate"), "{message}");
         }
     }
@@ -382,14 +386,16 @@ mod tests {
             "postgres://h/db?sslmode=require&sslrootcert={}",
             named.display()
         );
-        assert_eq!(mode(&resolve(&url, &[], None).unwrap()), "VerifyCa");
+        assert_eq!(mode(&options_for(&url, &[], None).unwrap()), "VerifyCa");
         // The default file counts as libpq's does.
-        let options = resolve("postgres://h/db?sslmode=require", &[], Some(home.path())).unwrap();
+        let options =
+            options_for("postgres://h/db?sslmode=require", &[], Some(home.path())).unwrap();
         assert_eq!(mode(&options), "VerifyCa");
         let bare = home_with(&[]);
-        let options = resolve("postgres://h/db?sslmode=require", &[], Some(bare.path())).unwrap();
+        let options =
+            options_for("postgres://h/db?sslmode=require", &[], Some(bare.path())).unwrap();
         assert_eq!(mode(&options), "Require");
-        let options = resolve(
+        let options = options_for(
             "postgres://h/db?sslmode=verify-full",
             &[],
             Some(home.path()),
@@ -401,22 +407,22 @@ mod tests {
     #[test]
     fn a_client_certificate_needs_its_key() {
         let home = home_with(&["postgresql.crt"]);
-        let message = config_message(resolve("postgres://h/db", &[], Some(home.path())));
+        let message = config_message(options_for("postgres://h/db", &[], Some(home.path())));
         assert!(message.contains("no private key"), "{message}");
         let home = home_with(&["postgresql.crt", "postgresql.key"]);
-        assert!(resolve("postgres://h/db", &[], Some(home.path())).is_ok());
+        assert!(options_for("postgres://h/db", &[], Some(home.path())).is_ok());
         // A key without a certificate is ignored, as libpq does.
         let home = home_with(&["postgresql.key"]);
-        assert!(resolve("postgres://h/db", &[], Some(home.path())).is_ok());
+        assert!(options_for("postgres://h/db", &[], Some(home.path())).is_ok());
     }
 
     #[cfg(not(feature = "tls"))]
     #[test]
     fn modes_needing_tls_name_the_feature_in_a_build_without_it() {
-        let message = config_message(resolve("postgres://h/db?sslmode=require", &[], None));
+        let message = config_message(options_for("postgres://h/db?sslmode=require", &[], None));
         assert!(message.contains("`tls` feature"), "{message}");
         assert_eq!(
-            mode(&resolve("postgres://h/db", &[], None).unwrap()),
+            mode(&options_for("postgres://h/db", &[], None).unwrap()),
             "Prefer"
         );
     }
