@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
-use distlock_conformance::servers::{PostgresServer, PostgresTlsServer, CLIENT_CERT_DATABASE};
+use distlock_conformance::servers::{
+    CertUse, PostgresServer, PostgresTlsServer, CLIENT_CERT_DATABASE,
+};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_postgres::{parse_url, PostgresConfig, PostgresLock, PostgresXactLock};
 use sqlx::{Connection, PgConnection};
@@ -137,16 +139,29 @@ async fn a_client_certificate_opens_the_database_that_demands_one() {
         .await
         .expect("connects with a client certificate");
     lock_cycle(&locks).await;
-    // Without the certificate, or without TLS, the server refuses: a configuration
-    // error (retrying cannot fix it) naming the address.
+    // Without the certificate, with one from a CA the server does not trust, or
+    // without TLS, the server refuses: a configuration error (retrying cannot fix it)
+    // naming the address.
+    let stranger = server
+        .other_ca()
+        .issue("stranger", "postgres", CertUse::Client)
+        .await
+        .expect("issues a certificate");
     let address = format!("127.0.0.1:{}", server.port());
     for query in [
         verified("verify-full", &server.ca_cert()),
+        format!(
+            "{}&sslcert={}&sslkey={}",
+            verified("verify-full", &server.ca_cert()),
+            stranger.cert.display(),
+            stranger.key.display()
+        ),
         "sslmode=disable".to_owned(),
     ] {
         let url = server.url_to("127.0.0.1", CLIENT_CERT_DATABASE, &query);
         match PostgresLock::connect(&url).await {
             Err(error @ LockError::Config { .. }) => {
+                eprintln!("{query}: {error}");
                 assert!(error.to_string().contains(&address), "{error}")
             }
             other => panic!("{query}: {other:?}"),
@@ -163,6 +178,7 @@ async fn refused(url: &str, server_url: &str, expect: &str) {
     let session = PostgresLock::connect_with(&url, config.clone()).await;
     let xact = PostgresXactLock::connect(&url).await;
     let took = started.elapsed();
+    eprintln!("refused in {took:?} (both clients): {url}");
     for (kind, result) in [
         ("session", session.map(|_| ())),
         ("transaction", xact.map(|_| ())),

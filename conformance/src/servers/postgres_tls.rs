@@ -114,6 +114,11 @@ impl PostgresTlsServer {
         self.other_ca.cert()
     }
 
+    /// The unrelated CA, to issue certificates the server does not trust.
+    pub fn other_ca(&self) -> &TestCa {
+        &self.other_ca
+    }
+
     /// A client certificate (common name `postgres`) and key signed by the CA.
     pub fn client_cert(&self) -> &IssuedCert {
         &self.client
