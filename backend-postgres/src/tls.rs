@@ -2,7 +2,7 @@
 //! libpq resolves them (URL, then `PGSSL…` environment variables, then the files in
 //! `~/.postgresql/`), and handed to the driver in the mode that gives libpq's behaviour.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use distlock_api::LockError;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
@@ -162,10 +162,6 @@ fn config(message: String) -> LockError {
     LockError::config(POSTGRES_BACKEND, message)
 }
 
-fn display(path: &Path) -> String {
-    path.display().to_string()
-}
-
 /// The driver's TLS settings for the URL's TLS parameters, the environment and
 /// `~/.postgresql/`, following libpq:
 /// - `sslmode` defaults to `prefer`: TLS if the server offers it, else plaintext, with
@@ -225,7 +221,7 @@ pub(crate) fn resolve(url: &url::Url, sources: &Sources<'_>) -> Result<TlsSettin
                 config(format!(
                     "client certificate {} has no private key: set sslkey \
                      (the default ~/.postgresql/postgresql.key does not exist)",
-                    display(&cert)
+                    cert.display()
                 ))
             })?;
             Some((cert, key))
@@ -273,6 +269,7 @@ impl TlsSettings {
 mod tests {
     use super::*;
     use std::collections::HashMap;
+    use std::path::Path;
     use std::str::FromStr;
 
     /// The driver options for `url` with environment `env` and home directory `home`.
