@@ -161,6 +161,7 @@ mod error;
 mod keys;
 mod lock;
 mod recipe;
+mod security;
 mod session;
 mod shutdown;
 
@@ -169,9 +170,11 @@ pub use config::{
     MIN_SESSION_TIMEOUT,
 };
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAMES, LOCK_NAME,
+    PROTECTED_PREFIX,
 };
 pub use lock::ZooKeeperLock;
+pub use security::{Credentials, TlsFiles};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use zookeeper_client;

@@ -20,6 +20,7 @@ use crate::config::{check_session_timeout, parse_url, validate_path, ZooKeeperCo
 use crate::error::at_servers;
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
+use crate::security::Identity;
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
@@ -46,6 +47,8 @@ pub struct ZooKeeperLock {
 struct Inner {
     /// The connect string, without chroot.
     hosts: String,
+    /// Credentials and TLS of every session.
+    identity: Identity,
     /// Chroot + base path: lock directories are `{root}/{encoded key}`.
     root: String,
     config: ZooKeeperConfig,
@@ -110,9 +113,11 @@ impl ZooKeeperLock {
             url.chroot.as_deref().unwrap_or(""),
             config.base_path
         );
+        let identity = Identity::new(url.credentials.clone(), url.tls.as_ref())?;
         let lock = ZooKeeperLock {
             inner: Arc::new(Inner {
                 hosts: url.connect_string(),
+                identity,
                 root,
                 config,
                 session: StdMutex::new(None),
@@ -176,7 +181,13 @@ impl ZooKeeperLock {
             return Ok(session);
         }
         let session = Arc::new(
-            Session::open(&self.inner.hosts, &self.inner.config, &self.inner.registry).await?,
+            Session::open(
+                &self.inner.hosts,
+                &self.inner.config,
+                &self.inner.identity,
+                &self.inner.registry,
+            )
+            .await?,
         );
         tracing::debug!(
             session = format_args!("{:#x}", session.id),
@@ -193,7 +204,7 @@ impl ZooKeeperLock {
     }
 
     /// Names the servers in a connection error (the connect string has no
-    /// credentials: the URL cannot carry any).
+    /// credentials: they are kept apart from it).
     fn located(&self, error: LockError) -> LockError {
         at_servers(&self.inner.hosts, error)
     }
