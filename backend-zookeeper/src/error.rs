@@ -77,6 +77,12 @@ pub(crate) fn zk_error(error: zk::Error) -> LockError {
         | E::Throttled
         // The I/O error that ended a connection.
         | E::Custom(_) => LockError::connection(ZOOKEEPER_BACKEND, error),
+        E::NoAuth => LockError::backend_error(
+            ZOOKEEPER_BACKEND,
+            "ZooKeeper refused the request (NoAuth): the node's ACL does not let this \
+             client's identity in; a lock directory made by a client with credentials \
+             admits only that user with that password (see the URL's user:password@)",
+        ),
         other => LockError::backend_error(ZOOKEEPER_BACKEND, other),
     }
 }
@@ -142,6 +148,7 @@ mod tests {
         }
         let refused = zk_error(zk::Error::NoAuth);
         assert!(matches!(refused, LockError::Backend { .. }), "{refused:?}");
+        assert!(refused.to_string().contains("ACL"), "{refused}");
         assert!(!refused.is_retryable());
         let no_reply = LockError::from(Fail::TimedOut(Duration::from_secs(1)));
         assert!(no_reply.is_retryable(), "{no_reply:?}");

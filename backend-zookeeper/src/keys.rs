@@ -129,19 +129,18 @@ pub fn owner_of(name: &str) -> Option<OwnerToken> {
         .map(OwnerToken::from_u128)
 }
 
-/// kazoo's lock names: `Lock` contenders are `<uuid>__lock__<sequence>`, and a kazoo
-/// `Lock` also waits behind its `ReadLock`'s `<uuid>__rlock__<sequence>` contenders.
-pub const KAZOO_LOCK_NAMES: [&str; 2] = ["__lock__", "__rlock__"];
+/// kazoo's lock name: its `Lock` (and `WriteLock`) contenders are
+/// `<uuid>__lock__<sequence>`.
+pub const KAZOO_LOCK_NAME: &str = "__lock__";
 
 /// The sequence number of a contender node name: the digits after a trailing `lock-`
 /// (ours and Curator's, as Curator's `StandardLockInternalsDriver.fixForSorting` reads
-/// them) or a trailing `__lock__` / `__rlock__` (kazoo's, see [`KAZOO_LOCK_NAMES`]).
+/// them) or a trailing `__lock__` (kazoo's, [`KAZOO_LOCK_NAME`]).
 /// `None` for any other name, in particular one without a sequence suffix.
 pub fn lock_sequence(name: &str) -> Option<i64> {
     let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
     let digits = &name[prefix.len()..];
-    let named = prefix.ends_with(LOCK_NAME)
-        || KAZOO_LOCK_NAMES.iter().any(|kazoo| prefix.ends_with(kazoo));
+    let named = prefix.ends_with(LOCK_NAME) || prefix.ends_with(KAZOO_LOCK_NAME);
     if digits.is_empty() || !named {
         return None;
     }
@@ -251,7 +250,8 @@ mod tests {
             "lock-0000000002",
             "lock-",
             "5f1c9e3a8b2d4c6e9f0a1b2c3d4e5f60__lock__0000000004",
-            "0123456789abcdef0123456789abcdef__rlock__0000000000",
+            "0123456789abcdef0123456789abcdef__lock__0000000000",
+            "0123456789abcdef0123456789abcdef__rlock__0000000009",
             "plain-0000000007",
             "x__lock__",
             "__lock__abc",
@@ -265,10 +265,10 @@ mod tests {
     #[test]
     fn foreign_sequences_read_like_kazoo_and_curator() {
         assert_eq!(lock_sequence("abc__lock__0000000012"), Some(12));
-        assert_eq!(lock_sequence("abc__rlock__0000000013"), Some(13));
         assert_eq!(lock_sequence("_c_x-lock-0000000014"), Some(14));
         // No sequence, or another library's name we do not know: not a contender.
-        for name in ["abc__lock__", "lock-", "abc__wlock__0000000001", "lease-0000000001"] {
+        // kazoo's read locks share a mutex's directory only with other read locks.
+        for name in ["abc__lock__", "lock-", "abc__rlock__0000000001", "lease-0000000001"] {
             assert_eq!(lock_sequence(name), None, "{name}");
         }
     }

@@ -170,7 +170,7 @@ pub use config::{
     MIN_SESSION_TIMEOUT,
 };
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAMES, LOCK_NAME,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LOCK_NAME,
     PROTECTED_PREFIX,
 };
 pub use lock::ZooKeeperLock;

@@ -33,6 +33,7 @@ mod postgres;
 mod process;
 mod redis;
 mod zookeeper;
+mod zookeeper_tls;
 
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};
@@ -42,6 +43,7 @@ use std::time::Duration;
 pub use postgres::{PostgresServer, PostgresServerOptions};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
+pub use zookeeper_tls::{TestCertificates, ZooKeeperTlsServer};
 
 /// Why a throwaway server could not be started, probed or controlled.
 ///
