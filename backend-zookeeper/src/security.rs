@@ -113,20 +113,34 @@ impl Identity {
     }
 
     /// Connects `connector` to `hosts` as this identity.
+    ///
+    /// The credentials go in an `addauth` sent once the session is established, not
+    /// with the connect request: ZooKeeper 3.8's Netty server (every TLS port) can
+    /// answer an `addauth` that arrives right behind the connect request of a new
+    /// session before the connect itself, and the client then fails the handshake.
+    /// (The client sends the credentials again with every reconnect of the session.)
     pub(crate) async fn connect(
         &self,
-        mut connector: zk::Connector,
+        connector: zk::Connector,
         hosts: &str,
     ) -> Result<zk::Client, zk::Error> {
-        if let Some(c) = &self.credentials {
-            connector = connector.with_auth("digest", format!("{}:{}", c.user, c.password).as_bytes());
-        }
         #[cfg(feature = "tls")]
-        if let Some(tls) = &self.tls {
-            install_crypto_provider();
-            return connector.with_tls(tls.clone()).secure_connect(hosts).await;
+        let connecting = match &self.tls {
+            Some(tls) => {
+                install_crypto_provider();
+                connector.with_tls(tls.clone()).secure_connect(hosts).await
+            }
+            None => connector.connect(hosts).await,
+        };
+        #[cfg(not(feature = "tls"))]
+        let connecting = connector.connect(hosts).await;
+        let client = connecting?;
+        if let Some(c) = &self.credentials {
+            client
+                .auth("digest", format!("{}:{}", c.user, c.password).as_bytes())
+                .await?;
         }
-        connector.connect(hosts).await
+        Ok(client)
     }
 }
 

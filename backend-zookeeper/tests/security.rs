@@ -350,10 +350,55 @@ mod tls {
         assert_eq!(status.fencing_token, guard.fencing_token());
         guard.release().await.expect("releases");
         assert!(!b.inspect(&k).await.unwrap().held);
+        // New sessions with credentials, one after another (ZooKeeper 3.8's Netty
+        // server answered an `addauth` sent right behind a new session's connect
+        // request before the connect, which failed the handshake of most of them).
+        for n in 0..6 {
+            let url = server.url_with_credentials("app:pw");
+            let config = ZooKeeperConfig::default().with_connect_timeout(Duration::from_secs(10));
+            let another = ZooKeeperLock::connect_with(&url, config)
+                .await
+                .unwrap_or_else(|e| panic!("session #{n}: {e}"));
+            let guard = another.acquire(&k, &no_wait()).await.expect("acquires");
+            guard.release().await.expect("releases");
+        }
         // The nodes carry the creator-only ACL over TLS too.
         let raw = common::raw(server.server().port()).await;
         let (acls, _) = raw.get_acl(&a.lock_dir(&k)).await.unwrap();
         assert!(is_creator_all_world_read(&acls, "app"), "{acls:?}");
+    }
+
+    /// A session that reconnects (the client sends its credentials again, right behind
+    /// the connect request) keeps its lock, and its identity: it can still create
+    /// nodes in the directories it made.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn credentials_survive_reconnects_over_tls() {
+        let server = server(false).await;
+        let proxy = common::network_proxy(server.secure_port()).await;
+        let url = server
+            .url_with_credentials("app:pw")
+            .replace(&server.secure_port().to_string(), &proxy.local_addr().port().to_string());
+        let locks = client(&url).await;
+        let held = locks.acquire(&key("reconnect/held"), &no_wait()).await.expect("acquires");
+        for round in 0..5 {
+            let session = locks.session_id();
+            proxy.reset_all();
+            let k = key(&format!("reconnect/{round}"));
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let guard = loop {
+                match locks.acquire(&k, &no_wait()).await {
+                    Ok(guard) => break guard,
+                    Err(e) if e.is_retryable() && Instant::now() < deadline => {
+                        tokio::time::sleep(Duration::from_millis(50)).await
+                    }
+                    Err(e) => panic!("round {round}: {e:?}"),
+                }
+            };
+            assert_eq!(locks.session_id(), session, "round {round}: the session survives");
+            guard.release().await.expect("releases");
+        }
+        assert_ne!(held.state(), distlock_api::LeaseState::Lost);
+        held.release().await.expect("releases after the reconnects");
     }
 
     /// Connection errors within the connect timeout, nothing panics or hangs.
