@@ -185,9 +185,10 @@ pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
     }
     let mut hosts = Vec::new();
     for (n, host) in authority.split(',').enumerate() {
-        hosts.push(parse_host(host.trim()).map_err(|why| {
-            config_error(format!("server #{} ({host:?}): {why}", n + 1))
-        })?);
+        hosts.push(
+            parse_host(host.trim())
+                .map_err(|why| config_error(format!("server #{} ({host:?}): {why}", n + 1)))?,
+        );
     }
     let chroot = match chroot {
         None | Some("/") => None,
@@ -294,7 +295,9 @@ fn parse_credentials(userinfo: &str) -> Result<Credentials, LockError> {
     }
     // The digest provider splits `user:password` at the first ':'.
     if user.contains(':') {
-        return Err(config_error("a ZooKeeper digest user name cannot contain ':'"));
+        return Err(config_error(
+            "a ZooKeeper digest user name cannot contain ':'",
+        ));
     }
     Ok(Credentials {
         user,
@@ -463,7 +466,14 @@ mod tests {
         assert_eq!(u.chroot.as_deref(), Some("/app"));
         assert_eq!(u.tls, None);
         assert!(!format!("{u:?}").contains("p@ss"));
-        assert_eq!(parse_url("zk://u:@a").unwrap().credentials.unwrap().password, "");
+        assert_eq!(
+            parse_url("zk://u:@a")
+                .unwrap()
+                .credentials
+                .unwrap()
+                .password,
+            ""
+        );
         let u = parse_url("zookeeper+tls://u:p@a:2281?ca=/etc/ca%20x.pem&session_timeout_ms=900")
             .unwrap();
         let tls = u.tls.unwrap();
@@ -471,10 +481,7 @@ mod tests {
         assert_eq!(tls.client, None);
         assert_eq!(u.session_timeout, Some(Duration::from_millis(900)));
         let u = parse_url("zk+tls://a?ca=/c&cert=/d&key=/e").unwrap();
-        assert_eq!(
-            u.tls.unwrap().client,
-            Some(("/d".into(), "/e".into()))
-        );
+        assert_eq!(u.tls.unwrap().client, Some(("/d".into(), "/e".into())));
     }
 
     #[test]

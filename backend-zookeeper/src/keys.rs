@@ -268,7 +268,12 @@ mod tests {
         assert_eq!(lock_sequence("_c_x-lock-0000000014"), Some(14));
         // No sequence, or another library's name we do not know: not a contender.
         // kazoo's read locks share a mutex's directory only with other read locks.
-        for name in ["abc__lock__", "lock-", "abc__rlock__0000000001", "lease-0000000001"] {
+        for name in [
+            "abc__lock__",
+            "lock-",
+            "abc__rlock__0000000001",
+            "lease-0000000001",
+        ] {
             assert_eq!(lock_sequence(name), None, "{name}");
         }
     }

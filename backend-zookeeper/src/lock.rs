@@ -20,8 +20,8 @@ use crate::config::{check_session_timeout, parse_url, validate_path, ZooKeeperCo
 use crate::error::at_servers;
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
-use crate::security::Identity;
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
+use crate::security::Identity;
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 

@@ -157,7 +157,10 @@ fn tls_options(files: &TlsFiles) -> Result<zk::TlsOptions, LockError> {
     let invalid = |what: &str, path: &PathBuf, e: zk::Error| {
         LockError::config(
             ZOOKEEPER_BACKEND,
-            format!("the TLS {what} file {} is not usable PEM: {e}", path.display()),
+            format!(
+                "the TLS {what} file {} is not usable PEM: {e}",
+                path.display()
+            ),
         )
     };
     let ca = read("CA", &files.ca)?;
@@ -195,7 +198,10 @@ mod tests {
             password: "s3cret".into(),
         };
         let shown = format!("{c:?}");
-        assert!(shown.contains("app") && !shown.contains("s3cret"), "{shown}");
+        assert!(
+            shown.contains("app") && !shown.contains("s3cret"),
+            "{shown}"
+        );
     }
 
     #[test]
@@ -203,6 +209,8 @@ mod tests {
         assert_eq!(&*node_acls(false), &*zk::Acls::anyone_all());
         let acls = node_acls(true);
         assert_eq!(acls.len(), 2);
-        assert!(acls.iter().any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
+        assert!(acls
+            .iter()
+            .any(|a| a.scheme() == "world" && a.permission() == zk::Permission::READ));
     }
 }

@@ -117,9 +117,12 @@ impl Drop for CloseOnShutdown {
                     .build()
                 {
                     Ok(runtime) => runtime.block_on(async {
-                        tokio::time::timeout(CLOSE_PATIENCE, close(&hosts, &identity, session, timeout))
-                            .await
-                            .unwrap_or(Err(zk::Error::Timeout))
+                        tokio::time::timeout(
+                            CLOSE_PATIENCE,
+                            close(&hosts, &identity, session, timeout),
+                        )
+                        .await
+                        .unwrap_or(Err(zk::Error::Timeout))
                     }),
                     Err(e) => Err(zk::Error::UnexpectedError(e.to_string())),
                 };

@@ -84,7 +84,11 @@ async fn status_sees_the_holder(url: &str) {
         .env_remove("DISTLOCK_BACKEND")
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(status["held"], true, "{status}");
     assert_eq!(
@@ -98,9 +102,9 @@ async fn status_sees_the_holder(url: &str) {
 /// `zookeeper+tls://` with a client certificate, and digest credentials over TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_conformance_and_status_pass_on_zookeeper_tls() {
-    let server = ZooKeeperTlsServer::start(true)
-        .await
-        .unwrap_or_else(|e| panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}"));
+    let server = ZooKeeperTlsServer::start(true).await.unwrap_or_else(|e| {
+        panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}")
+    });
     demo_and_conformance_pass(&server.url(), false);
     status_sees_the_holder(&server.url()).await;
     demo_and_conformance_pass(&server.url_with_credentials("app:secret"), false);

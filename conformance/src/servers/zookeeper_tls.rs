@@ -32,11 +32,30 @@ impl TestCertificates {
         let dir = temp_dir("certs")?;
         let certs = TestCertificates { dir };
         certs.openssl(&[
-            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-            "/CN=distlock test CA", "-keyout", "ca.key", "-out", "ca.pem",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=distlock test CA",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
         ])?;
-        certs.sign("server", "/CN=127.0.0.1", "subjectAltName=IP:127.0.0.1,DNS:localhost")?;
-        certs.sign("client", "/CN=distlock-client", "extendedKeyUsage=clientAuth")?;
+        certs.sign(
+            "server",
+            "/CN=127.0.0.1",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
+        )?;
+        certs.sign(
+            "client",
+            "/CN=distlock-client",
+            "extendedKeyUsage=clientAuth",
+        )?;
         // The server reads its key and certificate from one PEM key store.
         let mut store = std::fs::read_to_string(certs.path("server.key"))
             .map_err(|e| ServerError::io("reading server.key", e))?;
@@ -60,12 +79,24 @@ impl TestCertificates {
         std::fs::write(self.path(&ext), format!("{extension}\n"))
             .map_err(|e| ServerError::io(format!("writing {ext}"), e))?;
         self.openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out",
-            &csr,
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr,
         ])?;
         self.openssl(&[
-            "x509", "-req", "-in", &csr, "-CA", "ca.pem", "-CAkey", "ca.key",
-            "-CAcreateserial", "-days", "2", "-extfile", &ext, "-out", &crt,
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+            "-out",
+            &crt,
         ])
     }
 
@@ -87,7 +118,11 @@ impl TestCertificates {
         Err(ServerError::Setup {
             server: SERVER,
             step: format!("openssl {}", args.join(" ")),
-            detail: format!("{}: {}", output.status, String::from_utf8_lossy(&output.stderr)),
+            detail: format!(
+                "{}: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            ),
         })
     }
 
@@ -146,7 +181,9 @@ impl ZooKeeperTlsServer {
             attempt += 1;
             let secure_port = free_port()?;
             let mut options = ZooKeeperServerOptions::default();
-            options.extra_config.extend(tls_config(&certs, secure_port, client_auth));
+            options
+                .extra_config
+                .extend(tls_config(&certs, secure_port, client_auth));
             let ready_timeout = options.ready_timeout;
             let started = match ZooKeeperServer::start_with(options).await {
                 Ok(mut server) => match wait_listening(secure_port, ready_timeout).await {
