@@ -21,7 +21,7 @@ struct SecureHarness {
 }
 
 impl SecureHarness {
-    fn new(url: String, port: u16) -> Arc<dyn Harness> {
+    fn harness(url: String, port: u16) -> Arc<dyn Harness> {
         Arc::new(SecureHarness {
             url,
             port,
@@ -72,7 +72,7 @@ impl Harness for SecureHarness {
 
 async fn digest() -> Arc<dyn Harness> {
     let port = common::shared_port();
-    SecureHarness::new(
+    SecureHarness::harness(
         format!("zookeeper://kit:secret@127.0.0.1:{port}/digest-kit"),
         port,
     )
@@ -129,7 +129,7 @@ mod over_tls {
 
     async fn harness() -> Arc<dyn Harness> {
         let (url, port) = shared();
-        super::SecureHarness::new(url.clone(), *port)
+        super::SecureHarness::harness(url.clone(), *port)
     }
 
     distlock_conformance::conformance_tests!(harness());
