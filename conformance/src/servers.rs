@@ -13,7 +13,9 @@
 //!
 //! Nothing here uses Docker; the server binaries come from the Debian packages
 //! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
-//! them). Where a binary lives can be overridden with environment variables:
+//! them); [`ZooKeeperTlsServer`] also runs `openssl` for its certificates and
+//! needs Debian's netty jars (a dependency of `zookeeper`) for its TLS port.
+//! Where a binary lives can be overridden with environment variables:
 //!
 //! | variable | meaning |
 //! | --- | --- |
