@@ -21,7 +21,7 @@ use crate::error::at_servers;
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
-use crate::security::Identity;
+use crate::security::{check_tls_hosts, Identity};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 
@@ -113,6 +113,9 @@ impl ZooKeeperLock {
             url.chroot.as_deref().unwrap_or(""),
             config.base_path
         );
+        if url.tls.is_some() {
+            check_tls_hosts(&url.hosts)?;
+        }
         let identity = Identity::new(url.credentials.clone(), url.tls.as_ref())?;
         let lock = ZooKeeperLock {
             inner: Arc::new(Inner {

@@ -144,6 +144,52 @@ impl Identity {
     }
 }
 
+/// Checks that every `host:port` of a TLS URL names a host a certificate can be
+/// checked against (a DNS name or an IP address): the client cannot connect to others
+/// over TLS.
+///
+/// # Errors
+/// [`LockError::Config`] naming the first host that is neither.
+pub(crate) fn check_tls_hosts(hosts: &[String]) -> Result<(), LockError> {
+    for host in hosts {
+        let name = host
+            .rsplit_once(':')
+            .map_or(host.as_str(), |(name, _)| name);
+        let name = name.trim_start_matches('[').trim_end_matches(']');
+        let valid = name.parse::<std::net::IpAddr>().is_ok() || is_dns_name(name);
+        if !valid {
+            return Err(LockError::config(
+                ZOOKEEPER_BACKEND,
+                format!(
+                    "{name:?} is neither a DNS name nor an IP address, so no TLS certificate \
+                     can name it"
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// A DNS name as rustls checks it: dot-separated labels of 1 to 63 letters, digits,
+/// `-` and `_`, not starting or ending with `-`, at most 253 bytes, not all digits.
+fn is_dns_name(name: &str) -> bool {
+    let name = name.strip_suffix('.').unwrap_or(name);
+    let label_ok = |label: &str| {
+        (1..=63).contains(&label.len())
+            && !label.starts_with('-')
+            && !label.ends_with('-')
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    (1..=253).contains(&name.len())
+        && name.split('.').all(label_ok)
+        && !name
+            .split('.')
+            .next_back()
+            .is_some_and(|last| last.bytes().all(|b| b.is_ascii_digit()))
+}
+
 #[cfg(feature = "tls")]
 fn tls_options(files: &TlsFiles) -> Result<zk::TlsOptions, LockError> {
     let read = |what: &str, path: &PathBuf| {
@@ -202,6 +248,28 @@ mod tests {
             shown.contains("app") && !shown.contains("s3cret"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn tls_hosts_must_be_names_or_addresses() {
+        let ok = [
+            "127.0.0.1:1",
+            "[::1]:2281",
+            "zk-1.example.com:2281",
+            "_zk.local:1",
+            "h:1",
+        ];
+        assert!(check_tls_hosts(&ok.map(String::from)).is_ok());
+        for bad in [
+            "bad..host:1",
+            "-x:1",
+            "a b:1",
+            "x-.y:1",
+            "1.2.3:1",
+            "ü.de:1",
+        ] {
+            assert!(check_tls_hosts(&[bad.to_owned()]).is_err(), "{bad}");
+        }
     }
 
     #[test]

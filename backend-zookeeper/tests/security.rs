@@ -484,6 +484,23 @@ mod tls {
         client(&server.url()).await;
     }
 
+    /// rustls needs a DNS name or an IP address to check a certificate against (the
+    /// client would panic on any other host that resolved): such a host is refused
+    /// before connecting, not left to fail a DNS lookup as a connection error.
+    #[tokio::test]
+    async fn a_tls_host_that_no_certificate_can_name_is_a_config_error() {
+        let certs = distlock_conformance::servers::TestCertificates::generate()
+            .unwrap_or_else(|e| panic!("openssl makes test certificates: {e}"));
+        for host in ["bad..host", "-x", "under_score-.x"] {
+            let url = format!("zk+tls://{host}:2281?ca={}", certs.ca().display());
+            let Err(error) = ZooKeeperLock::connect(&url).await else {
+                panic!("{url} connected");
+            };
+            assert!(matches!(error, LockError::Config { .. }), "{error:?}");
+            assert!(error.to_string().contains(host), "{error}");
+        }
+    }
+
     #[tokio::test]
     async fn missing_and_invalid_tls_files_are_config_errors() {
         let dir = tempfile::tempdir().unwrap();
