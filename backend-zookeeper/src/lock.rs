@@ -75,8 +75,14 @@ impl ZooKeeperLock {
     /// session. See [`crate::parse_url`] for the URL forms.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL, [`LockError::Connection`] when no session
-    /// can be established within the connect timeout.
+    /// [`LockError::Config`] for a bad URL, and for a `+tls` URL whose `ca`, `cert` or
+    /// `key` file is missing, unreadable or holds no usable certificate or key, or whose
+    /// host is neither a DNS name nor an IP address (or a build without the `tls`
+    /// feature); [`LockError::Connection`] when no session can be established within
+    /// the connect timeout (also when a TLS handshake fails). Credentials are checked
+    /// by the ACLs of the nodes they meet, not at connect: a wrong password shows as a
+    /// [`LockError::Backend`] (`NoAuth`) from the first operation on a lock directory a
+    /// client with the right one made.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         ZooKeeperLock::connect_with(url, ZooKeeperConfig::default()).await
     }
