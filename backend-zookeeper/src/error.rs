@@ -64,7 +64,9 @@ impl From<Fail> for LockError {
 }
 
 /// Connection-level failures are [`LockError::Connection`] (retryable); anything the
-/// server refused is [`LockError::Backend`].
+/// server refused is [`LockError::Backend`], except `NoAuth` (a node's ACL refused this
+/// client's identity: wrong or missing credentials in the URL), a [`LockError::Config`]
+/// as a wrong password is for the other backends.
 pub(crate) fn zk_error(error: zk::Error) -> LockError {
     use zk::Error as E;
     match error {
@@ -77,7 +79,7 @@ pub(crate) fn zk_error(error: zk::Error) -> LockError {
         | E::Throttled
         // The I/O error that ended a connection.
         | E::Custom(_) => LockError::connection(ZOOKEEPER_BACKEND, error),
-        E::NoAuth => LockError::backend_error(
+        E::NoAuth => LockError::config(
             ZOOKEEPER_BACKEND,
             "ZooKeeper refused the request (NoAuth): the node's ACL does not let this \
              client's identity in; a lock directory made by a client with credentials \
@@ -147,7 +149,7 @@ mod tests {
             assert!(mapped.is_retryable(), "{error:?}");
         }
         let refused = zk_error(zk::Error::NoAuth);
-        assert!(matches!(refused, LockError::Backend { .. }), "{refused:?}");
+        assert!(matches!(refused, LockError::Config { .. }), "{refused:?}");
         assert!(refused.to_string().contains("ACL"), "{refused}");
         assert!(!refused.is_retryable());
         let no_reply = LockError::from(Fail::TimedOut(Duration::from_secs(1)));

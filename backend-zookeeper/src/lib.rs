@@ -83,7 +83,7 @@
 //!   needs no credentials), but ZooKeeper checks a node's parent for creating and
 //!   deleting children, so only that identity (same user, same password) can contend
 //!   for, release or remove a lock there. Anyone else gets a
-//!   [`distlock_api::LockError::Backend`] (`NoAuth`, not retryable) at once, and leaves
+//!   [`distlock_api::LockError::Config`] (`NoAuth`, not retryable) at once, and leaves
 //!   nothing behind. Clients that share a lock must share its credentials; services with
 //!   different identities use different chroots or base paths.
 //! - **Without credentials** nodes get the open ACL (`world:anyone` ALL), as ZooKeeper's

@@ -81,7 +81,7 @@ impl ZooKeeperLock {
     /// feature); [`LockError::Connection`] when no session can be established within
     /// the connect timeout (also when a TLS handshake fails). Credentials are checked
     /// by the ACLs of the nodes they meet, not at connect: a wrong password shows as a
-    /// [`LockError::Backend`] (`NoAuth`) from the first operation on a lock directory a
+    /// [`LockError::Config`] (`NoAuth`) from the first operation on a lock directory a
     /// client with the right one made.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         ZooKeeperLock::connect_with(url, ZooKeeperConfig::default()).await

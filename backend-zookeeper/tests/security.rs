@@ -107,7 +107,7 @@ async fn digest_credentials_protect_nodes_and_a_wrong_password_is_refused() {
                 panic!("{userinfo}: an intruder got the lock");
             };
             assert!(
-                matches!(error, LockError::Backend { .. }) && !error.is_retryable(),
+                matches!(error, LockError::Config { .. }) && !error.is_retryable(),
                 "{userinfo}: {error:?}"
             );
             assert!(error.to_string().contains("ACL"), "{error}");

@@ -122,6 +122,54 @@ async fn demo_conformance_and_status_pass_on_zookeeper_with_credentials() {
     status_sees_the_holder(&url).await;
 }
 
+/// A wrong ZooKeeper password on a lock held with the right one: exit code 2
+/// (a configuration error) with one line on stderr, at once, and the command never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_zookeeper_password_is_a_one_line_configuration_error() {
+    let server = ZooKeeperServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
+    let url = |password: &str| format!("zookeeper://app:{password}@{}", server.connect_string());
+    let owner = distlock::connect(&url("right")).await.unwrap();
+    let key = distlock::LockKey::new("guarded").unwrap();
+    let guard = owner
+        .acquire(
+            &key,
+            &distlock::LockOptions::new(std::time::Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args([
+            "exec",
+            "--backend",
+            &url("wrong"),
+            "--wait",
+            "20s",
+            "guarded",
+            "--",
+            "echo",
+            "ran",
+        ])
+        .env_remove("DISTLOCK_BACKEND")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("NoAuth") && !stderr.contains("wrong@"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test]
 async fn unreachable_redis_is_a_one_line_connection_error() {
     // Nothing listens on a port we just freed.
