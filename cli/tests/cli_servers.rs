@@ -168,6 +168,7 @@ async fn a_wrong_zookeeper_password_is_a_one_line_configuration_error() {
         "{:?}",
         started.elapsed()
     );
+    guard.release().await.unwrap();
 }
 
 #[tokio::test]
