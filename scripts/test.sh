@@ -3,8 +3,11 @@
 #
 # 1. Makes sure the server binaries the tests start are installed:
 #    redis-server (package redis-server), the ZooKeeper jars in
-#    /usr/share/java plus a JRE (package zookeeper), and
-#    /usr/lib/postgresql/*/bin/initdb (package postgresql). As root it
+#    /usr/share/java plus a JRE (package zookeeper),
+#    /usr/lib/postgresql/*/bin/initdb (package postgresql), openssl (test
+#    certificates) and python3-kazoo (a kazoo client for the ZooKeeper
+#    interoperability test; ZooKeeper's TLS port also needs Debian's netty jars,
+#    which the zookeeper package pulls in). As root it
 #    installs what is missing with apt-get; otherwise it names the packages
 #    and exits non-zero.
 # 2. Runs `cargo test --workspace --all-features` with
@@ -40,6 +43,11 @@ fi
 # The TLS tests (Redis, Postgres) make throwaway certificates with the openssl tool.
 if ! command -v openssl >/dev/null 2>&1; then
     missing+=(openssl)
+fi
+
+# The kazoo interoperability test drives a real kazoo Lock (Debian's python3-kazoo).
+if ! /usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1; then
+    missing+=(python3-kazoo)
 fi
 
 if ((${#missing[@]} > 0)); then

@@ -12,7 +12,8 @@
 //! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
 //! | `redis://HOST:PORT[/DB][?fifo=true]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node (`?fifo=true`: waiters granted in arrival order) or Redlock (feature `redis`) |
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
-//! | `zookeeper://H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
+//! | `zookeeper://[USER:PASS@]H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
+//! | `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]`, `zk+tls://…` | ZooKeeper over TLS (feature `zookeeper-tls`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported
 //! as a module (`distlock::redis`). A scheme whose feature is off is refused with a
@@ -111,6 +112,8 @@ const SCHEMES: &[(&str, Backend)] = &[
     ("postgresql", Backend::Postgres),
     ("zookeeper", Backend::ZooKeeper),
     ("zk", Backend::ZooKeeper),
+    ("zookeeper+tls", Backend::ZooKeeper),
+    ("zk+tls", Backend::ZooKeeper),
 ];
 
 /// Connects to the lock backend named by `url`, choosing it by the URL's scheme.
@@ -125,7 +128,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `file:///DIR` in `DIR` (feature `file`, on by default).
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
 ///   `rediss://` over TLS (feature `redis-tls`).
-/// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`).
+/// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`), and
+///   `zookeeper+tls://` and `zk+tls://` over TLS (feature `zookeeper-tls`).
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`),
 ///   over TLS as libpq's `sslmode` says (feature `postgres-tls`).
 ///
@@ -357,6 +361,8 @@ mod tests {
             "postgresql://",
             "zookeeper://",
             "zk://",
+            "zookeeper+tls://",
+            "zk+tls://",
         ] {
             assert!(message.contains(scheme), "{scheme} missing from {message}");
         }
@@ -419,6 +425,21 @@ mod tests {
             connect("file://relative/dir").await,
             Err(LockError::Config { .. })
         ));
+    }
+
+    #[cfg(feature = "zookeeper")]
+    #[tokio::test]
+    async fn zookeeper_tls_urls_reach_the_zookeeper_backend() {
+        let err = connect("zk+tls://127.0.0.1:1?ca=/nonexistent/ca.pem")
+            .await
+            .unwrap_err();
+        assert!(matches!(err, LockError::Config { .. }), "{err}");
+        assert_eq!(err.backend(), zookeeper::ZOOKEEPER_BACKEND);
+        if cfg!(feature = "zookeeper-tls") {
+            assert!(err.to_string().contains("/nonexistent/ca.pem"), "{err}");
+        } else {
+            assert!(err.to_string().contains("`tls` feature"), "{err}");
+        }
     }
 
     #[cfg(feature = "redis")]

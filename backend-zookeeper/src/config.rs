@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use distlock_api::LockError;
 
+use crate::security::{Credentials, TlsFiles};
 use crate::ZOOKEEPER_BACKEND;
 
 /// The ZooKeeper client port used when a URL names a host without one.
@@ -102,7 +103,8 @@ impl ZooKeeperConfig {
     }
 }
 
-/// A parsed `zookeeper://` or `zk://` URL.
+/// A parsed `zookeeper://`, `zk://`, `zookeeper+tls://` or `zk+tls://` URL.
+/// `Debug` does not show the password.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ZooKeeperUrl {
@@ -112,6 +114,11 @@ pub struct ZooKeeperUrl {
     pub chroot: Option<String>,
     /// `?session_timeout_ms=N`, if given.
     pub session_timeout: Option<Duration>,
+    /// `user:password@` (percent-decoded), if given: digest authentication, and nodes
+    /// created with a creator-only ACL (see the crate docs, *Security*).
+    pub credentials: Option<Credentials>,
+    /// The TLS files of a `+tls` URL; `None` for plaintext.
+    pub tls: Option<TlsFiles>,
 }
 
 impl ZooKeeperUrl {
@@ -125,25 +132,39 @@ fn config_error(message: impl Into<String>) -> LockError {
     LockError::config(ZOOKEEPER_BACKEND, message)
 }
 
-/// Parses `zookeeper://host[:port][,host[:port]…][/chroot][?session_timeout_ms=N]`;
-/// `zk://` is the same. The port defaults to [`DEFAULT_PORT`]; IPv6 hosts go in
-/// brackets (`[::1]:2181`).
+/// Parses `zookeeper://[user:password@]host[:port][,host[:port]…][/chroot][?params]`;
+/// `zk://` is the same, and `zookeeper+tls://` (or `zk+tls://`) connects over TLS. The
+/// port defaults to [`DEFAULT_PORT`]; IPv6 hosts go in brackets (`[::1]:2181`). User
+/// and password are percent-decoded (write `@`, `:`, `/` and `%` in them as `%40`,
+/// `%3A`, `%2F`, `%25`).
+///
+/// Parameters: `session_timeout_ms=N`; with `+tls` only, `ca=PATH` (required),
+/// `cert=PATH` and `key=PATH` (a client certificate, both or neither), PEM files,
+/// percent-decoded paths.
 ///
 /// # Errors
 /// [`LockError::Config`] for another scheme, no host, an empty host in the list, a bad
-/// port, credentials (not supported), an invalid chroot path, or an unknown or bad
-/// query parameter (a `session_timeout_ms` that is not a number, or outside
-/// [`MIN_SESSION_TIMEOUT`] ..= [`MAX_SESSION_TIMEOUT`]).
+/// port, credentials without a `:` or with an empty user, a bad `%`-escape, an invalid
+/// chroot path, TLS files on a plaintext URL, a `+tls` URL without `ca`, `cert` without
+/// `key` (or the reverse), or an unknown, repeated or bad query parameter (a
+/// `session_timeout_ms` that is not a number, or outside [`MIN_SESSION_TIMEOUT`] ..=
+/// [`MAX_SESSION_TIMEOUT`]). Files are not read here (see
+/// [`crate::ZooKeeperLock::connect`]).
 pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
     let url = url.trim();
     let (scheme, rest) = url
         .split_once("://")
-        .ok_or_else(|| config_error(format!("{url:?} is not a URL")))?;
-    if !matches!(scheme, "zookeeper" | "zk") {
-        return Err(config_error(format!(
-            "{scheme}:// is not a ZooKeeper URL scheme (use zookeeper:// or zk://)"
-        )));
-    }
+        .ok_or_else(|| config_error(format!("{:?} is not a URL", redact(url))))?;
+    let tls = match scheme {
+        "zookeeper" | "zk" => false,
+        "zookeeper+tls" | "zk+tls" => true,
+        _ => {
+            return Err(config_error(format!(
+                "{scheme}:// is not a ZooKeeper URL scheme (use zookeeper://, zk://, \
+                 zookeeper+tls:// or zk+tls://)"
+            )))
+        }
+    };
     let (rest, query) = match rest.split_once('?') {
         Some((rest, query)) => (rest, Some(query)),
         None => (rest, None),
@@ -152,19 +173,22 @@ pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
         Some(at) => (&rest[..at], Some(&rest[at..])),
         None => (rest, None),
     };
-    if authority.contains('@') {
-        return Err(config_error(
-            "credentials in a ZooKeeper URL are not supported",
-        ));
-    }
+    let (credentials, authority) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(parse_credentials(userinfo)?), hosts),
+        None => (None, authority),
+    };
     if authority.trim().is_empty() {
-        return Err(config_error(format!("{url:?} names no ZooKeeper server")));
+        return Err(config_error(format!(
+            "{:?} names no ZooKeeper server",
+            redact(url)
+        )));
     }
     let mut hosts = Vec::new();
     for (n, host) in authority.split(',').enumerate() {
-        hosts.push(parse_host(host.trim()).map_err(|why| {
-            config_error(format!("server #{} ({host:?}) of {url:?}: {why}", n + 1))
-        })?);
+        hosts.push(
+            parse_host(host.trim())
+                .map_err(|why| config_error(format!("server #{} ({host:?}): {why}", n + 1)))?,
+        );
     }
     let chroot = match chroot {
         None | Some("/") => None,
@@ -174,28 +198,129 @@ pub fn parse_url(url: &str) -> Result<ZooKeeperUrl, LockError> {
         }
     };
     let mut session_timeout = None;
+    let (mut ca, mut cert, mut key) = (None, None, None);
     for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("session_timeout_ms", value)) => {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match name {
+            "session_timeout_ms" => {
                 let ms: u64 = value.parse().map_err(|_| {
                     config_error(format!("session_timeout_ms={value:?} is not a number"))
                 })?;
                 let timeout = Duration::from_millis(ms);
                 check_session_timeout(timeout)?;
                 session_timeout = Some(timeout);
+                continue;
             }
+            "ca" => &mut ca,
+            "cert" => &mut cert,
+            "key" => &mut key,
             _ => {
                 return Err(config_error(format!(
-                    "unknown URL parameter {pair:?} (known: session_timeout_ms)"
+                    "unknown URL parameter {pair:?} (known: session_timeout_ms, and with \
+                     zookeeper+tls:// ca, cert, key)"
                 )))
             }
+        };
+        if !tls {
+            return Err(config_error(format!(
+                "{name}= is a TLS parameter: use zookeeper+tls:// (or zk+tls://)"
+            )));
+        }
+        let path = percent_decode(value)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| config_error(format!("{name}={value:?} is not a file path")))?;
+        if slot.replace(std::path::PathBuf::from(path)).is_some() {
+            return Err(config_error(format!("{name}= is given twice")));
         }
     }
+    let tls = match (tls, ca, cert, key) {
+        (false, ..) => None,
+        (true, None, ..) => {
+            return Err(config_error(
+                "a zookeeper+tls:// URL needs ?ca=PATH (a PEM file of the certificate \
+                 authorities that sign the servers' certificates)",
+            ))
+        }
+        (true, Some(ca), None, None) => Some(TlsFiles { ca, client: None }),
+        (true, Some(ca), Some(cert), Some(key)) => Some(TlsFiles {
+            ca,
+            client: Some((cert, key)),
+        }),
+        (true, Some(_), ..) => {
+            return Err(config_error(
+                "a client certificate needs both cert=PATH and key=PATH",
+            ))
+        }
+    };
     Ok(ZooKeeperUrl {
         hosts,
         chroot,
         session_timeout,
+        credentials,
+        tls,
     })
+}
+
+/// The URL with any password replaced by `***`, for error messages.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return if url.contains('@') {
+            "(not shown: it may hold a password)".to_owned()
+        } else {
+            url.to_owned()
+        };
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    match rest[..authority_end].rsplit_once('@') {
+        Some((userinfo, hosts)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(user, _)| user);
+            format!("{scheme}://{user}:***@{hosts}{}", &rest[authority_end..])
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// `user:password` (percent-encoded) of a URL.
+fn parse_credentials(userinfo: &str) -> Result<Credentials, LockError> {
+    let (user, password) = userinfo.split_once(':').ok_or_else(|| {
+        config_error("ZooKeeper credentials must be user:password@ (digest authentication)")
+    })?;
+    let decode = |what: &str, text: &str| {
+        percent_decode(text)
+            .ok_or_else(|| config_error(format!("bad %-escape in the URL's {what}")))
+    };
+    let user = decode("user name", user)?;
+    if user.is_empty() {
+        return Err(config_error("the user name in the URL is empty"));
+    }
+    // The digest provider splits `user:password` at the first ':'.
+    if user.contains(':') {
+        return Err(config_error(
+            "a ZooKeeper digest user name cannot contain ':'",
+        ));
+    }
+    Ok(Credentials {
+        user,
+        password: decode("password", password)?,
+    })
+}
+
+/// Decodes `%XX` escapes; `None` for a bad escape or bytes that are not UTF-8.
+fn percent_decode(text: &str) -> Option<String> {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = text.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 fn parse_host(host: &str) -> Result<String, &'static str> {
@@ -298,10 +423,20 @@ mod tests {
             "zookeeper://",
             "zookeeper:///chroot",
             "zk://a:1,,b:2",
+            "zk://user@a:1",
+            "zk://:pw@a:1",
+            "zk://us%zzer:pw@a:1",
+            "zk://@a:1",
+            "zk://a:1?ca=/x.pem",
+            "zk+tls://a:1",
+            "zk+tls://a:1?ca=",
+            "zk+tls://a:1?ca=/c&ca=/d",
+            "zk+tls://a:1?ca=/c&cert=/d",
+            "zk+tls://a:1?ca=/c&key=/d",
+            "zookeeper+ssl://a:1?ca=/c",
             "zk://a:0",
             "zk://a:99999",
             "zk://a:x",
-            "zk://user:pw@a:1",
             "zk://[::1",
             "zk://a:1/chroot/",
             "zk://a:1/x//y",
@@ -320,6 +455,42 @@ mod tests {
                 parse_url(url)
             );
         }
+    }
+
+    #[test]
+    fn credentials_and_tls() {
+        let u = parse_url("zk://app:p%40ss%3Aw%2Frd@a:1,b/app").unwrap();
+        let c = u.credentials.clone().unwrap();
+        assert_eq!((c.user.as_str(), c.password.as_str()), ("app", "p@ss:w/rd"));
+        assert_eq!(u.hosts, ["a:1", "b:2181"]);
+        assert_eq!(u.chroot.as_deref(), Some("/app"));
+        assert_eq!(u.tls, None);
+        assert!(!format!("{u:?}").contains("p@ss"));
+        assert_eq!(
+            parse_url("zk://u:@a")
+                .unwrap()
+                .credentials
+                .unwrap()
+                .password,
+            ""
+        );
+        let u = parse_url("zookeeper+tls://u:p@a:2281?ca=/etc/ca%20x.pem&session_timeout_ms=900")
+            .unwrap();
+        let tls = u.tls.unwrap();
+        assert_eq!(tls.ca, std::path::Path::new("/etc/ca x.pem"));
+        assert_eq!(tls.client, None);
+        assert_eq!(u.session_timeout, Some(Duration::from_millis(900)));
+        let u = parse_url("zk+tls://a?ca=/c&cert=/d&key=/e").unwrap();
+        assert_eq!(u.tls.unwrap().client, Some(("/d".into(), "/e".into())));
+    }
+
+    #[test]
+    fn errors_do_not_show_passwords() {
+        for url in ["zk://u:hunter2@", "nourl u:hunter2@x", "zk://u:hunter2@/x"] {
+            let error = parse_url(url).unwrap_err().to_string();
+            assert!(!error.contains("hunter2"), "{error}");
+        }
+        assert_eq!(redact("zk://u:pw@h/x?y"), "zk://u:***@h/x?y");
     }
 
     #[test]

@@ -64,7 +64,9 @@ impl From<Fail> for LockError {
 }
 
 /// Connection-level failures are [`LockError::Connection`] (retryable); anything the
-/// server refused is [`LockError::Backend`].
+/// server refused is [`LockError::Backend`], except `NoAuth` (a node's ACL refused this
+/// client's identity: wrong or missing credentials in the URL), a [`LockError::Config`]
+/// as a wrong password is for the other backends.
 pub(crate) fn zk_error(error: zk::Error) -> LockError {
     use zk::Error as E;
     match error {
@@ -77,6 +79,12 @@ pub(crate) fn zk_error(error: zk::Error) -> LockError {
         | E::Throttled
         // The I/O error that ended a connection.
         | E::Custom(_) => LockError::connection(ZOOKEEPER_BACKEND, error),
+        E::NoAuth => LockError::config(
+            ZOOKEEPER_BACKEND,
+            "ZooKeeper refused the request (NoAuth): the node's ACL does not let this \
+             client's identity in; a lock directory made by a client with credentials \
+             admits only that user with that password (see the URL's user:password@)",
+        ),
         other => LockError::backend_error(ZOOKEEPER_BACKEND, other),
     }
 }
@@ -141,7 +149,8 @@ mod tests {
             assert!(mapped.is_retryable(), "{error:?}");
         }
         let refused = zk_error(zk::Error::NoAuth);
-        assert!(matches!(refused, LockError::Backend { .. }), "{refused:?}");
+        assert!(matches!(refused, LockError::Config { .. }), "{refused:?}");
+        assert!(refused.to_string().contains("ACL"), "{refused}");
         assert!(!refused.is_retryable());
         let no_reply = LockError::from(Fail::TimedOut(Duration::from_secs(1)));
         assert!(no_reply.is_retryable(), "{no_reply:?}");

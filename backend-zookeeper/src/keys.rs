@@ -129,19 +129,28 @@ pub fn owner_of(name: &str) -> Option<OwnerToken> {
         .map(OwnerToken::from_u128)
 }
 
-/// The sequence number of a contender node name: the digits after the last `lock-`,
-/// as Curator's `StandardLockInternalsDriver.fixForSorting` reads them.
+/// kazoo's lock name: its `Lock` (and `WriteLock`) contenders are
+/// `<uuid>__lock__<sequence>`.
+pub const KAZOO_LOCK_NAME: &str = "__lock__";
+
+/// The sequence number of a contender node name: the digits after a trailing `lock-`
+/// (ours and Curator's, as Curator's `StandardLockInternalsDriver.fixForSorting` reads
+/// them) or a trailing `__lock__` (kazoo's, [`KAZOO_LOCK_NAME`]).
+/// `None` for any other name, in particular one without a sequence suffix.
 pub fn lock_sequence(name: &str) -> Option<i64> {
-    let at = name.rfind(LOCK_NAME)?;
-    let digits = &name[at + LOCK_NAME.len()..];
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+    let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    let digits = &name[prefix.len()..];
+    let named = prefix.ends_with(LOCK_NAME) || prefix.ends_with(KAZOO_LOCK_NAME);
+    if digits.is_empty() || !named {
         return None;
     }
     digits.parse().ok()
 }
 
-/// The contenders among `children`, lowest sequence (the holder) first. Children that
-/// are not contender nodes are ignored.
+/// The contenders among `children`, lowest sequence (the holder) first: ours, Curator's
+/// and kazoo's (see [`lock_sequence`]), ranked together by their sequence, which the
+/// server counts per directory whoever creates the node. Children that are not
+/// contender nodes are ignored.
 pub(crate) fn rank(children: &[String]) -> Vec<(i64, &str)> {
     let mut ranked: Vec<(i64, &str)> = children
         .iter()
@@ -240,10 +249,32 @@ mod tests {
             "_c_bbbbbbbb-bbbb-bbbb-bbbb-bbbbbbbbbbbb-lock-0000000001",
             "lock-0000000002",
             "lock-",
+            "5f1c9e3a8b2d4c6e9f0a1b2c3d4e5f60__lock__0000000004",
+            "0123456789abcdef0123456789abcdef__lock__0000000000",
+            "0123456789abcdef0123456789abcdef__rlock__0000000009",
+            "plain-0000000007",
+            "x__lock__",
+            "__lock__abc",
         ]
         .map(String::from)
         .to_vec();
         let ranked: Vec<i64> = rank(&children).into_iter().map(|(s, _)| s).collect();
-        assert_eq!(ranked, [1, 2, 3]);
+        assert_eq!(ranked, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn foreign_sequences_read_like_kazoo_and_curator() {
+        assert_eq!(lock_sequence("abc__lock__0000000012"), Some(12));
+        assert_eq!(lock_sequence("_c_x-lock-0000000014"), Some(14));
+        // No sequence, or another library's name we do not know: not a contender.
+        // kazoo's read locks share a mutex's directory only with other read locks.
+        for name in [
+            "abc__lock__",
+            "lock-",
+            "abc__rlock__0000000001",
+            "lease-0000000001",
+        ] {
+            assert_eq!(lock_sequence(name), None, "{name}");
+        }
     }
 }

@@ -53,13 +53,43 @@
 //! `InterProcessMutex` (lock name `lock-`, ordered by the digits after the last
 //! `lock-`). A Java service using `new InterProcessMutex(client, dir)` on the same
 //! directory ([`ZooKeeperLock::lock_dir`]) and a Rust service using this crate exclude
-//! each other and queue fairly together. Children without a `lock-<digits>` suffix are
-//! ignored (Curator would sort them by name).
+//! each other and queue fairly together.
+//!
+//! kazoo's `Lock` names its contenders `<uuid>__lock__<sequence>`; those are ranked by
+//! their sequence too ([`lock_sequence`]), and the server numbers every sequential node
+//! of a directory in one series, so kazoo, Curator and this crate exclude each other on
+//! one directory (kazoo sees ours when given `extra_lock_patterns=["-lock-"]`). Children
+//! without a `lock-<digits>` or `__lock__<digits>` suffix are ignored (Curator would
+//! sort them by name).
 //!
 //! The GUID also makes creates safe to retry: after a `ConnectionLoss` during the
 //! create, the client lists the directory and looks for its own GUID before it creates
 //! anything again (the create may have been applied), and a lease can be released by
 //! any client that has it, even after a reconnect.
+//!
+//! # Security
+//! - **TLS**: `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]` (feature `tls`) connects
+//!   to the servers' `secureClientPort` through rustls, trusting the CAs in the PEM file
+//!   `ca` (and only those) and checking that a server's certificate names the URL's host;
+//!   `cert`/`key` present a client certificate to servers that ask for one. The files
+//!   are read once, at connect: a missing or invalid one is a
+//!   [`distlock_api::LockError::Config`] naming it. A failed handshake is a connection
+//!   error.
+//! - **Digest credentials**: `user:password@` in the URL. Each session authenticates with
+//!   `addauth digest user:password` as soon as it is established (and the client repeats
+//!   it on every reconnect), and every node the client creates (missing ancestors of the
+//!   base path, lock directories, contenders) gets the ACL *creator ALL, world READ*:
+//!   anyone may list the contenders and read the holder ([`distlock_api::DistributedLock::inspect`]
+//!   needs no credentials), but ZooKeeper checks a node's parent for creating and
+//!   deleting children, so only that identity (same user, same password) can contend
+//!   for, release or remove a lock there. Anyone else gets a
+//!   [`distlock_api::LockError::Config`] (`NoAuth`, not retryable) at once, and leaves
+//!   nothing behind. Clients that share a lock must share its credentials; services with
+//!   different identities use different chroots or base paths.
+//! - **Without credentials** nodes get the open ACL (`world:anyone` ALL), as ZooKeeper's
+//!   and Curator's defaults: an unauthenticated client works as it always did. The ACL
+//!   protects only nodes this client creates: in a directory an open client made, anyone
+//!   may delete contenders.
 //!
 //! # Sessions
 //! One ZooKeeper session serves every lock and waiter of a [`ZooKeeperLock`] and its
@@ -148,9 +178,10 @@
 //!   clock (conservative) while the server still has its node; the guard's drop or
 //!   release then deletes the node.
 //! - ZooKeeper 3.5 or later is needed (container nodes, `create2`).
-//! - Nodes are created with the open ACL (`world:anyone`), as Curator's defaults; the
-//!   GUIDs in node names are readable by anyone who can list the directory, and a
-//!   lease's GUID is all it takes to release it.
+//! - Without credentials, nodes are created with the open ACL (`world:anyone`), as
+//!   Curator's defaults; the GUIDs in node names are readable by anyone who can list
+//!   the directory, and a lease's GUID is all it takes to release it (with credentials,
+//!   only for a client of the same identity: see *Security*).
 //! - Every acquire writes the lock directory's (empty) data, so its data version
 //!   counts acquires; nothing, Curator included, reads it.
 
@@ -161,6 +192,7 @@ mod error;
 mod keys;
 mod lock;
 mod recipe;
+mod security;
 mod session;
 mod shutdown;
 
@@ -169,9 +201,11 @@ pub use config::{
     MIN_SESSION_TIMEOUT,
 };
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, LOCK_NAME, PROTECTED_PREFIX,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LOCK_NAME,
+    PROTECTED_PREFIX,
 };
 pub use lock::ZooKeeperLock;
+pub use security::{Credentials, TlsFiles};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use zookeeper_client;

@@ -21,6 +21,7 @@ use crate::error::at_servers;
 use crate::error::within;
 use crate::keys::{encode_key, protected_prefix, rank};
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
+use crate::security::{check_tls_hosts, Identity};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 
@@ -46,6 +47,8 @@ pub struct ZooKeeperLock {
 struct Inner {
     /// The connect string, without chroot.
     hosts: String,
+    /// Credentials and TLS of every session.
+    identity: Identity,
     /// Chroot + base path: lock directories are `{root}/{encoded key}`.
     root: String,
     config: ZooKeeperConfig,
@@ -72,8 +75,14 @@ impl ZooKeeperLock {
     /// session. See [`crate::parse_url`] for the URL forms.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a bad URL, [`LockError::Connection`] when no session
-    /// can be established within the connect timeout.
+    /// [`LockError::Config`] for a bad URL, and for a `+tls` URL whose `ca`, `cert` or
+    /// `key` file is missing, unreadable or holds no usable certificate or key, or whose
+    /// host is neither a DNS name nor an IP address (or a build without the `tls`
+    /// feature); [`LockError::Connection`] when no session can be established within
+    /// the connect timeout (also when a TLS handshake fails). Credentials are checked
+    /// by the ACLs of the nodes they meet, not at connect: a wrong password shows as a
+    /// [`LockError::Config`] (`NoAuth`) from the first operation on a lock directory a
+    /// client with the right one made.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         ZooKeeperLock::connect_with(url, ZooKeeperConfig::default()).await
     }
@@ -110,9 +119,14 @@ impl ZooKeeperLock {
             url.chroot.as_deref().unwrap_or(""),
             config.base_path
         );
+        if url.tls.is_some() {
+            check_tls_hosts(&url.hosts)?;
+        }
+        let identity = Identity::new(url.credentials.clone(), url.tls.as_ref())?;
         let lock = ZooKeeperLock {
             inner: Arc::new(Inner {
                 hosts: url.connect_string(),
+                identity,
                 root,
                 config,
                 session: StdMutex::new(None),
@@ -176,7 +190,13 @@ impl ZooKeeperLock {
             return Ok(session);
         }
         let session = Arc::new(
-            Session::open(&self.inner.hosts, &self.inner.config, &self.inner.registry).await?,
+            Session::open(
+                &self.inner.hosts,
+                &self.inner.config,
+                &self.inner.identity,
+                &self.inner.registry,
+            )
+            .await?,
         );
         tracing::debug!(
             session = format_args!("{:#x}", session.id),
@@ -193,7 +213,7 @@ impl ZooKeeperLock {
     }
 
     /// Names the servers in a connection error (the connect string has no
-    /// credentials: the URL cannot carry any).
+    /// credentials: they are kept apart from it).
     fn located(&self, error: LockError) -> LockError {
         at_servers(&self.inner.hosts, error)
     }

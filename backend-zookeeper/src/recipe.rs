@@ -12,15 +12,17 @@ use crate::error::{within, Fail};
 use crate::keys::{contender_prefix, protected_prefix, rank};
 use crate::session::Session;
 
-/// Contender nodes: ephemeral and sequential, readable and deletable by anyone (as
-/// Curator's defaults).
-const CONTENDER: zk::CreateOptions<'static> =
-    zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+/// Contender nodes: ephemeral and sequential, with the session's ACL (open, as
+/// Curator's default, unless the client authenticates: see `security::node_acls`).
+fn contender(session: &Session) -> zk::CreateOptions<'static> {
+    zk::CreateMode::EphemeralSequential.with_acls(session.acls)
+}
 
 /// Lock directories and their ancestors: container nodes, which the server deletes
-/// once they have had children and have none left.
-const DIRECTORY: zk::CreateOptions<'static> =
-    zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+/// once they have had children and have none left; with the session's ACL.
+fn directory(session: &Session) -> zk::CreateOptions<'static> {
+    zk::CreateMode::Container.with_acls(session.acls)
+}
 
 /// How often a create is retried after a missing parent or a lost connection.
 const CREATE_TRIES: usize = 4;
@@ -77,7 +79,7 @@ pub(crate) async fn create_contender(
             Err(Attempt::CannotTouch) if touch_dir => touch_dir = false,
             Err(Attempt::Failed(fail)) if fail.session_ended() => return Ok(None),
             Err(Attempt::Failed(fail)) if fail.is_no_node() && tries < CREATE_TRIES => {
-                within(limit, session.client.mkdir(dir, &DIRECTORY)).await?;
+                within(limit, session.client.mkdir(dir, &directory(session))).await?;
             }
             Err(Attempt::Failed(fail)) if fail.is_connection_loss() && tries < CREATE_TRIES => {
                 // The create may have been applied before the connection dropped.
@@ -122,7 +124,7 @@ async fn create_touching(
 ) -> Result<Created, Attempt> {
     let mut writer = session.client.new_multi_writer();
     writer
-        .add_create(create_path, &[], &CONTENDER)
+        .add_create(create_path, &[], &contender(session))
         .and_then(|()| writer.add_set_data(dir, &[], None))
         .map_err(|e| Attempt::Failed(Fail::Zk(e)))?;
     let results = match tokio::time::timeout(limit, writer.commit()).await {
@@ -167,7 +169,8 @@ async fn create_listing(
     prefix: &str,
     limit: Duration,
 ) -> Result<Created, Attempt> {
-    let create = session.client.create(create_path, &[], &CONTENDER);
+    let options = contender(session);
+    let create = session.client.create(create_path, &[], &options);
     let list = session.client.list_children(dir);
     let (created, listed) =
         match tokio::time::timeout(limit, async { tokio::join!(create, list) }).await {

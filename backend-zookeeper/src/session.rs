@@ -11,6 +11,7 @@ use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::config::{ZooKeeperConfig, MIN_SESSION_TIMEOUT};
+use crate::security::{node_acls, Identity};
 use crate::shutdown::ShutdownWatch;
 use crate::ZOOKEEPER_BACKEND;
 
@@ -25,6 +26,8 @@ pub(crate) struct Session {
     shutdown: ShutdownWatch,
     /// The runtime the session's connection runs on, where its background work goes.
     pub(crate) runtime: tokio::runtime::Handle,
+    /// The ACL of the nodes created through this session.
+    pub(crate) acls: zk::Acls<'static>,
 }
 
 impl Session {
@@ -36,6 +39,7 @@ impl Session {
     pub(crate) async fn open(
         hosts: &str,
         config: &ZooKeeperConfig,
+        identity: &Identity,
         registry: &Arc<Registry>,
     ) -> Result<Session, LockError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
@@ -45,10 +49,18 @@ impl Session {
             )
         })?;
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
-        let connecting = zk::Client::connector()
+        let connector = zk::Client::connector()
             .with_session_timeout(config.session_timeout)
-            .with_fail_eagerly()
-            .connect(hosts);
+            .with_fail_eagerly();
+        let connecting = identity.connect(connector, hosts);
+        // A TLS handshake that fails (a plaintext port, a certificate the CA did not
+        // sign or that names another host) shows as a server that did not answer.
+        let tls_hint = if identity.uses_tls() {
+            " (over TLS: is it the server's secureClientPort, and does the ?ca= file sign \
+             its certificate, issued for this host name?)"
+        } else {
+            ""
+        };
         let client = match tokio::time::timeout(limit, connecting).await {
             Ok(Ok(client)) => client,
             Ok(Err(zk::Error::BadArguments(why))) => {
@@ -60,19 +72,22 @@ impl Session {
             Ok(Err(zk::Error::NoHosts)) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    "no server accepted a connection or answered the session handshake",
+                    format!(
+                        "no server accepted a connection or answered the session \
+                         handshake{tls_hint}"
+                    ),
                 ))
             }
             Ok(Err(error)) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("cannot establish a session: {error}"),
+                    format!("cannot establish a session: {error}{tls_hint}"),
                 ))
             }
             Err(_) => {
                 return Err(LockError::connection(
                     ZOOKEEPER_BACKEND,
-                    format!("no session established within {limit:?}"),
+                    format!("no session established within {limit:?}{tls_hint}"),
                 ))
             }
         };
@@ -91,7 +106,7 @@ impl Session {
         }
         let id = client.session_id().0;
         let leases = Arc::downgrade(registry);
-        let shutdown = ShutdownWatch::spawn(&client, hosts, move || {
+        let shutdown = ShutdownWatch::spawn(&client, hosts, identity, move || {
             if let Some(leases) = leases.upgrade() {
                 leases.lose_session(id);
             }
@@ -102,6 +117,7 @@ impl Session {
             shutdown,
             runtime,
             client,
+            acls: node_acls(identity.is_authenticated()),
         })
     }
 

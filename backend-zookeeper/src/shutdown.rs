@@ -19,6 +19,8 @@ use std::time::Duration;
 use tokio::sync::oneshot;
 use zookeeper_client as zk;
 
+use crate::security::Identity;
+
 /// How long a runtime shutdown may wait for a session to be closed on the server.
 pub(crate) const CLOSE_PATIENCE: Duration = Duration::from_secs(1);
 
@@ -38,12 +40,14 @@ impl ShutdownWatch {
     pub(crate) fn spawn(
         client: &zk::Client,
         hosts: &str,
+        identity: &Identity,
         lose_leases: impl FnOnce() + Send + 'static,
     ) -> ShutdownWatch {
         let (session_alive, session_dropped) = oneshot::channel();
         let closed = Arc::new(AtomicBool::new(false));
         let closer = CloseOnShutdown {
             hosts: hosts.to_owned(),
+            identity: identity.clone(),
             session: Some(client.session().clone()),
             timeout: client.session_timeout(),
             state: client.state_watcher(),
@@ -71,6 +75,8 @@ impl ShutdownWatch {
 /// Dropped with its session still set: the runtime is shutting down.
 struct CloseOnShutdown {
     hosts: String,
+    /// The same credentials and TLS as the session's own connections.
+    identity: Identity,
     session: Option<zk::SessionInfo>,
     timeout: Duration,
     state: zk::StateWatcher,
@@ -98,6 +104,7 @@ impl Drop for CloseOnShutdown {
             return;
         }
         let (hosts, timeout) = (std::mem::take(&mut self.hosts), self.timeout);
+        let identity = self.identity.clone();
         let (done, finished) = mpsc::channel();
         // The runtime being shut down runs nothing more, and this thread may be one of
         // its workers, which cannot start another runtime: close from a thread of our
@@ -110,9 +117,12 @@ impl Drop for CloseOnShutdown {
                     .build()
                 {
                     Ok(runtime) => runtime.block_on(async {
-                        tokio::time::timeout(CLOSE_PATIENCE, close(&hosts, session, timeout))
-                            .await
-                            .unwrap_or(Err(zk::Error::Timeout))
+                        tokio::time::timeout(
+                            CLOSE_PATIENCE,
+                            close(&hosts, &identity, session, timeout),
+                        )
+                        .await
+                        .unwrap_or(Err(zk::Error::Timeout))
                     }),
                     Err(e) => Err(zk::Error::UnexpectedError(e.to_string())),
                 };
@@ -132,12 +142,17 @@ impl Drop for CloseOnShutdown {
 
 /// Resumes `session` on a new connection and closes it; one the server already expired
 /// is as good as closed.
-async fn close(hosts: &str, session: zk::SessionInfo, timeout: Duration) -> Result<(), zk::Error> {
-    let connecting = zk::Client::connector()
+async fn close(
+    hosts: &str,
+    identity: &Identity,
+    session: zk::SessionInfo,
+    timeout: Duration,
+) -> Result<(), zk::Error> {
+    let connector = zk::Client::connector()
         .with_session(session)
         .with_session_timeout(timeout)
-        .with_fail_eagerly()
-        .connect(hosts);
+        .with_fail_eagerly();
+    let connecting = identity.connect(connector, hosts);
     let client = match connecting.await {
         Ok(client) => client,
         Err(zk::Error::SessionExpired) => return Ok(()),

@@ -2,7 +2,9 @@
 
 use std::process::Command;
 
-use distlock_conformance::servers::{PostgresServer, RedisServer, ZooKeeperServer};
+use distlock_conformance::servers::{
+    PostgresServer, RedisServer, ZooKeeperServer, ZooKeeperTlsServer,
+};
 
 async fn server() -> RedisServer {
     RedisServer::start()
@@ -69,6 +71,104 @@ async fn demo_and_conformance_pass_on_zookeeper() {
         .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
     // A session-bound lease has no TTL expiry for the fencing act to use.
     demo_and_conformance_pass(&server.url(), false);
+}
+
+/// `distlock status --json` on `url` while this process holds `key` through it.
+async fn status_sees_the_holder(url: &str) {
+    let locks = distlock::connect(url).await.unwrap();
+    let key = distlock::LockKey::new("status/secure").unwrap();
+    let options = distlock::LockOptions::new(std::time::Duration::from_secs(30));
+    let guard = locks.acquire(&key, &options).await.unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(["status", "--backend", url, "status/secure", "--json"])
+        .env_remove("DISTLOCK_BACKEND")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(status["held"], true, "{status}");
+    assert_eq!(
+        status["fencing_token"],
+        guard.fencing_token().unwrap().get(),
+        "{status}"
+    );
+    guard.release().await.unwrap();
+}
+
+/// `zookeeper+tls://` with a client certificate, and digest credentials over TLS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_conformance_and_status_pass_on_zookeeper_tls() {
+    let server = ZooKeeperTlsServer::start(true).await.unwrap_or_else(|e| {
+        panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}")
+    });
+    demo_and_conformance_pass(&server.url(), false);
+    status_sees_the_holder(&server.url()).await;
+    demo_and_conformance_pass(&server.url_with_credentials("app:secret"), false);
+    status_sees_the_holder(&server.url_with_credentials("app:secret")).await;
+}
+
+/// Digest credentials (creator-only ACLs); `status` also works without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_conformance_and_status_pass_on_zookeeper_with_credentials() {
+    let server = ZooKeeperServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
+    let url = format!("zookeeper://app:secret@{}/acl", server.connect_string());
+    demo_and_conformance_pass(&url, false);
+    status_sees_the_holder(&url).await;
+}
+
+/// A wrong ZooKeeper password on a lock held with the right one: exit code 2
+/// (a configuration error) with one line on stderr, at once, and the command never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_zookeeper_password_is_a_one_line_configuration_error() {
+    let server = ZooKeeperServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
+    let url = |password: &str| format!("zookeeper://app:{password}@{}", server.connect_string());
+    let owner = distlock::connect(&url("right")).await.unwrap();
+    let key = distlock::LockKey::new("guarded").unwrap();
+    let guard = owner
+        .acquire(
+            &key,
+            &distlock::LockOptions::new(std::time::Duration::from_secs(30)),
+        )
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args([
+            "exec",
+            "--backend",
+            &url("wrong"),
+            "--wait",
+            "20s",
+            "guarded",
+            "--",
+            "echo",
+            "ran",
+        ])
+        .env_remove("DISTLOCK_BACKEND")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(
+        stderr.contains("NoAuth") && !stderr.contains("wrong@"),
+        "{stderr}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("ran"));
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    guard.release().await.unwrap();
 }
 
 #[tokio::test]

@@ -13,8 +13,9 @@
 //!
 //! Nothing here uses Docker; the server binaries come from the Debian packages
 //! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
-//! them); TLS servers get throwaway certificates from the `openssl` tool. Where
-//! a binary lives can be overridden with environment variables:
+//! them); TLS servers get throwaway certificates from the `openssl` tool, and
+//! [`ZooKeeperTlsServer`] needs Debian's netty jars (a dependency of `zookeeper`) for
+//! its TLS port. Where a binary lives can be overridden with environment variables:
 //!
 //! | variable | meaning |
 //! | --- | --- |
@@ -36,6 +37,7 @@ mod postgres_tls;
 mod process;
 mod redis;
 mod zookeeper;
+mod zookeeper_tls;
 
 use std::io::Read;
 use std::net::{Ipv4Addr, TcpListener};
@@ -47,6 +49,7 @@ pub use postgres::{PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
+pub use zookeeper_tls::{TestCertificates, ZooKeeperTlsServer};
 
 /// Why a throwaway server could not be started, probed or controlled.
 ///

@@ -188,7 +188,7 @@ pub async fn harness() -> Arc<dyn Harness> {
 }
 
 /// Cuts one client's proxy: its process is gone as far as the server can tell.
-struct CutProxy(FaultProxy);
+pub struct CutProxy(pub FaultProxy);
 
 #[async_trait]
 impl ClientFaults for CutProxy {

@@ -775,7 +775,17 @@ fn zookeeper_classpath() -> Result<OsString, ServerError> {
     }
     let binding = ["slf4j-log4j12.jar", "log4j-1.2.jar"].map(|j| java_dir.join(j));
     if binding.iter().all(|p| p.is_file()) {
-        let parts = std::iter::once(zk).chain(binding);
+        // The Netty connection factory (TLS client ports) also needs these, which the
+        // manifest leaves out; Debian's libnetty-java (a dependency) ships them.
+        let netty = [
+            "netty-codec.jar",
+            "netty-resolver.jar",
+            "netty-transport-native-unix-common.jar",
+        ]
+        .map(|j| java_dir.join(j))
+        .into_iter()
+        .filter(|p| p.is_file());
+        let parts = std::iter::once(zk).chain(binding).chain(netty);
         return std::env::join_paths(parts)
             .map_err(|e| ServerError::InvalidArgument(format!("ZooKeeper class path: {e}")));
     }

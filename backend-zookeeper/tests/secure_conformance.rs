@@ -1,0 +1,136 @@
+//! The whole conformance kit over digest credentials (creator-only ACLs), plaintext and
+//! over TLS with a client certificate (feature `tls`): every client behind its own
+//! fault proxy with a 2 s session, so the crash scenarios run too.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use distlock_api::{DistributedLock, LockError};
+use distlock_conformance::fault_proxy::FaultProxy;
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_zookeeper::ZooKeeperLock;
+
+/// Clients of `url` (its server's port replaced by each client's proxy's), with
+/// credentials in the URL.
+struct SecureHarness {
+    url: String,
+    port: u16,
+    proxies: Mutex<Vec<FaultProxy>>,
+}
+
+impl SecureHarness {
+    fn harness(url: String, port: u16) -> Arc<dyn Harness> {
+        Arc::new(SecureHarness {
+            url,
+            port,
+            proxies: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn via(&self, proxy: &FaultProxy) -> String {
+        let (server, client) = (
+            format!(":{}", self.port),
+            format!(":{}", proxy.local_addr().port()),
+        );
+        self.url.replacen(&server, &client, 1)
+    }
+}
+
+#[async_trait]
+impl Harness for SecureHarness {
+    fn name(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let proxy = common::network_proxy(self.port).await;
+        let lock =
+            ZooKeeperLock::connect_with(&self.via(&proxy), common::config(common::SESSION_TIMEOUT))
+                .await?;
+        if let Ok(mut kept) = self.proxies.lock() {
+            kept.push(proxy.clone());
+        }
+        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
+        Ok(Client::new(lock).with_faults(Arc::new(common::CutProxy(proxy))))
+    }
+
+    fn crash_bound(&self, _ttl: std::time::Duration) -> std::time::Duration {
+        common::SESSION_TIMEOUT + 2 * common::TICK
+    }
+
+    fn url_connector(&self) -> Option<UrlConnector> {
+        Some(Arc::new(|url: String| {
+            Box::pin(async move {
+                let lock = ZooKeeperLock::connect(&url).await?;
+                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            })
+        }))
+    }
+}
+
+async fn digest() -> Arc<dyn Harness> {
+    let port = common::shared_port();
+    SecureHarness::harness(
+        format!("zookeeper://kit:secret@127.0.0.1:{port}/digest-kit"),
+        port,
+    )
+}
+
+mod with_digest_credentials {
+    distlock_conformance::conformance_tests!(super::digest());
+}
+
+#[cfg(feature = "tls")]
+mod over_tls {
+    use std::sync::{Arc, Mutex, OnceLock};
+
+    use distlock_conformance::servers::ZooKeeperTlsServer;
+    use distlock_conformance::Harness;
+
+    static SHARED: Mutex<Option<ZooKeeperTlsServer>> = Mutex::new(None);
+
+    extern "C" fn stop_shared_server() {
+        if let Ok(mut shared) = SHARED.lock() {
+            shared.take();
+        }
+    }
+
+    /// One TLS server (client certificates demanded) for every scenario of this binary.
+    #[allow(unsafe_code)] // FFI: see the SAFETY note
+    fn shared() -> &'static (String, u16) {
+        static URL: OnceLock<(String, u16)> = OnceLock::new();
+        URL.get_or_init(|| {
+            let server = std::thread::spawn(|| {
+                tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("a runtime to start ZooKeeper on")
+                    .block_on(ZooKeeperTlsServer::start(true))
+            })
+            .join()
+            .unwrap_or_else(|_| panic!("starting the TLS ZooKeeper server panicked"))
+            .unwrap_or_else(|e| {
+                panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}")
+            });
+            let shared = (
+                server.url_with_credentials("kit:secret"),
+                server.secure_port(),
+            );
+            *SHARED.lock().expect("shared server slot") = Some(server);
+            // SAFETY: registers a plain `extern "C"` function with no captured state.
+            unsafe {
+                libc::atexit(stop_shared_server);
+            }
+            shared
+        })
+    }
+
+    async fn harness() -> Arc<dyn Harness> {
+        let (url, port) = shared();
+        super::SecureHarness::harness(url.clone(), *port)
+    }
+
+    distlock_conformance::conformance_tests!(harness());
+}
