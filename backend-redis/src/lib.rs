@@ -112,9 +112,10 @@ mod lock;
 mod membership;
 mod node;
 mod scripts;
+mod topology;
 mod wakeups;
 
-pub use config::{parse_url, RedisConfig, RedisUrl};
+pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
 pub use keys::KeyNames;
 pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
