@@ -32,6 +32,8 @@
 mod postgres;
 mod process;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 mod zookeeper;
 
 use std::io::Read;
@@ -41,6 +43,8 @@ use std::time::Duration;
 
 pub use postgres::{PostgresServer, PostgresServerOptions};
 pub use redis::{RedisServer, RedisServerOptions};
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::RedisSentinelGroup;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 
 /// Why a throwaway server could not be started, probed or controlled.
