@@ -87,13 +87,21 @@ mod tests {
             let names = KeyNames::for_key(&LockKey::new(key).unwrap());
             let tag = hash_tag(&names.lock);
             assert_ne!(tag, names.lock, "{key:?}: no hash tag");
-            for other in [&names.fence, &names.channel, &names.queue(), &names.queue_deadlines()] {
+            for other in [
+                &names.fence,
+                &names.channel,
+                &names.queue(),
+                &names.queue_deadlines(),
+            ] {
                 assert_eq!(hash_tag(other), tag, "{key:?}: {other:?}");
             }
         }
         // The escaped form cannot be any other key's lock name.
         let escaped = KeyNames::for_key(&LockKey::new("}x").unwrap()).lock;
         assert_eq!(escaped, "{\0x}}x}");
-        assert_ne!(KeyNames::for_key(&LockKey::new("{}x").unwrap()).lock, escaped);
+        assert_ne!(
+            KeyNames::for_key(&LockKey::new("{}x").unwrap()).lock,
+            escaped
+        );
     }
 }

@@ -195,29 +195,29 @@ impl Node {
 /// the URL: it may carry a password).
 pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), LockError> {
     let info = url.into_connection_info().map_err(|e| LockError::Config {
-            backend: REDIS_BACKEND,
-            // Not the URL itself: it may carry a password.
-            message: "invalid Redis URL".to_owned(),
-            source: Some(Box::new(e)),
-        })?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let db = settings.db();
-        let info = info.set_redis_settings(settings);
-        let address = info.addr().to_string();
-        #[cfg(feature = "tls")]
-        {
-            // One process-wide crypto provider; another crate may have installed one first.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let client = redis::Client::open(info).map_err(|e| LockError::Config {
-            backend: REDIS_BACKEND,
-            message: format!("{address}: invalid Redis connection settings"),
-            source: Some(Box::new(e)),
-        })?;
-        Ok((client, address, db))
+        backend: REDIS_BACKEND,
+        // Not the URL itself: it may carry a password.
+        message: "invalid Redis URL".to_owned(),
+        source: Some(Box::new(e)),
+    })?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let db = settings.db();
+    let info = info.set_redis_settings(settings);
+    let address = info.addr().to_string();
+    #[cfg(feature = "tls")]
+    {
+        // One process-wide crypto provider; another crate may have installed one first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let client = redis::Client::open(info).map_err(|e| LockError::Config {
+        backend: REDIS_BACKEND,
+        message: format!("{address}: invalid Redis connection settings"),
+        source: Some(Box::new(e)),
+    })?;
+    Ok((client, address, db))
 }
 
 /// Opens an auto-reconnecting connection with `client` to the server at `address`
@@ -313,10 +313,7 @@ impl Node {
     ///
     /// # Errors
     /// [`LockError::Connection`] when the server does not answer.
-    pub(crate) async fn server_id(
-        &self,
-        conn: &NodeConn,
-    ) -> Result<Option<String>, LockError> {
+    pub(crate) async fn server_id(&self, conn: &NodeConn) -> Result<Option<String>, LockError> {
         let info: Result<String, RedisError> = redis::cmd("INFO")
             .arg("server")
             .query_async(&mut conn.clone())

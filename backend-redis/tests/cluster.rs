@@ -94,7 +94,10 @@ async fn a_release_wakes_a_waiter_on_another_client() {
         });
         let started = Instant::now();
         while waiter.tracked_wakeup_channels() == 0 {
-            assert!(started.elapsed() < Duration::from_secs(10), "the waiter never subscribed");
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the waiter never subscribed"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         // Let the waiter pass its retry after subscribing and start to wait.
@@ -103,8 +106,14 @@ async fn a_release_wakes_a_waiter_on_another_client() {
         guard.release().await.unwrap();
         let (granted, at) = waiting.await.unwrap();
         let handoff = at.duration_since(released);
-        println!("FIGURE cluster hand-off by wake-up: {} ms", handoff.as_millis());
-        assert!(handoff < Duration::from_secs(2), "{name}: hand-off took {handoff:?}");
+        println!(
+            "FIGURE cluster hand-off by wake-up: {} ms",
+            handoff.as_millis()
+        );
+        assert!(
+            handoff < Duration::from_secs(2),
+            "{name}: hand-off took {handoff:?}"
+        );
         granted.unwrap().release().await.unwrap();
     }
 }
@@ -146,7 +155,11 @@ async fn a_master_failover_keeps_a_replicated_lock() {
         }
     });
     let killed = Instant::now();
-    let index = cluster.nodes().iter().position(|n| n.port() == old).unwrap();
+    let index = cluster
+        .nodes()
+        .iter()
+        .position(|n| n.port() == old)
+        .unwrap();
     cluster.nodes()[index].kill();
     let new = cluster.wait_slot_moves_from(slot, old).await.unwrap();
     println!(
@@ -168,7 +181,10 @@ async fn a_master_failover_keeps_a_replicated_lock() {
         "FIGURE cluster: first renewal on the new master {} ms after the kill",
         killed.elapsed().as_millis()
     );
-    assert!(matches!(renewed, ExtendOutcome::Extended { .. }), "{renewed:?}");
+    assert!(
+        matches!(renewed, ExtendOutcome::Extended { .. }),
+        "{renewed:?}"
+    );
     assert_ne!(guard.state(), LeaseState::Lost);
     assert!(!waiting.is_finished(), "the waiter was granted a held lock");
 
@@ -202,7 +218,11 @@ async fn bad_cluster_urls_are_typed_errors_within_the_request_timeout() {
     assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     assert!(matches!(error, LockError::Connection { .. }), "{error}");
 
-    for url in ["redis+cluster://h:1/0", "redis+cluster://h:1?db=1", "redis+cluster://"] {
+    for url in [
+        "redis+cluster://h:1/0",
+        "redis+cluster://h:1?db=1",
+        "redis+cluster://",
+    ] {
         let error = RedisLock::connect(url).await.unwrap_err();
         assert!(matches!(error, LockError::Config { .. }), "{url}: {error}");
     }

@@ -70,14 +70,21 @@ async fn a_failover_is_followed_while_a_lock_is_held_and_waited_for() {
     let killed = Instant::now();
     let index = group.index_of(old).unwrap();
     group.servers()[index].kill();
-    eventually(Duration::from_secs(30), "the holder follows the failover", || {
-        holder
-            .sentinel_master()
-            .is_some_and(|m| m != format!("127.0.0.1:{old}"))
-    })
+    eventually(
+        Duration::from_secs(30),
+        "the holder follows the failover",
+        || {
+            holder
+                .sentinel_master()
+                .is_some_and(|m| m != format!("127.0.0.1:{old}"))
+        },
+    )
     .await;
     let followed = killed.elapsed();
-    println!("FIGURE sentinel failover followed {} ms after the master was killed", followed.as_millis());
+    println!(
+        "FIGURE sentinel failover followed {} ms after the master was killed",
+        followed.as_millis()
+    );
 
     // A renewal on the new master confirms the lease: it is held, not lost.
     let renewed = holder
@@ -115,7 +122,10 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
         .join(",");
     let bound = Duration::from_millis(2500);
 
-    for url in [format!("redis+sentinel://{hosts}"), format!("redis+sentinel://{hosts}/")] {
+    for url in [
+        format!("redis+sentinel://{hosts}"),
+        format!("redis+sentinel://{hosts}/"),
+    ] {
         let error = RedisLock::connect(&url).await.unwrap_err();
         assert!(matches!(error, LockError::Config { .. }), "{url}: {error}");
         assert!(error.to_string().contains("master's name"), "{error}");

@@ -25,7 +25,14 @@ async fn conformance_and_status_work(url: &str) {
         "{table}{}",
         String::from_utf8_lossy(&run.stderr)
     );
-    assert!(table.lines().last().unwrap_or_default().contains(" passed, 0 failed"), "{table}");
+    assert!(
+        table
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains(" passed, 0 failed"),
+        "{table}"
+    );
 
     let locks = distlock::connect(url).await.expect("connects");
     let key = LockKey::new("}topology/status").expect("valid key");
@@ -35,7 +42,11 @@ async fn conformance_and_status_work(url: &str) {
         .expect("acquires");
     let token = guard.fencing_token().expect("fenced").get();
     let held = distlock(&["status", "--backend", url, "}topology/status", "--json"]);
-    assert!(held.status.success(), "{}", String::from_utf8_lossy(&held.stderr));
+    assert!(
+        held.status.success(),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
     let held: serde_json::Value = serde_json::from_slice(&held.stdout).expect("JSON");
     assert_eq!(held["held"], true, "{held}");
     assert_eq!(held["fencing_token"], token, "{held}");

@@ -106,7 +106,9 @@ fn pieces<'a>(rest: &'a str, what: &str) -> Result<Pieces<'a>, LockError> {
     };
     let hosts: Vec<&str> = hosts.split(',').map(str::trim).collect();
     if hosts.iter().all(|h| h.is_empty()) {
-        return Err(config_error(format!("a {what} URL needs at least one host:port")));
+        return Err(config_error(format!(
+            "a {what} URL needs at least one host:port"
+        )));
     }
     if let Some(empty) = hosts.iter().position(|h| h.is_empty()) {
         return Err(config_error(format!(
@@ -169,7 +171,9 @@ pub(crate) fn parse_sentinel(rest: &str, tls: bool) -> Result<SentinelUrl, LockE
         match pair.split_once('=') {
             Some(("db", value)) => {
                 db = value.parse().map_err(|_| {
-                    config_error(format!("the URL parameter db must be a number, got {value:?}"))
+                    config_error(format!(
+                        "the URL parameter db must be a number, got {value:?}"
+                    ))
                 })?;
             }
             _ => {
@@ -241,7 +245,15 @@ mod tests {
         assert_eq!(s.master_url("m:6"), "redis://u:p@m:6/2");
         assert_eq!(s.sentinel_url("a:1"), "redis://a:1");
         assert!(!format!("{s:?}").contains("u:p"));
-        for bad in ["a:1", "a:1/", "a:1/m?x=1", "a:1/m?db=x", ",a:1/m", "a:x/m", "a:1/m/2"] {
+        for bad in [
+            "a:1",
+            "a:1/",
+            "a:1/m?x=1",
+            "a:1/m?db=x",
+            ",a:1/m",
+            "a:x/m",
+            "a:1/m/2",
+        ] {
             assert!(
                 matches!(parse_sentinel(bad, false), Err(LockError::Config { .. })),
                 "{bad}"

@@ -22,8 +22,8 @@ use distlock_api::LockError;
 use futures_util::future::join_all;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{
-    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisError,
-    RedisFuture, RedisResult, ServerErrorKind, Value,
+    AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisError, RedisFuture,
+    RedisResult, ServerErrorKind, Value,
 };
 use tokio::sync::Notify;
 

@@ -132,7 +132,11 @@ impl RedisServer {
             };
             match server.boot().await {
                 Ok(()) => return Ok(server),
-                Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS && config.port.is_none() => {
+                Err(e)
+                    if e.is_port_conflict()
+                        && attempt < START_ATTEMPTS
+                        && config.port.is_none() =>
+                {
                     continue
                 }
                 Err(e) => return Err(e),

@@ -163,7 +163,9 @@ impl RedisCluster {
         while started.elapsed() < READY_TIMEOUT {
             if let Ok(port) = self.master_of_slot(slot).await {
                 if port != old {
-                    let info = redis_cli(port, &["CLUSTER", "INFO"]).await.unwrap_or_default();
+                    let info = redis_cli(port, &["CLUSTER", "INFO"])
+                        .await
+                        .unwrap_or_default();
                     if info.contains("cluster_state:ok") {
                         return Ok(port);
                     }

@@ -166,7 +166,11 @@ impl RedisSentinelGroup {
     /// [`ServerError::Probe`] when the Sentinel refuses (no replica ready, a
     /// failover in progress).
     pub async fn failover(&self) -> Result<(), ServerError> {
-        let reply = redis_cli(self.sentinels[0].port, &["SENTINEL", "FAILOVER", MASTER_NAME]).await?;
+        let reply = redis_cli(
+            self.sentinels[0].port,
+            &["SENTINEL", "FAILOVER", MASTER_NAME],
+        )
+        .await?;
         if reply.trim() == "OK" {
             Ok(())
         } else {
@@ -205,9 +209,7 @@ pub(super) async fn redis_cli(port: u16, args: &[&str]) -> Result<String, Server
     })?
     .map_err(|e| ServerError::io("running redis-cli", e))?;
     let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    if !output.status.success()
-        || text.starts_with("ERR")
-        || text.starts_with("Could not connect")
+    if !output.status.success() || text.starts_with("ERR") || text.starts_with("Could not connect")
     {
         return Err(ServerError::Probe {
             server: SERVER,
