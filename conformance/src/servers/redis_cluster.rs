@@ -53,7 +53,9 @@ impl RedisCluster {
         Ok(cluster)
     }
 
-    /// Polls until every live node says `cluster_state:ok` and knows all six nodes.
+    /// Polls until every live node says `cluster_state:ok` and knows all six nodes,
+    /// and every replica has synchronised with its master (a replica that never did
+    /// refuses to take over).
     async fn wait_settled(&self) -> Result<(), ServerError> {
         let started = Instant::now();
         let mut last = String::new();
@@ -66,6 +68,10 @@ impl RedisCluster {
                 if !info.contains("cluster_state:ok") || !info.contains("cluster_known_nodes:6") {
                     ok = false;
                     last = format!("node {}: {}", node.port(), info.trim());
+                }
+                if !replica_in_sync(node.port()).await {
+                    ok = false;
+                    last = format!("node {}: replica not in sync yet", node.port());
                 }
             }
             if ok {
@@ -181,6 +187,15 @@ impl RedisCluster {
             log_tail: self.nodes[0].log_tail(),
         })
     }
+}
+
+/// True unless the server on `port` is a replica whose link to its master is not up
+/// (`INFO replication`).
+pub(super) async fn replica_in_sync(port: u16) -> bool {
+    let info = redis_cli(port, &["INFO", "replication"])
+        .await
+        .unwrap_or_default();
+    !info.contains("role:slave") || info.contains("master_link_status:up")
 }
 
 /// Starts one cluster node on a port below 55536 whose bus port is free as well,

@@ -39,7 +39,8 @@ pub struct RedisSentinelGroup {
 
 impl RedisSentinelGroup {
     /// Starts the group and waits (at most 20 s) until every Sentinel sees the
-    /// master, the replica and the other two Sentinels.
+    /// master, the replica and the other two Sentinels, and the replica has
+    /// synchronised with the master.
     ///
     /// # Errors
     /// As [`RedisServer::start_with`] for the servers; [`ServerError::Exited`] or
@@ -92,7 +93,7 @@ impl RedisSentinelGroup {
                     last = format!("Sentinel {} sees: {master:?}", sentinel.port);
                 }
             }
-            if formed {
+            if formed && super::redis_cluster::replica_in_sync(self.servers[1].port()).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
