@@ -37,6 +37,12 @@ if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/in
     missing+=(postgresql)
 fi
 
+# The Sentinel and Cluster test servers are set up with redis-cli (--cluster create,
+# SENTINEL queries), which Debian ships in redis-tools.
+if ! command -v redis-cli >/dev/null 2>&1; then
+    missing+=(redis-tools)
+fi
+
 # The TLS test makes a throwaway certificate with the openssl tool.
 if ! command -v openssl >/dev/null 2>&1; then
     missing+=(openssl)
