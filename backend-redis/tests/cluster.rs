@@ -236,3 +236,147 @@ async fn bad_cluster_urls_are_typed_errors_within_the_request_timeout() {
         assert!(matches!(error, LockError::Connection { .. }), "{error}");
     }
 }
+
+async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
+
+/// The lock's slot is migrated to another master while the lock is held and waited
+/// for: an extend in the middle (keys moved, slot not yet reassigned) follows `ASK`,
+/// the release after it follows `MOVED`, and the waiter gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_migration_is_followed_while_held_and_waited_for() {
+    let mut cluster = cluster().await;
+    let url = cluster.url();
+    let (holder, waiter) = (
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&url).await.unwrap(),
+    );
+    let key = LockKey::new("cluster/migrate").unwrap();
+    let names = KeyNames::for_key(&key);
+    let slot = cluster.key_slot(&names.lock).await.unwrap();
+    let source = cluster.master_of_slot(slot).await.unwrap();
+    let mut target = None;
+    for other in [0u16, 8000, 16000] {
+        let port = cluster.master_of_slot(other).await.unwrap();
+        if port != source {
+            target = Some(port);
+            break;
+        }
+    }
+    let target = target.expect("another master");
+    let masters: Vec<u16> = {
+        let mut ports = Vec::new();
+        for s in [0u16, 8000, 16000] {
+            let port = cluster.master_of_slot(s).await.unwrap();
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+        ports
+    };
+
+    let guard = holder
+        .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let (waiter, key) = (waiter.clone(), key.clone());
+        async move {
+            let options = LockOptions::new(Duration::from_secs(30))
+                .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
+            (waiter.acquire(&key, &options).await, Instant::now())
+        }
+    });
+    let started = Instant::now();
+    while waiter.tracked_wakeup_channels() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the waiter never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    let (mut src, mut dst) = (raw(source).await, raw(target).await);
+    let id = |conn: &mut redis::aio::MultiplexedConnection| {
+        let mut conn = conn.clone();
+        async move {
+            redis::cmd("CLUSTER")
+                .arg("MYID")
+                .query_async::<String>(&mut conn)
+                .await
+                .unwrap()
+        }
+    };
+    let (source_id, target_id) = (id(&mut src).await, id(&mut dst).await);
+    let setslot =
+        |conn: &mut redis::aio::MultiplexedConnection, how: &'static str, node: String| {
+            let mut conn = conn.clone();
+            async move {
+                let () = redis::cmd("CLUSTER")
+                    .arg("SETSLOT")
+                    .arg(slot)
+                    .arg(how)
+                    .arg(node)
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+            }
+        };
+    setslot(&mut dst, "IMPORTING", source_id.clone()).await;
+    setslot(&mut src, "MIGRATING", target_id.clone()).await;
+    let keys: Vec<String> = redis::cmd("CLUSTER")
+        .arg("GETKEYSINSLOT")
+        .arg(slot)
+        .arg(100)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+    assert!(
+        keys.contains(&names.lock) && keys.contains(&names.fence),
+        "{keys:?}"
+    );
+    let () = redis::cmd("MIGRATE")
+        .arg("127.0.0.1")
+        .arg(target)
+        .arg("")
+        .arg(0)
+        .arg(5000)
+        .arg("KEYS")
+        .arg(&keys)
+        .query_async(&mut src)
+        .await
+        .unwrap();
+
+    // Keys moved, slot still the source's: the source answers ASK.
+    let extended = holder
+        .extend(guard.lease(), Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(
+        matches!(extended, ExtendOutcome::Extended { .. }),
+        "{extended:?}"
+    );
+    assert!(!waiting.is_finished(), "the waiter was granted a held lock");
+
+    for port in &masters {
+        setslot(&mut raw(*port).await, "NODE", target_id.clone()).await;
+    }
+    assert_eq!(cluster.master_of_slot(slot).await.unwrap(), target);
+
+    // The slot is the target's now: the client's map is stale and gets MOVED.
+    assert!(holder.inspect(&key).await.unwrap().held);
+    let released_at = Instant::now();
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    let (granted, granted_at) = waiting.await.unwrap();
+    let granted = granted.unwrap();
+    println!(
+        "FIGURE cluster hand-off after a slot migration: {} ms",
+        granted_at.duration_since(released_at).as_millis()
+    );
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+}
