@@ -188,3 +188,32 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
         assert!(matches!(error, LockError::Connection { .. }), "{error}");
     }
 }
+
+/// `rediss+sentinel://`: the Sentinels and the master over TLS.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_kit_passes_through_sentinel_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let group = RedisSentinelGroup::start_with_tls(Some((cert, key)))
+        .await
+        .unwrap_or_else(|e| panic!("could not start a TLS Sentinel group: {e}"));
+    let url = group.tls_url().expect("a TLS group");
+    common::kit_passes(&url).await;
+}

@@ -22,7 +22,33 @@ pub const MASTER_NAME: &str = "distlock";
 struct Sentinel {
     process: Supervised,
     port: u16,
+    /// The TLS port, when the group uses TLS.
+    tls_port: Option<u16>,
     _dir: TempDir,
+}
+
+/// The certificate and key of a TLS group.
+struct TlsFiles {
+    cert: PathBuf,
+    key: PathBuf,
+}
+
+impl TlsFiles {
+    /// The configuration directives for TLS on `port`.
+    fn directives(&self, port: u16) -> Vec<(&'static str, String)> {
+        let (cert, key) = (
+            self.cert.display().to_string(),
+            self.key.display().to_string(),
+        );
+        vec![
+            ("tls-port", port.to_string()),
+            ("tls-cert-file", cert.clone()),
+            ("tls-key-file", key),
+            ("tls-ca-cert-file", cert),
+            ("tls-auth-clients", "no".into()),
+            ("tls-replication", "yes".into()),
+        ]
+    }
 }
 
 /// A master, a replica and three Sentinels watching them (quorum 2,
@@ -47,19 +73,57 @@ impl RedisSentinelGroup {
     /// [`ServerError::StartTimeout`] when a Sentinel does not come up or the group does
     /// not form in time.
     pub async fn start() -> Result<RedisSentinelGroup, ServerError> {
-        let master = RedisServer::start().await?;
+        RedisSentinelGroup::start_with_tls(None).await
+    }
+
+    /// As [`RedisSentinelGroup::start`], and with `tls` (a certificate and its key,
+    /// PEM files; the certificate is its own CA) every server and Sentinel also
+    /// listens for TLS on a second port (clients need not show a certificate), the
+    /// servers replicate and the Sentinels talk over TLS, and the Sentinels name the
+    /// TLS ports: see [`RedisSentinelGroup::tls_url`].
+    ///
+    /// # Errors
+    /// As [`RedisSentinelGroup::start`].
+    pub async fn start_with_tls(
+        tls: Option<(PathBuf, PathBuf)>,
+    ) -> Result<RedisSentinelGroup, ServerError> {
+        let tls = tls.map(|(cert, key)| TlsFiles { cert, key });
+        let tls_args = |port: u16| -> Vec<String> {
+            let Some(tls) = &tls else {
+                return Vec::new();
+            };
+            tls.directives(port)
+                .into_iter()
+                .flat_map(|(name, value)| [format!("--{name}"), value])
+                .collect()
+        };
+        let master_tls = free_port()?;
+        let master = RedisServer::start_with(RedisServerOptions {
+            extra_args: tls_args(master_tls),
+            ..RedisServerOptions::default()
+        })
+        .await?;
+        // With TLS, replication and the Sentinels go to the master's TLS port.
+        let master_port = if tls.is_some() {
+            master_tls
+        } else {
+            master.port()
+        };
+        let mut replica_args = vec![
+            "--replicaof".into(),
+            "127.0.0.1".into(),
+            master_port.to_string(),
+        ];
+        let replica_tls = free_port()?;
+        replica_args.extend(tls_args(replica_tls));
         let replica = RedisServer::start_with(RedisServerOptions {
-            extra_args: vec![
-                "--replicaof".into(),
-                "127.0.0.1".into(),
-                master.port().to_string(),
-            ],
+            extra_args: replica_args,
             ..RedisServerOptions::default()
         })
         .await?;
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            sentinels.push(start_sentinel(master.port()).await?);
+            sentinels.push(start_sentinel(master_port, tls.as_ref()).await?);
         }
         let group = RedisSentinelGroup {
             sentinels,
@@ -115,6 +179,20 @@ impl RedisSentinelGroup {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!("redis+sentinel://{}/{MASTER_NAME}", hosts.join(","))
+    }
+
+    /// `rediss+sentinel://…/distlock#insecure` over the Sentinels' TLS ports, for a
+    /// group started with TLS; `None` otherwise.
+    pub fn tls_url(&self) -> Option<String> {
+        let hosts: Option<Vec<String>> = self
+            .sentinels
+            .iter()
+            .map(|s| s.tls_port.map(|p| format!("127.0.0.1:{p}")))
+            .collect();
+        Some(format!(
+            "rediss+sentinel://{}/{MASTER_NAME}#insecure",
+            hosts?.join(",")
+        ))
     }
 
     /// The Sentinels' ports.
@@ -224,11 +302,12 @@ pub(super) async fn redis_cli(port: u16, args: &[&str]) -> Result<String, Server
     Ok(text)
 }
 
-async fn start_sentinel(master_port: u16) -> Result<Sentinel, ServerError> {
+async fn start_sentinel(master_port: u16, tls: Option<&TlsFiles>) -> Result<Sentinel, ServerError> {
     let binary = redis_binary()?;
     let dir = temp_dir(SERVER)?;
     let port = free_port()?;
-    let config = format!(
+    let tls_port = tls.map(|_| free_port()).transpose()?;
+    let mut config = format!(
         "port {port}\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\ndir {dir}\n\
          sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
          sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
@@ -236,6 +315,11 @@ async fn start_sentinel(master_port: u16) -> Result<Sentinel, ServerError> {
          sentinel parallel-syncs {MASTER_NAME} 1\n",
         dir = dir.path().display()
     );
+    if let (Some(tls), Some(tls_port)) = (tls, tls_port) {
+        for (name, value) in tls.directives(tls_port) {
+            config.push_str(&format!("{name} {value}\n"));
+        }
+    }
     let config_path = dir.path().join("sentinel.conf");
     std::fs::write(&config_path, config)
         .map_err(|e| ServerError::io("writing sentinel.conf", e))?;
@@ -253,6 +337,7 @@ async fn start_sentinel(master_port: u16) -> Result<Sentinel, ServerError> {
     Ok(Sentinel {
         process,
         port,
+        tls_port,
         _dir: dir,
     })
 }
