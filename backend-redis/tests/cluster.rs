@@ -380,3 +380,32 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
     );
     assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// `rediss+cluster://`: every node, the bus and replication over TLS.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_kit_passes_on_a_cluster_over_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        ])
+        .args(["-subj", "/CN=127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let cluster = RedisCluster::start_with_tls(Some((cert, key)))
+        .await
+        .unwrap_or_else(|e| panic!("could not start a TLS Redis Cluster: {e}"));
+    let url = cluster.tls_url().expect("a TLS cluster");
+    common::kit_passes(&url).await;
+}

@@ -5,7 +5,10 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 
-use super::redis_sentinel::redis_cli;
+use std::path::PathBuf;
+
+use super::free_port;
+use super::redis_sentinel::{redis_cli, TlsFiles};
 use super::{RedisServer, RedisServerOptions, ServerError};
 
 const SERVER: &str = "redis-cluster";
@@ -20,6 +23,8 @@ const BUS_OFFSET: u16 = 10000;
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// Each node's TLS port, for a cluster started with TLS.
+    tls_ports: Vec<Option<u16>>,
 }
 
 impl RedisCluster {
@@ -30,9 +35,25 @@ impl RedisCluster {
     /// As [`RedisServer::start_with`]; [`ServerError::Setup`] when `redis-cli --cluster
     /// create` fails; [`ServerError::StartTimeout`] when the cluster does not settle.
     pub async fn start() -> Result<RedisCluster, ServerError> {
-        let mut nodes = Vec::new();
+        RedisCluster::start_with_tls(None).await
+    }
+
+    /// As [`RedisCluster::start`], and with `tls` (a certificate and its key, PEM
+    /// files; the certificate is its own CA) every node also listens for TLS on a
+    /// second port (clients need not show a certificate) and the cluster bus and
+    /// replication use TLS: see [`RedisCluster::tls_url`].
+    ///
+    /// # Errors
+    /// As [`RedisCluster::start`].
+    pub async fn start_with_tls(
+        tls: Option<(PathBuf, PathBuf)>,
+    ) -> Result<RedisCluster, ServerError> {
+        let tls = tls.map(|(cert, key)| TlsFiles { cert, key });
+        let (mut nodes, mut tls_ports) = (Vec::new(), Vec::new());
         for _ in 0..6 {
-            nodes.push(start_node().await?);
+            let tls_port = tls.as_ref().map(|_| free_port()).transpose()?;
+            nodes.push(start_node(tls.as_ref().zip(tls_port)).await?);
+            tls_ports.push(tls_port);
         }
         let addresses: Vec<String> = nodes
             .iter()
@@ -48,7 +69,7 @@ impl RedisCluster {
                 step: "redis-cli --cluster create".into(),
                 detail: e.to_string(),
             })?;
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster { nodes, tls_ports };
         cluster.wait_settled().await?;
         Ok(cluster)
     }
@@ -98,6 +119,18 @@ impl RedisCluster {
             .map(|n| format!("127.0.0.1:{}", n.port()))
             .collect();
         format!("redis+cluster://{}", seeds.join(","))
+    }
+
+    /// `rediss+cluster://…#insecure` over three nodes' TLS ports, for a cluster
+    /// started with TLS; `None` otherwise.
+    pub fn tls_url(&self) -> Option<String> {
+        let seeds: Option<Vec<String>> = self
+            .tls_ports
+            .iter()
+            .take(3)
+            .map(|p| p.map(|p| format!("127.0.0.1:{p}")))
+            .collect();
+        Some(format!("rediss+cluster://{}#insecure", seeds?.join(",")))
     }
 
     /// The nodes, in start order.
@@ -200,23 +233,30 @@ pub(super) async fn replica_in_sync(port: u16) -> bool {
 
 /// Starts one cluster node on a port below 55536 whose bus port is free as well,
 /// retrying on another pair when either is taken.
-async fn start_node() -> Result<RedisServer, ServerError> {
+async fn start_node(tls: Option<(&TlsFiles, u16)>) -> Result<RedisServer, ServerError> {
     let mut last = None;
     for _ in 0..10 {
         let port = cluster_port()?;
+        let mut extra_args: Vec<String> = [
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "1000",
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect();
+        if let Some((files, tls_port)) = tls {
+            for (name, value) in files.directives(tls_port) {
+                extra_args.extend([format!("--{name}"), value]);
+            }
+            extra_args.extend(["--tls-cluster".into(), "yes".into()]);
+        }
         let options = RedisServerOptions {
             port: Some(port),
-            extra_args: [
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "1000",
-            ]
-            .into_iter()
-            .map(String::from)
-            .collect(),
+            extra_args,
             ..RedisServerOptions::default()
         };
         match RedisServer::start_with(options).await {

@@ -27,15 +27,15 @@ struct Sentinel {
     _dir: TempDir,
 }
 
-/// The certificate and key of a TLS group.
-struct TlsFiles {
-    cert: PathBuf,
-    key: PathBuf,
+/// The certificate and key of a TLS group or cluster.
+pub(super) struct TlsFiles {
+    pub(super) cert: PathBuf,
+    pub(super) key: PathBuf,
 }
 
 impl TlsFiles {
     /// The configuration directives for TLS on `port`.
-    fn directives(&self, port: u16) -> Vec<(&'static str, String)> {
+    pub(super) fn directives(&self, port: u16) -> Vec<(&'static str, String)> {
         let (cert, key) = (
             self.cert.display().to_string(),
             self.key.display().to_string(),
