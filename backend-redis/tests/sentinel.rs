@@ -179,6 +179,47 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
     assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     assert!(matches!(error, LockError::Connection { .. }), "{error}");
 
+    // A Sentinel that never answers (a partition) delays nothing while a majority of
+    // the listed ones agree.
+    let silent = distlock_conformance::fault_proxy::FaultProxy::start(std::net::SocketAddr::from(
+        ([127, 0, 0, 1], group.sentinel_ports()[0]),
+    ))
+    .await
+    .unwrap();
+    silent.blackhole();
+    let started = Instant::now();
+    RedisLock::connect(&format!(
+        "redis+sentinel://{},{hosts}/distlock",
+        silent.local_addr()
+    ))
+    .await
+    .unwrap();
+    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    let started = Instant::now();
+    let error = RedisLock::connect(&format!(
+        "redis+sentinel://{},{hosts}/nosuchmaster",
+        silent.local_addr()
+    ))
+    .await
+    .unwrap_err();
+    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    assert!(matches!(error, LockError::Config { .. }), "{error}");
+
+    // One Sentinel down among answering ones is no obstacle.
+    let started = Instant::now();
+    let locks = RedisLock::connect(&format!(
+        "redis+sentinel://127.0.0.1:{nobody},{hosts}/distlock"
+    ))
+    .await
+    .unwrap();
+    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    let key = LockKey::new("sentinel/one-down").unwrap();
+    let guard = locks
+        .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+
     if cfg!(feature = "tls") {
         let started = Instant::now();
         let error = RedisLock::connect(&format!("rediss+sentinel://{hosts}/distlock#insecure"))

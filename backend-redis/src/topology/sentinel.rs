@@ -2,8 +2,9 @@
 //!
 //! At connect the Sentinels are asked (all at once, each bounded by the request
 //! timeout) for the master's address (`SENTINEL GET-MASTER-ADDR-BY-NAME`); the address
-//! most of the answering Sentinels name wins, and the server there must say it is a
-//! master (`ROLE`). Afterwards a background task asks again every
+//! a majority of the listed Sentinels name wins as soon as they have (so a silent
+//! Sentinel costs nothing), else the one most answering Sentinels name, and the server
+//! there must say it is a master (`ROLE`). Afterwards a background task asks again every
 //! [`REFRESH_PERIOD`], and at once when a request fails the way a failover makes it
 //! fail (connection lost, timed out, `READONLY` from a demoted master, `MASTERDOWN`).
 //! When the Sentinels name another master, a connection to it is opened, the
@@ -19,7 +20,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use distlock_api::LockError;
-use futures_util::future::join_all;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::{
     AsyncConnectionConfig, Cmd, ErrorKind, Pipeline, PushInfo, PushKind, RedisError, RedisFuture,
@@ -200,14 +201,32 @@ fn master_may_have_moved(error: &RedisError) -> bool {
 impl Sentinels {
     /// The master's `host:port` as most answering Sentinels name it (on a tie, `now`
     /// if among them, so a Sentinel lagging behind does not flip the client).
+    ///
+    /// Stops waiting once a majority of the listed Sentinels agree, so one Sentinel
+    /// that does not answer (a partition) costs nothing when the others do.
     async fn master_address(&self, now: Option<&str>) -> Result<String, LockError> {
-        let answers = join_all((0..self.conns.len()).map(|i| self.ask(i))).await;
+        let mut asking: FuturesUnordered<_> = (0..self.conns.len())
+            .map(|i| async move { (i, self.ask(i).await) })
+            .collect();
+        let majority = self.conns.len() / 2 + 1;
         let mut votes: HashMap<String, usize> = HashMap::new();
         let (mut unknown, mut failures) = (Vec::new(), Vec::new());
-        for (sentinel, answer) in self.url.sentinels.iter().zip(answers) {
+        while let Some((i, answer)) = asking.next().await {
+            let sentinel = self.url.sentinels[i].as_str();
             match answer {
-                Ok(Some(address)) => *votes.entry(address).or_default() += 1,
-                Ok(None) => unknown.push(sentinel.as_str()),
+                Ok(Some(address)) => {
+                    let count = votes.entry(address.clone()).or_default();
+                    *count += 1;
+                    if *count >= majority {
+                        return Ok(address);
+                    }
+                }
+                Ok(None) => {
+                    unknown.push(sentinel);
+                    if unknown.len() >= majority {
+                        break;
+                    }
+                }
                 Err(error) => failures.push(format!("{sentinel}: {error}")),
             }
         }
