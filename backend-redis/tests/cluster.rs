@@ -409,3 +409,34 @@ async fn the_conformance_kit_passes_on_a_cluster_over_tls() {
     let url = cluster.tls_url().expect("a TLS cluster");
     common::kit_passes(&url).await;
 }
+
+/// A seed that never answers (a partition) among answering ones: the client still
+/// connects within the request timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_seed_delays_nothing() {
+    let mut cluster = cluster().await;
+    let silent = distlock_conformance::fault_proxy::FaultProxy::start(std::net::SocketAddr::from(
+        ([127, 0, 0, 1], cluster.nodes()[0].port()),
+    ))
+    .await
+    .unwrap();
+    silent.blackhole();
+    let seeds = cluster.url().replacen(
+        "redis+cluster://",
+        &format!("redis+cluster://{},", silent.local_addr()),
+        1,
+    );
+    let started = Instant::now();
+    let locks = RedisLock::connect(&seeds).await.unwrap();
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "took {:?}",
+        started.elapsed()
+    );
+    let key = LockKey::new("cluster/silent-seed").unwrap();
+    let guard = locks
+        .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::LockError;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::ProtocolVersion;
@@ -25,9 +26,13 @@ use crate::REDIS_BACKEND;
 /// Connects to the Cluster through `seeds` (driver URLs with the credentials),
 /// pushing pub/sub messages to `router`; the whole connect is bounded by `timeout`.
 ///
+/// Each seed is tried on its own, all at once, and the first that answers wins (it
+/// tells the client the whole cluster): the driver, given every seed, waits for each
+/// of them, so one silent seed would hold up the connect for its whole timeout.
+///
 /// # Errors
-/// [`LockError::Config`] for seeds the driver refuses (mixed credentials) or a
-/// server that refuses the credentials; [`LockError::Connection`] when no seed
+/// [`LockError::Config`] for seeds the driver refuses or a server that refuses the
+/// credentials (when no seed connects); [`LockError::Connection`] when no seed
 /// answers within `timeout`, naming the seeds.
 pub(crate) async fn connect(
     seeds: &[String],
@@ -35,7 +40,46 @@ pub(crate) async fn connect(
     router: Arc<Wakeups>,
 ) -> Result<ClusterConnection, LockError> {
     let addresses = seed_addresses(seeds);
-    let client = ClusterClientBuilder::new(seeds.iter().map(String::as_str))
+    let racing = async {
+        let mut attempts: FuturesUnordered<_> = seeds
+            .iter()
+            .map(|seed| connect_via(seed, timeout, router.clone()))
+            .collect();
+        let mut errors = Vec::new();
+        while let Some(attempt) = attempts.next().await {
+            match attempt {
+                Ok(conn) => return Ok(conn),
+                Err(error) => errors.push(error),
+            }
+        }
+        // A refusal says more than the other seeds' silence.
+        let refusal = errors
+            .iter()
+            .position(|e| matches!(e, LockError::Config { .. }));
+        Err(match refusal {
+            Some(at) => errors.swap_remove(at),
+            None => errors.pop().unwrap_or_else(|| {
+                LockError::config(REDIS_BACKEND, "a Cluster URL needs at least one seed")
+            }),
+        })
+    };
+    match tokio::time::timeout(timeout, racing).await {
+        Ok(result) => result,
+        Err(_) => Err(LockError::connection(
+            REDIS_BACKEND,
+            format!("no Cluster seed ({addresses}) answered within {timeout:?}"),
+        )),
+    }
+}
+
+/// Connects to the Cluster through the one seed `seed`.
+async fn connect_via(
+    seed: &str,
+    timeout: Duration,
+    router: Arc<Wakeups>,
+) -> Result<ClusterConnection, LockError> {
+    let address = format!("Cluster seed {}", seed_addresses(&[seed.to_owned()]));
+    let client = ClusterClientBuilder::new([seed])
         .use_protocol(ProtocolVersion::RESP3)
         .connection_timeout(timeout)
         .response_timeout(timeout)
@@ -50,21 +94,13 @@ pub(crate) async fn connect(
         .build()
         .map_err(|e| LockError::Config {
             backend: REDIS_BACKEND,
-            message: format!("Cluster seeds {addresses}: invalid settings"),
+            message: format!("{address}: invalid settings"),
             source: Some(Box::new(e)),
         })?;
-    match tokio::time::timeout(timeout, client.get_async_connection()).await {
-        Ok(Ok(conn)) => Ok(conn),
-        Ok(Err(e)) => Err(crate::error::connect_error(
-            &format!("Cluster seeds {addresses}"),
-            0,
-            e,
-        )),
-        Err(_) => Err(LockError::connection(
-            REDIS_BACKEND,
-            format!("no Cluster seed ({addresses}) answered within {timeout:?}"),
-        )),
-    }
+    client
+        .get_async_connection()
+        .await
+        .map_err(|e| crate::error::connect_error(&address, 0, e))
 }
 
 /// `host:port,host:port` of the seeds, without credentials.
