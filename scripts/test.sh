@@ -40,7 +40,13 @@ if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/in
     missing+=(postgresql)
 fi
 
-# The TLS tests (Redis, Postgres) make throwaway certificates with the openssl tool.
+# The Sentinel and Cluster test servers are set up with redis-cli (--cluster create,
+# SENTINEL queries), which Debian ships in redis-tools.
+if ! command -v redis-cli >/dev/null 2>&1; then
+    missing+=(redis-tools)
+fi
+
+# The TLS tests (Redis, Postgres, ZooKeeper) make throwaway certificates with the openssl tool.
 if ! command -v openssl >/dev/null 2>&1; then
     missing+=(openssl)
 fi

@@ -11,6 +11,7 @@
 //! | `memory://NAME` | the process-wide in-memory store called `NAME` |
 //! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
 //! | `redis://HOST:PORT[/DB][?fifo=true]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node (`?fifo=true`: waiters granted in arrival order) or Redlock (feature `redis`) |
+//! | `redis+sentinel://S1:P1,S2:P2/MASTER[?db=N]`, `redis+cluster://H1:P1,H2:P2` | Redis behind Sentinel, or a Redis Cluster (feature `redis`; `rediss+…` with `redis-tls`) |
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
 //! | `zookeeper://[USER:PASS@]H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //! | `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]`, `zk+tls://…` | ZooKeeper over TLS (feature `zookeeper-tls`) |
@@ -108,6 +109,10 @@ const SCHEMES: &[(&str, Backend)] = &[
     ("redis", Backend::Redis),
     ("rediss", Backend::Redis),
     ("redis+redlock", Backend::Redis),
+    ("redis+sentinel", Backend::Redis),
+    ("rediss+sentinel", Backend::Redis),
+    ("redis+cluster", Backend::Redis),
+    ("rediss+cluster", Backend::Redis),
     ("postgres", Backend::Postgres),
     ("postgresql", Backend::Postgres),
     ("zookeeper", Backend::ZooKeeper),
@@ -128,6 +133,9 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `file:///DIR` in `DIR` (feature `file`, on by default).
 /// - `redis://` and `redis+redlock://` connect to Redis (feature `redis`), and
 ///   `rediss://` over TLS (feature `redis-tls`).
+/// - `redis+sentinel://` (a master found through Sentinels) and `redis+cluster://`
+///   (a Redis Cluster) are in feature `redis` too; their `rediss+…` TLS forms need
+///   `redis-tls`.
 /// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`), and
 ///   `zookeeper+tls://` and `zk+tls://` over TLS (feature `zookeeper-tls`).
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`),

@@ -1,5 +1,6 @@
 //! Parsing `redis://`, `rediss://` and `redis+redlock://` URLs into node URLs.
 
+mod topology_url;
 mod url_options;
 
 use std::time::Duration;
@@ -8,6 +9,7 @@ use distlock_api::LockError;
 
 use crate::REDIS_BACKEND;
 
+pub use topology_url::{SentinelUrl, Topology};
 use url_options::take_fifo;
 
 /// Settings of a Redis lock client.
@@ -86,8 +88,11 @@ impl RedisConfig {
 #[non_exhaustive]
 pub struct RedisUrl {
     /// One `redis://` (or `rediss://`) URL per node: one for a single node, 3 or more
-    /// (an odd number) for Redlock. They carry the URL's credentials.
+    /// (an odd number) for Redlock, the seeds of a Cluster; none for Sentinel (see
+    /// [`RedisUrl::topology`]). They carry the URL's credentials.
     pub nodes: Vec<String>,
+    /// The deployment: direct node(s), a Sentinel-managed master, or a Cluster.
+    pub topology: Topology,
     /// The `fifo=true|false` parameter of the query string, if given (taken out of the
     /// node URLs, as the driver does not know it).
     pub fifo: Option<bool>,
@@ -103,17 +108,39 @@ pub struct RedisUrl {
 ///   odd number of them, at least 3, none listed twice. (Connecting also refuses two
 ///   spellings of one server: names resolving to a common address, or one `run_id`.)
 ///
+/// - `redis+sentinel://[user:pass@]host:port[,host:port…]/MASTER_NAME[?db=N]` finds the
+///   master named `MASTER_NAME` through the listed Sentinels (port 26379 by default);
+///   the credentials and database are the master's, the Sentinels are asked without
+///   credentials; `rediss+sentinel://` (with the `tls` feature) uses TLS for both;
+/// - `redis+cluster://[user:pass@]host:port[,host:port…]` reaches a Redis Cluster
+///   through the listed seed nodes (port 6379 by default); `rediss+cluster://` is the
+///   TLS form.
+///
 /// - a `fifo=true|false` query parameter asks for FIFO waiting ([`RedisConfig::fifo`]);
 ///   other query parameters and a `#fragment` are passed to the driver.
 ///
 /// # Errors
 /// [`LockError::Config`] for any other scheme, `rediss://` without the `tls` feature,
-/// an empty, even or duplicated Redlock node list, or a `fifo` parameter that is not
-/// `true` or `false` or is given twice.
+/// an empty, even or duplicated Redlock node list, a Sentinel URL without a master
+/// name, a Cluster URL with a database, or a `fifo` parameter that is not `true` or
+/// `false` or is given twice.
 pub fn parse_url(url: &str) -> Result<RedisUrl, LockError> {
     let (url, fifo) = take_fifo(url)?;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", ""));
+    let (nodes, topology) = match scheme.to_ascii_lowercase().as_str() {
+        tls @ ("redis+sentinel" | "rediss+sentinel") => {
+            let sentinel = topology_url::parse_sentinel(rest, tls.starts_with("rediss"))?;
+            (Vec::new(), Topology::Sentinel(sentinel))
+        }
+        tls @ ("redis+cluster" | "rediss+cluster") => (
+            topology_url::parse_cluster(rest, tls.starts_with("rediss"))?,
+            Topology::Cluster,
+        ),
+        _ => (node_urls(&url)?, Topology::Direct),
+    };
     Ok(RedisUrl {
-        nodes: node_urls(&url)?,
+        nodes,
+        topology,
         fifo,
     })
 }
@@ -176,7 +203,7 @@ fn node_urls(url: &str) -> Result<Vec<String>, LockError> {
                 .collect())
         }
         other => Err(config_error(format!(
-            "{other}:// is not a Redis URL scheme (use redis:// or redis+redlock://)"
+            "{other}:// is not a Redis URL scheme (use redis://, redis+redlock://, redis+sentinel:// or redis+cluster://)"
         ))),
     }
 }
@@ -192,6 +219,7 @@ mod tests {
             parse_url("redis://h:1/2?fifo=true").unwrap(),
             RedisUrl {
                 nodes: vec!["redis://h:1/2".into()],
+                topology: Topology::Direct,
                 fifo: Some(true)
             }
         );

@@ -84,8 +84,20 @@ fn server_said(error: &RedisError) -> String {
 /// Error codes with which a Redis server refuses a command it did not run and would
 /// run later: `LOADING` (reading its dataset at start-up), `BUSY` (a script or function
 /// is running past `busy-reply-threshold`), `TRYAGAIN` (a cluster slot is migrating),
-/// `MASTERDOWN` (a replica that lost its primary).
-const RETRY_CODES: [&str; 4] = ["LOADING", "BUSY", "TRYAGAIN", "MASTERDOWN"];
+/// `MASTERDOWN` (a replica that lost its primary); and the replies of a topology in
+/// flux, which the next attempt finds settled: `MOVED`, `ASK` and `CLUSTERDOWN` from a
+/// Cluster whose slot moved or that is failing over (once the driver's own redirects
+/// are spent), `READONLY` from a Sentinel master demoted to a replica.
+const RETRY_CODES: [&str; 8] = [
+    "LOADING",
+    "BUSY",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "MOVED",
+    "ASK",
+    "CLUSTERDOWN",
+    "READONLY",
+];
 
 /// Whether the server refused `error`'s command for now (see [`RETRY_CODES`]).
 pub(crate) fn is_transient(error: &RedisError) -> bool {
@@ -128,6 +140,10 @@ mod tests {
             "BUSY Redis is busy running a script",
             "TRYAGAIN Multiple keys request during rehashing of slot",
             "MASTERDOWN Link with MASTER is down",
+            "MOVED 3999 127.0.0.1:6381",
+            "ASK 3999 127.0.0.1:6381",
+            "CLUSTERDOWN The cluster is down",
+            "READONLY You can't write against a read only replica.",
         ] {
             let error = lock_error("127.0.0.1:6379", reply(text));
             assert!(

@@ -5,8 +5,11 @@ use distlock_api::LockKey;
 /// The Redis names behind one [`LockKey`] `K`: three fields, and the FIFO queue's two
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
-/// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot
-/// (except when `K` itself starts with `}`, which makes the tag empty).
+/// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot.
+/// A key starting with `}` would make that tag empty (Redis then hashes each whole
+/// name, scattering them over slots), so such a key's names start with
+/// `{\0<K without '}'>}` instead, followed by `K}`: a tag that is never empty, and a
+/// prefix no other key's names have (keys contain no NUL).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyNames {
@@ -24,7 +27,12 @@ impl KeyNames {
     pub fn for_key(key: &LockKey) -> Self {
         // `concat` sizes each string once, without the formatter: this runs on every
         // acquire and release.
-        let lock = ["{", key.as_str(), "}"].concat();
+        let key = key.as_str();
+        let lock = if key.starts_with('}') {
+            ["{\0", &key.replace('}', ""), "}", key, "}"].concat()
+        } else {
+            ["{", key, "}"].concat()
+        };
         KeyNames {
             fence: [lock.as_str(), ":fence"].concat(),
             channel: [lock.as_str(), ":released"].concat(),
@@ -59,5 +67,41 @@ mod tests {
         assert_eq!(names.channel, "{orders/42}:released");
         assert_eq!(names.queue(), "{orders/42}:queue");
         assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
+    }
+
+    /// The hash tag Redis Cluster hashes a name by: between the first `{` and the
+    /// first `}` after it, if not empty; else the whole name.
+    fn hash_tag(name: &str) -> &str {
+        match name.find('{') {
+            Some(open) => match name[open + 1..].find('}') {
+                Some(0) | None => name,
+                Some(len) => &name[open + 1..open + 1 + len],
+            },
+            None => name,
+        }
+    }
+
+    #[test]
+    fn every_name_of_a_key_shares_a_non_empty_tag() {
+        for key in ["}", "}}", "}x", "a}b", "{}", "x{}y", "{", "}{}"] {
+            let names = KeyNames::for_key(&LockKey::new(key).unwrap());
+            let tag = hash_tag(&names.lock);
+            assert_ne!(tag, names.lock, "{key:?}: no hash tag");
+            for other in [
+                &names.fence,
+                &names.channel,
+                &names.queue(),
+                &names.queue_deadlines(),
+            ] {
+                assert_eq!(hash_tag(other), tag, "{key:?}: {other:?}");
+            }
+        }
+        // The escaped form cannot be any other key's lock name.
+        let escaped = KeyNames::for_key(&LockKey::new("}x").unwrap()).lock;
+        assert_eq!(escaped, "{\0x}}x}");
+        assert_ne!(
+            KeyNames::for_key(&LockKey::new("{}x").unwrap()).lock,
+            escaped
+        );
     }
 }

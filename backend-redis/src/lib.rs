@@ -1,4 +1,5 @@
-//! The Redis backend of distlock: one node, or Redlock over N independent nodes.
+//! The Redis backend of distlock: one node, a master behind Sentinel, a Redis Cluster,
+//! or Redlock over N independent nodes.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -87,6 +88,20 @@
 //! by comparing the servers' `run_id`s, is a configuration error at connect; a late node
 //! that duplicates another never joins.
 //!
+//! # Sentinel and Cluster
+//! `redis+sentinel://s1:26379,s2:26379/MASTER[?db=N]` finds the master through the
+//! Sentinels (the address most answering Sentinels name, checked with `ROLE`) and
+//! follows a failover: it asks again every 500 ms and at once when a request fails as
+//! a failover makes it fail, then switches to the new master, subscribes its wake-up
+//! channels there and wakes its waiters. `redis+cluster://n1:6379,n2:6379` uses the
+//! driver's cluster connection, which routes each script to the master of the lock's
+//! slot and follows `MOVED`/`ASK`. Every name of one lock shares one hash tag (see
+//! [`KeyNames`]), and a release's `PUBLISH` reaches every Cluster node. Both bound
+//! their connect by the request timeout. Leases across a failover follow the rules of
+//! a reconnect (suspect, then kept or lost, as the new master shows); replication is
+//! asynchronous, so a grant, or the fencing counter's last increment, that had not
+//! reached the replica is lost with the master.
+//!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
@@ -112,9 +127,10 @@ mod lock;
 mod membership;
 mod node;
 mod scripts;
+mod topology;
 mod wakeups;
 
-pub use config::{parse_url, RedisConfig, RedisUrl};
+pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
 pub use keys::KeyNames;
 pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error

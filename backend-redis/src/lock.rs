@@ -15,9 +15,9 @@ use distlock_api::{
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, Instant};
 
-use crate::config::{parse_url, RedisConfig};
+use crate::config::{parse_url, RedisConfig, Topology};
 use crate::keys::KeyNames;
-use crate::membership::{at_node, connect_nodes};
+use crate::membership::at_node;
 use crate::node::{Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
@@ -86,15 +86,15 @@ impl RedisLock {
         let url = parse_url(url)?;
         config.fifo = url.fifo.unwrap_or(config.fifo);
         config.validate()?;
-        let urls = url.nodes;
-        if config.fifo && urls.len() > 1 {
+        let redlock = url.topology == Topology::Direct && url.nodes.len() > 1;
+        if config.fifo && redlock {
             return Err(LockError::Unsupported {
                 backend: REDLOCK_BACKEND,
                 operation: distlock_api::FIFO_OPERATION,
                 reason: REDLOCK_NOT_FIFO,
             });
         }
-        let nodes = connect_nodes(&urls, config.request_timeout).await?;
+        let nodes = crate::topology::connect(url, config.request_timeout).await?;
         Ok(RedisLock {
             inner: Arc::new(Inner { nodes, config }),
         })
@@ -123,6 +123,16 @@ impl RedisLock {
             })
         } else {
             self.inner.config.request_timeout
+        }
+    }
+
+    /// The master a Sentinel client sends its requests to now, `host:port` (a test
+    /// hook for failovers); `None` for other deployments.
+    #[doc(hidden)]
+    pub fn sentinel_master(&self) -> Option<String> {
+        match self.inner.nodes.first()?.connection()? {
+            crate::topology::NodeConn::Sentinel(conn) => Some(conn.master()),
+            _ => None,
         }
     }
 

@@ -19,9 +19,9 @@ use std::time::Duration;
 
 use distlock_api::{AtAddress, LockError};
 use futures_util::future::join_all;
-use redis::aio::ConnectionManager;
 
 use crate::node::{Node, WeakNode};
+use crate::topology::NodeConn;
 use crate::REDLOCK_BACKEND;
 
 /// The first pause of a background joiner between attempts; it doubles up to
@@ -149,9 +149,7 @@ async fn refuse_shared_addresses(nodes: &[Node], limit: Duration) -> Result<(), 
 }
 
 /// Refuses two connected nodes that report the same server identity.
-fn refuse_shared_identities(
-    up: &[(&Node, ConnectionManager, Option<String>)],
-) -> Result<(), LockError> {
+fn refuse_shared_identities(up: &[(&Node, NodeConn, Option<String>)]) -> Result<(), LockError> {
     for (i, (first, _, first_id)) in up.iter().enumerate() {
         for (second, _, second_id) in up.iter().skip(i + 1) {
             if let (Some(id), true) = (first_id, first_id == second_id) {

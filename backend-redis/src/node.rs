@@ -13,6 +13,7 @@ use redis::{
 
 use crate::error::lock_error;
 use crate::keys::KeyNames;
+use crate::topology::NodeConn;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -65,7 +66,9 @@ pub(crate) struct Node {
 
 /// What the clones of a [`Node`] share.
 struct Link {
-    client: redis::Client,
+    /// The driver's client of a direct node; `None` for a Sentinel or Cluster node,
+    /// whose connection is made by its topology (see [`Node::for_topology`]).
+    client: Option<redis::Client>,
     /// The database the URL selects, for error messages.
     db: i64,
     /// Host and port, to resolve (`None` for a Unix socket).
@@ -73,7 +76,7 @@ struct Link {
     connect_timeout: Duration,
     wakeups: Arc<Wakeups>,
     /// Set once the server answered (and, for Redlock, proved to be a server of its own).
-    conn: OnceLock<ConnectionManager>,
+    conn: OnceLock<NodeConn>,
     /// Until then: why not, for the errors of operations that skip this node.
     absent: Mutex<String>,
 }
@@ -113,39 +116,17 @@ impl Node {
     /// [`LockError::Config`] for a URL the driver refuses (the message does not repeat
     /// the URL: it may carry a password).
     pub(crate) fn new(url: &str, connect_timeout: Duration) -> Result<Node, LockError> {
-        let info = url.into_connection_info().map_err(|e| LockError::Config {
-            backend: REDIS_BACKEND,
-            // Not the URL itself: it may carry a password.
-            message: "invalid Redis URL".to_owned(),
-            source: Some(Box::new(e)),
-        })?;
-        let settings = info
-            .redis_settings()
-            .clone()
-            .set_protocol(ProtocolVersion::RESP3);
-        let db = settings.db();
-        let info = info.set_redis_settings(settings);
-        let address = info.addr().to_string();
-        let endpoint = match info.addr() {
+        let (client, address, db) = driver_client(url)?;
+        let endpoint = match client.get_connection_info().addr() {
             ConnectionAddr::Tcp(host, port) | ConnectionAddr::TcpTls { host, port, .. } => {
                 Some((host.clone(), *port))
             }
             _ => None,
         };
-        #[cfg(feature = "tls")]
-        {
-            // One process-wide crypto provider; another crate may have installed one first.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
-        let client = redis::Client::open(info).map_err(|e| LockError::Config {
-            backend: REDIS_BACKEND,
-            message: format!("{address}: invalid Redis connection settings"),
-            source: Some(Box::new(e)),
-        })?;
         Ok(Node {
             address,
             link: Arc::new(Link {
-                client,
+                client: Some(client),
                 db,
                 endpoint,
                 connect_timeout,
@@ -156,6 +137,29 @@ impl Node {
         })
     }
 
+    /// A node whose connection a topology (Sentinel, Cluster) makes: `address` names it
+    /// in errors; [`Node::wakeups`] routes the connection's pushes, and [`Node::join`]
+    /// hands the connection over.
+    pub(crate) fn for_topology(address: String, connect_timeout: Duration) -> Node {
+        Node {
+            address,
+            link: Arc::new(Link {
+                client: None,
+                db: 0,
+                endpoint: None,
+                connect_timeout,
+                wakeups: Arc::new(Wakeups::default()),
+                conn: OnceLock::new(),
+                absent: Mutex::new("not connected yet".to_owned()),
+            }),
+        }
+    }
+
+    /// The wake-up router the node's connection must push to.
+    pub(crate) fn wakeups(&self) -> Arc<Wakeups> {
+        self.link.wakeups.clone()
+    }
+
     /// Opens an auto-reconnecting connection to the server, without joining it to the
     /// node (see [`Node::join`]).
     ///
@@ -163,28 +167,91 @@ impl Node {
     /// [`LockError::Config`] when the server refuses the credentials or the database,
     /// or is not a Redis 6+ server; [`LockError::Connection`] when it cannot be reached.
     /// Either names the address.
-    pub(crate) async fn open(&self) -> Result<ConnectionManager, LockError> {
-        let router = self.link.wakeups.clone();
-        let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(self.link.connect_timeout))
-            .set_response_timeout(Some(self.link.connect_timeout))
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500))
-            .set_automatic_resubscription()
-            .set_push_sender(move |push| {
-                router.on_push(push);
-                Ok::<(), ()>(())
-            });
-        self.link
-            .client
-            .get_connection_manager_with_config(config)
-            .await
-            .map_err(|e| crate::error::connect_error(&self.address, self.link.db, e))
+    pub(crate) async fn open(&self) -> Result<NodeConn, LockError> {
+        let Some(client) = &self.link.client else {
+            return Err(LockError::connection_at(
+                REDIS_BACKEND,
+                &self.address,
+                "a topology node is connected by its topology",
+            ));
+        };
+        let manager = open_manager(
+            client,
+            &self.address,
+            self.link.db,
+            self.link.connect_timeout,
+            self.link.wakeups.clone(),
+        )
+        .await?;
+        Ok(NodeConn::Direct(manager))
     }
+}
 
+/// The driver's client for `url` (`redis://…`, speaking RESP3 so that pub/sub pushes
+/// share the command connection), the server's `host:port` and the database.
+///
+/// # Errors
+/// [`LockError::Config`] for a URL the driver refuses (the message does not repeat
+/// the URL: it may carry a password).
+pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), LockError> {
+    let info = url.into_connection_info().map_err(|e| LockError::Config {
+        backend: REDIS_BACKEND,
+        // Not the URL itself: it may carry a password.
+        message: "invalid Redis URL".to_owned(),
+        source: Some(Box::new(e)),
+    })?;
+    let settings = info
+        .redis_settings()
+        .clone()
+        .set_protocol(ProtocolVersion::RESP3);
+    let db = settings.db();
+    let info = info.set_redis_settings(settings);
+    let address = info.addr().to_string();
+    #[cfg(feature = "tls")]
+    {
+        // One process-wide crypto provider; another crate may have installed one first.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    let client = redis::Client::open(info).map_err(|e| LockError::Config {
+        backend: REDIS_BACKEND,
+        message: format!("{address}: invalid Redis connection settings"),
+        source: Some(Box::new(e)),
+    })?;
+    Ok((client, address, db))
+}
+
+/// Opens an auto-reconnecting connection with `client` to the server at `address`
+/// (database `db`), pushing pub/sub messages to `router`.
+///
+/// # Errors
+/// As [`Node::open`].
+pub(crate) async fn open_manager(
+    client: &redis::Client,
+    address: &str,
+    db: i64,
+    timeout: Duration,
+    router: Arc<Wakeups>,
+) -> Result<ConnectionManager, LockError> {
+    let config = ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(timeout))
+        .set_response_timeout(Some(timeout))
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+        .set_automatic_resubscription()
+        .set_push_sender(move |push| {
+            router.on_push(push);
+            Ok::<(), ()>(())
+        });
+    client
+        .get_connection_manager_with_config(config)
+        .await
+        .map_err(|e| crate::error::connect_error(address, db, e))
+}
+
+impl Node {
     /// Makes `conn` this node's connection: operations use it from now on. A node joins
     /// once; a later call changes nothing.
-    pub(crate) fn join(&self, conn: ConnectionManager) {
+    pub(crate) fn join(&self, conn: NodeConn) {
         let _ = self.link.conn.set(conn);
     }
 
@@ -198,7 +265,7 @@ impl Node {
     }
 
     /// The joined connection, if the node has joined.
-    pub(crate) fn connection(&self) -> Option<ConnectionManager> {
+    pub(crate) fn connection(&self) -> Option<NodeConn> {
         self.link.conn.get().cloned()
     }
 
@@ -217,7 +284,7 @@ impl Node {
 
     /// The joined connection, or at once (no connect timeout spent) a connection error
     /// saying why the node is not part of the client yet.
-    fn conn(&self) -> Result<ConnectionManager, LockError> {
+    fn conn(&self) -> Result<NodeConn, LockError> {
         match self.link.conn.get() {
             Some(conn) => Ok(conn.clone()),
             None => {
@@ -246,10 +313,7 @@ impl Node {
     ///
     /// # Errors
     /// [`LockError::Connection`] when the server does not answer.
-    pub(crate) async fn server_id(
-        &self,
-        conn: &ConnectionManager,
-    ) -> Result<Option<String>, LockError> {
+    pub(crate) async fn server_id(&self, conn: &NodeConn) -> Result<Option<String>, LockError> {
         let info: Result<String, RedisError> = redis::cmd("INFO")
             .arg("server")
             .query_async(&mut conn.clone())

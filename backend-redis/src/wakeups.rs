@@ -11,9 +11,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use redis::aio::ConnectionManager;
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
+
+use crate::topology::NodeConn;
 
 #[derive(Debug)]
 struct Channel {
@@ -98,7 +99,7 @@ impl Wakeups {
     /// detached: it tracks nothing and is never woken, so the caller polls.
     pub(crate) async fn watch(
         self: &Arc<Self>,
-        conn: Option<&ConnectionManager>,
+        conn: Option<&NodeConn>,
         channel: &str,
         queued: Option<&str>,
     ) -> (WakeTicket, bool) {
@@ -151,7 +152,7 @@ impl Wakeups {
         (ticket, subscribed)
     }
 
-    async fn forget(self: Arc<Self>, mut conn: ConnectionManager, channel: String) {
+    async fn forget(self: Arc<Self>, mut conn: NodeConn, channel: String) {
         let _serial = self.commands.lock().await;
         {
             let mut channels = self.channels();
@@ -176,7 +177,7 @@ impl Wakeups {
 pub(crate) struct WakeTicket {
     wakeups: Arc<Wakeups>,
     /// `None` for a detached ticket (see [`Wakeups::watch`]).
-    conn: Option<ConnectionManager>,
+    conn: Option<NodeConn>,
     channel: String,
     /// The queued waiter's id, for a FIFO waiter.
     queued: Option<String>,

@@ -113,6 +113,9 @@ impl BenchError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
     Redis,
+    /// `redis+sentinel://` or `redis+cluster://` (and the TLS forms): distlock only, as
+    /// the raw driver and the peer crates speak to one node.
+    RedisTopology,
     Postgres,
     ZooKeeper,
 }
@@ -122,11 +125,14 @@ impl Backend {
         let scheme = url.split("://").next().unwrap_or_default();
         match scheme {
             "redis" => Ok(Backend::Redis),
+            "redis+sentinel" | "rediss+sentinel" | "redis+cluster" | "rediss+cluster" => {
+                Ok(Backend::RedisTopology)
+            }
             "postgres" | "postgresql" => Ok(Backend::Postgres),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
             _ => Err(BenchError {
                 message: format!(
-                    "bench supports redis://, postgres:// and zookeeper:// URLs, not {scheme}://"
+                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres:// and zookeeper:// URLs, not {scheme}://"
                 ),
                 usage: true,
             }),
@@ -136,6 +142,7 @@ impl Backend {
     fn name(self) -> &'static str {
         match self {
             Backend::Redis => "Redis",
+            Backend::RedisTopology => "Redis (Sentinel/Cluster)",
             Backend::Postgres => "Postgres",
             Backend::ZooKeeper => "ZooKeeper",
         }
@@ -163,7 +170,7 @@ async fn connect_sides(
         .await
         .map_err(|e| BenchError::run("distlock", e))?;
     let mut sides: Vec<Box<dyn Side>> = vec![Box::new(ours)];
-    if backend == Backend::Redis {
+    if matches!(backend, Backend::Redis | Backend::RedisTopology) {
         // FIFO is a mode of our own, so it is measured in every run, against the
         // default mode. (Postgres and ZooKeeper wait in FIFO order anyway.)
         let fifo = side::Ours::fifo(url)
@@ -198,6 +205,9 @@ async fn connect_sides(
                 boxed(postgres::DistributedLockPostgres::connect(url).await),
             );
         }
+        Backend::RedisTopology => notes.push(
+            "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),
+        ),
         Backend::ZooKeeper => {
             add("raw", boxed(zookeeper::Raw::connect(url).await));
             add(
@@ -216,6 +226,7 @@ fn boxed<S: Side + 'static>(side: Result<S, BoxError>) -> Result<Box<dyn Side>, 
 async fn server_version(backend: Backend, url: &str) -> String {
     let version = match backend {
         Backend::Redis => redis::server_version(url).await,
+        Backend::RedisTopology => Ok("Redis through Sentinel or Cluster".to_owned()),
         Backend::Postgres => postgres::server_version(url).await,
         Backend::ZooKeeper => zookeeper::server_version(url).await,
     };
@@ -246,7 +257,7 @@ pub async fn run(
     );
     // First, while the process is fresh: its memory growth is then the locks' cost,
     // not noise from the allocator reusing what earlier measurements freed.
-    let holding = if config.hold > 0 {
+    let holding = if config.hold > 0 && backend != Backend::RedisTopology {
         progress(&format!(
             "{}: cost of holding {} locks",
             backend.name(),
@@ -312,6 +323,9 @@ async fn holding_cost(
         async move {
             match backend {
                 Backend::Redis => redis::connected_clients(&url).await,
+                Backend::RedisTopology => {
+                    Err("connections are not counted on Sentinel or Cluster URLs".into())
+                }
                 Backend::Postgres => postgres::client_connections(&url).await,
                 Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
             }

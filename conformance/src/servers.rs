@@ -7,6 +7,12 @@
 //! down again when the handle is dropped: the process tree is stopped, the
 //! process is reaped and the temporary directory is removed.
 //!
+//! Two Redis topologies are built from `redis-server` processes:
+//! [`RedisSentinelGroup`] (a master, a replica and three Sentinels) and
+//! [`RedisCluster`] (three masters with a replica each, on ports whose cluster bus
+//! port, +10000, is free too); both are set up with `redis-cli` (Debian's
+//! `redis-tools`, a dependency of `redis-server`).
+//!
 //! The handles also expose the fault controls that failure-scenario tests
 //! need: `kill` (SIGKILL), `restart` (same port, same data directory),
 //! `pause` (SIGSTOP) and `resume` (SIGCONT).
@@ -36,6 +42,8 @@ mod postgres;
 mod postgres_tls;
 mod process;
 mod redis;
+mod redis_cluster;
+mod redis_sentinel;
 mod zookeeper;
 mod zookeeper_tls;
 
@@ -48,6 +56,8 @@ pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use postgres::{PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
 pub use redis::{RedisServer, RedisServerOptions};
+pub use redis_cluster::RedisCluster;
+pub use redis_sentinel::RedisSentinelGroup;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 pub use zookeeper_tls::{TestCertificates, ZooKeeperTlsServer};
 

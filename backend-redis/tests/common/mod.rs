@@ -120,3 +120,53 @@ impl Harness for RedisHarness {
         Ok(Client::new(lock).with_faults(Arc::new(CutProxies(proxies))))
     }
 }
+
+/// A conformance harness over a Sentinel or Cluster URL: each client is a fresh
+/// connect. There are no fault hooks (a client's connections go to servers the
+/// topology names, past any proxy), so the crash scenarios are skipped.
+pub struct TopologyHarness {
+    pub url: String,
+}
+
+#[async_trait]
+impl Harness for TopologyHarness {
+    fn name(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let lock: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&self.url).await?);
+        Ok(Client::new(lock))
+    }
+}
+
+/// Runs the whole conformance kit against `url` and fails on any failed scenario.
+pub async fn kit_passes(url: &str) {
+    let report = distlock_conformance::run_all(Arc::new(TopologyHarness {
+        url: url.to_owned(),
+    }))
+    .await;
+    println!("{}", report.to_table());
+    assert!(report.all_passed(), "failed: {:?}", report.failed());
+}
+
+/// Waits (at most 10 s, in `WAIT 1 200` steps) until a replica of the server behind
+/// `conn` acknowledged every write so far.
+pub async fn wait_for_replica(conn: &mut redis::aio::MultiplexedConnection) {
+    let started = std::time::Instant::now();
+    loop {
+        let acked: i64 = redis::cmd("WAIT")
+            .arg(1)
+            .arg(200)
+            .query_async(conn)
+            .await
+            .expect("WAIT answers");
+        if acked >= 1 {
+            return;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "no replica acknowledged the writes within 10 s"
+        );
+    }
+}

@@ -95,6 +95,12 @@ pub enum Topology {
         /// How many nodes.
         nodes: usize,
     },
+    /// Masters with asynchronous replicas and automatic failover (Redis Sentinel,
+    /// Redis Cluster); [`FaultHarness::master_of`] names a key's master.
+    Replicated {
+        /// How many server nodes, masters and replicas.
+        nodes: usize,
+    },
 }
 
 impl Topology {
@@ -103,7 +109,9 @@ impl Topology {
         match self {
             Topology::Uncontrolled => 0,
             Topology::Single => 1,
-            Topology::Quorum { nodes } | Topology::Ensemble { nodes } => nodes,
+            Topology::Quorum { nodes }
+            | Topology::Ensemble { nodes }
+            | Topology::Replicated { nodes } => nodes,
         }
     }
 }
@@ -141,6 +149,8 @@ pub enum Fault {
     NodeLoss,
     /// An ensemble's leader killed.
     LeaderLoss,
+    /// The master serving a key killed, so that a replica takes over.
+    MasterFailover,
     /// A holder's server-side session terminated.
     SessionTerminated,
     /// Random network faults under contention.
@@ -196,6 +206,13 @@ pub trait FaultHarness: Harness {
 
     /// The ensemble's current leader, for ensembles.
     async fn leader(&self) -> Option<usize> {
+        None
+    }
+
+    /// The node that is master for `key` now, for replicated topologies (see
+    /// [`Topology::Replicated`]); `None` (the default) when unknown.
+    async fn master_of(&self, key: &distlock_api::LockKey) -> Option<usize> {
+        let _ = key;
         None
     }
 

@@ -75,6 +75,8 @@ pub static FAULT_SCENARIOS: &[FaultScenario] = &[
         "Redlock keeps working with a minority of nodes down and fails fast with a majority down, leaving no orphan key that would block a majority"),
     fault_scenario!(ensemble_leader_loss, LeaderLoss,
         "a 3-node ZooKeeper ensemble loses its leader while a lock is held and waited on: a new leader is elected and exclusion holds"),
+    fault_scenario!(master_failover_while_held_and_waited, MasterFailover,
+        "the master serving a key (Redis Sentinel, Redis Cluster) is killed while the lock is held and waited on: a replica takes over, the client follows it, and the outcome (kept or lost) is recorded and checked"),
     fault_scenario!(terminated_session_fires_lost, SessionTerminated,
         "a holder's server session is terminated: lost() fires, another client acquires, and the stale holder's write is refused"),
     fault_scenario!(crashed_clients_do_not_stall_the_fifo_queue, QueueCrash,
@@ -652,6 +654,75 @@ async fn ensemble_leader_loss(h: &dyn FaultHarness) -> Result<Outcome, Failure> 
         detail: format!(
             "node {new_leader} elected after {}, holder {} its lock, waiter acquired",
             millis(elected),
+            if kept { "kept" } else { "lost" }
+        ),
+        history,
+    })
+}
+
+async fn master_failover_while_held_and_waited(h: &dyn FaultHarness) -> Result<Outcome, Failure> {
+    let Topology::Replicated { .. } = h.topology() else {
+        return Err(skip(
+            "needs masters with replicas and failover (Redis Sentinel or Cluster)",
+        ));
+    };
+    let history = History::new();
+    let a = h.fault_client().await?;
+    let ra = recorder(&a, 0, &history);
+    let key = unique_key("failover");
+    let Some(master) = h.master_of(&key).await else {
+        return Err(Failure::Failed("no node is the key's master".into()));
+    };
+    let set = FencedSet::new(format!("{key}#set"), history.clone());
+    let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack() * 5)).await?;
+    check!(
+        set.add(0, guard.fencing_token(), 1),
+        "the holder's first write was refused"
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let w = h.fault_client().await?;
+    let waiter = persistent_waiter(
+        recorder(&w, 1, &history),
+        key.clone(),
+        set.clone(),
+        h.ttl(),
+        2,
+        deadline,
+    );
+    h.control(master, ServerAction::Kill)
+        .await
+        .map_err(Failure::Failed)?;
+    let killed = Instant::now();
+    let new_master = loop {
+        match h.master_of(&key).await {
+            Some(m) if m != master => break m,
+            _ if killed.elapsed() > Duration::from_secs(30) => {
+                return Err(Failure::Failed("no replica took over within 30 s".into()))
+            }
+            _ => sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let promoted = killed.elapsed();
+    let kept = guard.state() == LeaseState::Held;
+    if kept {
+        set.add(0, guard.fencing_token(), 3);
+        ra.release(guard).await?;
+    } else {
+        ra.lost(&guard);
+        drop(guard);
+    }
+    let acquired = waiter
+        .await
+        .map_err(|e| Failure::Failed(format!("the waiter panicked: {e}")))?;
+    h.control(master, ServerAction::Restart)
+        .await
+        .map_err(Failure::Failed)?;
+    check!(acquired, "the waiter did not acquire after the failover");
+    set.final_read();
+    Ok(Outcome {
+        detail: format!(
+            "node {new_master} took over after {}, holder {} its lock, waiter acquired",
+            millis(promoted),
             if kept { "kept" } else { "lost" }
         ),
         history,

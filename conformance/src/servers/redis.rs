@@ -29,6 +29,9 @@ pub struct RedisServerOptions {
     /// The default user's password (`--requirepass`); the readiness probe sends it
     /// with `AUTH`. `None` (the default): no password.
     pub password: Option<String>,
+    /// The port to listen on; `None` (the default): a free one. A start on a given
+    /// port is not retried elsewhere when the port is taken.
+    pub port: Option<u16>,
 }
 
 impl RedisServerOptions {
@@ -86,7 +89,10 @@ impl RedisServer {
         loop {
             attempt += 1;
             let dir = temp_dir(SERVER)?;
-            let port = free_port()?;
+            let port = match config.port {
+                Some(port) => port,
+                None => free_port()?,
+            };
             let mut args: Vec<OsString> = [
                 "--port".to_string(),
                 port.to_string(),
@@ -126,7 +132,13 @@ impl RedisServer {
             };
             match server.boot().await {
                 Ok(()) => return Ok(server),
-                Err(e) if e.is_port_conflict() && attempt < START_ATTEMPTS => continue,
+                Err(e)
+                    if e.is_port_conflict()
+                        && attempt < START_ATTEMPTS
+                        && config.port.is_none() =>
+                {
+                    continue
+                }
                 Err(e) => return Err(e),
             }
         }
@@ -234,7 +246,7 @@ impl RedisServer {
     }
 }
 
-fn redis_binary() -> Result<PathBuf, ServerError> {
+pub(super) fn redis_binary() -> Result<PathBuf, ServerError> {
     if let Some(path) = std::env::var_os("DISTLOCK_REDIS_SERVER") {
         return Ok(PathBuf::from(path));
     }
@@ -251,7 +263,7 @@ fn redis_binary() -> Result<PathBuf, ServerError> {
 
 /// Sends a RESP `PING` to 127.0.0.1:`port`, after `AUTH password` when there is one,
 /// and expects `+PONG`.
-async fn redis_ping(
+pub(super) async fn redis_ping(
     port: u16,
     password: Option<&str>,
     timeout: Duration,

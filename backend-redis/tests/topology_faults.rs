@@ -1,0 +1,128 @@
+//! The fault kit's master failover against Redis Sentinel and Redis Cluster: the
+//! master serving a lock is killed while it is held and waited on.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use distlock_api::{DistributedLock, LockError, LockKey};
+use distlock_conformance::faults::{
+    run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerAction, Topology,
+};
+use distlock_conformance::servers::{RedisCluster, RedisSentinelGroup};
+use distlock_conformance::{Client, Harness};
+use distlock_redis::{KeyNames, RedisLock};
+use tokio::sync::Mutex;
+
+enum Servers {
+    Sentinel(RedisSentinelGroup),
+    Cluster(RedisCluster),
+}
+
+/// Clients connect straight to the topology's URL (no proxies: the servers they reach
+/// are the ones the topology names); the harness kills and restarts server nodes.
+struct ReplicatedHarness {
+    url: String,
+    nodes: usize,
+    servers: Mutex<Servers>,
+}
+
+#[async_trait]
+impl Harness for ReplicatedHarness {
+    fn name(&self) -> String {
+        self.url.clone()
+    }
+
+    async fn client(&self) -> Result<Client, LockError> {
+        let lock: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&self.url).await?);
+        Ok(Client::new(lock))
+    }
+}
+
+#[async_trait]
+impl FaultHarness for ReplicatedHarness {
+    fn topology(&self) -> Topology {
+        Topology::Replicated { nodes: self.nodes }
+    }
+
+    async fn control(&self, node: usize, action: ServerAction) -> Result<(), String> {
+        let mut servers = self.servers.lock().await;
+        let server = match &mut *servers {
+            Servers::Sentinel(group) => group.servers().get_mut(node),
+            Servers::Cluster(cluster) => cluster.nodes().get_mut(node),
+        }
+        .ok_or_else(|| format!("no node {node}"))?;
+        match action {
+            ServerAction::Kill => {
+                server.kill();
+                Ok(())
+            }
+            ServerAction::Restart => server.restart().await.map_err(|e| e.to_string()),
+            ServerAction::Pause => server.pause().map_err(|e| e.to_string()),
+            ServerAction::Resume => server.resume().map_err(|e| e.to_string()),
+            other => Err(format!("{other:?} is not supported")),
+        }
+    }
+
+    async fn master_of(&self, key: &LockKey) -> Option<usize> {
+        let mut servers = self.servers.lock().await;
+        match &mut *servers {
+            Servers::Sentinel(group) => {
+                let port = group.master_port().await.ok()?;
+                group.index_of(port)
+            }
+            Servers::Cluster(cluster) => {
+                let slot = cluster.key_slot(&KeyNames::for_key(key).lock).await.ok()?;
+                let port = cluster.master_of_slot(slot).await.ok()?;
+                cluster.nodes().iter().position(|n| n.port() == port)
+            }
+        }
+    }
+
+    fn claim(&self, fault: Fault) -> Claim {
+        match fault {
+            Fault::MasterFailover => Claim::NotClaimed(
+                "replication is asynchronous: a grant not yet on the replica when the master dies is lost, and another client can be granted while the holder still holds".into(),
+            ),
+            _ => Claim::Safe,
+        }
+    }
+}
+
+async fn failover(servers: Servers, url: String, nodes: usize) {
+    let harness = ReplicatedHarness {
+        url,
+        nodes,
+        servers: Mutex::new(servers),
+    };
+    let report = run_selected_faults(Arc::new(harness), |s| {
+        s.name == "master_failover_while_held_and_waited"
+    })
+    .await;
+    print!("{}", report.to_table());
+    assert!(
+        matches!(
+            report.verdict("master_failover_while_held_and_waited"),
+            Some(FaultVerdict::Pass(_) | FaultVerdict::Shown(_))
+        ),
+        "{}",
+        report.to_table()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_master_failover_while_held_and_waited() {
+    let group = RedisSentinelGroup::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Sentinel group (run scripts/test.sh): {e}"));
+    let url = group.url();
+    failover(Servers::Sentinel(group), url, 2).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_master_failover_while_held_and_waited() {
+    let cluster = RedisCluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Redis Cluster (run scripts/test.sh): {e}"));
+    let url = cluster.url();
+    failover(Servers::Cluster(cluster), url, 6).await;
+}

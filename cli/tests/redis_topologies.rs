@@ -1,0 +1,73 @@
+//! `distlock conformance` and `distlock status` on Redis behind Sentinel and on a
+//! Redis Cluster.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use distlock::{LockKey, LockOptions};
+use distlock_conformance::servers::{RedisCluster, RedisSentinelGroup};
+
+fn distlock(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(args)
+        .env_remove("DISTLOCK_BACKEND")
+        .output()
+        .expect("the distlock binary runs")
+}
+
+/// The conformance table passes, and `status` shows a key held by this process, then free.
+async fn conformance_and_status_work(url: &str) {
+    let run = distlock(&["conformance", "--backend", url]);
+    let table = String::from_utf8_lossy(&run.stdout);
+    assert_eq!(
+        run.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(
+        table
+            .lines()
+            .last()
+            .unwrap_or_default()
+            .contains(" passed, 0 failed"),
+        "{table}"
+    );
+
+    let locks = distlock::connect(url).await.expect("connects");
+    let key = LockKey::new("}topology/status").expect("valid key");
+    let guard = locks
+        .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
+        .await
+        .expect("acquires");
+    let token = guard.fencing_token().expect("fenced").get();
+    let held = distlock(&["status", "--backend", url, "}topology/status", "--json"]);
+    assert!(
+        held.status.success(),
+        "{}",
+        String::from_utf8_lossy(&held.stderr)
+    );
+    let held: serde_json::Value = serde_json::from_slice(&held.stdout).expect("JSON");
+    assert_eq!(held["held"], true, "{held}");
+    assert_eq!(held["fencing_token"], token, "{held}");
+    guard.release().await.expect("releases");
+    let free = distlock(&["status", "--backend", url, "}topology/status", "--json"]);
+    let free: serde_json::Value = serde_json::from_slice(&free.stdout).expect("JSON");
+    assert_eq!(free["held"], false, "{free}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_and_status_work_through_sentinel() {
+    let group = RedisSentinelGroup::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Sentinel group (run scripts/test.sh): {e}"));
+    conformance_and_status_work(&group.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_and_status_work_on_a_cluster() {
+    let cluster = RedisCluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Redis Cluster (run scripts/test.sh): {e}"));
+    conformance_and_status_work(&cluster.url()).await;
+}
