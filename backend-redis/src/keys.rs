@@ -2,7 +2,7 @@
 
 use distlock_api::LockKey;
 
-/// The Redis names behind one [`LockKey`] `K`: three fields, and the FIFO queue's two
+/// The Redis names behind one [`LockKey`] `K`: four fields, and the FIFO queue's two
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
 /// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot
@@ -12,9 +12,13 @@ use distlock_api::LockKey;
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{K}:fence`: the fencing counter, `INCR`ed on every single-node grant; never
-    /// expires. Redlock does not use it.
+    /// `{K}:fence`: the last fencing token of a single-node grant, kept for the lock's
+    /// TTL plus a margin after each grant (then the server clock takes over, see the
+    /// README's trust model). Redlock does not use it.
     pub fence: String,
+    /// `{K}:waiting`: set (with an expiry) by waiters that find the key held, so that
+    /// a release publishes a wake-up only when someone waits.
+    pub waiting: String,
     /// `{K}:released`: the pub/sub channel a release publishes on.
     pub channel: String,
 }
@@ -28,6 +32,7 @@ impl KeyNames {
         KeyNames {
             fence: [lock.as_str(), ":fence"].concat(),
             channel: [lock.as_str(), ":released"].concat(),
+            waiting: [lock.as_str(), ":waiting"].concat(),
             lock,
         }
     }
@@ -57,6 +62,7 @@ mod tests {
         assert_eq!(names.lock, "{orders/42}");
         assert_eq!(names.fence, "{orders/42}:fence");
         assert_eq!(names.channel, "{orders/42}:released");
+        assert_eq!(names.waiting, "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
         assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
     }

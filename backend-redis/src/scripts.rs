@@ -4,45 +4,87 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS = [lock, fence]` (fenced) or `[lock]` (Redlock, which keeps no counter),
-/// `ARGV = [token, ttl_ms]`.
+/// `KEYS = [lock, waiting, fence]` (fenced) or `[lock, waiting]` (Redlock, which keeps
+/// no counter), `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms]`.
 /// Returns `{1, fencing_token}` when granted (`{1, 0}` without a fence key), else
-/// `{0, pttl_ms}` of the holder (`-1` when the holder's key has no expiry).
+/// `{0, pttl_ms}` of the holder (`-1` when the holder's key has no expiry). A held key
+/// with `waiting_ms` other than `0` marks `{K}:waiting` for that long, so that a
+/// release knows to publish a wake-up.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
-        r"
+        &[
+            EFFECTS_REPLICATION,
+            NEXT_TOKEN,
+            r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if KEYS[2] then
-    return {1, redis.call('INCR', KEYS[2])}
+  if KEYS[3] then
+    return {1, next_token(KEYS[3], ARGV[4])}
   end
   return {1, 0}
 end
+if ARGV[3] ~= '0' then
+  redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+end
 return {0, redis.call('PTTL', KEYS[1])}
 ",
+        ]
+        .concat(),
     )
 });
 
-/// `KEYS = [lock, channel, queue, queue deadlines]`, `ARGV = [token]`.
-/// Returns 1 when released (and a wake-up is published), 2 when another owner holds
-/// the key, 0 when the key is gone. The wake-up names the head of the FIFO queue, so
-/// only that queued waiter wakes (empty when nobody is queued: every waiter wakes);
-/// expired entries are dropped first, so it never names a dead waiter.
+/// Defines `next_token(fence, keep_ms)`: the fencing token of a grant, and records it.
+///
+/// The token is `max(last + 1, server time in µs)`, where `last` is the previous token
+/// while `fence` still keeps it; `fence` then keeps the new token for `keep_ms` (the
+/// lock's TTL plus [`FENCE_MARGIN`]), so it leaves nothing behind. Once it is gone
+/// (expired, or lost in a restart without persistence) the clock alone orders the
+/// tokens: they keep rising unless the server's clock stepped back by more than the
+/// time since the last grant (at least the TTL plus the margin). Microseconds since
+/// 1970 stay below 2^53, so Lua's doubles hold them exactly; `%.0f` writes them without
+/// an exponent. A counter of the older `INCR` layout (small numbers) is simply overtaken.
+const NEXT_TOKEN: &str = r"
+local function next_token(fence, keep_ms)
+  local t = redis.call('TIME')
+  local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local last = tonumber(redis.call('GET', fence))
+  if last and last >= token then
+    token = last + 1
+  end
+  redis.call('SET', fence, string.format('%.0f', token), 'PX', keep_ms)
+  return token
+end
+";
+
+/// How long `{K}:fence` keeps a key's last token beyond the lock's TTL: within it any
+/// step back of the server's clock is harmless (see [`NEXT_TOKEN`]).
+pub(crate) const FENCE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// `KEYS = [lock, channel, queue, queue deadlines, waiting]`, `ARGV = [token]`.
+/// Returns 1 when released, 2 when another owner holds the key (or a key of another
+/// type is there), 0 when the key is gone. A wake-up is published only when someone
+/// waits (`{K}:waiting` marked by an unordered waiter, or a FIFO queue), so an
+/// uncontended release costs no `PUBLISH`. The wake-up names the head of the FIFO
+/// queue, so only that queued waiter wakes (empty when nobody is queued: every
+/// unordered waiter wakes); expired entries are dropped first, so it never names a
+/// dead waiter.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
             r"
-local holder = redis.call('GET', KEYS[1])
+local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-  if head then
+  if redis.call('EXISTS', KEYS[5], KEYS[3]) > 0 then
+    local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if head then
 ",
             PURGE_EXPIRED,
             r"
-    head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+      head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    end
+    redis.call('PUBLISH', KEYS[2], head or '')
   end
-  redis.call('PUBLISH', KEYS[2], head or '')
   return 1
 elseif holder then
   return 2
@@ -55,11 +97,12 @@ return 0
 });
 
 /// `KEYS = [lock]`, `ARGV = [token, ttl_ms]`.
-/// Returns 1 when extended, 2 when another owner holds the key, 0 when it is gone.
+/// Returns 1 when extended, 2 when another owner holds the key (or a key of another
+/// type is there), 0 when it is gone.
 pub(crate) static EXTEND: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local holder = redis.call('GET', KEYS[1])
+local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
@@ -71,17 +114,29 @@ return 0
     )
 });
 
-/// `KEYS = [lock, fence, queue deadlines]`. Returns `{owner or '', PTTL of the lock,
-/// counter or '', live FIFO queue entries}`: one consistent read of a key's state,
-/// for `inspect`.
+/// `KEYS = [lock, fence, queue deadlines]`. Returns `{type of the lock key ('none' when
+/// absent), its value ('' unless a string), PTTL of the lock, counter or '', live FIFO
+/// queue entries}`: one consistent read of a key's state, for `inspect`. A foreign
+/// holder may leave any value or type on the key: it is reported, never an error.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local owner = redis.call('GET', KEYS[1]) or ''
-local fence = redis.call('GET', KEYS[2]) or ''
-local t = redis.call('TIME')
-local now = t[1] * 1000 + math.floor(t[2] / 1000)
-return {owner, redis.call('PTTL', KEYS[1]), fence, redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')}
+local function string_at(key)
+  if redis.call('TYPE', key)['ok'] == 'string' then
+    return redis.call('GET', key)
+  end
+  return ''
+end
+local kind = redis.call('TYPE', KEYS[1])['ok']
+local owner = string_at(KEYS[1])
+local fence = string_at(KEYS[2])
+local queued = 0
+if redis.call('TYPE', KEYS[3])['ok'] == 'zset' then
+  local t = redis.call('TIME')
+  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  queued = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+end
+return {kind, owner, redis.call('PTTL', KEYS[1]), fence, queued}
 ",
     )
 });
@@ -108,10 +163,10 @@ end
 ";
 
 /// The FIFO acquire. `KEYS = [lock, fence, queue, queue deadlines, channel]`,
-/// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join]`.
+/// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join, fence_keep_ms]`.
 ///
-/// When nobody is queued it is the plain acquire (`SET NX PX`, `INCR`). Otherwise
-/// expired entries are dropped first. The lock is granted (`SET PX`, `INCR` the fence,
+/// When nobody is queued it is the plain acquire (`SET NX PX`, the next token). Otherwise
+/// expired entries are dropped first. The lock is granted (`SET PX`, the next token,
 /// and the waiter leaves the queue) when it is free and the queue is empty or headed
 /// by this waiter. Otherwise, with `join` = `1`, the waiter is queued at the tail (or
 /// keeps its place) and its entry's deadline is pushed to now + `entry_ttl_ms`; both
@@ -125,12 +180,13 @@ pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
+            NEXT_TOKEN,
             // Nobody queued (the queue key is deleted when it empties): the plain
             // acquire, without reading the clock.
             r"
 if redis.call('EXISTS', KEYS[3]) == 0 then
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, redis.call('INCR', KEYS[2])}
+    return {1, next_token(KEYS[2], ARGV[6])}
   end
   if ARGV[5] ~= '1' then
     return {0, redis.call('PTTL', KEYS[1]), -1, -1}
@@ -147,7 +203,7 @@ if free and (not head or head == ARGV[3]) then
     redis.call('ZREM', KEYS[3], head)
     redis.call('ZREM', KEYS[4], head)
   end
-  return {1, redis.call('INCR', KEYS[2])}
+  return {1, next_token(KEYS[2], ARGV[6])}
 end
 if ARGV[5] == '1' then
   if not redis.call('ZSCORE', KEYS[3], ARGV[3]) then
