@@ -147,6 +147,12 @@ impl RedisLock {
         self.inner.turns.len()
     }
 
+    /// How many of this client's waiters are lined up for `key` (a test hook).
+    #[doc(hidden)]
+    pub fn waiters_in_line(&self, key: &LockKey) -> usize {
+        self.inner.turns.in_line(&KeyNames::for_key(key).lock)
+    }
+
     /// Runs `op` on every node in parallel, each bounded by `limit` (Redlock) or by the
     /// connection's response timeout (one node).
     async fn on_all_nodes<'a, T, F, Fut>(
@@ -282,7 +288,10 @@ impl RedisLock {
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
         let mut failing: Option<(Instant, u32)> = None;
-        let (mut line, mut turn) = (None, None);
+        // Declared in this order so that the turn is dropped (passed on) before the
+        // place in the line is given up.
+        let mut line = None;
+        let mut turn = None;
         if self.inner.turns.busy(&names.lock) {
             // Others of this client already wait for the key (so it is held): line up
             // behind them without trying first, which would overtake them.

@@ -19,7 +19,14 @@ use tokio::time::Instant;
 /// waiter of this client is in its line.
 #[derive(Debug, Default)]
 pub(crate) struct Turns {
-    lines: Mutex<HashMap<String, Arc<FairMutex<()>>>>,
+    lines: Mutex<HashMap<String, Arc<Members>>>,
+}
+
+/// One key's line: every waiter in it holds the `Arc`, so its count is the line's
+/// length (plus the map's).
+#[derive(Debug, Default)]
+struct Members {
+    front: Arc<FairMutex<()>>,
 }
 
 /// A waiter's place in a key's line; dropping it leaves the line (and removes the
@@ -27,7 +34,7 @@ pub(crate) struct Turns {
 pub(crate) struct Line<'a> {
     turns: &'a Turns,
     key: &'a str,
-    front: Arc<FairMutex<()>>,
+    members: Arc<Members>,
 }
 
 /// The turn to retry on the server: held by the waiter at the front of the line and
@@ -35,7 +42,7 @@ pub(crate) struct Line<'a> {
 pub(crate) type Turn = OwnedMutexGuard<()>;
 
 impl Turns {
-    fn lines(&self) -> MutexGuard<'_, HashMap<String, Arc<FairMutex<()>>>> {
+    fn lines(&self) -> MutexGuard<'_, HashMap<String, Arc<Members>>> {
         self.lines.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -46,16 +53,19 @@ impl Turns {
 
     /// Joins the line for `key`.
     pub(crate) fn join<'a>(&'a self, key: &'a str) -> Line<'a> {
-        let front = self
-            .lines()
-            .entry(key.to_owned())
-            .or_insert_with(|| Arc::new(FairMutex::new(())))
-            .clone();
+        let members = self.lines().entry(key.to_owned()).or_default().clone();
         Line {
             turns: self,
             key,
-            front,
+            members,
         }
+    }
+
+    /// How many waiters are in `key`'s line, the front included.
+    pub(crate) fn in_line(&self, key: &str) -> usize {
+        self.lines()
+            .get(key)
+            .map_or(0, |members| Arc::strong_count(members) - 1)
     }
 
     /// Keys with a line (a test hook for leaks).
@@ -67,7 +77,7 @@ impl Turns {
 impl Line<'_> {
     /// Waits until this waiter is at the front, or `None` when `deadline` passes first.
     pub(crate) async fn turn(&self, deadline: Option<Instant>) -> Option<Turn> {
-        let waiting = self.front.clone().lock_owned();
+        let waiting = self.members.front.clone().lock_owned();
         match deadline {
             Some(deadline) => tokio::time::timeout_at(deadline, waiting).await.ok(),
             None => Some(waiting.await),
@@ -78,8 +88,9 @@ impl Line<'_> {
 impl Drop for Line<'_> {
     fn drop(&mut self) {
         let mut lines = self.turns.lines();
-        // The map's handle and ours only: nobody else is in the line or holds the turn.
-        if Arc::strong_count(&self.front) == 2 {
+        // The map's handle and ours only: nobody else is in the line. (The caller drops
+        // its turn before its place in the line.)
+        if Arc::strong_count(&self.members) == 2 {
             lines.remove(self.key);
         }
     }
@@ -101,6 +112,7 @@ mod tests {
         assert!(turns.busy("k"));
         let second = turns.join("k");
         let third = turns.join("k");
+        assert_eq!(turns.in_line("k"), 3);
         let far = Some(Instant::now() + Duration::from_secs(5));
         let (second_turn, third_turn) = (second.turn(far), third.turn(far));
         tokio::pin!(second_turn, third_turn);
