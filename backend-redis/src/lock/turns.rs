@@ -107,27 +107,24 @@ mod tests {
     #[tokio::test]
     async fn turns_pass_in_arrival_order_and_lines_clean_up() {
         let turns = Turns::default();
-        let first = turns.join("k");
-        let turn = first.turn(None).await.expect("no deadline");
-        assert!(turns.busy("k"));
-        let second = turns.join("k");
-        let third = turns.join("k");
-        assert_eq!(turns.in_line("k"), 3);
-        let far = Some(Instant::now() + Duration::from_secs(5));
-        let (second_turn, third_turn) = (second.turn(far), third.turn(far));
-        tokio::pin!(second_turn, third_turn);
-        // Both are queued in order; the front passes its turn on.
-        assert!(poll_immediate(second_turn.as_mut()).await.is_none());
-        assert!(poll_immediate(third_turn.as_mut()).await.is_none());
-        drop(turn);
-        drop(first);
-        assert!(poll_immediate(third_turn.as_mut()).await.is_none());
-        let turn = second_turn.await.expect("second's turn");
-        drop(turn);
-        drop(second);
-        let turn = third_turn.await.expect("third's turn");
-        drop(turn);
-        drop(third);
+        {
+            let (first, second, third) = (turns.join("k"), turns.join("k"), turns.join("k"));
+            assert!(turns.busy("k"));
+            assert_eq!(turns.in_line("k"), 3);
+            let turn = first.turn(None).await.expect("no deadline");
+            let far = Some(Instant::now() + Duration::from_secs(5));
+            let (second_turn, third_turn) = (second.turn(far), third.turn(far));
+            tokio::pin!(second_turn, third_turn);
+            // Both are queued in order; the front passes its turn on.
+            assert!(poll_immediate(second_turn.as_mut()).await.is_none());
+            assert!(poll_immediate(third_turn.as_mut()).await.is_none());
+            drop(turn);
+            assert!(poll_immediate(third_turn.as_mut()).await.is_none());
+            let turn = second_turn.await.expect("second's turn");
+            drop(turn);
+            let turn = third_turn.await.expect("third's turn");
+            drop(turn);
+        }
         assert!(!turns.busy("k"));
         assert_eq!(turns.len(), 0);
     }
