@@ -454,7 +454,7 @@ async fn hot_key(
             Err(e) => notes.push(format!("{name} failed on the hot key: {e}")),
         }
     }
-    shared_client_hot_key(config, run_id, &sides[0], report).await
+    shared_client_hot_key(config, run_id, sides[0].as_ref(), report).await
 }
 
 /// The hot key's row for distlock with every worker sharing one client, as tasks of one
