@@ -6,15 +6,18 @@ use distlock_api::LockKey;
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
 /// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot
-/// (except when `K` itself starts with `}`, which makes the tag empty).
+/// (except when `K` itself starts with `}`, which makes the tag empty). The hot-path
+/// scripts are passed only the lock (and fence) and derive the other names by these
+/// same suffixes: each key passed costs the server time on every call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{K}:fence`: the last fencing token of a single-node grant, kept for the lock's
-    /// TTL plus a margin after each grant (then the server clock takes over, see the
-    /// README's trust model). Redlock does not use it.
+    /// `{K}:fence`: the fencing counter of a single node, `INCR`ed by every grant;
+    /// seeded with the server's clock (µs) and expiring the TTL plus a margin after
+    /// that (then the clock seeds a new one, see the README's trust model). Redlock
+    /// does not use it.
     pub fence: String,
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held, so that
     /// a release publishes a wake-up only when someone waits.
@@ -65,5 +68,19 @@ mod tests {
         assert_eq!(names.waiting, "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
         assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
+    }
+
+    /// The scripts derive these names as `KEYS[1] .. suffix`.
+    #[test]
+    fn every_name_is_the_lock_name_and_a_suffix() {
+        let names = KeyNames::for_key(&LockKey::new("k").unwrap());
+        for (name, suffix) in [
+            (names.waiting.clone(), ":waiting"),
+            (names.channel.clone(), ":released"),
+            (names.queue(), ":queue"),
+            (names.queue_deadlines(), ":queue:deadlines"),
+        ] {
+            assert_eq!(name, [names.lock.as_str(), suffix].concat());
+        }
     }
 }

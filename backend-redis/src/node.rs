@@ -19,7 +19,7 @@ use crate::REDIS_BACKEND;
 /// What one node said to an acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeGrant {
-    /// Granted, with the node's fencing counter after `INCR` (`None` when unfenced).
+    /// Granted, with the grant's fencing token (`None` when unfenced).
     Granted(Option<FencingToken>),
     /// Held by another owner for at most this long (`None`: no expiry set).
     Held(Option<Duration>),
@@ -288,9 +288,9 @@ impl Node {
     ) -> Result<NodeGrant, LockError> {
         let script = &*crate::scripts::ACQUIRE;
         let keys: &[&str] = if fenced {
-            &[&names.lock, &names.waiting, &names.fence]
+            &[&names.lock, &names.fence]
         } else {
-            &[&names.lock, &names.waiting]
+            &[&names.lock]
         };
         let mut cmd = evalsha(script, keys);
         cmd.arg(&hex(owner)[..])
@@ -372,17 +372,7 @@ impl Node {
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
         let script = &*crate::scripts::RELEASE;
-        let (queue, deadlines) = (names.queue(), names.queue_deadlines());
-        let mut cmd = evalsha(
-            script,
-            &[
-                &names.lock,
-                &names.channel,
-                &queue,
-                &deadlines,
-                &names.waiting,
-            ],
-        );
+        let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]);
         let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {
@@ -493,7 +483,7 @@ pub(crate) fn hex(owner: OwnerToken) -> [u8; 32] {
     out
 }
 
-/// How long `{K}:fence` keeps a grant's token: the lock's TTL plus the margin.
+/// How long a `{K}:fence` counter seeded by a grant of `ttl` lives.
 fn fence_keep_millis(ttl: Duration) -> u64 {
     ttl_millis(ttl.saturating_add(crate::scripts::FENCE_MARGIN))
 }

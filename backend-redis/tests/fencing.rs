@@ -52,8 +52,8 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     }
 }
 
-/// The single node fences: tokens rise with every grant, and `{K}:fence` records the
-/// last one for the lock's TTL plus the margin only.
+/// The single node fences: tokens rise with every grant (the counter `{K}:fence`), and
+/// the counter lives for the TTL plus the margin after it was seeded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_node_tokens_rise_and_the_record_expires() {
     let h = common::start(1).await;
@@ -117,4 +117,6 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let fifth = lock.acquire(&k, &options()).await.unwrap();
     assert!(token(&fifth) > t3);
     fifth.release().await.unwrap();
+    let keep: i64 = raw.pttl(&names.fence).await.unwrap();
+    assert!(keep > 0, "the older counter was given an expiry: {keep}");
 }
