@@ -682,16 +682,13 @@ impl DistributedLock for RedisLock {
 /// odd value or key type included). Redlock reports no token (it keeps no counters) and
 /// no queue, and the shortest remaining lease among the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
-    let majority_owner = views
-        .iter()
-        .filter_map(|v| v.owner.as_ref())
-        .find(|owner| {
-            views
-                .iter()
-                .filter(|v| v.owner.as_ref() == Some(*owner))
-                .count()
-                >= quorum
-        });
+    let majority_owner = views.iter().filter_map(|v| v.owner.as_ref()).find(|owner| {
+        views
+            .iter()
+            .filter(|v| v.owner.as_ref() == Some(*owner))
+            .count()
+            >= quorum
+    });
     let token = |status: KeyStatus| match views {
         [view] if !redlock => status
             .with_fencing_token(view.fence)

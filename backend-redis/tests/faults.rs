@@ -387,7 +387,10 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) 
                 if let Some(late) = recorded.filter(|late| *late > first) {
                     break Some(late);
                 }
-                assert!(Instant::now() < deadline, "the paused attempt was never applied");
+                assert!(
+                    Instant::now() < deadline,
+                    "the paused attempt was never applied"
+                );
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
         }

@@ -72,7 +72,10 @@ async fn single_node_tokens_rise_and_the_record_expires() {
         assert_eq!(recorded, token);
         let keep: i64 = raw.pttl(&names.fence).await.unwrap();
         // TTL 10 s plus the 10 s margin.
-        assert!(keep > 10_000 && keep <= 20_000, "the record lives {keep} ms");
+        assert!(
+            keep > 10_000 && keep <= 20_000,
+            "the record lives {keep} ms"
+        );
         guard.release().await.unwrap();
     }
 }
@@ -103,7 +106,10 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
     let third = lock.acquire(&k, &options()).await.unwrap();
     let t3 = token(&third);
-    assert!(t3 > t2, "after the server forgot everything: {t3} after {t2}");
+    assert!(
+        t3 > t2,
+        "after the server forgot everything: {t3} after {t2}"
+    );
     third.release().await.unwrap();
     // A record ahead of the server's clock (the clock stepped back while the record
     // lived): the next token is one above it.

@@ -472,18 +472,13 @@ async fn fifo_locks_leave_no_residue() {
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     for k in &keys {
         let holder = fifo_client(&h.url(), entry_ttl).await;
-        let guard = holder
-            .acquire(k, &LockOptions::new(ttl))
-            .await
-            .unwrap();
+        let guard = holder.acquire(k, &LockOptions::new(ttl)).await.unwrap();
         let mut waits = Vec::new();
         for i in 0..3 {
             let lock = fifo_client(&h.url(), entry_ttl).await;
             let waited_key = k.clone();
             waits.push(tokio::spawn(async move {
-                let guard = lock
-                    .acquire(&waited_key, &LockOptions::new(ttl))
-                    .await?;
+                let guard = lock.acquire(&waited_key, &LockOptions::new(ttl)).await?;
                 guard.release().await
             }));
             until_queued(&observer, k, i + 1).await;

@@ -12,7 +12,8 @@ use distlock_redis::RedisLock;
 use tokio::time::Instant;
 
 fn options() -> LockOptions {
-    LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::Timeout(Duration::from_secs(20)))
+    LockOptions::new(Duration::from_secs(30))
+        .with_wait(WaitPolicy::Timeout(Duration::from_secs(20)))
 }
 
 /// `calls` of `command` in `INFO commandstats` (commands run by scripts included).
@@ -45,7 +46,12 @@ async fn an_uncontended_release_publishes_nothing() {
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     let k = LockKey::new("handoff/alone").unwrap();
     for _ in 0..20 {
-        lock.acquire(&k, &options()).await.unwrap().release().await.unwrap();
+        lock.acquire(&k, &options())
+            .await
+            .unwrap()
+            .release()
+            .await
+            .unwrap();
     }
     assert_eq!(calls(&mut raw, "publish").await, 0);
     // With a waiter, the release does publish, and the waiter is granted.
@@ -146,7 +152,10 @@ async fn a_release_wakes_only_the_next_waiter_of_the_client() {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let spent = calls(&mut raw, "evalsha").await - before;
-    assert!(spent <= 4, "{spent} scripts for one hand-off to {waiters} waiters");
+    assert!(
+        spent <= 4,
+        "{spent} scripts for one hand-off to {waiters} waiters"
+    );
     assert_eq!(granted, Some(0));
     for g in guards {
         g.abort();

@@ -15,8 +15,7 @@ async fn ended_locks_leave_nothing(nodes: usize) {
     let h = common::start(nodes).await;
     let lock = Arc::new(RedisLock::connect(&h.url()).await.unwrap());
     let ttl = Duration::from_secs(2);
-    let options =
-        LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
+    let options = LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
     // Many distinct keys, locked and released.
     for i in 0..300 {
         let k = LockKey::new(format!("residue/{i}")).unwrap();
@@ -32,7 +31,10 @@ async fn ended_locks_leave_nothing(nodes: usize) {
     });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
     while lock.waiters_in_line(&hot) == 0 {
-        assert!(tokio::time::Instant::now() < deadline, "the waiter never waited");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never waited"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     holder.release().await.unwrap();

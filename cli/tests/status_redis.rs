@@ -51,9 +51,21 @@ fn status(server: &RedisServer, key: &str) -> serde_json::Value {
 async fn foreign_holders_with_odd_values_read_as_held() {
     let server = server().await;
     let cases: [(&str, &[&str], bool); 5] = [
-        ("empty", &["SET", "{foreign/empty}", "", "NX", "PX", "30000"], true),
-        ("number", &["SET", "{foreign/number}", "42", "NX", "PX", "30000"], true),
-        ("forever", &["SET", "{foreign/forever}", "someone-else"], false),
+        (
+            "empty",
+            &["SET", "{foreign/empty}", "", "NX", "PX", "30000"],
+            true,
+        ),
+        (
+            "number",
+            &["SET", "{foreign/number}", "42", "NX", "PX", "30000"],
+            true,
+        ),
+        (
+            "forever",
+            &["SET", "{foreign/forever}", "someone-else"],
+            false,
+        ),
         ("hash", &["HSET", "{foreign/hash}", "owner", "x"], false),
         ("list", &["RPUSH", "{foreign/list}", "x"], false),
     ];
