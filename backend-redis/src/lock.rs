@@ -301,11 +301,14 @@ impl RedisLock {
         }
         // How long a held key stays marked as waited on after our attempt: past our
         // next retry (at most the backoff cap later), so a release in between publishes.
+        // Capped (an enormous cap would be an invalid expiry); a waiter napping longer
+        // than that is woken by its safety-net retry instead.
         let marker = options
             .backoff()
             .max()
             .saturating_mul(2)
-            .saturating_add(Duration::from_secs(1));
+            .saturating_add(Duration::from_secs(1))
+            .min(distlock_api::MAX_TTL);
         loop {
             if let (Some(line), None) = (&line, &turn) {
                 turn = Some(

@@ -161,3 +161,42 @@ async fn a_release_wakes_only_the_next_waiter_of_the_client() {
         g.abort();
     }
 }
+
+/// An enormous backoff cap must not make the waiter's mark an invalid expiry (the
+/// server would refuse it and the acquire fail): the waiter is woken and granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enormous_backoff_cap_still_waits_and_is_woken() {
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let k = LockKey::new("handoff/huge-backoff").unwrap();
+    let holder = lock.acquire(&k, &options()).await.unwrap();
+    let patient = options().with_backoff(distlock_api::Backoff::new(
+        Duration::from_millis(1),
+        Duration::MAX,
+    ));
+    let waiter = tokio::spawn({
+        let (lock, k) = (lock.clone(), k.clone());
+        async move { lock.acquire(&k, &patient).await?.release().await }
+    });
+    let names = distlock_redis::KeyNames::for_key(&k);
+    let mut raw = h.raw(0).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let marked: bool = redis::cmd("EXISTS")
+            .arg(&names.waiting)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if marked || waiter.is_finished() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the waiter never marked the key");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    holder.release().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter was woken")
+        .unwrap()
+        .unwrap();
+}
