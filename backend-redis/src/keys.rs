@@ -2,7 +2,7 @@
 
 use distlock_api::LockKey;
 
-/// The Redis names behind one [`LockKey`] `K`: three fields, and the FIFO queue's two
+/// The Redis names behind one [`LockKey`] `K`: four fields, and the FIFO queue's two
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
 /// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot.
@@ -10,14 +10,22 @@ use distlock_api::LockKey;
 /// name, scattering them over slots), so such a key's names start with
 /// `{\0<K without '}'>}` instead, followed by `K}`: a tag that is never empty, and a
 /// prefix no other key's names have (keys contain no NUL).
+///
+/// The hot-path scripts are passed only the lock (and fence) and derive the other names
+/// by these same suffixes: each key passed costs the server time on every call.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{K}:fence`: the fencing counter, `INCR`ed on every single-node grant; never
-    /// expires. Redlock does not use it.
+    /// `{K}:fence`: the fencing counter of a single node, `INCR`ed by every grant;
+    /// seeded with the server's clock (µs) and expiring the TTL plus a margin after
+    /// that (then the clock seeds a new one, see the README's trust model). Redlock
+    /// does not use it.
     pub fence: String,
+    /// `{K}:waiting`: set (with an expiry) by waiters that find the key held, so that
+    /// a release publishes a wake-up only when someone waits.
+    pub waiting: String,
     /// `{K}:released`: the pub/sub channel a release publishes on.
     pub channel: String,
 }
@@ -36,6 +44,7 @@ impl KeyNames {
         KeyNames {
             fence: [lock.as_str(), ":fence"].concat(),
             channel: [lock.as_str(), ":released"].concat(),
+            waiting: [lock.as_str(), ":waiting"].concat(),
             lock,
         }
     }
@@ -65,6 +74,7 @@ mod tests {
         assert_eq!(names.lock, "{orders/42}");
         assert_eq!(names.fence, "{orders/42}:fence");
         assert_eq!(names.channel, "{orders/42}:released");
+        assert_eq!(names.waiting, "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
         assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
     }
@@ -90,6 +100,7 @@ mod tests {
             for other in [
                 &names.fence,
                 &names.channel,
+                &names.waiting,
                 &names.queue(),
                 &names.queue_deadlines(),
             ] {
@@ -103,5 +114,19 @@ mod tests {
             KeyNames::for_key(&LockKey::new("{}x").unwrap()).lock,
             escaped
         );
+    }
+
+    /// The scripts derive these names as `KEYS[1] .. suffix`.
+    #[test]
+    fn every_name_is_the_lock_name_and_a_suffix() {
+        let names = KeyNames::for_key(&LockKey::new("k").unwrap());
+        for (name, suffix) in [
+            (names.waiting.clone(), ":waiting"),
+            (names.channel.clone(), ":released"),
+            (names.queue(), ":queue"),
+            (names.queue_deadlines(), ":queue:deadlines"),
+        ] {
+            assert_eq!(name, [names.lock.as_str(), suffix].concat());
+        }
     }
 }

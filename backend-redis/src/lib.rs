@@ -21,12 +21,15 @@
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
 //! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
-//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token
-//!   (Redlock skips the counter and hands out no token); when the key is held
-//!   it returns the holder's `PTTL` instead, the longest a waiter has to wait;
-//! - **release** is an owner-checked `DEL` in Lua that also `PUBLISH`es on
-//!   `{K}:released`; **extend** is an owner-checked `PEXPIRE` in Lua. Both tell
-//!   "gone" apart from "held by another owner".
+//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token (a
+//!   fresh counter is seeded with the server's clock in µs and expires the TTL + 10 s
+//!   later; Redlock skips the counter and hands out no token); when the key is held
+//!   it returns the holder's `PTTL` instead, the longest a waiter has to wait, and a
+//!   waiter listening for wake-ups marks the key `{K}:waiting` (with an expiry);
+//! - **release** is an owner-checked `DEL` in Lua that `PUBLISH`es on `{K}:released`
+//!   only when the key is marked waited on (or has a FIFO queue); **extend** is an
+//!   owner-checked `PEXPIRE` in Lua. Both tell "gone" apart from "held by another
+//!   owner".
 //!
 //! The owner token is 32 lowercase hex digits (128 random bits). The stored value is the
 //! bare token with a `PX` expiry, the layout redis-py's `Lock`, redsync and rslock use:
@@ -105,10 +108,11 @@
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
-//! - Fencing: the `{K}:fence` counter. It survives a restart only with AOF persistence
-//!   (`appendfsync always`); without persistence a restarted server hands out smaller
-//!   tokens *and* forgets held locks. Failover to an asynchronous replica can grant a
-//!   lock twice.
+//! - Fencing: the `{K}:fence` counter, seeded from the server's clock whenever it is
+//!   gone (expired, or forgotten by a restart without persistence), so tokens keep
+//!   rising unless the server's clock steps back (the README's "Fencing tokens on
+//!   Redis" states how far is tolerated). A restart without persistence still forgets
+//!   held locks. Failover to an asynchronous replica can grant a lock twice.
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node

@@ -18,10 +18,13 @@ use tokio::time::{timeout, Instant};
 use crate::config::{parse_url, RedisConfig, Topology};
 use crate::keys::KeyNames;
 use crate::membership::at_node;
-use crate::node::{Node, NodeGrant, NodeView};
+use crate::node::{Holder, Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
 mod queue;
+mod turns;
+
+use turns::Turns;
 
 /// Why Redlock offers no FIFO waiting.
 const REDLOCK_NOT_FIFO: &str = "Redlock's nodes would each order the waiters themselves: waiters arriving together can head the queues of different nodes, so none heads a majority and nobody is granted; FIFO needs one ordering point (use a single node, Postgres or ZooKeeper)";
@@ -50,6 +53,8 @@ pub struct RedisLock {
 struct Inner {
     nodes: Vec<Node>,
     config: RedisConfig,
+    /// This client's waiters, lined up per key.
+    turns: Turns,
 }
 
 /// One acquire attempt's result, when it did not fail.
@@ -96,7 +101,11 @@ impl RedisLock {
         }
         let nodes = crate::topology::connect(url, config.request_timeout).await?;
         Ok(RedisLock {
-            inner: Arc::new(Inner { nodes, config }),
+            inner: Arc::new(Inner {
+                nodes,
+                config,
+                turns: Turns::default(),
+            }),
         })
     }
 
@@ -140,6 +149,18 @@ impl RedisLock {
     #[doc(hidden)]
     pub fn tracked_wakeup_channels(&self) -> usize {
         self.inner.nodes.iter().map(Node::tracked_channels).sum()
+    }
+
+    /// Keys this client's waiters are lined up for (a test hook for leaks).
+    #[doc(hidden)]
+    pub fn tracked_waiter_lines(&self) -> usize {
+        self.inner.turns.len()
+    }
+
+    /// How many of this client's waiters are lined up for `key` (a test hook).
+    #[doc(hidden)]
+    pub fn waiters_in_line(&self, key: &LockKey) -> usize {
+        self.inner.turns.in_line(&KeyNames::for_key(key).lock)
     }
 
     /// Runs `op` on every node in parallel, each bounded by `limit` (Redlock) or by the
@@ -262,6 +283,9 @@ impl RedisLock {
     /// The acquire loop: attempts, then waits for a wake-up or a safety-net poll, until
     /// granted or `deadline` passes. Sets `held_seen` once any attempt finds the key held,
     /// so a caller cutting this short knows whether "held by another owner" is known.
+    ///
+    /// Once the key is found held, the waiter lines up behind this client's other
+    /// waiters for the key (see [`turns`]) and retries only at the front of the line.
     async fn wait_for(
         &self,
         key: &LockKey,
@@ -274,7 +298,35 @@ impl RedisLock {
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
         let mut failing: Option<(Instant, u32)> = None;
+        // Declared in this order so that the turn is dropped (passed on) before the
+        // place in the line is given up.
+        let mut line = None;
+        let mut turn = None;
+        if self.inner.turns.busy(&names.lock) {
+            // Others of this client already wait for the key (so it is held): line up
+            // behind them without trying first, which would overtake them.
+            report.saw_held();
+            tickets = self.watch_all(&names).await;
+            line = Some(self.inner.turns.join(&names.lock));
+        }
+        // How long a held key stays marked as waited on after our attempt: past our
+        // next retry (at most the backoff cap later), so a release in between publishes.
+        // Capped (an enormous cap would be an invalid expiry); a waiter napping longer
+        // than that is woken by its safety-net retry instead.
+        let marker = options
+            .backoff()
+            .max()
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
+            .min(distlock_api::MAX_TTL);
         loop {
+            if let (Some(line), None) = (&line, &turn) {
+                turn = Some(
+                    line.turn(deadline)
+                        .await
+                        .ok_or_else(|| self.out_of_wait(key, started, report.held_seen()))?,
+                );
+            }
             // Register for wake-ups before the attempt, so a release in between counts.
             let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
                 .iter()
@@ -285,7 +337,11 @@ impl RedisLock {
             for w in &mut woken {
                 w.as_mut().enable();
             }
-            let held_for = match self.attempt(key, &names, options).await {
+            let subscribed = !tickets.is_empty() && tickets.iter().all(|(_, ok)| *ok);
+            let held_for = match self
+                .attempt(key, &names, options, subscribed.then_some(marker))
+                .await
+            {
                 Ok(Attempt::Granted(guard)) => return Ok(guard),
                 Ok(Attempt::Held(held_for)) => {
                     failing = None;
@@ -303,12 +359,14 @@ impl RedisLock {
                 return Err(self.out_of_wait(key, started, report.held_seen()));
             }
             if tickets.is_empty() {
-                // First contention: subscribe on every node, then retry at once.
+                // First contention: subscribe on every node, line up, then retry at once
+                // (at the front of the line).
                 drop(woken);
-                tickets = join_all(self.inner.nodes.iter().map(|n| n.watch(&names, None))).await;
+                tickets = self.watch_all(&names).await;
+                line = Some(self.inner.turns.join(&names.lock));
                 continue;
             }
-            let subscribed = tickets.iter().all(|(_, ok)| *ok) && failing.is_none();
+            let subscribed = subscribed && failing.is_none();
             // A safety-net poll even when subscribed: foreign holders do not publish.
             let poll = if subscribed {
                 // Jittered, so many waiters' safety-net polls do not come in lockstep.
@@ -330,11 +388,19 @@ impl RedisLock {
         }
     }
 
+    /// Subscribes to `names`' wake-ups on every node.
+    async fn watch_all(&self, names: &KeyNames) -> Vec<(crate::wakeups::WakeTicket, bool)> {
+        join_all(self.inner.nodes.iter().map(|n| n.watch(names, None))).await
+    }
+
+    /// One attempt on every node. `waiting`: how long a held key stays marked as waited
+    /// on (`None` unless the caller listens for wake-ups).
     async fn attempt(
         &self,
         key: &LockKey,
         names: &KeyNames,
         options: &LockOptions,
+        waiting: Option<Duration>,
     ) -> Result<Attempt, LockError> {
         let (owner, ttl) = (OwnerToken::random(), options.ttl());
         let started = Instant::now();
@@ -348,7 +414,7 @@ impl RedisLock {
         };
         let results = self
             .on_all_nodes(self.node_timeout(ttl), |node| {
-                node.try_grant(names, owner, ttl, !self.is_redlock())
+                node.try_grant(names, owner, ttl, !self.is_redlock(), waiting)
             })
             .await;
         let (mut granted, mut fence, mut held_for, mut errors) =
@@ -502,7 +568,10 @@ impl DistributedLock for RedisLock {
         if self.queued(options)? {
             return self.try_ahead_of_queue(key, options).await;
         }
-        match self.attempt(key, &KeyNames::for_key(key), options).await? {
+        match self
+            .attempt(key, &KeyNames::for_key(key), options, None)
+            .await?
+        {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Held(_) => Ok(None),
         }
@@ -622,20 +691,17 @@ impl DistributedLock for RedisLock {
     }
 }
 
-/// What the nodes' views say: held when a majority store one owner. Redlock reports no
-/// token (it keeps no counters) and no queue, and the shortest remaining lease among
-/// the majority's nodes.
+/// What the nodes' views say: held when a majority store one owner (a foreign holder's
+/// odd value or key type included). Redlock reports no token (it keeps no counters) and
+/// no queue, and the shortest remaining lease among the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
-    let majority_owner = views
-        .iter()
-        .filter_map(|v| v.owner.as_deref())
-        .find(|owner| {
-            views
-                .iter()
-                .filter(|v| v.owner.as_deref() == Some(*owner))
-                .count()
-                >= quorum
-        });
+    let majority_owner = views.iter().filter_map(|v| v.owner.as_ref()).find(|owner| {
+        views
+            .iter()
+            .filter(|v| v.owner.as_ref() == Some(*owner))
+            .count()
+            >= quorum
+    });
     let token = |status: KeyStatus| match views {
         [view] if !redlock => status
             .with_fencing_token(view.fence)
@@ -648,14 +714,33 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     };
     let remaining = views
         .iter()
-        .filter(|v| v.owner.as_deref() == Some(owner))
+        .filter(|v| v.owner.as_ref() == Some(owner))
         .filter_map(|v| v.remaining)
         .min();
-    // The owner token authorises release: show only enough to tell holders apart.
-    let short: String = owner.chars().take(8).collect();
     token(
         KeyStatus::held()
             .with_remaining(remaining)
-            .with_holder(Some(format!("owner token {short}…"))),
+            .with_holder(Some(describe(owner))),
     )
+}
+
+/// A holder, for `status`: an owner token authorises release, so only enough of a
+/// value to tell holders apart is shown.
+fn describe(holder: &Holder) -> String {
+    match holder {
+        Holder::Value(value) if value.is_empty() => {
+            "an empty value (not a distlock owner token: another program holds it)".to_owned()
+        }
+        Holder::Value(value) => {
+            let short: String = value.chars().take(8).collect();
+            if short.len() < value.len() {
+                format!("owner token {short}…")
+            } else {
+                format!("value {short:?} (not a distlock owner token)")
+            }
+        }
+        Holder::OtherType(kind) => {
+            format!("a key of type {kind} (not a lock value: another program holds it)")
+        }
+    }
 }

@@ -20,7 +20,7 @@ use crate::REDIS_BACKEND;
 /// What one node said to an acquire attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeGrant {
-    /// Granted, with the node's fencing counter after `INCR` (`None` when unfenced).
+    /// Granted, with the grant's fencing token (`None` when unfenced).
     Granted(Option<FencingToken>),
     /// Held by another owner for at most this long (`None`: no expiry set).
     Held(Option<Duration>),
@@ -46,14 +46,25 @@ pub(crate) enum QueueGrant {
 /// One node's view of a key, read atomically.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct NodeView {
-    /// The stored owner token, if the key is held.
-    pub(crate) owner: Option<String>,
+    /// What the key holds, if it exists.
+    pub(crate) owner: Option<Holder>,
     /// The lock's remaining `PX`, if held with an expiry.
     pub(crate) remaining: Option<Duration>,
     /// The key's fencing counter: the last token this node handed out.
     pub(crate) fence: Option<FencingToken>,
     /// Live entries in the key's FIFO queue.
     pub(crate) queued: usize,
+}
+
+/// What a held lock key contains.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Holder {
+    /// A string: our owner token, or whatever value a foreign library stored (which
+    /// may be empty or a number).
+    Value(String),
+    /// A key of another type (`hash`, `list`, …), which no lock library writes but
+    /// which keeps the key from being locked all the same.
+    OtherType(String),
 }
 
 /// One Redis server: its connection, or, for a Redlock node that did not answer at
@@ -328,13 +339,16 @@ impl Node {
         }
     }
 
-    /// Runs the acquire script; `fenced` also counts the grant on `{K}:fence`.
+    /// Runs the acquire script; `fenced` also hands out the next fencing token on
+    /// `{K}:fence`. `waiting`: how long a held key stays marked as waited on (`None`
+    /// for an attempt of nobody subscribed to the wake-ups).
     pub(crate) async fn try_grant(
         &self,
         names: &KeyNames,
         owner: OwnerToken,
         ttl: Duration,
         fenced: bool,
+        waiting: Option<Duration>,
     ) -> Result<NodeGrant, LockError> {
         let script = &*crate::scripts::ACQUIRE;
         let keys: &[&str] = if fenced {
@@ -343,7 +357,10 @@ impl Node {
             &[&names.lock]
         };
         let mut cmd = evalsha(script, keys);
-        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
+        cmd.arg(&hex(owner)[..])
+            .arg(ttl_millis(ttl))
+            .arg(waiting.map_or(0, ttl_millis))
+            .arg(fence_keep_millis(ttl));
         let (granted, value): (i64, i64) = self.run(script, &cmd).await?;
         Ok(match granted {
             1 => NodeGrant::Granted(fenced.then(|| FencingToken::new(value.max(0) as u64))),
@@ -378,7 +395,8 @@ impl Node {
             .arg(ttl_millis(ttl))
             .arg(waiter)
             .arg(ttl_millis(entry_ttl))
-            .arg(if join { "1" } else { "0" });
+            .arg(if join { "1" } else { "0" })
+            .arg(fence_keep_millis(ttl));
         let answer: Vec<i64> = self.run(script, &cmd).await?;
         let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
         Ok(match answer.as_slice() {
@@ -418,8 +436,7 @@ impl Node {
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
         let script = &*crate::scripts::RELEASE;
-        let (queue, deadlines) = (names.queue(), names.queue_deadlines());
-        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue, &deadlines]);
+        let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]);
         let found: i64 = self.run(script, &cmd).await?;
         Ok(match found {
@@ -449,17 +466,24 @@ impl Node {
         })
     }
 
-    /// Reads the lock and its counter without changing them.
+    /// Reads the lock and its counter without changing them. Whatever a foreign holder
+    /// left on the key (an empty or odd value, no expiry, another type) reads as held.
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<NodeView, LockError> {
-        let (owner, pttl, fence, queued): (String, i64, String, i64) = crate::scripts::INSPECT
-            .key(&names.lock)
-            .key(&names.fence)
-            .key(names.queue_deadlines())
-            .invoke_async(&mut self.conn()?)
-            .await
-            .map_err(|e| lock_error(&self.address, e))?;
+        let (kind, value, pttl, fence, queued): (String, String, i64, String, i64) =
+            crate::scripts::INSPECT
+                .key(&names.lock)
+                .key(&names.fence)
+                .key(names.queue_deadlines())
+                .invoke_async(&mut self.conn()?)
+                .await
+                .map_err(|e| lock_error(&self.address, e))?;
+        let owner = match kind.as_str() {
+            "none" => None,
+            "string" => Some(Holder::Value(value)),
+            _ => Some(Holder::OtherType(kind)),
+        };
         Ok(NodeView {
-            owner: Some(owner).filter(|o| !o.is_empty()),
+            owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
             fence: fence.parse().ok().map(FencingToken::new),
             queued: usize::try_from(queued).unwrap_or(0),
@@ -521,6 +545,11 @@ pub(crate) fn hex(owner: OwnerToken) -> [u8; 32] {
         *digit = DIGITS[((bits >> (124 - 4 * i)) & 0xf) as usize];
     }
     out
+}
+
+/// How long a `{K}:fence` counter seeded by a grant of `ttl` lives.
+fn fence_keep_millis(ttl: Duration) -> u64 {
+    ttl_millis(ttl.saturating_add(crate::scripts::FENCE_MARGIN))
 }
 
 /// Milliseconds for `PX`/`PEXPIRE`; TTLs are validated to at least 10 ms, so nothing

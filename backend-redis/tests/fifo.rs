@@ -47,21 +47,6 @@ async fn until_queued(observer: &RedisLock, key: &LockKey, count: usize) {
     }
 }
 
-/// Polls until the server holds no key but the fencing counters of `keys` (which are
-/// kept for ever, see the README's key layout).
-async fn until_only_fence_counters(raw: &mut redis::aio::MultiplexedConnection, keys: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let all: Vec<String> = redis::cmd("KEYS").arg("*").query_async(raw).await.unwrap();
-        let size: usize = redis::cmd("DBSIZE").query_async(raw).await.unwrap();
-        if size == keys && all.iter().all(|k| k.ends_with(":fence")) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "keys left behind: {all:?}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// How many scripts the server has run.
 async fn script_calls(raw: &mut redis::aio::MultiplexedConnection) -> u64 {
     let info: String = redis::cmd("INFO")
@@ -481,22 +466,19 @@ async fn fifo_locks_leave_no_residue() {
     let h = common::start(1).await;
     let entry_ttl = Duration::from_millis(600);
     let mut raw = h.raw(0).await;
+    // Short leases: the fencing record outlives a grant by its TTL plus a margin.
+    let ttl = Duration::from_secs(3);
     let keys: Vec<LockKey> = (0..3).map(|i| key(&format!("residue/{i}"))).collect();
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     for k in &keys {
         let holder = fifo_client(&h.url(), entry_ttl).await;
-        let guard = holder
-            .acquire(k, &LockOptions::new(LONG_TTL))
-            .await
-            .unwrap();
+        let guard = holder.acquire(k, &LockOptions::new(ttl)).await.unwrap();
         let mut waits = Vec::new();
         for i in 0..3 {
             let lock = fifo_client(&h.url(), entry_ttl).await;
             let waited_key = k.clone();
             waits.push(tokio::spawn(async move {
-                let guard = lock
-                    .acquire(&waited_key, &LockOptions::new(LONG_TTL))
-                    .await?;
+                let guard = lock.acquire(&waited_key, &LockOptions::new(ttl)).await?;
                 guard.release().await
             }));
             until_queued(&observer, k, i + 1).await;
@@ -513,7 +495,7 @@ async fn fifo_locks_leave_no_residue() {
         };
         let doomed_wait = tokio::spawn({
             let k = k.clone();
-            async move { doomed.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+            async move { doomed.acquire(&k, &LockOptions::new(ttl)).await }
         });
         until_queued(&observer, k, 4).await;
         proxies.iter().for_each(|p| p.cut());
@@ -527,7 +509,7 @@ async fn fifo_locks_leave_no_residue() {
         }
         doomed_wait.abort();
     }
-    until_only_fence_counters(&mut raw, keys.len()).await;
+    common::until_nothing_left(&mut raw, ttl).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

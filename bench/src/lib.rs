@@ -468,5 +468,38 @@ async fn hot_key(
             Err(e) => notes.push(format!("{name} failed on the hot key: {e}")),
         }
     }
+    shared_client_hot_key(config, run_id, sides[0].as_ref(), report).await
+}
+
+/// The hot key's row for distlock with every worker sharing one client, as tasks of one
+/// service do (the README's advice): hand-off inside the client, beside the row where
+/// each worker has its own.
+async fn shared_client_hot_key(
+    config: &BenchConfig,
+    run_id: &str,
+    ours: &dyn Side,
+    report: &mut BackendReport,
+) -> Result<(), BenchError> {
+    let mut contenders = Vec::with_capacity(config.hot_workers);
+    for worker in 0..config.hot_workers {
+        contenders.push(
+            ours.contender(worker)
+                .await
+                .map_err(|e| BenchError::run("distlock, hot key, one client", e))?,
+        );
+    }
+    let hot = measure::hot_key(
+        contenders,
+        &format!("{run_id}/hot-shared"),
+        config.handoffs,
+        config.hot_limit,
+        config.think,
+    )
+    .await
+    .map_err(|e| BenchError::run("distlock, hot key, one client", e))?;
+    report.add_handoff(OURS_SHARED, hot);
     Ok(())
 }
+
+/// The hot-key row of distlock with one client shared by every worker.
+pub const OURS_SHARED: &str = "distlock, one client";

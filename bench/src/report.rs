@@ -395,8 +395,10 @@ impl fmt::Display for BackendReport {
 
         writeln!(
             f,
-            "\n### Hot key ({} workers on one key, each its own client, pausing {} ms after each release; hand-off = holder's release starting → another worker granted; wait = acquire called → granted; ms)\n",
-            self.hot_workers, self.think_ms
+            "\n### Hot key ({} workers on one key, each its own client (`{}`: all sharing one), pausing {} ms after each release; hand-off = holder's release starting → another worker granted; wait = acquire called → granted; ms)\n",
+            self.hot_workers,
+            crate::OURS_SHARED,
+            self.think_ms
         )?;
         writeln!(
             f,

@@ -66,6 +66,7 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
     // The hot key: distlock and rslock wait for a held key (distributed-lock 0.2 does not).
     line("| distlock | ");
     line("| distlock fifo | ");
+    line("| distlock, one client | ");
     line("| rslock | ");
     assert!(table.contains("### Cost of holding"), "{table}");
     line("| 100 | ");

@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
@@ -168,5 +169,30 @@ pub async fn wait_for_replica(conn: &mut redis::aio::MultiplexedConnection) {
             started.elapsed() < std::time::Duration::from_secs(10),
             "no replica acknowledged the writes within 10 s"
         );
+    }
+}
+
+/// Polls until the server holds no key at all, allowing the fencing record's life
+/// after a grant of `ttl` (the TTL plus the margin) and some slack.
+pub async fn until_nothing_left(raw: &mut redis::aio::MultiplexedConnection, ttl: Duration) {
+    let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(10 + 15);
+    loop {
+        let size: usize = redis::cmd("DBSIZE").query_async(raw).await.unwrap();
+        if size == 0 {
+            return;
+        }
+        let some: Vec<String> = redis::cmd("SCAN")
+            .arg(0)
+            .arg("COUNT")
+            .arg(50)
+            .query_async::<(u64, Vec<String>)>(raw)
+            .await
+            .unwrap()
+            .1;
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{size} keys left behind, among them {some:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
