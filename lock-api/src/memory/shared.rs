@@ -288,3 +288,68 @@ pub(super) fn attempt(
 pub(super) fn monitor(lease: &Lease) -> LeaseMonitor {
     LeaseMonitor::held_until(lease.acquired_at() + lease.ttl())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions};
+    use crate::{MemoryLock, RwMode, WaitPolicy};
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_permit_frees_and_resets_the_count() {
+        let semaphore = MemoryLock::new().semaphore();
+        let key = LockKey::new("k").unwrap();
+        let short = LockOptions::new(Duration::from_secs(1)).with_wait(WaitPolicy::NoWait);
+        let held = semaphore.try_acquire(&key, 1, &short).await.unwrap();
+        assert!(held.is_some());
+        assert!(semaphore
+            .try_acquire(&key, 1, &short)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(matches!(
+            semaphore.try_acquire(&key, 2, &short).await,
+            Err(LockError::PermitMismatch { .. })
+        ));
+        // Neither released nor renewed: the permit expires, and with it the count.
+        std::mem::forget(held);
+        tokio::time::sleep(Duration::from_millis(1001)).await;
+        let again = semaphore.try_acquire(&key, 2, &short).await.unwrap();
+        assert!(again.is_some(), "the expired permit was not freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_writer_holds_new_readers_back_until_it_gives_up() {
+        let rw = MemoryLock::new().rw_lock();
+        let key = LockKey::new("k").unwrap();
+        let options = LockOptions::new(Duration::from_secs(60));
+        let reader = rw.acquire(&key, RwMode::Read, &options).await.unwrap();
+        let waiting = options
+            .clone()
+            .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+        let writer = {
+            let (rw, key) = (rw.clone(), key.clone());
+            tokio::spawn(async move { rw.acquire(&key, RwMode::Write, &waiting).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let no_wait = options.clone().with_wait(WaitPolicy::NoWait);
+        assert!(
+            rw.try_acquire(&key, RwMode::Read, &no_wait)
+                .await
+                .unwrap()
+                .is_none(),
+            "a reader got in ahead of a waiting writer"
+        );
+        assert!(matches!(
+            writer.await.unwrap(),
+            Err(LockError::Timeout { .. })
+        ));
+        let late = rw.try_acquire(&key, RwMode::Read, &no_wait).await.unwrap();
+        assert!(
+            late.is_some(),
+            "a writer that gave up still holds readers back"
+        );
+        drop(reader);
+    }
+}
