@@ -98,7 +98,7 @@ impl DistributedRwLock for MemoryRwLock {
         // A writer that finds the key free needs no intent; one that waits holds new
         // readers back until it is granted or this future is dropped.
         if mode == RwMode::Write {
-            if let Some(guard) = self.attempt(key, mode, options)?.ok() {
+            if let Ok(guard) = self.attempt(key, mode, options)? {
                 return Ok(guard);
             }
         }
