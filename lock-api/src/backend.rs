@@ -101,6 +101,10 @@ pub trait NewLease {
     /// `fencing_token` is `Some` exactly when the backend reports
     /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
     /// cannot promise ordered tokens passes `None` rather than a best-effort number.
+    /// That rule is the mutex's; a semaphore permit or a read or write grant carries a
+    /// token only where the backend documents one (see
+    /// [`DistributedSemaphore`](crate::DistributedSemaphore) and
+    /// [`DistributedRwLock`](crate::DistributedRwLock) for what it means there).
     fn new(
         key: LockKey,
         owner: OwnerToken,

@@ -45,7 +45,8 @@ impl RwMode {
 /// leave. Readers waiting behind a writer are granted together after it. A writer that
 /// gives up (timeout, dropped future) stops holding readers back at once.
 ///
-/// **Fencing tokens.** Where the backend gives them, every grant's token, read or
+/// **Fencing tokens.** Where the backend gives them (its docs say; the memory backend
+/// does, the file backend does not), every grant's token, read or
 /// write, is above every earlier grant's on the key. A resource that records the highest
 /// token it has seen can so refuse a writer whose lease ran out before a later reader or
 /// writer was granted. Readers' tokens do not fence each other (readers do not write).

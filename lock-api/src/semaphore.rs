@@ -41,11 +41,14 @@ pub fn check_permits(max_permits: u32) -> Result<(), OptionsError> {
 /// **The permit count is part of the key's identity.** Every holder and waiter of a key
 /// must ask for the same `max_permits`; one that asks for another count while the key
 /// is in use gets [`LockError::PermitMismatch`], never a grant that would over-admit.
-/// Once nobody holds or waits on the key, the next caller's count becomes the key's.
+/// Once nobody holds a permit of the key, the next caller's count becomes the key's
+/// (waiters do not pin it: a waiter whose count no longer matches gets the error at its
+/// next attempt).
 ///
-/// **Fencing tokens.** Where the backend gives them
-/// ([`Capabilities::fencing`](crate::Capabilities::fencing) alone does not say: see the
-/// backend's docs), a permit's token is above every earlier permit grant's on the key.
+/// **Fencing tokens.** Where the backend gives them (its docs say; the memory backend
+/// does, the file backend does not, whatever
+/// [`Capabilities::fencing`](crate::Capabilities::fencing) says of its mutex), a
+/// permit's token is above every earlier permit grant's on the key.
 /// Several permits are valid at once, so a resource cannot refuse "everything below the
 /// highest token seen" as it does for a mutex: the token identifies and orders grants,
 /// nothing more.
