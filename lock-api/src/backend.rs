@@ -103,8 +103,8 @@ pub trait NewLease {
     /// cannot promise ordered tokens passes `None` rather than a best-effort number.
     /// That rule is the mutex's; a semaphore permit or a read or write grant carries a
     /// token only where the backend documents one (see
-    /// [`DistributedSemaphore`](crate::DistributedSemaphore) and
-    /// [`DistributedRwLock`](crate::DistributedRwLock) for what it means there).
+    /// [`DistributedSemaphore`] and
+    /// [`DistributedRwLock`] for what it means there).
     fn new(
         key: LockKey,
         owner: OwnerToken,
