@@ -57,7 +57,9 @@
 //! the same directory: permits as slot files with the count recorded beside them
 //! ([`FileSemaphore`]), and shared and exclusive `flock`s with a writer gate for writer
 //! preference ([`FileRwLock`]). Their grants carry no fencing token, and their waiters
-//! poll at the options' backoff rather than block in the kernel.
+//! poll at the options' backoff rather than block in the kernel. Their files, too, must
+//! not be deleted while in use: release and extend do not check that the locked files
+//! are still the ones at their paths, as the mutex's do.
 
 mod config;
 mod error;

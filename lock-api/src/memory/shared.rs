@@ -352,4 +352,39 @@ mod tests {
         );
         drop(reader);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_renew_release_and_extend_like_mutex_guards() {
+        use crate::{AutoRenew, ExtendOutcome, LeaseState, ReleaseOutcome};
+        let semaphore = MemoryLock::new().semaphore();
+        let key = LockKey::new("k").unwrap();
+        let ttl = Duration::from_millis(300);
+        let renewed = LockOptions::new(ttl).with_auto_renew(AutoRenew::new());
+        let guard = semaphore.acquire(&key, 1, &renewed).await.unwrap();
+        tokio::time::sleep(ttl * 5).await;
+        assert_eq!(guard.state(), LeaseState::Held);
+        let no_wait = LockOptions::new(ttl).with_wait(WaitPolicy::NoWait);
+        assert!(semaphore
+            .try_acquire(&key, 1, &no_wait)
+            .await
+            .unwrap()
+            .is_none());
+        let lease = guard.lease().clone();
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            DistributedSemaphore::release(&semaphore, &lease)
+                .await
+                .unwrap(),
+            ReleaseOutcome::Expired
+        );
+        let other = semaphore.try_acquire(&key, 1, &no_wait).await.unwrap();
+        assert!(other.is_some());
+        assert_eq!(
+            DistributedSemaphore::extend(&semaphore, &lease, ttl)
+                .await
+                .unwrap(),
+            ExtendOutcome::HeldByOther,
+            "another holder's permit is not ours to extend"
+        );
+    }
 }
