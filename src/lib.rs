@@ -67,6 +67,10 @@ pub use distlock_zookeeper as zookeeper;
 
 use std::sync::Arc;
 
+mod primitives;
+
+pub use primitives::{connect_rw, connect_semaphore};
+
 /// The backends [`connect`] knows, whether or not they are compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
@@ -159,6 +163,34 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
 
 /// [`connect`] without the metrics wrapper.
 async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+    let (backend, rest) = backend_for(url)?;
+    match backend {
+        Backend::Memory => Ok(Arc::new(memory_client(rest)?)),
+        #[cfg(feature = "file")]
+        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url).await?)),
+        #[cfg(not(feature = "file"))]
+        Backend::File => Err(feature_off(url, backend)),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
+        #[cfg(not(feature = "redis"))]
+        Backend::Redis => Err(feature_off(url, backend)),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url).await?,
+        )),
+        #[cfg(not(feature = "zookeeper"))]
+        Backend::ZooKeeper => Err(feature_off(url, backend)),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url).await?,
+        )),
+        #[cfg(not(feature = "postgres"))]
+        Backend::Postgres => Err(feature_off(url, backend)),
+    }
+}
+
+/// The backend `url`'s scheme names, and what follows `://`.
+fn backend_for(url: &str) -> Result<(Backend, &str), LockError> {
     let (scheme, rest) = split_scheme(url)?;
     let backend = SCHEMES
         .iter()
@@ -171,35 +203,14 @@ async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockErro
                 known_schemes()
             ))
         })?;
-    match backend {
-        Backend::Memory => connect_memory(rest),
-        #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url).await?)),
-        #[cfg(not(feature = "file"))]
-        Backend::File => Err(feature_off(scheme, backend)),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
-        #[cfg(not(feature = "redis"))]
-        Backend::Redis => Err(feature_off(scheme, backend)),
-        #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(Arc::new(
-            distlock_zookeeper::ZooKeeperLock::connect(url).await?,
-        )),
-        #[cfg(not(feature = "zookeeper"))]
-        Backend::ZooKeeper => Err(feature_off(scheme, backend)),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url).await?,
-        )),
-        #[cfg(not(feature = "postgres"))]
-        Backend::Postgres => Err(feature_off(scheme, backend)),
-    }
+    Ok((backend, rest))
 }
 
 /// The error for a scheme whose backend's feature is off.
 // Unused when every backend feature is on.
 #[allow(dead_code)]
-fn feature_off(scheme: &str, backend: Backend) -> LockError {
+fn feature_off(url: &str, backend: Backend) -> LockError {
+    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
     config(format!(
         "{scheme}:// needs the {title} backend: rebuild with the `{feature}` feature of distlock",
         scheme = scheme.to_ascii_lowercase(),
@@ -209,16 +220,14 @@ fn feature_off(scheme: &str, backend: Backend) -> LockError {
 }
 
 /// A client of the memory store named by the rest of a `memory://` URL.
-fn connect_memory(name: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+fn memory_client(name: &str) -> Result<MemoryLock, LockError> {
     if name.contains(['?', '#']) {
         return Err(LockError::config(
             memory::MEMORY_BACKEND,
             "memory:// URLs take no options: use memory:// or memory://NAME, where NAME has no `?` or `#`",
         ));
     }
-    Ok(Arc::new(MemoryLock::with_store(
-        memory::MemoryStore::named(name),
-    )))
+    Ok(MemoryLock::with_store(memory::MemoryStore::named(name)))
 }
 
 /// Splits `url` into its scheme and what follows `://`, checking the scheme's syntax.

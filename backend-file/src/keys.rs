@@ -32,6 +32,21 @@ pub(crate) fn file_name(key: &LockKey) -> String {
     format!("h-{hex}{SUFFIX}")
 }
 
+/// The name of one of `key`'s semaphore or read-write lock files: [`file_name`] with
+/// `suffix` (such as `.rw` or `.permit-3`) in place of `.lock`, hashed the same way
+/// when too long. No suffix ends another suffix, or `.lock`, so names stay distinct
+/// across keys and kinds.
+pub(crate) fn derived_name(key: &LockKey, suffix: &str) -> String {
+    let base = file_name(key);
+    let stem = base.strip_suffix(SUFFIX).unwrap_or(&base);
+    if stem.len() + suffix.len() <= MAX_NAME {
+        return format!("{stem}{suffix}");
+    }
+    let digest = Sha256::digest(key.as_str().as_bytes());
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("h-{hex}{suffix}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,6 +82,15 @@ mod tests {
         assert_ne!(hashed, name(&"x".repeat(301)));
         let longest_plain = "x".repeat(MAX_NAME - 2 - SUFFIX.len());
         assert!(name(&longest_plain).starts_with("k-"));
+    }
+
+    #[test]
+    fn derived_names_keep_the_key_and_fit() {
+        let key = LockKey::new("Jobs/a").unwrap();
+        assert_eq!(derived_name(&key, ".rw"), "k-%4aobs%2fa.rw");
+        let long = LockKey::new("x".repeat(250)).unwrap();
+        let name = derived_name(&long, ".permit-1023");
+        assert!(name.starts_with("h-") && name.len() <= MAX_NAME, "{name}");
     }
 
     #[test]

@@ -51,16 +51,30 @@
 //!   tokens start again at 1. Acquire checks the locked file is still the one at its
 //!   path, and every extend (so auto-renew) does too and reports the lease expired,
 //!   so a holder with auto-renew learns it within a renewal interval.
+//!
+//! # Semaphores and read-write locks
+//! [`FileLock::semaphore`] and [`FileLock::rw_lock`] give the other two primitives on
+//! the same directory: permits as slot files with the count recorded beside them
+//! ([`FileSemaphore`]), and shared and exclusive `flock`s with a writer gate for writer
+//! preference ([`FileRwLock`]). Their grants carry no fencing token, and their waiters
+//! poll at the options' backoff rather than block in the kernel. Their files, too, must
+//! not be deleted while in use: release and extend do not check that the locked files
+//! are still the ones at their paths, as the mutex's do.
 
 mod config;
 mod error;
+mod held;
 mod keys;
 mod lock;
 mod lock_file;
+mod rw;
+mod semaphore;
 mod waiter;
 
 pub use config::{default_dir, parse_url, FileUrl};
 pub use lock::FileLock;
+pub use rw::FileRwLock;
+pub use semaphore::FileSemaphore;
 
 /// The backend name in errors and reports.
 pub const FILE_BACKEND: &str = "file";

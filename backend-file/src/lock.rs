@@ -86,6 +86,16 @@ impl FileLock {
         }
     }
 
+    /// A semaphore client on the same directory; see [`FileSemaphore`](crate::FileSemaphore).
+    pub fn semaphore(&self) -> crate::FileSemaphore {
+        crate::FileSemaphore::new(self.clone())
+    }
+
+    /// A read-write lock client on the same directory; see [`FileRwLock`](crate::FileRwLock).
+    pub fn rw_lock(&self) -> crate::FileRwLock {
+        crate::FileRwLock::new(self.clone())
+    }
+
     /// The lock directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -181,7 +191,7 @@ const NO_TTL: &str = "a file lock is held until it is released or its process ex
 
 /// Why the file backend reports no FIFO waiting: the kernel, not this crate, picks the
 /// next holder among processes.
-const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linux wakes every waiter of a released file and the first to run takes it";
+pub(crate) const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linux wakes every waiter of a released file and the first to run takes it";
 
 #[async_trait]
 impl DistributedLock for FileLock {

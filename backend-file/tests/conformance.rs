@@ -19,7 +19,10 @@ impl Harness for FileHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        Ok(Client::new(Arc::new(FileLock::open(self.dir.path())?)))
+        let lock = FileLock::open(self.dir.path())?;
+        Ok(Client::new(Arc::new(lock.clone()))
+            .with_semaphore(Arc::new(lock.semaphore()))
+            .with_rw_lock(Arc::new(lock.rw_lock())))
     }
 }
 

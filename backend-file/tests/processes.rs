@@ -212,3 +212,71 @@ async fn a_release_after_the_lock_file_was_replaced_is_not_released() {
         ReleaseOutcome::Expired
     );
 }
+
+/// A semaphore permit held by a process killed with -9 goes to a waiter: here
+/// `flock(1)` holds the only permit's slot file, as a distlock holder would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_holder_killed_with_sigkill_frees_the_permit() {
+    use distlock_api::DistributedSemaphore;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let semaphore = FileLock::open(dir.path()).expect("opens").semaphore();
+    let jobs = LockKey::new("jobs").expect("valid key");
+    let mut holder = flock_holder(&dir.path().join("k-jobs.permit-0"));
+    let options = LockOptions::new(TTL);
+    let refused = semaphore.try_acquire(&jobs, 1, &options).await;
+    assert!(
+        matches!(refused, Ok(None)),
+        "the only permit was free while flock(1) held its slot: {refused:?}"
+    );
+    let waiting = options.with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
+    let waiter = {
+        let (semaphore, jobs) = (semaphore.clone(), jobs.clone());
+        tokio::spawn(async move { semaphore.acquire(&jobs, 1, &waiting).await })
+    };
+    let killed_at = Instant::now();
+    kill_group(&mut holder);
+    let permit = waiter
+        .await
+        .expect("waiter task")
+        .expect("acquires after the kill");
+    let handoff = killed_at.elapsed();
+    assert!(
+        handoff < Duration::from_secs(5),
+        "the waiter took {handoff:?} after the holder died"
+    );
+    assert_eq!(
+        permit.release().await.expect("releases"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A writer holding the read-write lock (`flock(1)` on the main file, exclusive) keeps
+/// readers out until it is killed with -9; then a waiting reader gets in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writer_killed_with_sigkill_lets_a_reader_in() {
+    use distlock_api::{DistributedRwLock, RwMode};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rw = FileLock::open(dir.path()).expect("opens").rw_lock();
+    let prices = LockKey::new("prices").expect("valid key");
+    let mut holder = flock_holder(&dir.path().join("k-prices.rw"));
+    let options = LockOptions::new(TTL);
+    let refused = rw.try_acquire(&prices, RwMode::Read, &options).await;
+    assert!(
+        matches!(refused, Ok(None)),
+        "a reader got in beside an exclusive holder: {refused:?}"
+    );
+    let waiting = options.with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
+    let waiter = {
+        let (rw, prices) = (rw.clone(), prices.clone());
+        tokio::spawn(async move { rw.acquire(&prices, RwMode::Read, &waiting).await })
+    };
+    kill_group(&mut holder);
+    let reader = waiter
+        .await
+        .expect("waiter task")
+        .expect("reads after the kill");
+    assert_eq!(
+        reader.release().await.expect("releases"),
+        ReleaseOutcome::Released
+    );
+}

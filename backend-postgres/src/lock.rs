@@ -529,7 +529,8 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
+        let capabilities = Capabilities::all_supported().mutex_only(distlock_api::NOT_YET);
+        BackendInfo::new(POSTGRES_BACKEND, capabilities)
     }
 
     async fn try_acquire(

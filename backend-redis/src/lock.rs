@@ -556,7 +556,7 @@ impl DistributedLock for RedisLock {
             );
         }
         capabilities.fifo = self.fifo_capability();
-        BackendInfo::new(self.name(), capabilities)
+        BackendInfo::new(self.name(), capabilities.mutex_only(distlock_api::NOT_YET))
     }
 
     async fn try_acquire(

@@ -432,7 +432,10 @@ impl DistributedLock for ZooKeeperLock {
         capabilities.ttl_expiry = Capability::Unsupported(
             "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
         );
-        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
+        BackendInfo::new(
+            ZOOKEEPER_BACKEND,
+            capabilities.mutex_only(distlock_api::NOT_YET),
+        )
     }
 
     async fn try_acquire(

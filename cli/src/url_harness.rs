@@ -5,8 +5,9 @@ use std::sync::Arc;
 use distlock::{async_trait, LockError};
 use distlock_conformance::{Client, Harness, UrlConnector};
 
-/// Each client is a fresh [`distlock::connect`] of one URL. It has no fault hooks, so
-/// the scenarios that need to crash a client are skipped.
+/// Each client is a fresh [`distlock::connect`] of one URL, with a semaphore and a
+/// read-write lock connected by the same URL where the backend offers them. It has no
+/// fault hooks, so the scenarios that need to crash a client are skipped.
 pub struct UrlHarness {
     url: String,
 }
@@ -46,7 +47,16 @@ impl Harness for UrlHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        Ok(Client::new(distlock::connect(&self.url).await?))
+        let lock = distlock::connect(&self.url).await?;
+        let offers = lock.info().capabilities;
+        let mut client = Client::new(lock);
+        if offers.semaphore.is_supported() {
+            client = client.with_semaphore(distlock::connect_semaphore(&self.url).await?);
+        }
+        if offers.rw_lock.is_supported() {
+            client = client.with_rw_lock(distlock::connect_rw(&self.url).await?);
+        }
+        Ok(client)
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {

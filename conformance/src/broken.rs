@@ -15,7 +15,9 @@ use distlock_api::{
 };
 use tokio::time::Instant;
 
-use crate::{Client, ClientFaults, Harness};
+use crate::{Client, Harness};
+
+mod primitives;
 
 /// The backend name in errors and reports.
 const BROKEN_BACKEND: &str = "broken";
@@ -43,11 +45,18 @@ pub enum Mistake {
     TokenWithoutFencing,
     /// Extend is a plain `PEXPIRE`, without an owner check.
     ExtendWithoutOwnerCheck,
+    /// The semaphore admits one holder more than its count.
+    SemaphoreAdmitsOneMore,
+    /// The read-write lock grants reads without looking at the writer.
+    ReadBesideWrite,
+    /// The read-write lock's writer polls for a moment with no reader, and readers
+    /// never wait for it: a plain `flock` or `pthread_rwlock` with reader preference.
+    WriterStarved,
 }
 
 impl Mistake {
     /// Every mistake.
-    pub const ALL: [Mistake; 7] = [
+    pub const ALL: [Mistake; 10] = [
         Mistake::NoTtl,
         Mistake::PlainDelete,
         Mistake::CheckThenDelete,
@@ -55,6 +64,9 @@ impl Mistake {
         Mistake::ConstantFencingToken,
         Mistake::TokenWithoutFencing,
         Mistake::ExtendWithoutOwnerCheck,
+        Mistake::SemaphoreAdmitsOneMore,
+        Mistake::ReadBesideWrite,
+        Mistake::WriterStarved,
     ];
 
     /// A short name for tables.
@@ -67,6 +79,9 @@ impl Mistake {
             Mistake::ConstantFencingToken => "constant-fencing-token",
             Mistake::TokenWithoutFencing => "token-without-fencing",
             Mistake::ExtendWithoutOwnerCheck => "extend-without-owner-check",
+            Mistake::SemaphoreAdmitsOneMore => "semaphore-admits-n-plus-1",
+            Mistake::ReadBesideWrite => "read-beside-write",
+            Mistake::WriterStarved => "writer-starved-by-readers",
         }
     }
 
@@ -82,6 +97,11 @@ impl Mistake {
                 "reports fencing unsupported, yet every grant carries a token"
             }
             Mistake::ExtendWithoutOwnerCheck => "extend is PEXPIRE without checking the owner",
+            Mistake::SemaphoreAdmitsOneMore => "the semaphore admits max + 1 holders",
+            Mistake::ReadBesideWrite => "a read lock is granted beside a write lock",
+            Mistake::WriterStarved => {
+                "readers never wait for a waiting writer, which polls for a gap that never comes"
+            }
         }
     }
 }
@@ -235,16 +255,6 @@ impl BrokenHarness {
     }
 }
 
-struct CrashBrokenClient(Arc<AtomicBool>);
-
-#[async_trait]
-impl ClientFaults for CrashBrokenClient {
-    async fn crash(&self) -> Result<(), LockError> {
-        self.0.store(true, Ordering::SeqCst);
-        Ok(())
-    }
-}
-
 #[async_trait]
 impl Harness for BrokenHarness {
     fn name(&self) -> String {
@@ -253,7 +263,15 @@ impl Harness for BrokenHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = BrokenLock::new(self.store.clone(), self.mistake);
-        let faults = Arc::new(CrashBrokenClient(lock.crashed.clone()));
-        Ok(Client::new(Arc::new(lock)).with_faults(faults))
+        let crashed = lock.crashed.clone();
+        let client = Client::new(Arc::new(lock));
+        Ok(primitives::with_primitives(
+            client,
+            &self.store,
+            self.mistake,
+            move || {
+                crashed.store(true, Ordering::SeqCst);
+            },
+        ))
     }
 }

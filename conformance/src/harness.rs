@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LockError};
 
 /// Fault hooks on one client. All optional: scenarios that need one skip without it.
 #[async_trait]
@@ -25,12 +25,35 @@ pub struct Client {
     pub lock: Arc<dyn DistributedLock>,
     /// The client's fault hooks, if the harness offers them.
     pub faults: Option<Arc<dyn ClientFaults>>,
+    /// The client's semaphore handle, where the backend offers one: the semaphore
+    /// scenarios skip without it. Crashing the client crashes it too.
+    pub semaphore: Option<Arc<dyn DistributedSemaphore>>,
+    /// The client's read-write lock handle, where the backend offers one: the
+    /// read-write scenarios skip without it. Crashing the client crashes it too.
+    pub rw_lock: Option<Arc<dyn DistributedRwLock>>,
 }
 
 impl Client {
     /// A client without fault hooks.
     pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
-        Client { lock, faults: None }
+        Client {
+            lock,
+            faults: None,
+            semaphore: None,
+            rw_lock: None,
+        }
+    }
+
+    /// Adds the semaphore handle of the same client.
+    pub fn with_semaphore(mut self, semaphore: Arc<dyn DistributedSemaphore>) -> Self {
+        self.semaphore = Some(semaphore);
+        self
+    }
+
+    /// Adds the read-write lock handle of the same client.
+    pub fn with_rw_lock(mut self, rw_lock: Arc<dyn DistributedRwLock>) -> Self {
+        self.rw_lock = Some(rw_lock);
+        self
     }
 
     /// Adds fault hooks.

@@ -51,6 +51,17 @@ macro_rules! conformance_tests {
             zero_and_enormous_waits,
             release_twice_is_a_typed_outcome,
             invalid_urls_are_config_errors,
+            semaphore_grants_exactly_max,
+            semaphore_never_admits_more_than_max,
+            semaphore_dropped_permit_is_freed,
+            semaphore_crashed_holder_is_freed,
+            semaphore_cancelled_acquire_leaks_nothing,
+            semaphore_bad_counts_are_typed_errors,
+            rw_readers_overlap,
+            rw_reader_and_writer_never_overlap,
+            rw_waiting_writer_is_not_starved,
+            rw_cancelled_acquire_leaks_nothing,
+            rw_bad_options_are_typed_errors,
         );
     };
 }

@@ -60,7 +60,10 @@ impl Harness for MemoryHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = MemoryLock::with_store(self.store.clone());
-        Ok(Client::new(Arc::new(lock.clone())).with_faults(Arc::new(CrashMemoryClient(lock))))
+        Ok(Client::new(Arc::new(lock.clone()))
+            .with_semaphore(Arc::new(lock.semaphore()))
+            .with_rw_lock(Arc::new(lock.rw_lock()))
+            .with_faults(Arc::new(CrashMemoryClient(lock))))
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {

@@ -26,8 +26,8 @@ use tokio::time::{timeout_at, Instant};
 pub use crate::cleanup::spawn_cleanup;
 
 use crate::{
-    AutoRenew, DistributedLock, FencingToken, Lease, LeaseMonitor, LockError, LockGuard, LockKey,
-    LockOptions, OwnerToken,
+    AutoRenew, DistributedLock, DistributedRwLock, DistributedSemaphore, FencingToken, Lease,
+    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
 };
 
 /// The implementor traits, imported anonymously: `use distlock_api::backend::prelude::*;`.
@@ -46,9 +46,43 @@ pub trait NewGuard {
         backend: Arc<dyn DistributedLock>,
         auto_renew: Option<AutoRenew>,
     ) -> Self;
+
+    /// [`NewGuard::new`] for a semaphore permit: release and extend go through `backend`.
+    fn for_permit(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedSemaphore>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self;
+
+    /// [`NewGuard::new`] for a read or write grant: release and extend go through `backend`.
+    fn for_rw(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedRwLock>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self;
 }
 
 impl NewGuard for LockGuard {
+    fn for_permit(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedSemaphore>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self {
+        LockGuard::from_grant(lease, monitor, Arc::new(backend), auto_renew)
+    }
+
+    fn for_rw(
+        lease: Lease,
+        monitor: LeaseMonitor,
+        backend: Arc<dyn DistributedRwLock>,
+        auto_renew: Option<AutoRenew>,
+    ) -> Self {
+        LockGuard::from_grant(lease, monitor, Arc::new(backend), auto_renew)
+    }
+
     fn new(
         lease: Lease,
         monitor: LeaseMonitor,
@@ -67,6 +101,10 @@ pub trait NewLease {
     /// `fencing_token` is `Some` exactly when the backend reports
     /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
     /// cannot promise ordered tokens passes `None` rather than a best-effort number.
+    /// That rule is the mutex's; a semaphore permit or a read or write grant carries a
+    /// token only where the backend documents one (see
+    /// [`DistributedSemaphore`] and
+    /// [`DistributedRwLock`] for what it means there).
     fn new(
         key: LockKey,
         owner: OwnerToken,

@@ -41,6 +41,10 @@ pub struct Capabilities {
     /// FIFO report it too). Where unsupported, such an acquire is refused with
     /// [`crate::LockError::Unsupported`].
     pub fifo: Capability,
+    /// The backend offers [`crate::DistributedSemaphore`].
+    pub semaphore: Capability,
+    /// The backend offers [`crate::DistributedRwLock`], with writer preference.
+    pub rw_lock: Capability,
 }
 
 impl Capabilities {
@@ -52,9 +56,22 @@ impl Capabilities {
             fencing: Capability::Supported,
             wake_on_release: Capability::Supported,
             fifo: Capability::Supported,
+            semaphore: Capability::Supported,
+            rw_lock: Capability::Supported,
         }
     }
+
+    /// These capabilities with [`Capabilities::semaphore`] and [`Capabilities::rw_lock`]
+    /// unsupported for `reason` (such as [`NOT_YET`]): for backends offering the mutex only.
+    pub const fn mutex_only(mut self, reason: &'static str) -> Self {
+        self.semaphore = Capability::Unsupported(reason);
+        self.rw_lock = Capability::Unsupported(reason);
+        self
+    }
 }
+
+/// The reason a backend gives for a semaphore or read-write lock it does not offer yet.
+pub const NOT_YET: &str = "not implemented for this backend yet (issue 17)";
 
 /// A backend's name and guarantees.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -93,6 +93,14 @@ pub enum OptionsError {
         /// Half the TTL.
         max: Duration,
     },
+    /// A semaphore's permit count was 0 or above [`MAX_PERMITS`](crate::MAX_PERMITS).
+    #[error("a semaphore needs between 1 and {max} permits, not {permits}")]
+    Permits {
+        /// The count given.
+        permits: u32,
+        /// [`MAX_PERMITS`](crate::MAX_PERMITS).
+        max: u32,
+    },
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.
@@ -188,6 +196,37 @@ pub enum LockError {
         #[source]
         source: BoxError,
     },
+    /// A semaphore acquire asked for another permit count than the key's holders use;
+    /// see [`PermitMismatch`]. Retrying with the same count will not help.
+    #[error("{backend}: {source}")]
+    PermitMismatch {
+        /// Backend name.
+        backend: &'static str,
+        /// The key and both counts.
+        #[source]
+        source: PermitMismatch,
+    },
+}
+
+/// A semaphore acquire whose permit count differs from the one the key's current
+/// holders and waiters use (see [`crate::DistributedSemaphore`]): nothing was taken.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("semaphore {key:?} is in use with {in_use} permits, not the {asked} asked for")]
+#[non_exhaustive]
+pub struct PermitMismatch {
+    /// The key.
+    pub key: LockKey,
+    /// The count this acquire asked for.
+    pub asked: u32,
+    /// The count the key's holders use.
+    pub in_use: u32,
+}
+
+impl PermitMismatch {
+    /// A mismatch on `key`: `asked` for, `in_use` by the holders.
+    pub fn new(key: LockKey, asked: u32, in_use: u32) -> Self {
+        PermitMismatch { key, asked, in_use }
+    }
 }
 
 impl LockError {
@@ -202,7 +241,8 @@ impl LockError {
             | LockError::Config { backend, .. }
             | LockError::Connection { backend, .. }
             | LockError::Transient { backend, .. }
-            | LockError::Backend { backend, .. } => backend,
+            | LockError::Backend { backend, .. }
+            | LockError::PermitMismatch { backend, .. } => backend,
         }
     }
 

@@ -60,24 +60,30 @@ pub mod observe;
 mod options;
 mod outcome;
 mod renew;
+mod rw;
 mod scoped;
+mod semaphore;
 mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
-pub use capabilities::{BackendInfo, Capabilities, Capability};
+pub use capabilities::{BackendInfo, Capabilities, Capability, NOT_YET};
 pub use cleanup::settle_cleanups;
-pub use error::{AtAddress, BoxError, LockError, NotHeldReason, OptionsError, API_BACKEND_NAME};
+pub use error::{
+    AtAddress, BoxError, LockError, NotHeldReason, OptionsError, PermitMismatch, API_BACKEND_NAME,
+};
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::DistributedLock;
-pub use memory::MemoryLock;
+pub use memory::{MemoryLock, MemoryRwLock, MemorySemaphore};
 pub use options::{
     check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
     MIN_RENEW_INTERVAL, MIN_TTL,
 };
 pub use outcome::{ExtendOutcome, ReleaseOutcome};
+pub use rw::{DistributedRwLock, RwMode};
 pub use scoped::with_lock;
+pub use semaphore::{check_permits, DistributedSemaphore, MAX_PERMITS};
 pub use status::KeyStatus;
 
 /// Re-exported so backends and users name the same `async_trait`.

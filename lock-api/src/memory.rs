@@ -18,6 +18,13 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+mod rw;
+mod semaphore;
+mod shared;
+
+pub use rw::MemoryRwLock;
+pub use semaphore::MemorySemaphore;
+
 use crate::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
@@ -95,6 +102,8 @@ pub struct Entry {
 pub struct MemoryStore {
     slots: Mutex<HashMap<LockKey, Slot>>,
     fence: AtomicU64,
+    /// The semaphores' and read-write locks' holders.
+    shared: Arc<shared::SharedTable>,
 }
 
 impl MemoryStore {
@@ -313,46 +322,12 @@ impl MemoryStore {
             key: &LockKey,
             options: &LockOptions,
             backend: &'static str,
-            mut attempt: F,
+            attempt: F,
         ) -> Result<LockGuard, LockError>
         where
             F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
         {
-            let start = Instant::now();
-            let deadline = options.wait().deadline_from(start);
-            let wake = self.wake_handle(key);
-            let mut met_held = false;
-            loop {
-                let woken = wake.notified();
-                tokio::pin!(woken);
-                // Registered before the attempt, so a delete in between still wakes us.
-                woken.as_mut().enable();
-                let holder_expiry = match attempt()? {
-                    Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
-                    Err(expiry) => expiry,
-                };
-                met_held = true;
-                if deadline.is_some_and(|d| Instant::now() >= d) {
-                    return Err(LockError::Timeout {
-                        backend,
-                        key: key.clone(),
-                        waited: start.elapsed(),
-                    });
-                }
-                let wake_at = match (holder_expiry, deadline) {
-                    (Some(e), Some(d)) => Some(e.min(d)),
-                    (e, d) => e.or(d),
-                };
-                match wake_at {
-                    Some(at) => {
-                        tokio::select! {
-                            _ = &mut woken => {}
-                            _ = tokio::time::sleep_until(at) => {}
-                        }
-                    }
-                    None => woken.await,
-                }
-            }
+            wait_woken(self.wake_handle(key), key, options, backend, attempt).await
         }
     }
 
@@ -360,6 +335,56 @@ impl MemoryStore {
     #[cfg(feature = "test-util")]
     pub fn tracked_keys(&self) -> usize {
         self.slots().len()
+    }
+}
+
+/// The waiting loop behind [`MemoryStore::acquire_woken`]: calls `attempt` until it
+/// grants, waking on every notification of `wake` and at the holder's expiry (no
+/// polling), until the wait policy runs out. Register nothing before calling: the loop
+/// enables its wake-up before each attempt, so a release in between is not lost.
+pub(crate) async fn wait_woken<F>(
+    wake: Arc<Notify>,
+    key: &LockKey,
+    options: &LockOptions,
+    backend: &'static str,
+    mut attempt: F,
+) -> Result<LockGuard, LockError>
+where
+    F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
+{
+    let start = Instant::now();
+    let deadline = options.wait().deadline_from(start);
+    let mut met_held = false;
+    loop {
+        let woken = wake.notified();
+        tokio::pin!(woken);
+        // Registered before the attempt, so a delete in between still wakes us.
+        woken.as_mut().enable();
+        let holder_expiry = match attempt()? {
+            Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
+            Err(expiry) => expiry,
+        };
+        met_held = true;
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Err(LockError::Timeout {
+                backend,
+                key: key.clone(),
+                waited: start.elapsed(),
+            });
+        }
+        let wake_at = match (holder_expiry, deadline) {
+            (Some(e), Some(d)) => Some(e.min(d)),
+            (e, d) => e.or(d),
+        };
+        match wake_at {
+            Some(at) => {
+                tokio::select! {
+                    _ = &mut woken => {}
+                    _ = tokio::time::sleep_until(at) => {}
+                }
+            }
+            None => woken.await,
+        }
     }
 }
 
@@ -408,6 +433,16 @@ impl MemoryLock {
     /// reach the store and its locks are freed only by their TTL.
     pub fn simulate_crash(&self) {
         self.crashed.store(true, Ordering::SeqCst);
+    }
+
+    /// A semaphore client of the same store, crashed together with this client.
+    pub fn semaphore(&self) -> MemorySemaphore {
+        MemorySemaphore::from_client(self.clone())
+    }
+
+    /// A read-write lock client of the same store, crashed together with this client.
+    pub fn rw_lock(&self) -> MemoryRwLock {
+        MemoryRwLock::from_client(self.clone())
     }
 
     fn check_alive(&self) -> Result<(), LockError> {

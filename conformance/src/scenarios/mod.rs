@@ -12,7 +12,9 @@ use crate::Harness;
 mod bad_input;
 pub(crate) mod fifo;
 mod liveness;
+mod rw;
 mod safety;
+mod semaphore;
 mod ttl;
 
 /// The family a scenario belongs to.
@@ -57,6 +59,10 @@ pub enum Requirement {
     WakeOnRelease,
     /// [`Capabilities::fifo`].
     Fifo,
+    /// [`Capabilities::semaphore`], and a semaphore handle on the harness's clients.
+    Semaphore,
+    /// [`Capabilities::rw_lock`], and a read-write lock handle on the harness's clients.
+    RwLock,
     /// The harness can crash a client ([`crate::ClientFaults::crash`]).
     CrashFault,
     /// The harness has a URL connector ([`Harness::url_connector`]).
@@ -72,6 +78,8 @@ impl Requirement {
             Requirement::Fencing => Some(caps.fencing),
             Requirement::WakeOnRelease => Some(caps.wake_on_release),
             Requirement::Fifo => Some(caps.fifo),
+            Requirement::Semaphore => Some(caps.semaphore),
+            Requirement::RwLock => Some(caps.rw_lock),
             Requirement::CrashFault | Requirement::UrlConnector => None,
         }
     }
@@ -144,7 +152,9 @@ macro_rules! scenario {
 use bad_input::*;
 use fifo::*;
 use liveness::*;
+use rw::*;
 use safety::*;
+use semaphore::*;
 use ttl::*;
 
 /// Every scenario, in run order.
@@ -211,6 +221,28 @@ pub static SCENARIOS: &[Scenario] = &[
         "releasing the same lease twice reports Expired the second time, and extending it then reports Expired"),
     scenario!(invalid_urls_are_config_errors, BadInput, [UrlConnector],
         "malformed URLs and unknown schemes give configuration errors, without panicking"),
+    scenario!(semaphore_grants_exactly_max, Safety, [Semaphore],
+        "with 3 permits, 3 clients each take one by try-acquire, a fourth is refused (try-acquire and a no-wait acquire), and after one release a fourth gets one"),
+    scenario!(semaphore_never_admits_more_than_max, Safety, [Semaphore],
+        "8 clients x 10 rounds on a 3-permit key: a shared counter of holders inside never passes 3"),
+    scenario!(semaphore_dropped_permit_is_freed, Liveness, [Semaphore],
+        "with every permit held, dropping one guard without release lets a waiting client in within the slack"),
+    scenario!(semaphore_crashed_holder_is_freed, Liveness, [Semaphore, CrashFault],
+        "a permit holder that crashes without releasing keeps its permit for its validity and loses it within the lease bound plus slack"),
+    scenario!(semaphore_cancelled_acquire_leaks_nothing, Liveness, [Semaphore],
+        "permit acquires dropped at many points, contended or not, leave no permit held: afterwards every permit can be taken"),
+    scenario!(semaphore_bad_counts_are_typed_errors, BadInput, [Semaphore],
+        "0 permits and permits above MAX_PERMITS are InvalidOptions; a count other than the one the holders use is PermitMismatch, with nothing taken; once the holders leave the new count works"),
+    scenario!(rw_readers_overlap, Safety, [RwLock],
+        "3 clients hold the read lock at once; a writer is refused meanwhile, and a reader is refused while a writer holds"),
+    scenario!(rw_reader_and_writer_never_overlap, Safety, [RwLock],
+        "6 clients x 12 rounds mixing reads and writes on one key: never a writer beside a reader or another writer, and readers do overlap"),
+    scenario!(rw_waiting_writer_is_not_starved, Liveness, [RwLock],
+        "while 3 clients keep overlapping read holds coming, a waiting writer is granted within 3 x slack, with no reader inside"),
+    scenario!(rw_cancelled_acquire_leaks_nothing, Liveness, [RwLock],
+        "read and write acquires dropped at many points leave nothing held and no writer intent behind: a reader gets in at once afterwards, then a writer"),
+    scenario!(rw_bad_options_are_typed_errors, BadInput, [RwLock],
+        "a zero TTL and a zero backoff are InvalidOptions for reads and writes, and nothing is held"),
 ];
 
 /// A key no other scenario or run uses.
@@ -231,6 +263,24 @@ pub(crate) fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
 /// Options with `ttl`, not waiting.
 pub(crate) fn no_wait(ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
+}
+
+/// A client's semaphore handle, or a skip saying the harness has none.
+pub(crate) fn semaphore_of(
+    client: crate::Client,
+) -> Result<std::sync::Arc<dyn distlock_api::DistributedSemaphore>, Failure> {
+    client
+        .semaphore
+        .ok_or_else(|| Failure::Skipped("the harness's clients have no semaphore handle".into()))
+}
+
+/// A client's read-write lock handle, or a skip saying the harness has none.
+pub(crate) fn rw_lock_of(
+    client: crate::Client,
+) -> Result<std::sync::Arc<dyn distlock_api::DistributedRwLock>, Failure> {
+    client.rw_lock.ok_or_else(|| {
+        Failure::Skipped("the harness's clients have no read-write lock handle".into())
+    })
 }
 
 /// A TTL long enough that no scenario step outlives it by accident.

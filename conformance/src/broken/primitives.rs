@@ -1,0 +1,173 @@
+//! The semaphore and read-write lock of the broken clients: correct memory ones, except
+//! for the mistakes about them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::memory::MemoryStore;
+use distlock_api::{
+    BackendInfo, DistributedRwLock, DistributedSemaphore, ExtendOutcome, Lease, LockError,
+    LockGuard, LockKey, LockOptions, MemoryLock, MemoryRwLock, MemorySemaphore, ReleaseOutcome,
+    RwMode,
+};
+use tokio::time::Instant;
+
+use super::Mistake;
+use crate::{Client, ClientFaults};
+
+/// How often the starved writer of [`Mistake::WriterStarved`] looks for a gap.
+const STARVED_WRITER_POLL: Duration = Duration::from_millis(5);
+
+/// `client` with a semaphore and a read-write lock on `store` (broken as `mistake`
+/// says), and a crash hook that runs `crash_lock` and crashes them too.
+pub(super) fn with_primitives(
+    client: Client,
+    store: &Arc<MemoryStore>,
+    mistake: Mistake,
+    crash_lock: impl Fn() + Send + Sync + 'static,
+) -> Client {
+    let memory = MemoryLock::with_store(store.clone());
+    let semaphore = BrokenSemaphore {
+        inner: memory.semaphore(),
+        extra: u32::from(mistake == Mistake::SemaphoreAdmitsOneMore),
+    };
+    let rw_lock = BrokenRwLock {
+        inner: memory.rw_lock(),
+        mistake,
+    };
+    let faults = CrashBoth {
+        memory,
+        crash_lock: Box::new(crash_lock),
+    };
+    client
+        .with_semaphore(Arc::new(semaphore))
+        .with_rw_lock(Arc::new(rw_lock))
+        .with_faults(Arc::new(faults))
+}
+
+struct CrashBoth {
+    memory: MemoryLock,
+    crash_lock: Box<dyn Fn() + Send + Sync>,
+}
+
+#[async_trait]
+impl ClientFaults for CrashBoth {
+    async fn crash(&self) -> Result<(), LockError> {
+        (self.crash_lock)();
+        self.memory.simulate_crash();
+        Ok(())
+    }
+}
+
+/// Admits `extra` more holders than asked for.
+#[derive(Debug)]
+struct BrokenSemaphore {
+    inner: MemorySemaphore,
+    extra: u32,
+}
+
+#[async_trait]
+impl DistributedSemaphore for BrokenSemaphore {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        max_permits: u32,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let max = max_permits.saturating_add(self.extra);
+        self.inner.try_acquire(key, max, options).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        max_permits: u32,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let max = max_permits.saturating_add(self.extra);
+        self.inner.acquire(key, max, options).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(lease, ttl).await
+    }
+}
+
+#[derive(Debug)]
+struct BrokenRwLock {
+    inner: MemoryRwLock,
+    mistake: Mistake,
+}
+
+impl BrokenRwLock {
+    /// Reads of [`Mistake::ReadBesideWrite`] go to a key of their own, which writers
+    /// never touch.
+    fn read_key(&self, key: &LockKey, mode: RwMode) -> Result<LockKey, LockError> {
+        if self.mistake == Mistake::ReadBesideWrite && mode == RwMode::Read {
+            return Ok(LockKey::new(format!("{key}#reads"))?);
+        }
+        Ok(key.clone())
+    }
+}
+
+#[async_trait]
+impl DistributedRwLock for BrokenRwLock {
+    fn info(&self) -> BackendInfo {
+        self.inner.info()
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        mode: RwMode,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let key = self.read_key(key, mode)?;
+        self.inner.try_acquire(&key, mode, options).await
+    }
+
+    async fn acquire(
+        &self,
+        key: &LockKey,
+        mode: RwMode,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        if self.mistake == Mistake::WriterStarved && mode == RwMode::Write {
+            // No intent: readers keep coming in, and the writer only ever tries.
+            let started = Instant::now();
+            let deadline = options.wait().deadline_from(started);
+            loop {
+                if let Some(guard) = self.inner.try_acquire(key, mode, options).await? {
+                    return Ok(guard);
+                }
+                if deadline.is_some_and(|d| Instant::now() >= d) {
+                    return Err(LockError::Timeout {
+                        backend: "broken",
+                        key: key.clone(),
+                        waited: started.elapsed(),
+                    });
+                }
+                tokio::time::sleep(STARVED_WRITER_POLL).await;
+            }
+        }
+        let key = self.read_key(key, mode)?;
+        self.inner.acquire(&key, mode, options).await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.inner.release(lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.inner.extend(lease, ttl).await
+    }
+}

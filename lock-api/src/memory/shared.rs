@@ -1,0 +1,390 @@
+//! The memory store's table of semaphore and read-write lock holders: several holders
+//! per key, each with its own owner token, expiry and fencing token.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::MEMORY_BACKEND;
+use crate::{
+    ExtendOutcome, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
+    PermitMismatch, ReleaseOutcome,
+};
+
+/// Which primitive a key belongs to: each is a namespace of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(super) enum Kind {
+    Semaphore,
+    Rw,
+}
+
+/// What one grant asks for.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Want {
+    /// One permit of a semaphore with this many.
+    Permit(u32),
+    /// A shared hold.
+    Read,
+    /// An exclusive hold.
+    Write,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Holder {
+    exclusive: bool,
+    expires_at: Instant,
+}
+
+#[derive(Debug)]
+struct SharedKey {
+    holders: HashMap<OwnerToken, Holder>,
+    /// The permit count the holders use (semaphores only).
+    permits: Option<u32>,
+    /// Writers waiting for the key: while any do, readers are refused.
+    writers_waiting: usize,
+    /// Woken on every release and whenever a waiting writer gives up or is granted.
+    wake: Arc<Notify>,
+}
+
+impl SharedKey {
+    fn new() -> Self {
+        SharedKey {
+            holders: HashMap::new(),
+            permits: None,
+            writers_waiting: 0,
+            wake: Arc::new(Notify::new()),
+        }
+    }
+
+    fn prune(&mut self, now: Instant) {
+        self.holders.retain(|_, h| h.expires_at > now);
+        if self.holders.is_empty() {
+            self.permits = None;
+        }
+    }
+
+    fn earliest_expiry(&self) -> Option<Instant> {
+        self.holders.values().map(|h| h.expires_at).min()
+    }
+
+    /// Nothing held, waited on or counted: the entry can go.
+    fn is_idle(&self) -> bool {
+        self.holders.is_empty() && self.writers_waiting == 0 && Arc::strong_count(&self.wake) == 1
+    }
+}
+
+/// One grant attempt's answer: granted, or refused with the earliest holder expiry
+/// (when a retry may succeed by itself).
+pub(super) type Attempt = Result<(), Option<Instant>>;
+
+#[derive(Debug, Default)]
+pub(super) struct SharedTable {
+    keys: Mutex<HashMap<(Kind, LockKey), SharedKey>>,
+}
+
+impl SharedTable {
+    fn keys(&self) -> MutexGuard<'_, HashMap<(Kind, LockKey), SharedKey>> {
+        // Every update is a few assignments: a panic elsewhere cannot tear an entry.
+        self.keys.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Grants `want` on `key` to `owner` for `ttl` if it fits, atomically.
+    ///
+    /// # Errors
+    /// [`PermitMismatch`] when a permit asks for another count than the holders use.
+    pub(super) fn grant(
+        &self,
+        kind: Kind,
+        key: &LockKey,
+        owner: OwnerToken,
+        want: Want,
+        expires_at: Instant,
+    ) -> Result<Attempt, PermitMismatch> {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let entry = keys
+            .entry((kind, key.clone()))
+            .or_insert_with(SharedKey::new);
+        entry.prune(now);
+        let fits = match want {
+            Want::Permit(max) => {
+                let in_use = *entry.permits.get_or_insert(max);
+                if in_use != max {
+                    return Err(PermitMismatch::new(key.clone(), max, in_use));
+                }
+                entry.holders.len() < max as usize
+            }
+            Want::Read => {
+                entry.writers_waiting == 0 && entry.holders.values().all(|h| !h.exclusive)
+            }
+            Want::Write => entry.holders.is_empty(),
+        };
+        if !fits {
+            return Ok(Err(entry.earliest_expiry()));
+        }
+        let exclusive = matches!(want, Want::Write);
+        entry.holders.insert(
+            owner,
+            Holder {
+                exclusive,
+                expires_at,
+            },
+        );
+        Ok(Ok(()))
+    }
+
+    /// Removes `owner`'s hold on `key`, waking waiters.
+    pub(super) fn release(&self, kind: Kind, key: &LockKey, owner: OwnerToken) -> ReleaseOutcome {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let map_key = (kind, key.clone());
+        let Some(entry) = keys.get_mut(&map_key) else {
+            return ReleaseOutcome::Expired;
+        };
+        entry.prune(now);
+        let outcome = if entry.holders.remove(&owner).is_some() {
+            entry.wake.notify_waiters();
+            ReleaseOutcome::Released
+        } else if entry.holders.is_empty() {
+            ReleaseOutcome::Expired
+        } else {
+            ReleaseOutcome::HeldByOther
+        };
+        if entry.holders.is_empty() {
+            entry.permits = None;
+        }
+        if entry.is_idle() {
+            keys.remove(&map_key);
+        }
+        outcome
+    }
+
+    /// Sets `owner`'s hold on `key` to expire `ttl` from now; `valid_until` in the
+    /// outcome is `requested_at + ttl`.
+    pub(super) fn extend(
+        &self,
+        kind: Kind,
+        key: &LockKey,
+        owner: OwnerToken,
+        ttl: Duration,
+        requested_at: Instant,
+    ) -> ExtendOutcome {
+        let now = Instant::now();
+        let mut keys = self.keys();
+        let Some(entry) = keys.get_mut(&(kind, key.clone())) else {
+            return ExtendOutcome::Expired;
+        };
+        entry.prune(now);
+        let others_hold = entry.holders.keys().any(|o| *o != owner);
+        match (entry.holders.get_mut(&owner), now.checked_add(ttl)) {
+            (Some(holder), Some(expires_at)) => match requested_at.checked_add(ttl) {
+                Some(valid_until) => {
+                    holder.expires_at = expires_at;
+                    ExtendOutcome::Extended { valid_until }
+                }
+                None => ExtendOutcome::Expired,
+            },
+            (Some(_), None) => ExtendOutcome::Expired,
+            (None, _) if others_hold => ExtendOutcome::HeldByOther,
+            (None, _) => ExtendOutcome::Expired,
+        }
+    }
+
+    /// The notifier of `key`, for a waiter to register with before each attempt.
+    pub(super) fn wake_handle(&self, kind: Kind, key: &LockKey) -> Arc<Notify> {
+        self.keys()
+            .entry((kind, key.clone()))
+            .or_insert_with(SharedKey::new)
+            .wake
+            .clone()
+    }
+
+    /// Counts a waiting writer on `key` until the returned mark is dropped.
+    pub(super) fn writer_waits(self: &Arc<Self>, key: &LockKey) -> WriterWaiting {
+        self.keys()
+            .entry((Kind::Rw, key.clone()))
+            .or_insert_with(SharedKey::new)
+            .writers_waiting += 1;
+        WriterWaiting {
+            table: self.clone(),
+            key: key.clone(),
+        }
+    }
+
+    fn writer_done(&self, key: &LockKey) {
+        let mut keys = self.keys();
+        let map_key = (Kind::Rw, key.clone());
+        if let Some(entry) = keys.get_mut(&map_key) {
+            entry.writers_waiting = entry.writers_waiting.saturating_sub(1);
+            // Readers held back by this writer may go now (or wait for its hold).
+            entry.wake.notify_waiters();
+            if entry.is_idle() {
+                keys.remove(&map_key);
+            }
+        }
+    }
+}
+
+/// A writer's intent on a key: readers are refused while it lives. Dropped when the
+/// writer is granted or gives up (a timeout or a dropped acquire future), so a
+/// cancelled writer never holds readers back.
+#[derive(Debug)]
+pub(super) struct WriterWaiting {
+    table: Arc<SharedTable>,
+    key: LockKey,
+}
+
+impl Drop for WriterWaiting {
+    fn drop(&mut self) {
+        self.table.writer_done(&self.key);
+    }
+}
+
+/// One attempt by `client` to take `want` on `key`: the lease granted, or the earliest
+/// holder expiry.
+///
+/// # Errors
+/// The crashed client's connection error, a TTL that overflows the clock, or
+/// [`LockError::PermitMismatch`].
+pub(super) fn attempt(
+    client: &super::MemoryLock,
+    kind: Kind,
+    key: &LockKey,
+    want: Want,
+    options: &LockOptions,
+) -> Result<Result<Lease, Option<Instant>>, LockError> {
+    client.check_alive()?;
+    let requested_at = Instant::now();
+    let Some(expires_at) = requested_at.checked_add(options.ttl()) else {
+        return Err(LockError::config(MEMORY_BACKEND, "ttl overflows the clock"));
+    };
+    let owner = OwnerToken::random();
+    let store = &client.store;
+    match store.shared.grant(kind, key, owner, want, expires_at) {
+        Err(source) => Err(LockError::PermitMismatch {
+            backend: MEMORY_BACKEND,
+            source,
+        }),
+        Ok(Err(expiry)) => Ok(Err(expiry)),
+        Ok(Ok(())) => {
+            // Taken after the grant, under no lock: still above every earlier grant's,
+            // since the counter only grows.
+            let token = store.next_fencing_token();
+            Ok(Ok(Lease::describe(
+                key.clone(),
+                owner,
+                Some(token),
+                options.ttl(),
+                requested_at,
+            )))
+        }
+    }
+}
+
+/// The monitor of a fresh memory lease.
+pub(super) fn monitor(lease: &Lease) -> LeaseMonitor {
+    LeaseMonitor::held_until(lease.acquired_at() + lease.ttl())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::{DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions};
+    use crate::{MemoryLock, RwMode, WaitPolicy};
+
+    #[tokio::test(start_paused = true)]
+    async fn an_expired_permit_frees_and_resets_the_count() {
+        let semaphore = MemoryLock::new().semaphore();
+        let key = LockKey::new("k").unwrap();
+        let short = LockOptions::new(Duration::from_secs(1)).with_wait(WaitPolicy::NoWait);
+        let held = semaphore.try_acquire(&key, 1, &short).await.unwrap();
+        assert!(held.is_some());
+        assert!(semaphore
+            .try_acquire(&key, 1, &short)
+            .await
+            .unwrap()
+            .is_none());
+        assert!(matches!(
+            semaphore.try_acquire(&key, 2, &short).await,
+            Err(LockError::PermitMismatch { .. })
+        ));
+        // Neither released nor renewed: the permit expires, and with it the count.
+        std::mem::forget(held);
+        tokio::time::sleep(Duration::from_millis(1001)).await;
+        let again = semaphore.try_acquire(&key, 2, &short).await.unwrap();
+        assert!(again.is_some(), "the expired permit was not freed");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_writer_holds_new_readers_back_until_it_gives_up() {
+        let rw = MemoryLock::new().rw_lock();
+        let key = LockKey::new("k").unwrap();
+        let options = LockOptions::new(Duration::from_secs(60));
+        let reader = rw.acquire(&key, RwMode::Read, &options).await.unwrap();
+        let waiting = options
+            .clone()
+            .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
+        let writer = {
+            let (rw, key) = (rw.clone(), key.clone());
+            tokio::spawn(async move { rw.acquire(&key, RwMode::Write, &waiting).await })
+        };
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let no_wait = options.clone().with_wait(WaitPolicy::NoWait);
+        assert!(
+            rw.try_acquire(&key, RwMode::Read, &no_wait)
+                .await
+                .unwrap()
+                .is_none(),
+            "a reader got in ahead of a waiting writer"
+        );
+        assert!(matches!(
+            writer.await.unwrap(),
+            Err(LockError::Timeout { .. })
+        ));
+        let late = rw.try_acquire(&key, RwMode::Read, &no_wait).await.unwrap();
+        assert!(
+            late.is_some(),
+            "a writer that gave up still holds readers back"
+        );
+        drop(reader);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn permits_renew_release_and_extend_like_mutex_guards() {
+        use crate::{AutoRenew, ExtendOutcome, LeaseState, ReleaseOutcome};
+        let semaphore = MemoryLock::new().semaphore();
+        let key = LockKey::new("k").unwrap();
+        let ttl = Duration::from_millis(300);
+        let renewed = LockOptions::new(ttl).with_auto_renew(AutoRenew::new());
+        let guard = semaphore.acquire(&key, 1, &renewed).await.unwrap();
+        tokio::time::sleep(ttl * 5).await;
+        assert_eq!(guard.state(), LeaseState::Held);
+        let no_wait = LockOptions::new(ttl).with_wait(WaitPolicy::NoWait);
+        assert!(semaphore
+            .try_acquire(&key, 1, &no_wait)
+            .await
+            .unwrap()
+            .is_none());
+        let lease = guard.lease().clone();
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+        assert_eq!(
+            DistributedSemaphore::release(&semaphore, &lease)
+                .await
+                .unwrap(),
+            ReleaseOutcome::Expired
+        );
+        let other = semaphore.try_acquire(&key, 1, &no_wait).await.unwrap();
+        assert!(other.is_some());
+        assert_eq!(
+            DistributedSemaphore::extend(&semaphore, &lease, ttl)
+                .await
+                .unwrap(),
+            ExtendOutcome::HeldByOther,
+            "another holder's permit is not ours to extend"
+        );
+    }
+}
