@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::DistributedLock;
-use distlock_conformance::faults::{
+use distlock_conformance::UrlConnector;
+use distlock_conformance_faults::{
     run_faults, FaultHarness, FaultVerdict, ServerHarness, ServerKind,
 };
-use distlock_conformance::UrlConnector;
 use distlock_postgres::PostgresLock;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::DistributedLock;
-use distlock_conformance::faults::{
+use distlock_conformance::UrlConnector;
+use distlock_conformance_faults::{
     run_faults, FaultHarness, FaultReport, FaultVerdict, ServerHarness, ServerKind,
 };
-use distlock_conformance::UrlConnector;
 use distlock_redis::{RedisConfig, RedisLock};
 
 fn connector() -> UrlConnector {

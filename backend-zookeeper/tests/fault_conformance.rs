@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::DistributedLock;
-use distlock_conformance::faults::{
+use distlock_conformance::UrlConnector;
+use distlock_conformance_faults::{
     run_faults, run_selected_faults, FaultHarness, FaultReport, FaultVerdict, ServerHarness,
     ServerKind,
 };
-use distlock_conformance::UrlConnector;
 use distlock_zookeeper::ZooKeeperLock;
 
 fn connector() -> UrlConnector {

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use distlock_bench::{BenchConfig, BenchError};
-use distlock_conformance::servers::{
-    PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer,
-};
+use distlock_test_servers::{PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer};
 
 use crate::error::CliError;
 use crate::print_out;

@@ -4,7 +4,7 @@
 //! Against a URL the tool can only put fault proxies in front of the servers it
 //! names (network faults); server faults skip as "server not controlled by the
 //! harness". With `--spawn` it starts throwaway servers of the URL's kind (through
-//! `distlock_conformance::servers`, the same way the tests do) and runs them all.
+//! `distlock_test_servers`, the same way the tests do) and runs them all.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use distlock::memory::{MemoryStore, MEMORY_BACKEND};
 use distlock::LockError;
-use distlock_conformance::faults::{
+use distlock_conformance::{MemoryHarness, UrlConnector};
+use distlock_conformance_faults::{
     FaultHarness, FaultReport, ProxiedHarness, ServerHarness, ServerKind,
 };
-use distlock_conformance::{MemoryHarness, UrlConnector};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -121,7 +121,7 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
 /// (the report is printed first).
 pub async fn run(url: &str, spawn: bool, json: bool, html: Option<&Path>) -> Result<(), CliError> {
     let harness = harness(url, spawn).await?;
-    let report = distlock_conformance::faults::run_faults(harness).await;
+    let report = distlock_conformance_faults::run_faults(harness).await;
     if json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::failed(format!("cannot write the report as JSON: {e}")))?;

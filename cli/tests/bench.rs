@@ -3,7 +3,7 @@
 
 use std::process::Command;
 
-use distlock_conformance::servers::RedisServer;
+use distlock_test_servers::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {

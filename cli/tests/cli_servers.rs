@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use distlock_conformance::servers::{PostgresServer, RedisServer, ZooKeeperServer};
+use distlock_test_servers::{PostgresServer, RedisServer, ZooKeeperServer};
 
 async fn server() -> RedisServer {
     RedisServer::start()

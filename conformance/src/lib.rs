@@ -8,8 +8,6 @@
 //! mistakes, using the deliberately broken backends in [`broken`].
 
 pub mod broken;
-pub mod fault_proxy;
-pub mod faults;
 mod fenced;
 mod harness;
 mod macros;
@@ -17,7 +15,7 @@ mod memory_harness;
 mod report;
 mod runner;
 mod scenarios;
-pub mod servers;
+pub mod support;
 
 pub use fenced::{FencedStore, StaleWrite};
 pub use harness::{Client, ClientFaults, Harness, UrlConnector};

@@ -8,10 +8,10 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::RedisServer;
 use distlock_conformance::{Client, ClientFaults, Harness};
 use distlock_redis::RedisLock;
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::RedisServer;
 use tokio::sync::Mutex;
 
 /// `nodes` throwaway servers: one is a single node, more is Redlock.

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use zookeeper_client as zk;
 

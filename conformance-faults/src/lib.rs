@@ -2,7 +2,7 @@
 //! misbehave, checked from a recorded [`History`] by three [`checkers`].
 //!
 //! Implement [`FaultHarness`] for your backend (or use [`ServerHarness`], which starts
-//! throwaway servers through [`crate::servers`] and puts every client behind its own
+//! throwaway servers through [`distlock_test_servers`] and puts every client behind its own
 //! [`FaultProxy`], or [`ProxiedHarness`], which puts proxies in front of servers given
 //! by URL, for network faults only), then call [`run_faults`] for a [`FaultReport`]: a table, JSON, or a
 //! self-contained HTML page with a timeline of grants.
@@ -32,4 +32,4 @@ pub use scenarios::{
 pub use server_harness::{ServerHarness, ServerKind};
 
 #[cfg(doc)]
-use crate::fault_proxy::FaultProxy;
+use distlock_test_servers::FaultProxy;

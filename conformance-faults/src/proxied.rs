@@ -10,8 +10,8 @@ use distlock_api::LockError;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults};
 use super::server_harness::ServerKind;
-use crate::fault_proxy::FaultProxy;
-use crate::{Client, Harness, UrlConnector};
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_test_servers::FaultProxy;
 
 /// The port a scheme's servers listen on when the URL names none.
 fn default_port(scheme: &str) -> Option<u16> {

@@ -11,12 +11,12 @@ use distlock_api::LockError;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
-use crate::fault_proxy::FaultProxy;
-use crate::servers::{
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::{
     PostgresServer, PostgresServerOptions, RedisServer, ServerError, ZooKeeperEnsemble,
     ZooKeeperServer,
 };
-use crate::{Client, Harness, UrlConnector};
 
 /// Which servers a [`ServerHarness`] starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,9 +119,8 @@ impl ServerHarness {
             }
             ServerKind::Postgres => {
                 // 16 contending clients with a few sessions each, and the waits'.
-                let config = PostgresServerOptions {
-                    settings: vec![("max_connections".into(), "400".into())],
-                };
+                let config =
+                    PostgresServerOptions::default().with_setting("max_connections", "400");
                 Servers::Postgres(PostgresServer::start_with(config).await?)
             }
             ServerKind::ZooKeeper => Servers::ZooKeeper(ZooKeeperServer::start().await?),

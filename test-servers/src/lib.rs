@@ -29,6 +29,7 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+pub mod fault_proxy;
 mod postgres;
 mod process;
 mod redis;
@@ -39,6 +40,7 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use fault_proxy::FaultProxy;
 pub use postgres::{PostgresServer, PostgresServerOptions};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};

@@ -16,8 +16,11 @@ use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerA
 use super::history::{Event, History, Op, Phase};
 use super::record::{pause_holder, FencedSet, Recorder};
 use super::report::{FaultReport, FaultResult, FaultVerdict};
-use crate::scenarios::fifo::{fifo_with_ttl, until_queued, Arrival};
-use crate::scenarios::{check, unique_key, waiting, Failure, LONG_TTL};
+use distlock_conformance::check;
+use distlock_conformance::support::{
+    fifo_with_ttl, unique_key, until_queued, waiting, Arrival, LONG_TTL,
+};
+use distlock_conformance::Failure;
 
 /// What a scenario body hands back: a detail line and the history it recorded.
 pub(crate) struct Outcome {
@@ -116,7 +119,7 @@ fn takeover(h: &dyn FaultHarness) -> Duration {
 }
 
 fn millis(d: Duration) -> String {
-    crate::scenarios::millis(d)
+    distlock_conformance::support::millis(d)
 }
 
 /// Runs `action` on every node, in order.
@@ -873,6 +876,12 @@ pub async fn run_fault_scenario(h: Arc<dyn FaultHarness>, scenario: &FaultScenar
     let (verdict, operations, findings, grants) = match outcome {
         Err(Failure::Skipped(why)) => (FaultVerdict::Skip(why), 0, Findings::default(), Vec::new()),
         Err(Failure::Failed(why)) => (FaultVerdict::Fail(why), 0, Findings::default(), Vec::new()),
+        Err(other) => (
+            FaultVerdict::Fail(format!("{other:?}")),
+            0,
+            Findings::default(),
+            Vec::new(),
+        ),
         Ok(Outcome { detail, history }) => {
             let events = history.events();
             let mut findings = Findings::of(&events);

@@ -25,6 +25,14 @@ pub struct PostgresServerOptions {
     pub settings: Vec<(String, String)>,
 }
 
+impl PostgresServerOptions {
+    /// These options plus the server setting `name = value` (see [`Self::settings`]).
+    pub fn with_setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
+}
+
 /// A PostgreSQL server with a fresh cluster in a temporary directory,
 /// listening on `127.0.0.1` with `trust` authentication for user `postgres`.
 ///

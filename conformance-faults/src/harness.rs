@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use distlock_api::LockError;
 use serde::Serialize;
 
-use crate::fault_proxy::FaultProxy;
-use crate::{Client, Harness};
+use distlock_conformance::{Client, Harness};
+use distlock_test_servers::FaultProxy;
 
 /// The skip reason of a server fault on a harness that does not own the servers.
 pub const NOT_CONTROLLED: &str = "server not controlled by the harness";
@@ -216,3 +216,8 @@ pub trait FaultHarness: Harness {
         Claim::Safe
     }
 }
+
+/// The memory backend has no network and no server: only the scenarios that need
+/// neither (the holder pause) run; the rest skip with the reason.
+#[async_trait]
+impl FaultHarness for distlock_conformance::MemoryHarness {}

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use distlock_conformance::faults::{run_faults, FaultHarness, FaultVerdict, FAULT_SCENARIOS};
 use distlock_conformance::MemoryHarness;
+use distlock_conformance_faults::{run_faults, FaultHarness, FaultVerdict, FAULT_SCENARIOS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_runs_what_applies_and_skips_the_rest_with_reasons() {

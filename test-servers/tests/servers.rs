@@ -1,4 +1,4 @@
-//! Smoke tests for the real-server harness in `distlock_conformance::servers`:
+//! Smoke tests for the real-server harness in `distlock_test_servers`:
 //! every server starts, answers its protocol, survives kill + restart on the
 //! same port, stops answering while paused, and leaves nothing behind.
 //!
@@ -8,9 +8,9 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use distlock_conformance::servers::{
-    self, PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble,
-    ZooKeeperMode, ZooKeeperServer,
+use distlock_test_servers::{
+    PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble, ZooKeeperMode,
+    ZooKeeperServer,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -24,7 +24,7 @@ macro_rules! start_or_skip {
         match $start {
             Ok(server) => server,
             Err(err) => {
-                servers::skip_or_panic($test, &err);
+                distlock_test_servers::skip_or_panic($test, &err);
                 return;
             }
         }
