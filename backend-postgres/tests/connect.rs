@@ -8,6 +8,7 @@ use std::time::Duration;
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
 use distlock_postgres::{PostgresLock, PostgresXactLock};
 use distlock_test_servers::PostgresServer;
+use distlock_test_servers::ServerControl;
 
 const SECRET: &str = "pg-secret-5512";
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::FaultProxy;
+use distlock_test_servers::ServerControl;
 use distlock_test_servers::{RedisServer, RedisServerOptions};
 use redis::AsyncCommands;
 use tokio::io::AsyncWriteExt;

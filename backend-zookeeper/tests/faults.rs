@@ -13,6 +13,7 @@ use distlock_api::{
     ReleaseOutcome, WaitPolicy,
 };
 use distlock_conformance::FencedStore;
+use distlock_test_servers::ServerControl;
 use distlock_test_servers::ZooKeeperEnsemble;
 use distlock_zookeeper::{owner_of, ZooKeeperLock};
 use tokio::time::{timeout, Instant};

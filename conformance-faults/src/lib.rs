@@ -11,6 +11,7 @@ pub mod checkers;
 mod harness;
 mod history;
 mod html;
+mod macros;
 mod proxied;
 mod record;
 mod report;
@@ -27,9 +28,10 @@ pub use proxied::ProxiedHarness;
 pub use record::{pause_holder, FencedSet, Recorder};
 pub use report::{FaultReport, FaultResult, FaultVerdict};
 pub use scenarios::{
-    run_fault_scenario, run_faults, run_selected_faults, FaultScenario, FAULT_SCENARIOS,
+    run_fault_scenario, run_fault_scenario_test, run_faults, run_selected_faults, serial,
+    FaultScenario, FAULT_SCENARIOS,
 };
-pub use server_harness::{ServerHarness, ServerKind};
+pub use server_harness::{ServerHarness, SessionTerminator};
 
 #[cfg(doc)]
 use distlock_test_servers::FaultProxy;

@@ -128,6 +128,9 @@ async fn all_nodes(h: &dyn FaultHarness, action: ServerAction) -> Result<(), Fai
     if nodes == 0 {
         return Err(skip(super::harness::NOT_CONTROLLED));
     }
+    if let Some(why) = h.unsupported(action).await {
+        return Err(skip(why));
+    }
     for node in 0..nodes {
         h.control(node, action)
             .await
@@ -1084,4 +1087,38 @@ async fn crashed_clients_do_not_stall_the_fifo_queue(
         ),
         history,
     })
+}
+
+/// Runs the fault scenario called `name` as a test and prints its result. Used by
+/// [`fault_conformance_tests!`](crate::fault_conformance_tests).
+///
+/// # Panics
+/// When no scenario has that name, when it fails, or, with `must_pass`, when it
+/// skips or only shows violations.
+pub async fn run_fault_scenario_test(name: &str, harness: Arc<dyn FaultHarness>, must_pass: bool) {
+    let Some(scenario) = FAULT_SCENARIOS.iter().find(|s| s.name == name) else {
+        panic!("no fault scenario is called {name}");
+    };
+    let report = FaultReport {
+        backend: harness.name(),
+        results: vec![run_fault_scenario(harness, scenario).await],
+    };
+    print!("{}", report.to_table());
+    match &report.results[0].verdict {
+        FaultVerdict::Pass(_) => {}
+        FaultVerdict::Fail(why) => panic!("{name} on {} failed: {why}", report.backend),
+        other if must_pass => panic!("{name} on {} must pass, but: {other:?}", report.backend),
+        FaultVerdict::Skip(why) => println!("{name} on {}: SKIPPED: {why}", report.backend),
+        FaultVerdict::Shown(why) => println!(
+            "{name} on {}: violations shown, not claimed: {why}",
+            report.backend
+        ),
+    }
+}
+
+/// A guard held by each test [`fault_conformance_tests!`](crate::fault_conformance_tests)
+/// generates, so the fault scenarios of one test binary run one at a time.
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    ONE_AT_A_TIME.lock().await
 }

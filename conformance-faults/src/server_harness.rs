@@ -1,9 +1,13 @@
-//! [`ServerHarness`]: a [`FaultHarness`] over throwaway servers it starts and owns,
-//! with every client behind its own fault proxies.
+//! [`ServerHarness`]: a [`FaultHarness`] over throwaway servers the test started and
+//! handed over, with every client behind its own fault proxies. The backend's test
+//! says how to reach the servers (a URL template) and what the backend promises
+//! under each fault (its claims); the kit knows no backend.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -12,85 +16,31 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use distlock_conformance::{Client, Harness, UrlConnector};
-use distlock_test_servers::FaultProxy;
-use distlock_test_servers::{
-    PostgresServer, PostgresServerOptions, RedisServer, ServerError, ZooKeeperEnsemble,
-    ZooKeeperServer,
-};
+use distlock_test_servers::{FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble};
 
-/// Which servers a [`ServerHarness`] starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ServerKind {
-    /// `nodes` redis-servers without persistence: one is a single node, more is Redlock.
-    Redis {
-        /// How many.
-        nodes: usize,
-    },
-    /// One PostgreSQL server.
-    Postgres,
-    /// One standalone ZooKeeper server.
-    ZooKeeper,
-    /// A ZooKeeper ensemble of `nodes`.
-    ZooKeeperEnsemble {
-        /// How many.
-        nodes: usize,
-    },
-}
-
-impl ServerKind {
-    /// The kind a backend URL's scheme names, with the node count of its host list.
-    pub fn for_url(url: &str) -> Option<ServerKind> {
-        let (scheme, rest) = url.split_once("://")?;
-        let hosts = rest
-            .split(['/', '?'])
-            .next()
-            .map_or(1, |h| h.split(',').count().max(1));
-        match scheme {
-            "redis" => Some(ServerKind::Redis { nodes: 1 }),
-            "redis+redlock" => Some(ServerKind::Redis { nodes: hosts }),
-            "postgres" | "postgresql" => Some(ServerKind::Postgres),
-            "zk" | "zookeeper" if hosts > 1 => Some(ServerKind::ZooKeeperEnsemble { nodes: hosts }),
-            "zk" | "zookeeper" => Some(ServerKind::ZooKeeper),
-            _ => None,
-        }
-    }
-
-    /// What the backend claims under `fault` with these servers, from its documented
-    /// semantics.
-    pub fn claim(self, fault: Fault) -> Claim {
-        let not = |why: &str| Claim::NotClaimed(why.to_owned());
-        match (self, fault) {
-            (ServerKind::Redis { nodes: 1 }, Fault::ServerRestart) => not(
-                "redis-server without persistence forgets held locks and the fencing counter when restarted",
-            ),
-            (ServerKind::Redis { .. }, Fault::ServerRestart) => not(
-                "Redlock nodes without persistence forget held locks when all restart at once",
-            ),
-            (ServerKind::Postgres, Fault::ServerRestart) => not(
-                "advisory locks die with the server; a holder learns of it only when its session breaks",
-            ),
-            _ => Claim::Safe,
-        }
-    }
-}
+/// Ends the server-side sessions of one client: given the client's number, the
+/// count of sessions ended, or why not.
+pub type SessionTerminator =
+    Arc<dyn Fn(usize) -> Pin<Box<dyn Future<Output = Result<usize, String>> + Send>> + Send + Sync>;
 
 enum Servers {
-    Redis(Vec<RedisServer>),
-    Postgres(PostgresServer),
-    ZooKeeper(ZooKeeperServer),
+    /// One server, or independent nodes (a client-side quorum).
+    Nodes(Vec<Box<dyn ServerControl>>),
+    /// A replicated ensemble with an elected leader.
     Ensemble(ZooKeeperEnsemble),
 }
 
-/// Throwaway servers of one [`ServerKind`], started by the harness, and clients made
-/// by a connector from URLs that point at per-client fault proxies. Postgres clients
-/// are named `distlock-fault-N` (`application_name`) so one client's sessions can be
-/// terminated.
+/// Throwaway servers handed over by the test, and clients made by a connector from
+/// URLs that point at per-client fault proxies. Every client's crash hook cuts its
+/// proxies, so the kit's crash scenarios run too.
 pub struct ServerHarness {
-    kind: ServerKind,
     servers: AsyncMutex<Servers>,
+    ensemble: bool,
     ports: Vec<u16>,
+    url_template: String,
     connector: UrlConnector,
+    claims: Arc<dyn Fn(Fault) -> Claim + Send + Sync>,
+    terminator: Option<SessionTerminator>,
     proxies: Mutex<Vec<FaultProxy>>,
     next_id: AtomicUsize,
     ttl: Duration,
@@ -104,48 +54,72 @@ fn err(e: ServerError) -> String {
 }
 
 impl ServerHarness {
-    /// Starts the servers of `kind`; clients come from `connector`.
-    ///
-    /// # Errors
-    /// A server that cannot start.
-    pub async fn start(kind: ServerKind, connector: UrlConnector) -> Result<Self, ServerError> {
-        let servers = match kind {
-            ServerKind::Redis { nodes } => {
-                let mut all = Vec::new();
-                for _ in 0..nodes.max(1) {
-                    all.push(RedisServer::start().await?);
-                }
-                Servers::Redis(all)
-            }
-            ServerKind::Postgres => {
-                // 16 contending clients with a few sessions each, and the waits'.
-                let config =
-                    PostgresServerOptions::default().with_setting("max_connections", "400");
-                Servers::Postgres(PostgresServer::start_with(config).await?)
-            }
-            ServerKind::ZooKeeper => Servers::ZooKeeper(ZooKeeperServer::start().await?),
-            ServerKind::ZooKeeperEnsemble { nodes } => {
-                Servers::Ensemble(ZooKeeperEnsemble::start(nodes).await?)
-            }
-        };
-        let ports = match &servers {
-            Servers::Redis(all) => all.iter().map(RedisServer::port).collect(),
-            Servers::Postgres(s) => vec![s.port()],
-            Servers::ZooKeeper(s) => vec![s.port()],
-            Servers::Ensemble(e) => e.nodes().iter().map(ZooKeeperServer::port).collect(),
-        };
-        Ok(ServerHarness {
-            kind,
+    /// A harness over `nodes`: one server, or independent nodes a client reaches
+    /// as a quorum (Redlock). Client URLs come from `url_template`, in which
+    /// `{hosts}` is replaced by `127.0.0.1:PORT` per node (comma-separated; the
+    /// ports of the client's proxies) and `{client}` by the client's number, e.g.
+    /// `redis+redlock://{hosts}`. The backend claims safety under every fault
+    /// until [`with_claims`](Self::with_claims) says otherwise.
+    pub fn new(
+        nodes: Vec<Box<dyn ServerControl>>,
+        url_template: impl Into<String>,
+        connector: UrlConnector,
+    ) -> Self {
+        let ports = nodes.iter().map(|n| n.port()).collect();
+        Self::with_servers(Servers::Nodes(nodes), ports, url_template.into(), connector)
+    }
+
+    /// A harness over a replicated `ensemble` (leader election and leader loss
+    /// apply); `url_template` as in [`new`](Self::new).
+    pub fn over_ensemble(
+        ensemble: ZooKeeperEnsemble,
+        url_template: impl Into<String>,
+        connector: UrlConnector,
+    ) -> Self {
+        let ports = ensemble.nodes().iter().map(|n| n.port()).collect();
+        Self::with_servers(
+            Servers::Ensemble(ensemble),
+            ports,
+            url_template.into(),
+            connector,
+        )
+    }
+
+    fn with_servers(
+        servers: Servers,
+        ports: Vec<u16>,
+        url_template: String,
+        connector: UrlConnector,
+    ) -> Self {
+        ServerHarness {
+            ensemble: matches!(servers, Servers::Ensemble(_)),
             servers: AsyncMutex::new(servers),
             ports,
+            url_template,
             connector,
+            claims: Arc::new(|_| Claim::Safe),
+            terminator: None,
             proxies: Mutex::new(Vec::new()),
             next_id: AtomicUsize::new(0),
             ttl: Duration::from_millis(500),
             slack: Duration::from_secs(1),
             crash_bound: Duration::from_millis(500),
             dead_waiter_bound: None,
-        })
+        }
+    }
+
+    /// What the backend claims under each fault ([`FaultHarness::claim`]): its
+    /// documented guarantees, stated by the backend's own test.
+    pub fn with_claims(mut self, claims: impl Fn(Fault) -> Claim + Send + Sync + 'static) -> Self {
+        self.claims = Arc::new(claims);
+        self
+    }
+
+    /// How to end one client's server-side sessions
+    /// ([`FaultHarness::terminate_session`]), for backends that have them.
+    pub fn with_session_terminator(mut self, terminator: SessionTerminator) -> Self {
+        self.terminator = Some(terminator);
+        self
     }
 
     /// Sets the TTL scenarios use and the longest a cut-off holder's lock survives.
@@ -162,34 +136,22 @@ impl ServerHarness {
         self
     }
 
-    /// The kind of servers.
-    pub fn kind(&self) -> ServerKind {
-        self.kind
-    }
-
     /// The servers' ports, in node order.
     pub fn ports(&self) -> &[u16] {
         &self.ports
     }
 
-    /// The URL to the servers at `ports` (the real ones, or a client's proxies), for
-    /// client number `id`.
+    /// The URL template filled in for the servers at `ports` (the real ones, or a
+    /// client's proxies) and client number `id`.
     pub fn url_for(&self, ports: &[u16], id: usize) -> String {
         let hosts = ports
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect::<Vec<_>>()
             .join(",");
-        match self.kind {
-            ServerKind::Redis { nodes: 1 } => format!("redis://{hosts}"),
-            ServerKind::Redis { .. } => format!("redis+redlock://{hosts}"),
-            ServerKind::Postgres => {
-                format!("postgres://postgres@{hosts}/postgres?application_name=distlock-fault-{id}")
-            }
-            ServerKind::ZooKeeper | ServerKind::ZooKeeperEnsemble { .. } => {
-                format!("zookeeper://{hosts}")
-            }
-        }
+        self.url_template
+            .replace("{hosts}", &hosts)
+            .replace("{client}", &id.to_string())
     }
 
     /// The direct URL (no proxies).
@@ -247,61 +209,39 @@ impl FaultHarness for ServerHarness {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(proxies.iter().cloned());
+        let net = NetFaults::new(proxies);
         Ok(FaultClient {
             id,
-            client: Client::new(lock),
-            net: Some(NetFaults::new(proxies)),
+            client: Client::new(lock).with_faults(Arc::new(net.clone())),
+            net: Some(net),
         })
     }
 
     fn topology(&self) -> Topology {
-        match self.kind {
-            ServerKind::Redis { nodes: 1 } | ServerKind::Postgres | ServerKind::ZooKeeper => {
-                Topology::Single
-            }
-            ServerKind::Redis { nodes } => Topology::Quorum { nodes },
-            ServerKind::ZooKeeperEnsemble { nodes } => Topology::Ensemble { nodes },
+        match (self.ensemble, self.ports.len()) {
+            (true, nodes) => Topology::Ensemble { nodes },
+            (false, 1) => Topology::Single,
+            (false, nodes) => Topology::Quorum { nodes },
         }
     }
 
     async fn control(&self, node: usize, action: ServerAction) -> Result<(), String> {
         let mut servers = self.servers.lock().await;
-        let single = |node: usize| {
-            if node == 0 {
-                Ok(())
-            } else {
-                Err(format!("no node {node}: one server"))
-            }
-        };
-        // The server types share these methods but no trait.
-        macro_rules! act_on {
-            ($server:expr) => {
-                match action {
-                    ServerAction::Kill => {
-                        $server.kill();
-                        Ok(())
-                    }
-                    ServerAction::Restart => $server.restart().await.map_err(err),
-                    ServerAction::Pause => $server.pause().map_err(err),
-                    ServerAction::Resume => $server.resume().map_err(err),
-                }
-            };
-        }
         match &mut *servers {
-            Servers::Redis(all) => {
+            Servers::Nodes(all) => {
                 let count = all.len();
                 let server = all
                     .get_mut(node)
                     .ok_or_else(|| format!("no node {node} of {count}"))?;
-                act_on!(server)
-            }
-            Servers::Postgres(server) => {
-                single(node)?;
-                act_on!(server)
-            }
-            Servers::ZooKeeper(server) => {
-                single(node)?;
-                act_on!(server)
+                match action {
+                    ServerAction::Kill => {
+                        server.kill();
+                        Ok(())
+                    }
+                    ServerAction::Restart => server.restart().await.map_err(err),
+                    ServerAction::Pause => server.pause().map_err(err),
+                    ServerAction::Resume => server.resume().map_err(err),
+                }
             }
             Servers::Ensemble(ensemble) => match action {
                 ServerAction::Kill => ensemble.kill_node(node).map_err(err),
@@ -312,27 +252,34 @@ impl FaultHarness for ServerHarness {
         }
     }
 
-    async fn leader(&self) -> Option<usize> {
-        match &*self.servers.lock().await {
-            Servers::Ensemble(ensemble) => ensemble.leader().await,
+    async fn unsupported(&self, action: ServerAction) -> Option<String> {
+        match (action, &*self.servers.lock().await) {
+            (ServerAction::Pause | ServerAction::Resume, Servers::Nodes(all)) => {
+                all.iter().find_map(|n| n.pause_unsupported())
+            }
             _ => None,
         }
     }
 
-    async fn terminate_session(&self, client: &FaultClient) -> Result<(), String> {
+    async fn leader(&self) -> Option<usize> {
         match &*self.servers.lock().await {
-            Servers::Postgres(server) => {
-                let name = format!("distlock-fault-{}", client.id);
-                match server.terminate_sessions(&name).await.map_err(err)? {
-                    0 => Err(format!("no session is named {name}")),
-                    _ => Ok(()),
-                }
-            }
-            _ => Err("only Postgres has server sessions to terminate".to_owned()),
+            Servers::Ensemble(ensemble) => ensemble.leader().await,
+            Servers::Nodes(_) => None,
+        }
+    }
+
+    async fn terminate_session(&self, client: &FaultClient) -> Result<(), String> {
+        let terminate = self
+            .terminator
+            .as_ref()
+            .ok_or("this backend has no server sessions to terminate")?;
+        match terminate(client.id).await? {
+            0 => Err(format!("client {} had no session to terminate", client.id)),
+            _ => Ok(()),
         }
     }
 
     fn claim(&self, fault: Fault) -> Claim {
-        self.kind.claim(fault)
+        (self.claims)(fault)
     }
 }

@@ -47,3 +47,16 @@ fn docs_list_every_fault_scenario() {
         );
     }
 }
+
+/// The macro a backend uses, on the memory backend: one test per fault scenario.
+mod generated {
+    use std::sync::Arc;
+
+    use distlock_conformance::MemoryHarness;
+    use distlock_conformance_faults::FaultHarness;
+
+    distlock_conformance_faults::fault_conformance_tests!(
+        async { Arc::new(MemoryHarness::new()) as Arc<dyn FaultHarness> },
+        must_pass = [paused_holder_wakes_to_a_refused_write]
+    );
+}

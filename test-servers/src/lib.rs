@@ -29,6 +29,7 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+mod control;
 pub mod fault_proxy;
 mod postgres;
 mod process;
@@ -40,8 +41,9 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+pub use control::ServerControl;
 pub use fault_proxy::FaultProxy;
-pub use postgres::{PostgresServer, PostgresServerOptions};
+pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 
@@ -138,6 +140,17 @@ pub enum ServerError {
         waited: Duration,
         /// What each node reported last.
         modes: String,
+    },
+    /// The provider that started the server cannot do this (for example pause a
+    /// container); tests that need it skip with this reason.
+    #[error("{server}: {action} is not supported: {why}")]
+    Unsupported {
+        /// Which server.
+        server: String,
+        /// What was asked, e.g. `pause`.
+        action: &'static str,
+        /// Why the provider cannot.
+        why: String,
     },
     /// An argument was out of range (e.g. an ensemble of zero nodes).
     #[error("invalid argument: {0}")]

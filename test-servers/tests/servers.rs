@@ -8,6 +8,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use distlock_test_servers::ServerControl;
 use distlock_test_servers::{
     PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble, ZooKeeperMode,
     ZooKeeperServer,

@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::{Client, ClientFaults, Harness};
+use distlock_conformance::{Client, Harness};
+use distlock_conformance_faults::NetFaults;
 use distlock_redis::RedisLock;
 use distlock_test_servers::FaultProxy;
 use distlock_test_servers::RedisServer;
@@ -92,19 +93,6 @@ impl RedisHarness {
     }
 }
 
-/// Cuts every proxy of one client: its process is gone as far as the servers can tell.
-struct CutProxies(Vec<FaultProxy>);
-
-#[async_trait]
-impl ClientFaults for CutProxies {
-    async fn crash(&self) -> Result<(), LockError> {
-        for proxy in &self.0 {
-            proxy.cut();
-        }
-        Ok(())
-    }
-}
-
 #[async_trait]
 impl Harness for RedisHarness {
     fn name(&self) -> String {
@@ -117,6 +105,7 @@ impl Harness for RedisHarness {
             kept.extend(proxies.iter().cloned());
         }
         let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(CutProxies(proxies))))
+        // The kit's crash hook: every proxy of the client cut at once.
+        Ok(Client::new(lock).with_faults(Arc::new(NetFaults::new(proxies))))
     }
 }
