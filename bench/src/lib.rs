@@ -151,6 +151,11 @@ impl Backend {
     }
 }
 
+/// The note a comparison run gets when the peer crates were not built in.
+#[cfg(not(feature = "compare"))]
+const WITHOUT_PEERS: &str = "rslock and distributed-lock left out: this build lacks the \
+     `compare` feature (cargo install distlock-cli --features compare)";
+
 /// Connects distlock and, with `compare`, every comparator. A comparator that cannot
 /// connect is left out with a note.
 async fn connect_sides(
@@ -181,11 +186,16 @@ async fn connect_sides(
     match backend {
         Backend::Redis => {
             add("raw", boxed(redis::Raw::connect(url).await));
-            add("rslock", Ok(Box::new(redis::Rslock::connect(url))));
-            add(
-                "distributed-lock",
-                boxed(redis::DistributedLockRedis::connect(url).await),
-            );
+            #[cfg(feature = "compare")]
+            {
+                add("rslock", Ok(Box::new(redis::Rslock::connect(url))));
+                add(
+                    "distributed-lock",
+                    boxed(redis::DistributedLockRedis::connect(url).await),
+                );
+            }
+            #[cfg(not(feature = "compare"))]
+            notes.push(WITHOUT_PEERS.into());
         }
         Backend::Postgres => {
             add("raw", Ok(Box::new(postgres::Raw::new(url))));
@@ -193,10 +203,13 @@ async fn connect_sides(
                 "sqlx PgAdvisoryLock",
                 Ok(Box::new(postgres::SqlxAdvisory::new(url))),
             );
+            #[cfg(feature = "compare")]
             add(
                 "distributed-lock",
                 boxed(postgres::DistributedLockPostgres::connect(url).await),
             );
+            #[cfg(not(feature = "compare"))]
+            notes.push(WITHOUT_PEERS.into());
         }
         Backend::ZooKeeper => {
             add("raw", boxed(zookeeper::Raw::connect(url).await));

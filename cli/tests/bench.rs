@@ -1,5 +1,8 @@
 //! A smoke run of `distlock bench`: tiny counts against a throwaway redis-server, so the
 //! tool cannot rot. It checks that every row and ratio is there, never the figures.
+//! The rows include the peer crates, so it needs the `compare` feature (scripts/test.sh
+//! builds with `--all-features`).
+#![cfg(feature = "compare")]
 
 use std::process::Command;
 

@@ -1,11 +1,14 @@
-//! Fault-injection conformance: what a backend does when the network or its servers
-//! misbehave, checked from a recorded [`History`] by three [`checkers`].
+//! Fault-injection conformance for distlock backends: what a backend does when the
+//! network or its servers misbehave, checked from a recorded [`History`] by three
+//! [`checkers`], with one test per fault scenario from [`fault_conformance_tests!`].
 //!
-//! Implement [`FaultHarness`] for your backend (or use [`ServerHarness`], which starts
-//! throwaway servers through [`distlock_test_servers`] and puts every client behind its own
-//! [`FaultProxy`], or [`ProxiedHarness`], which puts proxies in front of servers given
-//! by URL, for network faults only), then call [`run_faults`] for a [`FaultReport`]: a table, JSON, or a
-//! self-contained HTML page with a timeline of grants.
+//! Implement [`FaultHarness`] for your backend (or use [`ServerHarness`], over
+//! throwaway servers from [`distlock_test_servers`] that your test starts, with your
+//! backend's URL template and claims, every client behind its own [`FaultProxy`] with
+//! a crash hook; or [`ProxiedHarness`], which puts proxies in front of servers given
+//! by URL, for network faults only), then generate the tests, or call [`run_faults`]
+//! for a [`FaultReport`]: a table, JSON, or a self-contained HTML page with a timeline
+//! of grants. Its public API follows semver, like `distlock-conformance`.
 
 pub mod checkers;
 mod harness;

@@ -1,4 +1,10 @@
-//! Real, throwaway servers for integration tests.
+//! Throwaway real servers for integration tests: redis-server, PostgreSQL and
+//! ZooKeeper on free loopback ports, controlled through [`ServerControl`] (url, kill,
+//! restart, pause, resume, logs), and [`FaultProxy`], a TCP fault-injection proxy.
+//!
+//! **Not API-stable**: like other test-fixture crates, this one changes whenever the
+//! tests that use it need something else; pin an exact version if you depend on it.
+//! It does not depend on `distlock-api`: nothing here is about locks.
 //!
 //! Each server type in this module starts a genuine server process
 //! (`redis-server`, PostgreSQL's `postgres`, Apache ZooKeeper on the JVM) on a
@@ -7,9 +13,9 @@
 //! down again when the handle is dropped: the process tree is stopped, the
 //! process is reaped and the temporary directory is removed.
 //!
-//! The handles also expose the fault controls that failure-scenario tests
-//! need: `kill` (SIGKILL), `restart` (same port, same data directory),
-//! `pause` (SIGSTOP) and `resume` (SIGCONT).
+//! The handles also expose, through [`ServerControl`], the fault controls that
+//! failure-scenario tests need: `kill` (SIGKILL), `restart` (same port, same data
+//! directory), `pause` (SIGSTOP) and `resume` (SIGCONT).
 //!
 //! Nothing here uses Docker; the server binaries come from the Debian packages
 //! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
