@@ -13,7 +13,7 @@ use distlock_api::DistributedLock;
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{Claim, Fault, FaultHarness, ServerHarness};
 use distlock_postgres::PostgresLock;
-use distlock_test_servers::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
+use distlock_test_servers::{terminate_sessions_at, PostgresServerOptions, Provider, ServerError};
 
 /// What Postgres advisory locks promise under each fault.
 fn claims(fault: Fault) -> Claim {
@@ -23,6 +23,10 @@ fn claims(fault: Fault) -> Claim {
         ),
         _ => Claim::Safe,
     }
+}
+
+fn cannot_start(e: ServerError) -> ! {
+    panic!("could not start PostgreSQL (run scripts/test.sh): {e}")
 }
 
 async fn harness() -> Arc<dyn FaultHarness> {
@@ -38,13 +42,15 @@ async fn harness() -> Arc<dyn FaultHarness> {
     });
     // 16 contending clients with a few sessions each, and the waits'.
     let options = PostgresServerOptions::default().with_setting("max_connections", "400");
-    let server = PostgresServer::start_with(options)
+    let provider = Provider::from_env().unwrap_or_else(|e| cannot_start(e));
+    let server = provider
+        .postgres(options)
         .await
-        .unwrap_or_else(|e| panic!("could not start PostgreSQL (run scripts/test.sh): {e}"));
+        .unwrap_or_else(|e| cannot_start(e));
     let port = server.port();
     // Each client names its sessions after its number, so one client's can be ended.
     let template = "postgres://postgres@{hosts}/postgres?application_name=distlock-fault-{client}";
-    let harness = ServerHarness::new(vec![Box::new(server)], template, connector)
+    let harness = ServerHarness::new(vec![server], template, connector)
         .with_claims(claims)
         .with_session_terminator(Arc::new(move |client| {
             Box::pin(async move {

@@ -13,7 +13,7 @@ use distlock_conformance_faults::{
     run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerHarness,
 };
 use distlock_redis::{RedisConfig, RedisLock};
-use distlock_test_servers::{RedisServer, ServerControl};
+use distlock_test_servers::{Provider, ServerControl, ServerError};
 
 fn connector() -> UrlConnector {
     Arc::new(|url: String| {
@@ -39,14 +39,17 @@ fn claims(nodes: usize) -> impl Fn(Fault) -> Claim + Send + Sync {
     }
 }
 
-/// `nodes` fresh servers: one is a single node, more is Redlock.
+fn cannot_start(e: ServerError) -> ! {
+    panic!("could not start redis-server (run scripts/test.sh): {e}")
+}
+
+/// `nodes` fresh servers from the provider `DISTLOCK_TEST_SERVERS` names: one is a
+/// single node, more is Redlock.
 async fn harness(nodes: usize) -> Arc<dyn FaultHarness> {
+    let provider = Provider::from_env().unwrap_or_else(|e| cannot_start(e));
     let mut servers: Vec<Box<dyn ServerControl>> = Vec::new();
     for _ in 0..nodes {
-        let server = RedisServer::start()
-            .await
-            .unwrap_or_else(|e| panic!("could not start redis-server (run scripts/test.sh): {e}"));
-        servers.push(Box::new(server));
+        servers.push(provider.redis().await.unwrap_or_else(|e| cannot_start(e)));
     }
     let template = if nodes == 1 {
         "redis://{hosts}"

@@ -13,7 +13,7 @@ use std::time::Duration;
 use distlock_api::DistributedLock;
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{run_selected_faults, FaultHarness, FaultVerdict, ServerHarness};
-use distlock_test_servers::{ZooKeeperEnsemble, ZooKeeperServer};
+use distlock_test_servers::{Provider, ZooKeeperEnsemble};
 use distlock_zookeeper::ZooKeeperLock;
 
 const URL_TEMPLATE: &str = "zookeeper://{hosts}";
@@ -40,14 +40,12 @@ fn cannot_start(e: impl std::fmt::Display) -> ! {
 }
 
 async fn standalone() -> Arc<dyn FaultHarness> {
-    let server = ZooKeeperServer::start()
+    let provider = Provider::from_env().unwrap_or_else(|e| cannot_start(e));
+    let server = provider
+        .zookeeper()
         .await
         .unwrap_or_else(|e| cannot_start(e));
-    timed(ServerHarness::new(
-        vec![Box::new(server)],
-        URL_TEMPLATE,
-        connector(),
-    ))
+    timed(ServerHarness::new(vec![server], URL_TEMPLATE, connector()))
 }
 
 distlock_conformance_faults::fault_conformance_tests!(
@@ -62,6 +60,7 @@ distlock_conformance_faults::fault_conformance_tests!(
     ]
 );
 
+/// Ensembles come from local binaries only (the Docker provider offers none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_loses_its_leader() {
     let _one_at_a_time = distlock_conformance_faults::serial().await;

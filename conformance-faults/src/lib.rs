@@ -32,7 +32,7 @@ pub use record::{pause_holder, FencedSet, Recorder};
 pub use report::{FaultReport, FaultResult, FaultVerdict};
 pub use scenarios::{
     run_fault_scenario, run_fault_scenario_test, run_faults, run_selected_faults, serial,
-    FaultScenario, FAULT_SCENARIOS,
+    FaultScenario, FAULT_SCENARIOS, PROVIDER_LACKS,
 };
 pub use server_harness::{ServerHarness, SessionTerminator};
 

@@ -8,7 +8,8 @@
 /// fresh servers). `must_pass = [..]` names the scenarios that must pass on this
 /// backend rather than skip. A test fails when its scenario fails (a violation of a
 /// claimed guarantee, a hang, a panic) or when a `must_pass` scenario skips or only
-/// shows violations; it passes, printing why, when the scenario skips or shows
+/// shows violations (a skip because the servers' provider lacks an action, such as
+/// pausing a container, is allowed); it passes, printing why, when the scenario skips or shows
 /// violations the backend does not claim to prevent. The generated tests of one
 /// test binary run one at a time: fault scenarios measure timing and would disturb
 /// each other.

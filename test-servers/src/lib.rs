@@ -35,10 +35,13 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+#[cfg(feature = "testcontainers")]
+mod container;
 mod control;
 pub mod fault_proxy;
 mod postgres;
 mod process;
+mod provider;
 mod redis;
 mod zookeeper;
 
@@ -47,9 +50,12 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[cfg(feature = "testcontainers")]
+pub use container::{docker_engine, ContainerServer};
 pub use control::ServerControl;
 pub use fault_proxy::FaultProxy;
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
+pub use provider::{Provider, PROVIDER_VAR};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 

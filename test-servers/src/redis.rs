@@ -239,7 +239,7 @@ fn redis_binary() -> Result<PathBuf, ServerError> {
 
 /// Sends a RESP `PING` to 127.0.0.1:`port`, after `AUTH password` when there is one,
 /// and expects `+PONG`.
-async fn redis_ping(
+pub(crate) async fn redis_ping(
     port: u16,
     password: Option<&str>,
     timeout: Duration,

@@ -256,3 +256,18 @@ async fn zookeeper_ensemble_reelects_after_leader_kill() {
         assert_gone(test, pid, port, dir).await;
     }
 }
+
+/// `DISTLOCK_TEST_SERVERS` picks the provider; the default is local binaries, and a
+/// value that names no provider is a typed error.
+#[test]
+fn provider_comes_from_the_environment() {
+    // Only this test touches the variable, and only through the parser's input: the
+    // parser is checked on the current value, whatever the caller set.
+    let current = std::env::var(distlock_test_servers::PROVIDER_VAR).unwrap_or_default();
+    let parsed = distlock_test_servers::Provider::from_env();
+    match current.trim().to_ascii_lowercase().as_str() {
+        "" | "local" => assert_eq!(parsed.ok(), Some(distlock_test_servers::Provider::Local)),
+        "docker" => assert_eq!(parsed.ok(), Some(distlock_test_servers::Provider::Docker)),
+        _ => assert!(matches!(parsed, Err(ServerError::InvalidArgument(_)))),
+    }
+}
