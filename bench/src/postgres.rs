@@ -2,6 +2,7 @@
 //! through sqlx), sqlx's own `PgAdvisoryLock` and distributed-lock 0.2; and the
 //! server-side connection count.
 
+#[cfg(feature = "compare")]
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -12,7 +13,9 @@ use distributed_lock::{
 use sqlx::postgres::PgAdvisoryLock;
 use sqlx::{Connection as _, PgConnection};
 
-use crate::side::{BoxError, Contender, Side, PATIENCE};
+#[cfg(feature = "compare")]
+use crate::side::PATIENCE;
+use crate::side::{BoxError, Contender, Side};
 
 /// Client connections open on the server (`pg_stat_activity`), this probe included.
 pub(crate) async fn client_connections(url: &str) -> Result<u64, BoxError> {

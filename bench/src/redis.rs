@@ -10,7 +10,9 @@ use distributed_lock::{
 };
 use redis::aio::MultiplexedConnection;
 
-use crate::side::{BoxError, Contender, Side, PATIENCE, TTL};
+#[cfg(feature = "compare")]
+use crate::side::PATIENCE;
+use crate::side::{BoxError, Contender, Side, TTL};
 
 const COMPARE_AND_DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";

@@ -18,6 +18,7 @@ mod macros;
 mod proxied;
 mod record;
 mod report;
+mod runner;
 mod scenarios;
 mod server_harness;
 
@@ -30,10 +31,10 @@ pub use html::html_page;
 pub use proxied::ProxiedHarness;
 pub use record::{pause_holder, FencedSet, Recorder};
 pub use report::{FaultReport, FaultResult, FaultVerdict};
-pub use scenarios::{
+pub use runner::{
     run_fault_scenario, run_fault_scenario_test, run_faults, run_selected_faults, serial,
-    FaultScenario, FAULT_SCENARIOS, PROVIDER_LACKS,
 };
+pub use scenarios::{FaultScenario, FAULT_SCENARIOS, PROVIDER_LACKS};
 pub use server_harness::{ServerHarness, SessionTerminator};
 
 #[cfg(doc)]

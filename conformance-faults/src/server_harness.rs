@@ -45,7 +45,8 @@ pub struct ServerHarness {
     next_id: AtomicUsize,
     ttl: Duration,
     slack: Duration,
-    crash_bound: Duration,
+    /// `None`: the lease, as [`Harness::crash_bound`] has it by default.
+    crash_bound: Option<Duration>,
     dead_waiter_bound: Option<Duration>,
 }
 
@@ -103,7 +104,7 @@ impl ServerHarness {
             next_id: AtomicUsize::new(0),
             ttl: Duration::from_millis(500),
             slack: Duration::from_secs(1),
-            crash_bound: Duration::from_millis(500),
+            crash_bound: None,
             dead_waiter_bound: None,
         }
     }
@@ -122,10 +123,11 @@ impl ServerHarness {
         self
     }
 
-    /// Sets the TTL scenarios use and the longest a cut-off holder's lock survives.
+    /// Sets the TTL scenarios use and the longest a cut-off holder's lock survives
+    /// (by default 500 ms, and the lease of the scenario at hand).
     pub fn with_timing(mut self, ttl: Duration, crash_bound: Duration) -> Self {
         self.ttl = ttl;
-        self.crash_bound = crash_bound;
+        self.crash_bound = Some(crash_bound);
         self
     }
 
@@ -182,12 +184,13 @@ impl Harness for ServerHarness {
         self.slack
     }
 
-    fn crash_bound(&self, _ttl: Duration) -> Duration {
-        self.crash_bound
+    fn crash_bound(&self, ttl: Duration) -> Duration {
+        self.crash_bound.unwrap_or(ttl)
     }
 
     fn dead_waiter_bound(&self) -> Duration {
-        self.dead_waiter_bound.unwrap_or(self.crash_bound)
+        self.dead_waiter_bound
+            .unwrap_or_else(|| self.crash_bound(self.ttl))
     }
 }
 
