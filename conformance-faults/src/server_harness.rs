@@ -192,6 +192,10 @@ impl Harness for ServerHarness {
         self.dead_waiter_bound
             .unwrap_or_else(|| self.crash_bound(self.ttl))
     }
+
+    fn url_connector(&self) -> Option<UrlConnector> {
+        Some(self.connector.clone())
+    }
 }
 
 #[async_trait]
