@@ -1,4 +1,4 @@
-//! Benchmarks of distlock beside the raw server bound and the peer lock crates, run by
+//! Benchmarks of distlock beside the raw server bound and (with feature `compare`) the peer lock crates, run by
 //! `distlock bench`.
 //!
 //! Every figure comes from one run against one server: distlock and each comparator
