@@ -1,5 +1,5 @@
-//! Benchmarks of distlock beside the raw server bound and (with feature `compare`) the peer lock crates, run by
-//! `distlock bench`.
+//! Benchmarks of distlock beside the raw server bound and (with feature `compare`) the
+//! peer lock crates, run by `distlock bench`.
 //!
 //! Every figure comes from one run against one server: distlock and each comparator
 //! take turns in alternating rounds in the same process, and ratios are taken within a
