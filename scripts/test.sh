@@ -13,7 +13,7 @@
 # 2. Runs `cargo test --workspace --all-features` with
 #    DISTLOCK_REQUIRE_SERVERS=1, so a server that cannot start fails the run
 #    instead of being skipped. The test binaries start (and clean up) their
-#    own throwaway servers through distlock_conformance::servers; this script
+#    own throwaway servers through distlock_test_servers; this script
 #    starts none.
 #
 # Extra arguments are passed on to `cargo test`.

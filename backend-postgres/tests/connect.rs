@@ -6,8 +6,9 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
-use distlock_conformance::servers::PostgresServer;
 use distlock_postgres::{PostgresLock, PostgresXactLock};
+use distlock_test_servers::PostgresServer;
+use distlock_test_servers::ServerControl;
 
 const SECRET: &str = "pg-secret-5512";
 

@@ -4,6 +4,7 @@
 
 mod common;
 
+use distlock_test_servers::ServerControl;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,11 +9,9 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
-use distlock_conformance::servers::{
-    CertUse, PostgresServer, PostgresTlsServer, CLIENT_CERT_DATABASE,
-};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_postgres::{parse_url, PostgresConfig, PostgresLock, PostgresXactLock};
+use distlock_test_servers::{CertUse, PostgresServer, PostgresTlsServer, CLIENT_CERT_DATABASE};
 use sqlx::{Connection, PgConnection};
 
 async fn tls_server() -> PostgresTlsServer {

@@ -10,8 +10,9 @@ use distlock_api::{
     AutoRenew, Backoff, DistributedLock, ExtendOutcome, LeaseState, LockError, LockKey,
     LockOptions, ReleaseOutcome, WaitOrder, WaitPolicy,
 };
-use distlock_conformance::servers::RedisCluster;
 use distlock_redis::{KeyNames, RedisLock};
+use distlock_test_servers::RedisCluster;
+use distlock_test_servers::ServerControl;
 
 async fn cluster() -> RedisCluster {
     RedisCluster::start()
@@ -415,9 +416,10 @@ async fn the_conformance_kit_passes_on_a_cluster_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_seed_delays_nothing() {
     let mut cluster = cluster().await;
-    let silent = distlock_conformance::fault_proxy::FaultProxy::start(std::net::SocketAddr::from(
-        ([127, 0, 0, 1], cluster.nodes()[0].port()),
-    ))
+    let silent = distlock_test_servers::FaultProxy::start(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        cluster.nodes()[0].port(),
+    )))
     .await
     .unwrap();
     silent.blackhole();

@@ -6,9 +6,10 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{RedisServer, RedisServerOptions};
 use distlock_redis::{KeyNames, RedisLock};
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::{RedisServer, RedisServerOptions};
 use redis::AsyncCommands;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpListener;

@@ -4,6 +4,7 @@
 
 mod common;
 
+use distlock_test_servers::ServerControl;
 use std::time::Duration;
 
 use distlock_api::{

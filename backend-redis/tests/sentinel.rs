@@ -9,8 +9,9 @@ use distlock_api::{
     AutoRenew, DistributedLock, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
     WaitPolicy,
 };
-use distlock_conformance::servers::RedisSentinelGroup;
 use distlock_redis::RedisLock;
+use distlock_test_servers::RedisSentinelGroup;
+use distlock_test_servers::ServerControl;
 
 async fn group() -> RedisSentinelGroup {
     RedisSentinelGroup::start()
@@ -181,9 +182,10 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
 
     // A Sentinel that never answers (a partition) delays nothing while a majority of
     // the listed ones agree.
-    let silent = distlock_conformance::fault_proxy::FaultProxy::start(std::net::SocketAddr::from(
-        ([127, 0, 0, 1], group.sentinel_ports()[0]),
-    ))
+    let silent = distlock_test_servers::FaultProxy::start(std::net::SocketAddr::from((
+        [127, 0, 0, 1],
+        group.sentinel_ports()[0],
+    )))
     .await
     .unwrap();
     silent.blackhole();

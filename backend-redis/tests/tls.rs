@@ -5,8 +5,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome};
-use distlock_conformance::servers::{RedisServer, RedisServerOptions};
 use distlock_redis::RedisLock;
+use distlock_test_servers::{RedisServer, RedisServerOptions};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locks_over_tls() {

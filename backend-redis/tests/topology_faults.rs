@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError, LockKey};
-use distlock_conformance::faults::{
+use distlock_conformance::{Client, Harness};
+use distlock_conformance_faults::{
     run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerAction, Topology,
 };
-use distlock_conformance::servers::{RedisCluster, RedisSentinelGroup};
-use distlock_conformance::{Client, Harness};
 use distlock_redis::{KeyNames, RedisLock};
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::{RedisCluster, RedisSentinelGroup};
 use tokio::sync::Mutex;
 
 enum Servers {

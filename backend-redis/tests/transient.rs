@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::servers::RedisServer;
 use distlock_redis::RedisLock;
+use distlock_test_servers::RedisServer;
 use tokio::time::{sleep, Instant};
 
 const PATIENCE: Duration = Duration::from_secs(20);

@@ -12,8 +12,9 @@ use distlock_api::{
     DistributedLock, ExtendOutcome, FencingToken, LeaseState, LockError, LockKey, LockOptions,
     ReleaseOutcome, WaitPolicy,
 };
-use distlock_conformance::servers::ZooKeeperEnsemble;
 use distlock_conformance::FencedStore;
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::ZooKeeperEnsemble;
 use distlock_zookeeper::{owner_of, ZooKeeperLock};
 use tokio::time::{timeout, Instant};
 use zookeeper_client as zk;

@@ -8,8 +8,9 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
 use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_conformance_faults::NetFaults;
+use distlock_test_servers::FaultProxy;
 use distlock_zookeeper::ZooKeeperLock;
 
 /// Clients of `url` (its server's port replaced by each client's proxy's), with
@@ -53,7 +54,7 @@ impl Harness for SecureHarness {
             kept.push(proxy.clone());
         }
         let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(common::CutProxy(proxy))))
+        Ok(Client::new(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn crash_bound(&self, _ttl: std::time::Duration) -> std::time::Duration {
@@ -86,8 +87,8 @@ mod with_digest_credentials {
 mod over_tls {
     use std::sync::{Arc, Mutex, OnceLock};
 
-    use distlock_conformance::servers::ZooKeeperTlsServer;
     use distlock_conformance::Harness;
+    use distlock_test_servers::ZooKeeperTlsServer;
 
     static SHARED: Mutex<Option<ZooKeeperTlsServer>> = Mutex::new(None);
 

@@ -8,7 +8,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::servers::{skip_or_panic, ServerError};
+use distlock_test_servers::{skip_or_panic, ServerError};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -351,7 +351,7 @@ async fn kazoo_and_distlock_exclude_each_other() {
 #[cfg(feature = "tls")]
 mod tls {
     use super::*;
-    use distlock_conformance::servers::ZooKeeperTlsServer;
+    use distlock_test_servers::ZooKeeperTlsServer;
 
     async fn server(client_auth: bool) -> ZooKeeperTlsServer {
         ZooKeeperTlsServer::start(client_auth)
@@ -489,7 +489,7 @@ mod tls {
     /// before connecting, not left to fail a DNS lookup as a connection error.
     #[tokio::test]
     async fn a_tls_host_that_no_certificate_can_name_is_a_config_error() {
-        let certs = distlock_conformance::servers::TestCertificates::generate()
+        let certs = distlock_test_servers::TestCertificates::generate()
             .unwrap_or_else(|e| panic!("openssl makes test certificates: {e}"));
         for host in ["bad..host", "-x", "under_score-.x"] {
             let url = format!("zk+tls://{host}:2281?ca={}", certs.ca().display());

@@ -7,7 +7,8 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::servers::{ZooKeeperServer, ZooKeeperServerOptions};
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperLock, MIN_SESSION_TIMEOUT};
 
 use common::{shared_port, start_server, url_for};

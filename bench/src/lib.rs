@@ -1,5 +1,5 @@
-//! Benchmarks of distlock beside the raw server bound and the peer lock crates, run by
-//! `distlock bench`.
+//! Benchmarks of distlock beside the raw server bound and (with feature `compare`) the
+//! peer lock crates, run by `distlock bench`.
 //!
 //! Every figure comes from one run against one server: distlock and each comparator
 //! take turns in alternating rounds in the same process, and ratios are taken within a
@@ -158,6 +158,11 @@ impl Backend {
     }
 }
 
+/// The note a comparison run gets when the peer crates were not built in.
+#[cfg(not(feature = "compare"))]
+const WITHOUT_PEERS: &str = "rslock and distributed-lock left out: this build lacks the \
+     `compare` feature (cargo install distlock-cli --features compare)";
+
 /// Connects distlock and, with `compare`, every comparator. A comparator that cannot
 /// connect is left out with a note.
 async fn connect_sides(
@@ -188,11 +193,16 @@ async fn connect_sides(
     match backend {
         Backend::Redis => {
             add("raw", boxed(redis::Raw::connect(url).await));
-            add("rslock", Ok(Box::new(redis::Rslock::connect(url))));
-            add(
-                "distributed-lock",
-                boxed(redis::DistributedLockRedis::connect(url).await),
-            );
+            #[cfg(feature = "compare")]
+            {
+                add("rslock", Ok(Box::new(redis::Rslock::connect(url))));
+                add(
+                    "distributed-lock",
+                    boxed(redis::DistributedLockRedis::connect(url).await),
+                );
+            }
+            #[cfg(not(feature = "compare"))]
+            notes.push(WITHOUT_PEERS.into());
         }
         Backend::Postgres => {
             add("raw", Ok(Box::new(postgres::Raw::new(url))));
@@ -200,10 +210,13 @@ async fn connect_sides(
                 "sqlx PgAdvisoryLock",
                 Ok(Box::new(postgres::SqlxAdvisory::new(url))),
             );
+            #[cfg(feature = "compare")]
             add(
                 "distributed-lock",
                 boxed(postgres::DistributedLockPostgres::connect(url).await),
             );
+            #[cfg(not(feature = "compare"))]
+            notes.push(WITHOUT_PEERS.into());
         }
         Backend::RedisTopology => notes.push(
             "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),

@@ -2,16 +2,20 @@
 //! through sqlx), sqlx's own `PgAdvisoryLock` and distributed-lock 0.2; and the
 //! server-side connection count.
 
+#[cfg(feature = "compare")]
 use std::sync::Arc;
 
 use async_trait::async_trait;
+#[cfg(feature = "compare")]
 use distributed_lock::{
     DistributedLock as _, LockHandle as _, LockProvider as _, PostgresLockProvider,
 };
 use sqlx::postgres::PgAdvisoryLock;
 use sqlx::{Connection as _, PgConnection};
 
-use crate::side::{BoxError, Contender, Side, PATIENCE};
+#[cfg(feature = "compare")]
+use crate::side::PATIENCE;
+use crate::side::{BoxError, Contender, Side};
 
 /// Client connections open on the server (`pg_stat_activity`), this probe included.
 pub(crate) async fn client_connections(url: &str) -> Result<u64, BoxError> {
@@ -145,12 +149,14 @@ impl Contender for SqlxContender {
     }
 }
 
+#[cfg(feature = "compare")]
 /// distributed-lock 0.2 (Postgres) with its defaults: one provider (its own sqlx pool)
 /// shared by every worker.
 pub(crate) struct DistributedLockPostgres {
     provider: Arc<PostgresLockProvider>,
 }
 
+#[cfg(feature = "compare")]
 impl DistributedLockPostgres {
     pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
         Ok(DistributedLockPostgres {
@@ -164,6 +170,7 @@ impl DistributedLockPostgres {
     }
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Side for DistributedLockPostgres {
     fn name(&self) -> &'static str {
@@ -177,10 +184,12 @@ impl Side for DistributedLockPostgres {
     }
 }
 
+#[cfg(feature = "compare")]
 struct DistributedLockPostgresContender {
     provider: Arc<PostgresLockProvider>,
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Contender for DistributedLockPostgresContender {
     async fn cycle(&mut self, key: &str, held: &mut (dyn FnMut() + Send)) -> Result<(), BoxError> {

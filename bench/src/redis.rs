@@ -4,12 +4,15 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
+#[cfg(feature = "compare")]
 use distributed_lock::{
     DistributedLock as _, LockHandle as _, LockProvider as _, RedisLockProvider,
 };
 use redis::aio::MultiplexedConnection;
 
-use crate::side::{BoxError, Contender, Side, PATIENCE, TTL};
+#[cfg(feature = "compare")]
+use crate::side::PATIENCE;
+use crate::side::{BoxError, Contender, Side, TTL};
 
 const COMPARE_AND_DELETE: &str =
     "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0";
@@ -133,12 +136,14 @@ impl Contender for RawContender {
     }
 }
 
+#[cfg(feature = "compare")]
 /// rslock 0.10 with its defaults: one `LockManager` (one multiplexed connection)
 /// shared by every worker; its acquire retries after a random 0–200 ms sleep.
 pub(crate) struct Rslock {
     manager: rslock::LockManager,
 }
 
+#[cfg(feature = "compare")]
 impl Rslock {
     pub(crate) fn connect(url: &str) -> Self {
         Rslock {
@@ -147,6 +152,7 @@ impl Rslock {
     }
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Side for Rslock {
     fn name(&self) -> &'static str {
@@ -160,10 +166,12 @@ impl Side for Rslock {
     }
 }
 
+#[cfg(feature = "compare")]
 struct RslockContender {
     manager: rslock::LockManager,
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Contender for RslockContender {
     async fn cycle(&mut self, key: &str, held: &mut (dyn FnMut() + Send)) -> Result<(), BoxError> {
@@ -180,12 +188,14 @@ impl Contender for RslockContender {
     }
 }
 
+#[cfg(feature = "compare")]
 /// distributed-lock 0.2 (Redis, through the fred client) with its defaults: one
 /// provider shared by every worker.
 pub(crate) struct DistributedLockRedis {
     provider: std::sync::Arc<RedisLockProvider>,
 }
 
+#[cfg(feature = "compare")]
 impl DistributedLockRedis {
     pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
         Ok(DistributedLockRedis {
@@ -200,6 +210,7 @@ impl DistributedLockRedis {
     }
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Side for DistributedLockRedis {
     fn name(&self) -> &'static str {
@@ -220,10 +231,12 @@ impl Side for DistributedLockRedis {
     }
 }
 
+#[cfg(feature = "compare")]
 struct DistributedLockRedisContender {
     provider: std::sync::Arc<RedisLockProvider>,
 }
 
+#[cfg(feature = "compare")]
 #[async_trait]
 impl Contender for DistributedLockRedisContender {
     async fn cycle(&mut self, key: &str, held: &mut (dyn FnMut() + Send)) -> Result<(), BoxError> {

@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use distlock_bench::{BenchConfig, BenchError};
-use distlock_conformance::servers::{
-    PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer,
-};
+use distlock_test_servers::{PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -18,7 +16,9 @@ use crate::print_out;
 pub struct BenchArgs {
     /// Also measure the raw bound (bare driver, same round trips) and the peer crates
     /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock,
-    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe).
+    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe). rslock and
+    /// distributed-lock need a build with the `compare` feature; without it they are
+    /// left out with a note.
     #[arg(long)]
     compare: bool,
     /// Write an SVG of the latency and hand-off distributions to this file.

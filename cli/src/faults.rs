@@ -4,7 +4,7 @@
 //! Against a URL the tool can only put fault proxies in front of the servers it
 //! names (network faults); server faults skip as "server not controlled by the
 //! harness". With `--spawn` it starts throwaway servers of the URL's kind (through
-//! `distlock_conformance::servers`, the same way the tests do) and runs them all.
+//! `distlock_test_servers`, the same way the tests do) and runs them all.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,10 +12,14 @@ use std::time::Duration;
 
 use distlock::memory::{MemoryStore, MEMORY_BACKEND};
 use distlock::LockError;
-use distlock_conformance::faults::{
-    FaultHarness, FaultReport, ProxiedHarness, ServerHarness, ServerKind,
-};
 use distlock_conformance::{MemoryHarness, UrlConnector};
+use distlock_conformance_faults::{
+    Claim, Fault, FaultHarness, FaultReport, ProxiedHarness, ServerHarness,
+};
+use distlock_test_servers::{
+    PostgresServer, PostgresServerOptions, RedisServer, ServerControl, ServerError,
+    ZooKeeperEnsemble, ZooKeeperServer,
+};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -42,6 +46,107 @@ fn connector() -> UrlConnector {
             distlock::connect(&url).await
         })
     })
+}
+
+/// Which servers `--spawn` starts for a URL. The CLI knows every backend, so the
+/// URL templates and claims that the backends' own fault tests state live here too
+/// for the servers it starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerKind {
+    /// `nodes` redis-servers without persistence: one is a single node, more is Redlock.
+    Redis { nodes: usize },
+    /// One PostgreSQL server.
+    Postgres,
+    /// One standalone ZooKeeper server.
+    ZooKeeper,
+    /// A ZooKeeper ensemble of `nodes`.
+    ZooKeeperEnsemble { nodes: usize },
+}
+
+impl ServerKind {
+    /// The kind a backend URL's scheme names, with the node count of its host list.
+    fn for_url(url: &str) -> Option<ServerKind> {
+        let (scheme, rest) = url.split_once("://")?;
+        let hosts = rest
+            .split(['/', '?'])
+            .next()
+            .map_or(1, |h| h.split(',').count().max(1));
+        match scheme {
+            "redis" => Some(ServerKind::Redis { nodes: 1 }),
+            "redis+redlock" => Some(ServerKind::Redis { nodes: hosts }),
+            "postgres" | "postgresql" => Some(ServerKind::Postgres),
+            "zk" | "zookeeper" if hosts > 1 => Some(ServerKind::ZooKeeperEnsemble { nodes: hosts }),
+            "zk" | "zookeeper" => Some(ServerKind::ZooKeeper),
+            _ => None,
+        }
+    }
+
+    /// What the backend claims under `fault` with these servers, from its documented
+    /// semantics (the same claims as the backends' fault tests).
+    fn claim(self, fault: Fault) -> Claim {
+        let not = |why: &str| Claim::NotClaimed(why.to_owned());
+        match (self, fault) {
+            (ServerKind::Redis { nodes: 1 }, Fault::ServerRestart) => not(
+                "redis-server without persistence forgets held locks and the fencing counter when restarted",
+            ),
+            (ServerKind::Redis { .. }, Fault::ServerRestart) => not(
+                "Redlock nodes without persistence forget held locks when all restart at once",
+            ),
+            (ServerKind::Postgres, Fault::ServerRestart) => not(
+                "advisory locks die with the server; a holder learns of it only when its session breaks",
+            ),
+            _ => Claim::Safe,
+        }
+    }
+
+    /// Starts the servers and a harness over them.
+    async fn start(self, connector: UrlConnector) -> Result<ServerHarness, ServerError> {
+        let harness = match self {
+            ServerKind::Redis { nodes } => {
+                let mut all: Vec<Box<dyn ServerControl>> = Vec::new();
+                for _ in 0..nodes.max(1) {
+                    all.push(Box::new(RedisServer::start().await?));
+                }
+                let template = if nodes <= 1 {
+                    "redis://{hosts}"
+                } else {
+                    "redis+redlock://{hosts}"
+                };
+                ServerHarness::new(all, template, connector)
+            }
+            ServerKind::Postgres => {
+                // 16 contending clients with a few sessions each, and the waits'.
+                let options =
+                    PostgresServerOptions::default().with_setting("max_connections", "400");
+                let server = PostgresServer::start_with(options).await?;
+                let port = server.port();
+                ServerHarness::new(
+                    vec![Box::new(server)],
+                    "postgres://postgres@{hosts}/postgres?application_name=distlock-fault-{client}",
+                    connector,
+                )
+                .with_session_terminator(Arc::new(move |client| {
+                    Box::pin(async move {
+                        let name = format!("distlock-fault-{client}");
+                        distlock_test_servers::terminate_sessions_at(port, &name)
+                            .await
+                            .map_err(|e| e.to_string())
+                    })
+                }))
+            }
+            ServerKind::ZooKeeper => ServerHarness::new(
+                vec![Box::new(ZooKeeperServer::start().await?)],
+                "zookeeper://{hosts}",
+                connector,
+            ),
+            ServerKind::ZooKeeperEnsemble { nodes } => ServerHarness::over_ensemble(
+                ZooKeeperEnsemble::start(nodes).await?,
+                "zookeeper://{hosts}",
+                connector,
+            ),
+        };
+        Ok(harness.with_claims(move |fault| self.claim(fault)))
+    }
 }
 
 /// The TTL and the longest a cut-off holder keeps its lock, for `kind` with the
@@ -85,7 +190,8 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
             ))
         })?;
         let (ttl, bound) = timing(Some(kind));
-        let harness = ServerHarness::start(kind, connector())
+        let harness = kind
+            .start(connector())
             .await
             .map_err(|e| CliError::failed(format!("cannot start the servers: {e}")))?;
         return Ok(Arc::new(
@@ -107,6 +213,7 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
     let harness = ProxiedHarness::new(url, connector()).await.map_err(usage)?;
     Ok(Arc::new(
         harness
+            .with_claims(move |fault| kind.map_or(Claim::Safe, |kind| kind.claim(fault)))
             .with_timing(ttl, bound)
             .with_dead_waiter_bound(dead_waiter_bound(kind, bound)),
     ))
@@ -121,7 +228,7 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
 /// (the report is printed first).
 pub async fn run(url: &str, spawn: bool, json: bool, html: Option<&Path>) -> Result<(), CliError> {
     let harness = harness(url, spawn).await?;
-    let report = distlock_conformance::faults::run_faults(harness).await;
+    let report = distlock_conformance_faults::run_faults(harness).await;
     if json {
         let text = serde_json::to_string_pretty(&report)
             .map_err(|e| CliError::failed(format!("cannot write the report as JSON: {e}")))?;

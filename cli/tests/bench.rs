@@ -1,9 +1,12 @@
 //! A smoke run of `distlock bench`: tiny counts against a throwaway redis-server, so the
 //! tool cannot rot. It checks that every row and ratio is there, never the figures.
+//! The rows include the peer crates, so it needs the `compare` feature (scripts/test.sh
+//! builds with `--all-features`).
+#![cfg(feature = "compare")]
 
 use std::process::Command;
 
-use distlock_conformance::servers::RedisServer;
+use distlock_test_servers::RedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {

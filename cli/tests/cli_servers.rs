@@ -2,9 +2,7 @@
 
 use std::process::Command;
 
-use distlock_conformance::servers::{
-    PostgresServer, RedisServer, ZooKeeperServer, ZooKeeperTlsServer,
-};
+use distlock_test_servers::{PostgresServer, RedisServer, ZooKeeperServer, ZooKeeperTlsServer};
 
 async fn server() -> RedisServer {
     RedisServer::start()

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use distlock::{LockKey, LockOptions};
-use distlock_conformance::servers::{skip_or_panic, RedisServer};
+use distlock_test_servers::{skip_or_panic, RedisServer};
 
 /// A key that recolours a terminal, moves its cursor, reverses text and breaks lines.
 const HOSTILE_KEY: &str = "esc\u{1b}[31mred\u{1b}[2J\u{9b}1m\u{202e}txt\nline\"q\\";

@@ -19,7 +19,8 @@ use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};
 
 use distlock::{DistributedLock, LockKey, LockOptions, WaitPolicy};
-use distlock_conformance::servers::{skip_or_panic, PostgresServer, RedisServer, ServerError};
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::{skip_or_panic, PostgresServer, RedisServer, ServerError};
 use tokio::process::{Child, Command};
 
 /// How many times each scenario runs.

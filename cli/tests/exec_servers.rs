@@ -13,8 +13,8 @@ use std::process::{Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::{
     skip_or_panic, PostgresServer, RedisServer, ServerError, ZooKeeperServer,
 };
 use tokio::process::Command;

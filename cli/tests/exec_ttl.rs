@@ -4,7 +4,7 @@
 
 use std::process::{Command, Output};
 
-use distlock_conformance::servers::{skip_or_panic, RedisServer};
+use distlock_test_servers::{skip_or_panic, RedisServer};
 
 /// `exec --verbose --ttl TTL` of a command that outlasts a 250 ms lease.
 fn exec(url: &str, ttl: &str) -> Output {

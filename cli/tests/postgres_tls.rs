@@ -6,7 +6,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use distlock::{LockKey, LockOptions};
-use distlock_conformance::servers::PostgresTlsServer;
+use distlock_test_servers::PostgresTlsServer;
 
 fn distlock(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_distlock"))

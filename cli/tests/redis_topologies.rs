@@ -5,7 +5,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use distlock::{LockKey, LockOptions};
-use distlock_conformance::servers::{RedisCluster, RedisSentinelGroup};
+use distlock_test_servers::{RedisCluster, RedisSentinelGroup};
 
 fn distlock(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_distlock"))

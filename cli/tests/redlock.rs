@@ -6,7 +6,7 @@
 use std::process::{Output, Stdio};
 use std::time::Duration;
 
-use distlock_conformance::servers::{skip_or_panic, RedisServer};
+use distlock_test_servers::{skip_or_panic, RedisServer};
 use tokio::process::Command;
 
 fn distlock(args: &[&str]) -> Command {

@@ -3,7 +3,7 @@
 
 use std::process::{Command, Output};
 
-use distlock_conformance::servers::RedisServer;
+use distlock_test_servers::RedisServer;
 
 async fn server() -> RedisServer {
     RedisServer::start()

@@ -6,10 +6,14 @@
 //! Scenarios a backend cannot pass by design are skipped with the reason from its
 //! [`distlock_api::Capabilities`]. [`self_test`] proves the kit catches the classic
 //! mistakes, using the deliberately broken backends in [`broken`].
+//!
+//! Stability: this is the crate a backend author depends on, and its public API
+//! follows semver: a scenario may be added in a minor release (a new test from
+//! [`conformance_tests!`]), never renamed or weakened in one. The building blocks in
+//! [`support`] are the exception and may change in any release. Fault scenarios are
+//! in `distlock-conformance-faults`, throwaway servers in `distlock-test-servers`.
 
 pub mod broken;
-pub mod fault_proxy;
-pub mod faults;
 mod fenced;
 mod harness;
 mod macros;
@@ -17,7 +21,7 @@ mod memory_harness;
 mod report;
 mod runner;
 mod scenarios;
-pub mod servers;
+pub mod support;
 
 pub use fenced::{FencedStore, StaleWrite};
 pub use harness::{Client, ClientFaults, Harness, UrlConnector};

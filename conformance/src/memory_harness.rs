@@ -70,8 +70,3 @@ impl Harness for MemoryHarness {
         self.url_connector.clone()
     }
 }
-
-/// The memory backend has no network and no server: only the scenarios that need
-/// neither (the holder pause) run; the rest skip with the reason.
-#[async_trait]
-impl crate::faults::FaultHarness for MemoryHarness {}

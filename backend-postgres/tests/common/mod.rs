@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{PostgresServer, PostgresServerOptions};
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_postgres::{PostgresConfig, PostgresLock};
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::{PostgresServer, PostgresServerOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 

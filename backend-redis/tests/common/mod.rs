@@ -1,5 +1,6 @@
-//! A conformance harness over real redis-server processes started for the test, with
-//! each client behind its own fault proxy so it can be cut off like a crashed process.
+//! Real redis-server processes started for the test: the conformance harness (the
+//! fault kit's `ServerHarness`, each client behind its own fault proxies with a crash
+//! hook) and, for the backend's own tests, direct and proxied clients.
 
 #![allow(dead_code)]
 
@@ -9,19 +10,16 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::RedisServer;
-use distlock_conformance::{Client, ClientFaults, Harness};
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_conformance_faults::ServerHarness;
 use distlock_redis::RedisLock;
+use distlock_test_servers::{FaultProxy, RedisServer, ServerControl};
 use tokio::sync::Mutex;
 
 /// `nodes` throwaway servers: one is a single node, more is Redlock.
 pub struct RedisHarness {
     pub servers: Mutex<Vec<RedisServer>>,
     pub ports: Vec<u16>,
-    /// Every client's proxies, kept for the harness's life: scenarios keep a client's
-    /// lock but drop its fault hooks.
-    proxies: std::sync::Mutex<Vec<FaultProxy>>,
 }
 
 /// Starts `nodes` servers; a server that cannot start fails the test.
@@ -39,12 +37,30 @@ pub async fn start(nodes: usize) -> RedisHarness {
     RedisHarness {
         servers: Mutex::new(servers),
         ports,
-        proxies: std::sync::Mutex::new(Vec::new()),
     }
 }
 
+/// The conformance harness: `nodes` fresh servers, every client behind its own
+/// proxies with the kit's crash hook (its proxies cut).
 pub async fn harness(nodes: usize) -> Arc<dyn Harness> {
-    Arc::new(start(nodes).await)
+    let mut servers: Vec<Box<dyn ServerControl>> = Vec::new();
+    for _ in 0..nodes {
+        let server = RedisServer::start().await.unwrap_or_else(|e| {
+            panic!("could not start redis-server (run scripts/test.sh, which installs it): {e}")
+        });
+        servers.push(Box::new(server));
+    }
+    let template = if nodes == 1 {
+        "redis://{hosts}"
+    } else {
+        "redis+redlock://{hosts}"
+    };
+    let connector: UrlConnector = Arc::new(|url: String| {
+        Box::pin(async move {
+            Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
+        })
+    });
+    Arc::new(ServerHarness::new(servers, template, connector))
 }
 
 /// The URL for `ports`: one node, or Redlock over all.
@@ -90,35 +106,6 @@ impl RedisHarness {
             .get_multiplexed_async_connection()
             .await
             .expect("raw connection")
-    }
-}
-
-/// Cuts every proxy of one client: its process is gone as far as the servers can tell.
-struct CutProxies(Vec<FaultProxy>);
-
-#[async_trait]
-impl ClientFaults for CutProxies {
-    async fn crash(&self) -> Result<(), LockError> {
-        for proxy in &self.0 {
-            proxy.cut();
-        }
-        Ok(())
-    }
-}
-
-#[async_trait]
-impl Harness for RedisHarness {
-    fn name(&self) -> String {
-        self.url()
-    }
-
-    async fn client(&self) -> Result<Client, LockError> {
-        let (lock, proxies) = self.proxied_client().await;
-        if let Ok(mut kept) = self.proxies.lock() {
-            kept.extend(proxies.iter().cloned());
-        }
-        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(CutProxies(proxies))))
     }
 }
 

@@ -9,9 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
-use distlock_conformance::fault_proxy::FaultProxy;
-use distlock_conformance::servers::{ZooKeeperServer, ZooKeeperServerOptions};
-use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_conformance_faults::NetFaults;
+use distlock_test_servers::FaultProxy;
+use distlock_test_servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use zookeeper_client as zk;
 
@@ -187,17 +188,6 @@ pub async fn harness() -> Arc<dyn Harness> {
     })
 }
 
-/// Cuts one client's proxy: its process is gone as far as the server can tell.
-pub struct CutProxy(pub FaultProxy);
-
-#[async_trait]
-impl ClientFaults for CutProxy {
-    async fn crash(&self) -> Result<(), LockError> {
-        self.0.cut();
-        Ok(())
-    }
-}
-
 #[async_trait]
 impl Harness for ZkHarness {
     fn name(&self) -> String {
@@ -216,7 +206,7 @@ impl Harness for ZkHarness {
             kept.push(proxy.clone());
         }
         let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(CutProxy(proxy))))
+        Ok(Client::new(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     /// A cut-off holder keeps its lock until the server expires its session: the

@@ -18,14 +18,14 @@ fn fifo(wait: Duration) -> LockOptions {
 }
 
 /// Options asking for FIFO with a lease of `ttl`, waiting up to `wait`.
-pub(crate) fn fifo_with_ttl(ttl: Duration, wait: Duration) -> LockOptions {
+pub fn fifo_with_ttl(ttl: Duration, wait: Duration) -> LockOptions {
     LockOptions::new(ttl)
         .with_wait(WaitPolicy::Timeout(wait))
         .with_order(WaitOrder::Fifo)
 }
 
 /// How the scenario knows a waiter is queued before it starts the next one.
-pub(crate) enum Arrival {
+pub enum Arrival {
     /// The backend counts its queue (`KeyStatus::waiters`): poll it.
     Observed,
     /// It cannot tell: space the arrivals by this much.
@@ -36,7 +36,7 @@ impl Arrival {
     /// Observed where `observer` counts `key`'s queue (`KeyStatus::waiters`); else
     /// arrivals half the slack apart, at least 300 ms, which is far apart for a client
     /// to join a queue.
-    pub(crate) async fn for_backend(
+    pub async fn for_backend(
         h: &dyn Harness,
         observer: &dyn DistributedLock,
         key: &LockKey,
@@ -50,7 +50,7 @@ impl Arrival {
 
 /// Waits until waiter number `queued` (1-based) is in the queue, by the backend's own
 /// count where it has one, else by spacing the arrivals generously.
-pub(crate) async fn until_queued(
+pub async fn until_queued(
     observer: &dyn DistributedLock,
     key: &LockKey,
     queued: usize,

@@ -10,7 +10,7 @@ use serde::Serialize;
 use crate::Harness;
 
 mod bad_input;
-pub(crate) mod fifo;
+pub mod fifo;
 mod liveness;
 mod rw;
 mod safety;
@@ -127,11 +127,13 @@ impl From<LockError> for Failure {
     }
 }
 
-/// Fails the scenario with a formatted reason unless `cond` holds.
+/// Fails the scenario (returns `Err(Failure::Failed(..))` from the enclosing function)
+/// with a formatted reason unless `cond` holds.
+#[macro_export]
 macro_rules! check {
     ($cond:expr, $($reason:tt)+) => {
         if !$cond {
-            return Err($crate::scenarios::Failure::Failed(format!($($reason)+)));
+            return Err($crate::Failure::Failed(format!($($reason)+)));
         }
     };
 }
@@ -246,7 +248,7 @@ pub static SCENARIOS: &[Scenario] = &[
 ];
 
 /// A key no other scenario or run uses.
-pub(crate) fn unique_key(label: &str) -> LockKey {
+pub fn unique_key(label: &str) -> LockKey {
     let key = format!(
         "distlock-conformance/{label}/{:016x}",
         rand::random::<u64>()
@@ -256,12 +258,12 @@ pub(crate) fn unique_key(label: &str) -> LockKey {
 }
 
 /// Options with `ttl`, waiting up to `wait`.
-pub(crate) fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+pub fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
 }
 
 /// Options with `ttl`, not waiting.
-pub(crate) fn no_wait(ttl: Duration) -> LockOptions {
+pub fn no_wait(ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
 }
 
@@ -284,9 +286,9 @@ pub(crate) fn rw_lock_of(
 }
 
 /// A TTL long enough that no scenario step outlives it by accident.
-pub(crate) const LONG_TTL: Duration = Duration::from_secs(60);
+pub const LONG_TTL: Duration = Duration::from_secs(60);
 
 /// `d` in milliseconds with one decimal, for scenario details.
-pub(crate) fn millis(d: Duration) -> String {
+pub fn millis(d: Duration) -> String {
     format!("{:.1} ms", d.as_secs_f64() * 1000.0)
 }

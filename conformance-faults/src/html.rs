@@ -147,10 +147,10 @@ fn timeline(r: &FaultResult) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::faults::checkers::{grants, Findings};
-    use crate::faults::harness::{Claim, Fault};
-    use crate::faults::history::{Event, Op, Phase};
-    use crate::faults::report::FaultVerdict;
+    use crate::checkers::{grants, Findings};
+    use crate::harness::{Claim, Fault};
+    use crate::history::{Event, Op, Phase};
+    use crate::report::FaultVerdict;
 
     #[test]
     fn overlapping_grants_are_drawn_red_and_text_is_escaped() {

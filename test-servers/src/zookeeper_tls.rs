@@ -1,6 +1,7 @@
 //! A throwaway ZooKeeper server with a TLS client port (`secureClientPort`, Netty
 //! connection factory), and the throwaway certificate authority it uses.
 
+use crate::ServerControl;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -195,7 +196,7 @@ impl ZooKeeperTlsServer {
                             waited: ready_timeout,
                             last_probe,
                             log: server.log_path(),
-                            log_tail: server.log_tail(),
+                            log_tail: server.logs(),
                         })
                     }
                 },

@@ -1,4 +1,4 @@
-//! Smoke tests for the real-server harness in `distlock_conformance::servers`:
+//! Smoke tests for the real-server harness in `distlock_test_servers`:
 //! every server starts, answers its protocol, survives kill + restart on the
 //! same port, stops answering while paused, and leaves nothing behind.
 //!
@@ -8,9 +8,10 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use distlock_conformance::servers::{
-    self, PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble,
-    ZooKeeperMode, ZooKeeperServer,
+use distlock_test_servers::ServerControl;
+use distlock_test_servers::{
+    PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble, ZooKeeperMode,
+    ZooKeeperServer,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -24,7 +25,7 @@ macro_rules! start_or_skip {
         match $start {
             Ok(server) => server,
             Err(err) => {
-                servers::skip_or_panic($test, &err);
+                distlock_test_servers::skip_or_panic($test, &err);
                 return;
             }
         }
@@ -253,5 +254,20 @@ async fn zookeeper_ensemble_reelects_after_leader_kill() {
     drop(ensemble);
     for (pid, port, dir) in leftovers {
         assert_gone(test, pid, port, dir).await;
+    }
+}
+
+/// `DISTLOCK_TEST_SERVERS` picks the provider; the default is local binaries, and a
+/// value that names no provider is a typed error.
+#[test]
+fn provider_comes_from_the_environment() {
+    // Only this test touches the variable, and only through the parser's input: the
+    // parser is checked on the current value, whatever the caller set.
+    let current = std::env::var(distlock_test_servers::PROVIDER_VAR).unwrap_or_default();
+    let parsed = distlock_test_servers::Provider::from_env();
+    match current.trim().to_ascii_lowercase().as_str() {
+        "" | "local" => assert_eq!(parsed.ok(), Some(distlock_test_servers::Provider::Local)),
+        "docker" => assert_eq!(parsed.ok(), Some(distlock_test_servers::Provider::Docker)),
+        _ => assert!(matches!(parsed, Err(ServerError::InvalidArgument(_)))),
     }
 }

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use distlock_api::LockError;
 use serde::Serialize;
 
-use crate::fault_proxy::FaultProxy;
-use crate::{Client, Harness};
+use distlock_conformance::{Client, ClientFaults, Harness};
+use distlock_test_servers::FaultProxy;
 
 /// The skip reason of a server fault on a harness that does not own the servers.
 pub const NOT_CONTROLLED: &str = "server not controlled by the harness";
@@ -60,6 +60,16 @@ impl NetFaults {
     /// Back to clean forwarding; open connections stay open.
     pub fn heal(&self) {
         self.0.iter().for_each(FaultProxy::heal);
+    }
+}
+
+/// A client's crash: every proxy of its cut at once, so to the servers its process
+/// is gone (connections reset, nothing more arrives) while its lock object lives on.
+#[async_trait]
+impl ClientFaults for NetFaults {
+    async fn crash(&self) -> Result<(), LockError> {
+        self.0.iter().for_each(FaultProxy::cut);
+        Ok(())
     }
 }
 
@@ -204,6 +214,14 @@ pub trait FaultHarness: Harness {
         Err(NOT_CONTROLLED.to_owned())
     }
 
+    /// Why this harness cannot do `action` to its servers (its provider lacks it,
+    /// as containers lack pausing), or `None` when it can or owns no servers.
+    /// Scenarios that need the action skip with this reason.
+    async fn unsupported(&self, action: ServerAction) -> Option<String> {
+        let _ = action;
+        None
+    }
+
     /// The ensemble's current leader, for ensembles.
     async fn leader(&self) -> Option<usize> {
         None
@@ -233,3 +251,8 @@ pub trait FaultHarness: Harness {
         Claim::Safe
     }
 }
+
+/// The memory backend has no network and no server: only the scenarios that need
+/// neither (the holder pause) run; the rest skip with the reason.
+#[async_trait]
+impl FaultHarness for distlock_conformance::MemoryHarness {}

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use distlock_conformance::faults::{run_faults, FaultHarness, FaultVerdict, FAULT_SCENARIOS};
 use distlock_conformance::MemoryHarness;
+use distlock_conformance_faults::{run_faults, FaultHarness, FaultVerdict, FAULT_SCENARIOS};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_runs_what_applies_and_skips_the_rest_with_reasons() {
@@ -46,4 +46,17 @@ fn docs_list_every_fault_scenario() {
             scenario.name
         );
     }
+}
+
+/// The macro a backend uses, on the memory backend: one test per fault scenario.
+mod generated {
+    use std::sync::Arc;
+
+    use distlock_conformance::MemoryHarness;
+    use distlock_conformance_faults::FaultHarness;
+
+    distlock_conformance_faults::fault_conformance_tests!(
+        async { Arc::new(MemoryHarness::new()) as Arc<dyn FaultHarness> },
+        must_pass = [paused_holder_wakes_to_a_refused_write]
+    );
 }

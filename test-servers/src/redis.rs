@@ -9,7 +9,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::process::{Launch, Supervised};
-use super::{find_on_path, free_port, temp_dir, ServerError, START_ATTEMPTS};
+use super::{find_on_path, free_port, temp_dir, ServerControl, ServerError, START_ATTEMPTS};
 
 const SERVER: &str = "redis";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -180,11 +180,6 @@ impl RedisServer {
         self.process.log_path().to_path_buf()
     }
 
-    /// The last lines of the server log, for failure messages.
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail()
-    }
-
     /// True while the server process is alive (also when paused).
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
@@ -193,46 +188,6 @@ impl RedisServer {
     /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
-    }
-
-    /// SIGKILLs the server (and any fork it has, such as a background save)
-    /// and reaps it. Idempotent; never fails. Data not yet persisted is lost,
-    /// as in a crash.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Kills the server if it is still running, then starts it again on the
-    /// same port with the same directory and options, and waits (at most
-    /// 15 s) for `PING`.
-    ///
-    /// # Errors
-    ///
-    /// As [`RedisServer::start_with`], except that there is no retry on
-    /// another port: if the port was taken meanwhile this fails with
-    /// [`ServerError::Exited`].
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
-        self.boot().await
-    }
-
-    /// SIGSTOPs the server: connections are still accepted by the kernel but
-    /// nothing is answered until [`resume`](Self::resume).
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    /// SIGCONTs a paused server.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
     }
 
     /// Sends `PING` (after `AUTH` with the configured password, if any) and
@@ -246,7 +201,40 @@ impl RedisServer {
     }
 }
 
-pub(super) fn redis_binary() -> Result<PathBuf, ServerError> {
+/// Every action is supported; restart keeps the port and the data directory.
+#[async_trait::async_trait]
+impl ServerControl for RedisServer {
+    fn url(&self) -> String {
+        RedisServer::url(self)
+    }
+
+    fn port(&self) -> u16 {
+        RedisServer::port(self)
+    }
+
+    fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        self.process.kill();
+        self.boot().await
+    }
+
+    fn pause(&mut self) -> Result<(), ServerError> {
+        self.process.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ServerError> {
+        self.process.resume()
+    }
+
+    fn logs(&self) -> String {
+        self.process.log_tail()
+    }
+}
+
+pub(crate) fn redis_binary() -> Result<PathBuf, ServerError> {
     if let Some(path) = std::env::var_os("DISTLOCK_REDIS_SERVER") {
         return Ok(PathBuf::from(path));
     }
@@ -263,7 +251,7 @@ pub(super) fn redis_binary() -> Result<PathBuf, ServerError> {
 
 /// Sends a RESP `PING` to 127.0.0.1:`port`, after `AUTH password` when there is one,
 /// and expects `+PONG`.
-pub(super) async fn redis_ping(
+pub(crate) async fn redis_ping(
     port: u16,
     password: Option<&str>,
     timeout: Duration,

@@ -1,5 +1,6 @@
 //! A throwaway Redis Cluster: three masters, each with one replica, on 127.0.0.1.
 
+use crate::ServerControl;
 use std::net::{Ipv4Addr, TcpListener};
 use std::time::{Duration, Instant};
 
@@ -105,7 +106,7 @@ impl RedisCluster {
             waited: READY_TIMEOUT,
             last_probe: last,
             log: self.nodes[0].log_path(),
-            log_tail: self.nodes[0].log_tail(),
+            log_tail: self.nodes[0].logs(),
         })
     }
 
@@ -217,7 +218,7 @@ impl RedisCluster {
             waited: READY_TIMEOUT,
             last_probe: format!("slot {slot} still on {old}"),
             log: self.nodes[0].log_path(),
-            log_tail: self.nodes[0].log_tail(),
+            log_tail: self.nodes[0].logs(),
         })
     }
 }

@@ -1,4 +1,10 @@
-//! Real, throwaway servers for integration tests.
+//! Throwaway real servers for integration tests: redis-server, PostgreSQL and
+//! ZooKeeper on free loopback ports, controlled through [`ServerControl`] (url, kill,
+//! restart, pause, resume, logs), and [`FaultProxy`], a TCP fault-injection proxy.
+//!
+//! **Not API-stable**: like other test-fixture crates, this one changes whenever the
+//! tests that use it need something else; pin an exact version if you depend on it.
+//! It does not depend on `distlock-api`: nothing here is about locks.
 //!
 //! Each server type in this module starts a genuine server process
 //! (`redis-server`, PostgreSQL's `postgres`, Apache ZooKeeper on the JVM) on a
@@ -13,11 +19,11 @@
 //! port, +10000, is free too); both are set up with `redis-cli` (Debian's
 //! `redis-tools`, a dependency of `redis-server`).
 //!
-//! The handles also expose the fault controls that failure-scenario tests
-//! need: `kill` (SIGKILL), `restart` (same port, same data directory),
-//! `pause` (SIGSTOP) and `resume` (SIGCONT).
+//! The handles also expose, through [`ServerControl`], the fault controls that
+//! failure-scenario tests need: `kill` (SIGKILL), `restart` (same port, same data
+//! directory), `pause` (SIGSTOP) and `resume` (SIGCONT).
 //!
-//! Nothing here uses Docker; the server binaries come from the Debian packages
+//! The default provider uses no Docker (see [`Provider`]); the server binaries come from the Debian packages
 //! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
 //! them); TLS servers get throwaway certificates from the `openssl` tool, and
 //! [`ZooKeeperTlsServer`] needs Debian's netty jars (a dependency of `zookeeper`) for
@@ -37,10 +43,15 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+#[cfg(feature = "testcontainers")]
+mod container;
+mod control;
+pub mod fault_proxy;
 mod openssl_ca;
 mod postgres;
 mod postgres_tls;
 mod process;
+mod provider;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
@@ -52,9 +63,14 @@ use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+#[cfg(feature = "testcontainers")]
+pub use container::{docker_engine, ContainerServer};
+pub use control::ServerControl;
+pub use fault_proxy::FaultProxy;
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
-pub use postgres::{PostgresServer, PostgresServerOptions};
+pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
+pub use provider::{Provider, PROVIDER_VAR};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinelGroup;
@@ -154,6 +170,17 @@ pub enum ServerError {
         waited: Duration,
         /// What each node reported last.
         modes: String,
+    },
+    /// The provider that started the server cannot do this (for example pause a
+    /// container); tests that need it skip with this reason.
+    #[error("{server}: {action} is not supported: {why}")]
+    Unsupported {
+        /// Which server.
+        server: String,
+        /// What was asked, e.g. `pause`.
+        action: &'static str,
+        /// Why the provider cannot.
+        why: String,
     },
     /// An argument was out of range (e.g. an ensemble of zero nodes).
     #[error("invalid argument: {0}")]

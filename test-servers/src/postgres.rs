@@ -9,7 +9,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{Launch, Supervised};
-use super::{free_port, temp_dir, ServerError, START_ATTEMPTS};
+use super::{free_port, temp_dir, ServerControl, ServerError, START_ATTEMPTS};
 
 const SERVER: &str = "postgres";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -23,6 +23,14 @@ pub struct PostgresServerOptions {
     /// (`listen_addresses=127.0.0.1`, `fsync=off`, `synchronous_commit=off`,
     /// `full_page_writes=off`), so they can override them.
     pub settings: Vec<(String, String)>,
+}
+
+impl PostgresServerOptions {
+    /// These options plus the server setting `name = value` (see [`Self::settings`]).
+    pub fn with_setting(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.settings.push((name.into(), value.into()));
+        self
+    }
 }
 
 /// A PostgreSQL server with a fresh cluster in a temporary directory,
@@ -178,11 +186,6 @@ impl PostgresServer {
         self.process.log_path().to_path_buf()
     }
 
-    /// The last lines of the server log, for failure messages.
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail()
-    }
-
     /// True while the postmaster is alive (also when paused).
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
@@ -191,45 +194,6 @@ impl PostgresServer {
     /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
-    }
-
-    /// SIGKILLs the postmaster and every backend and auxiliary process, and
-    /// reaps the postmaster: a crash. Sessions and their advisory locks are
-    /// gone. Idempotent; never fails.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Kills the server if it is still running, then starts it again on the
-    /// same port and cluster directory (it runs crash recovery if it was
-    /// killed) and waits (at most 15 s) until it accepts sessions.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::Exited`] or [`ServerError::StartTimeout`] with the log
-    /// tail; there is no retry on another port.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
-        self.boot().await
-    }
-
-    /// SIGSTOPs the postmaster and all its backends: existing sessions hang,
-    /// new connections are accepted by the kernel but never answered.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    /// SIGCONTs the postmaster and its backends.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
     }
 
     /// Opens a session as `postgres` over TCP and expects `ReadyForQuery`
@@ -253,43 +217,91 @@ impl PostgresServer {
     /// when `psql` cannot run; [`ServerError::Probe`] when it fails (with its
     /// output) or prints no count.
     pub async fn terminate_sessions(&self, application_name: &str) -> Result<usize, ServerError> {
-        let psql = pg_bin_dir()?.join("psql");
-        // A literal in SQL: double any quote.
-        let name = application_name.replace('\'', "''");
-        let sql = format!(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE application_name = '{name}' AND pid <> pg_backend_pid()"
-        );
-        let output = tokio::process::Command::new(psql)
-            .args([
-                "-h",
-                "127.0.0.1",
-                "-U",
-                "postgres",
-                "-d",
-                "postgres",
-                "-tA",
-                "-c",
-            ])
-            .arg(&sql)
-            .arg("-p")
-            .arg(self.port.to_string())
-            .kill_on_drop(true)
-            .output()
-            .await
-            .map_err(|e| ServerError::io("running psql", e))?;
-        let text = String::from_utf8_lossy(&output.stdout);
-        match (output.status.success(), text.trim().parse()) {
-            (true, Ok(count)) => Ok(count),
-            _ => Err(ServerError::Probe {
-                server: SERVER,
-                detail: format!(
-                    "psql failed: {}{}",
-                    text.trim(),
-                    String::from_utf8_lossy(&output.stderr).trim()
-                ),
-            }),
-        }
+        terminate_sessions_at(self.port, application_name).await
+    }
+}
+
+/// Terminates (`pg_terminate_backend`) every session of the server on `port`
+/// whose `application_name` is `application_name`, through `psql`, and returns
+/// how many there were; see [`PostgresServer::terminate_sessions`].
+///
+/// # Errors
+///
+/// [`ServerError::NotInstalled`] without `psql`; [`ServerError::Probe`] when
+/// `psql` fails.
+pub async fn terminate_sessions_at(
+    port: u16,
+    application_name: &str,
+) -> Result<usize, ServerError> {
+    let psql = pg_bin_dir()?.join("psql");
+    // A literal in SQL: double any quote.
+    let name = application_name.replace('\'', "''");
+    let sql = format!(
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = '{name}' AND pid <> pg_backend_pid()"
+    );
+    let output = tokio::process::Command::new(psql)
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+            "-tA",
+            "-c",
+        ])
+        .arg(&sql)
+        .arg("-p")
+        .arg(port.to_string())
+        .kill_on_drop(true)
+        .output()
+        .await
+        .map_err(|e| ServerError::io("running psql", e))?;
+    let text = String::from_utf8_lossy(&output.stdout);
+    match (output.status.success(), text.trim().parse()) {
+        (true, Ok(count)) => Ok(count),
+        _ => Err(ServerError::Probe {
+            server: SERVER,
+            detail: format!(
+                "psql failed: {}{}",
+                text.trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        }),
+    }
+}
+
+/// Every action is supported; restart keeps the port and the data directory.
+#[async_trait::async_trait]
+impl ServerControl for PostgresServer {
+    fn url(&self) -> String {
+        PostgresServer::url(self)
+    }
+
+    fn port(&self) -> u16 {
+        PostgresServer::port(self)
+    }
+
+    fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        self.process.kill();
+        self.boot().await
+    }
+
+    fn pause(&mut self) -> Result<(), ServerError> {
+        self.process.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ServerError> {
+        self.process.resume()
+    }
+
+    fn logs(&self) -> String {
+        self.process.log_tail()
     }
 }
 

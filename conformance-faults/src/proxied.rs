@@ -2,16 +2,15 @@
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::LockError;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults};
-use super::server_harness::ServerKind;
-use crate::fault_proxy::FaultProxy;
-use crate::{Client, Harness, UrlConnector};
+use distlock_conformance::{Client, Harness, UrlConnector};
+use distlock_test_servers::FaultProxy;
 
 /// The port a scheme's servers listen on when the URL names none.
 fn default_port(scheme: &str) -> Option<u16> {
@@ -33,7 +32,7 @@ pub struct ProxiedHarness {
     /// The URL after the host list (path, query).
     tail: String,
     upstreams: Vec<SocketAddr>,
-    kind: Option<ServerKind>,
+    claims: Arc<dyn Fn(Fault) -> Claim + Send + Sync>,
     connector: UrlConnector,
     proxies: Mutex<Vec<FaultProxy>>,
     next_id: AtomicUsize,
@@ -88,7 +87,7 @@ impl ProxiedHarness {
             head: format!("{scheme}://{userinfo}"),
             tail: tail.to_owned(),
             upstreams,
-            kind: ServerKind::for_url(url),
+            claims: Arc::new(|_| Claim::Safe),
             connector,
             proxies: Mutex::new(Vec::new()),
             next_id: AtomicUsize::new(0),
@@ -96,6 +95,13 @@ impl ProxiedHarness {
             crash_bound: Duration::from_millis(500),
             dead_waiter_bound: None,
         })
+    }
+
+    /// What the backend claims under each fault ([`FaultHarness::claim`]); safety
+    /// under every fault until this says otherwise.
+    pub fn with_claims(mut self, claims: impl Fn(Fault) -> Claim + Send + Sync + 'static) -> Self {
+        self.claims = Arc::new(claims);
+        self
     }
 
     /// Sets the TTL scenarios use and the longest a cut-off holder's lock survives.
@@ -158,14 +164,15 @@ impl FaultHarness for ProxiedHarness {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(proxies.iter().cloned());
+        let net = NetFaults::new(proxies);
         Ok(FaultClient {
             id,
-            client: Client::new(lock),
-            net: Some(NetFaults::new(proxies)),
+            client: Client::new(lock).with_faults(Arc::new(net.clone())),
+            net: Some(net),
         })
     }
 
     fn claim(&self, fault: Fault) -> Claim {
-        self.kind.map_or(Claim::Safe, |kind| kind.claim(fault))
+        (self.claims)(fault)
     }
 }

@@ -10,7 +10,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::process::{Launch, Supervised};
-use super::{find_on_path, free_ports, temp_dir, ServerError, PROBE_INTERVAL, START_ATTEMPTS};
+use super::{
+    find_on_path, free_ports, temp_dir, ServerControl, ServerError, PROBE_INTERVAL, START_ATTEMPTS,
+};
 
 const SERVER: &str = "zookeeper";
 
@@ -324,11 +326,6 @@ impl ZooKeeperServer {
         self.process.log_path().to_path_buf()
     }
 
-    /// The last lines of the server log, for failure messages.
-    pub fn log_tail(&self) -> String {
-        self.process.log_tail()
-    }
-
     /// True while the JVM is alive (also when paused).
     pub fn is_running(&mut self) -> bool {
         self.process.is_running()
@@ -337,45 +334,6 @@ impl ZooKeeperServer {
     /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
-    }
-
-    /// SIGKILLs the JVM and reaps it. Idempotent; never fails.
-    pub fn kill(&mut self) {
-        self.process.kill();
-    }
-
-    /// Kills the JVM if it is still running, starts it again with the same
-    /// port, config and data directory, and waits (at most
-    /// `ready_timeout`) for `ruok` → `imok`. A standalone server must also
-    /// report `Mode: standalone`; for an ensemble member use
-    /// [`ZooKeeperEnsemble::restart_node`], which also waits for the node to
-    /// rejoin when a quorum is up.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::Exited`] or [`ServerError::StartTimeout`] with the log
-    /// tail.
-    pub async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
-        self.boot(self.id.is_none()).await
-    }
-
-    /// SIGSTOPs the JVM: sessions stop being served and heartbeats stop.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    /// SIGCONTs a paused JVM.
-    ///
-    /// # Errors
-    ///
-    /// [`ServerError::NotRunning`] if the server was killed or exited.
-    pub fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
     }
 
     /// Sends `ruok` and expects `imok` within `timeout`.
@@ -417,6 +375,39 @@ impl ZooKeeperServer {
         Ok(ZooKeeperMode::parse(
             &four_letter(self.client_port, "srvr", timeout).await?,
         ))
+    }
+}
+
+/// Every action is supported; restart keeps the port and the data directory.
+#[async_trait::async_trait]
+impl ServerControl for ZooKeeperServer {
+    fn url(&self) -> String {
+        ZooKeeperServer::url(self)
+    }
+
+    fn port(&self) -> u16 {
+        ZooKeeperServer::port(self)
+    }
+
+    fn kill(&mut self) {
+        self.process.kill();
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        self.process.kill();
+        self.boot(self.id.is_none()).await
+    }
+
+    fn pause(&mut self) -> Result<(), ServerError> {
+        self.process.pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ServerError> {
+        self.process.resume()
+    }
+
+    fn logs(&self) -> String {
+        self.process.log_tail()
     }
 }
 
@@ -516,7 +507,7 @@ impl ZooKeeperEnsemble {
         self.nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| format!("\n--- node {i} log tail ---\n{}", n.log_tail()))
+            .map(|(i, n)| format!("\n--- node {i} log tail ---\n{}", n.logs()))
             .collect()
     }
 
