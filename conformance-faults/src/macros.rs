@@ -40,6 +40,7 @@ macro_rules! fault_conformance_tests {
             server_restart_while_held_and_waited,
             redlock_minority_then_majority_loss,
             ensemble_leader_loss,
+            master_failover_while_held_and_waited,
             terminated_session_fires_lost,
             crashed_clients_do_not_stall_the_fifo_queue,
             contention_under_random_faults,
