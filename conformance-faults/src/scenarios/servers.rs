@@ -387,6 +387,9 @@ pub(super) async fn master_failover_while_held_and_waited(
     let acquired = waiter
         .await
         .map_err(|e| Failure::Failed(format!("the waiter panicked: {e}")))?;
+    // How long a client took to follow the failover: the waiter, retrying through the
+    // lost master, acquired (and released) on the new one.
+    let followed = killed.elapsed();
     h.control(master, ServerAction::Restart)
         .await
         .map_err(Failure::Failed)?;
@@ -394,9 +397,10 @@ pub(super) async fn master_failover_while_held_and_waited(
     set.final_read();
     Ok(Outcome {
         detail: format!(
-            "node {new_master} took over after {}, holder {} its lock, waiter acquired",
+            "node {new_master} took over after {}, holder {} its lock, waiter acquired and released by {} after the kill",
             millis(promoted),
-            if kept { "kept" } else { "lost" }
+            if kept { "kept" } else { "lost" },
+            millis(followed)
         ),
         history,
     })
