@@ -147,7 +147,13 @@ impl Supervised {
             })
     }
 
-    /// SIGSTOPs the process and all its descendants.
+    /// SIGSTOPs the process and all its descendants and waits until every thread of
+    /// them is stopped.
+    ///
+    /// # Errors
+    /// [`ServerError::NotRunning`] without a running process; [`ServerError::Probe`]
+    /// when a thread still runs 5 s after the signal (the process stays marked paused,
+    /// so `resume` still sends SIGCONT).
     pub fn pause(&mut self) -> Result<(), ServerError> {
         let pid = self.running_pid()?;
         // Stop the parent first so it cannot fork new children meanwhile.
@@ -159,10 +165,18 @@ impl Supervised {
         }
         // Signal delivery is asynchronous: a thread that is running on
         // another CPU may still answer a request or two. Wait (bounded) until
-        // every thread of every process is actually stopped.
-        wait_stopped(&stopped, Duration::from_secs(2));
+        // every thread of every process is actually stopped; a pause that did not take
+        // is an error, so a scenario never blames the backend for a running server.
         self.paused = true;
-        Ok(())
+        let running = wait_stopped(&stopped, Duration::from_secs(5));
+        if running.is_empty() {
+            Ok(())
+        } else {
+            Err(ServerError::Probe {
+                server: self.server,
+                detail: format!("SIGSTOP did not stop pids {running:?} within 5 s"),
+            })
+        }
     }
 
     /// SIGCONTs the process and all its descendants.
@@ -345,12 +359,18 @@ fn all_threads_stopped(pid: i32) -> bool {
     })
 }
 
-/// Waits (bounded) until every thread of every pid is stopped.
-fn wait_stopped(pids: &[i32], limit: Duration) {
+/// Waits (bounded) until every thread of every pid is stopped; returns the pids with a
+/// thread still running when the bound passed (empty: all stopped).
+fn wait_stopped(pids: &[i32], limit: Duration) -> Vec<i32> {
     let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if pids.iter().all(|&p| all_threads_stopped(p)) {
-            return;
+    loop {
+        let running: Vec<i32> = pids
+            .iter()
+            .copied()
+            .filter(|&p| !all_threads_stopped(p))
+            .collect();
+        if running.is_empty() || Instant::now() >= deadline {
+            return running;
         }
         std::thread::sleep(Duration::from_millis(1));
     }
