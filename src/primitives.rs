@@ -37,6 +37,12 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url)
+                .await?
+                .semaphore(),
+        )),
         other => Err(not_offered(other, "semaphores")),
     }
 }
@@ -74,6 +80,10 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url).await?.rw_lock(),
+        )),
         other => Err(not_offered(other, "read-write locks")),
     }
 }
@@ -97,7 +107,6 @@ mod tests {
         for url in [
             "redis://127.0.0.1:1",
             "postgres://u@127.0.0.1:1/db",
-            "zk://127.0.0.1:1",
         ] {
             let refused = connect_semaphore(url).await.expect_err(url);
             assert!(
