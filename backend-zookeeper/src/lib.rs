@@ -223,8 +223,8 @@ pub use keys::{
 };
 pub use lock::ZooKeeperLock;
 pub use rw::ZooKeeperRwLock;
-pub use semaphore::{ZooKeeperSemaphore, PERMITS_DATA_PREFIX};
 pub use security::{Credentials, TlsFiles};
+pub use semaphore::{ZooKeeperSemaphore, PERMITS_DATA_PREFIX};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use zookeeper_client;

@@ -92,7 +92,15 @@ impl ZooKeeperLock {
         let locks = format!("{dir}/{LOCKS}");
         let leases = format!("{dir}/{LEASES}");
         let mutex = |deadline, waits| {
-            self.contend(session, &locks, NodeKind::Lock, &[], deadline, waits, report)
+            self.contend(
+                session,
+                &locks,
+                NodeKind::Lock,
+                &[],
+                deadline,
+                waits,
+                report,
+            )
         };
         let guard = match mutex(deadline, waits).await? {
             Contend::Granted(won) => won,
@@ -140,8 +148,14 @@ impl ZooKeeperLock {
         // Armed from before the create is sent: a drop at any await removes our node.
         let mut cleanup = Cleanup::new(session.clone(), leases, owner, limit);
         let data = format!("{PERMITS_DATA_PREFIX}{max}");
-        let created =
-            create_contender(session, leases, owner, NodeKind::Lease, data.as_bytes(), limit);
+        let created = create_contender(
+            session,
+            leases,
+            owner,
+            NodeKind::Lease,
+            data.as_bytes(),
+            limit,
+        );
         let Some(created) = created.await? else {
             return Ok(Contend::Restart);
         };

@@ -72,7 +72,10 @@ impl Curator {
             .filter(|jar| !Path::new(JAVA_DIR).join(format!("{jar}.jar")).exists())
             .collect();
         if !missing.is_empty() {
-            skip_or_panic("curator", &not_installed(format!("{missing:?} in {JAVA_DIR}")));
+            skip_or_panic(
+                "curator",
+                &not_installed(format!("{missing:?} in {JAVA_DIR}")),
+            );
             return None;
         }
         let classpath = JARS.map(|jar| format!("{JAVA_DIR}/{jar}.jar")).join(":");
@@ -93,7 +96,12 @@ impl Curator {
         }
         let run_path = format!("{}:{classpath}", classes.path().display());
         let mut child = Command::new("java")
-            .args(["-cp", &run_path, "CuratorDriver", &format!("127.0.0.1:{port}")])
+            .args([
+                "-cp",
+                &run_path,
+                "CuratorDriver",
+                &format!("127.0.0.1:{port}"),
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -172,15 +180,26 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     // A Curator writer excludes our readers and writers; our reader waits for it.
     let (curator, answer) = ask(curator, format!("write {path} 0")).await;
     assert_eq!(answer, "held");
-    assert!(ours.try_acquire(&k, RwMode::Read, &no_wait()).await.unwrap().is_none());
-    assert!(ours.try_acquire(&k, RwMode::Write, &no_wait()).await.unwrap().is_none());
+    assert!(ours
+        .try_acquire(&k, RwMode::Read, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
+    assert!(ours
+        .try_acquire(&k, RwMode::Write, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     let reader = {
         let (ours, k) = (ours.clone(), k.clone());
         tokio::spawn(async move { ours.acquire(&k, RwMode::Read, &waiting()).await })
     };
     let raw = common::raw(port).await;
     common::wait_children(&raw, &path, 2, Duration::from_secs(10)).await;
-    assert!(!reader.is_finished(), "our reader waits behind Curator's writer");
+    assert!(
+        !reader.is_finished(),
+        "our reader waits behind Curator's writer"
+    );
     let (curator, answer) = ask(curator, "release".into()).await;
     assert_eq!(answer, "released");
     let reader = tokio::time::timeout(Duration::from_secs(10), reader)
@@ -201,7 +220,10 @@ async fn curator_read_write_lock_and_ours_exclude_each_other() {
     let curator_writer = tokio::spawn(ask(curator, format!("write {path} 30000")));
     common::wait_children(&raw, &path, 2, Duration::from_secs(10)).await;
     assert!(
-        ours.try_acquire(&k, RwMode::Read, &no_wait()).await.unwrap().is_none(),
+        ours.try_acquire(&k, RwMode::Read, &no_wait())
+            .await
+            .unwrap()
+            .is_none(),
         "a reader arriving after Curator's waiting writer waits behind it"
     );
     reader.release().await.expect("releases");
@@ -247,7 +269,11 @@ async fn curator_semaphore_and_ours_never_admit_more_than_max() {
         .await
         .unwrap()
         .expect("a permit is free");
-    assert!(ours.try_acquire(&k, MAX, &no_wait()).await.unwrap().is_none());
+    assert!(ours
+        .try_acquire(&k, MAX, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     let (curator, answer) = ask(curator, format!("sem {path} {MAX} 0")).await;
     assert_eq!(answer, "busy", "Curator counts our lease");
 
@@ -264,7 +290,10 @@ async fn curator_semaphore_and_ours_never_admit_more_than_max() {
             recorded += 1;
         }
     }
-    assert_eq!(recorded, 1, "our lease records the count; Curator's does not");
+    assert_eq!(
+        recorded, 1,
+        "our lease records the count; Curator's does not"
+    );
 
     // A distlock client with another count is refused while our holder is there.
     let refused = ours.try_acquire(&k, MAX + 1, &no_wait()).await;
@@ -291,14 +320,22 @@ async fn curator_semaphore_and_ours_never_admit_more_than_max() {
     // A waiting Curator client is granted when we release one.
     let curator_waiter = tokio::spawn(ask(curator, format!("sem {path} {MAX} 30000")));
     common::wait_children(&raw, &leases, 3, Duration::from_secs(10)).await;
-    assert!(ours.try_acquire(&k, MAX, &no_wait()).await.unwrap().is_none());
+    assert!(ours
+        .try_acquire(&k, MAX, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     first.release().await.expect("releases");
     let (curator, answer) = tokio::time::timeout(Duration::from_secs(20), curator_waiter)
         .await
         .expect("Curator's waiter is granted once our lease went")
         .unwrap();
     assert_eq!(answer, "held");
-    assert!(ours.try_acquire(&k, MAX, &no_wait()).await.unwrap().is_none());
+    assert!(ours
+        .try_acquire(&k, MAX, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
 
     // Everyone leaves: nothing is left behind.
     second.release().await.expect("releases");
@@ -325,7 +362,11 @@ async fn our_semaphore_and_rw_lock_leave_nothing_behind() {
         .expect("acquires");
     // The guard mutex is gone as soon as the permit is granted.
     let locks_dir = format!("{}/locks", locks.semaphore_path(&k));
-    assert!(raw.list_children(&locks_dir).await.unwrap_or_default().is_empty());
+    assert!(raw
+        .list_children(&locks_dir)
+        .await
+        .unwrap_or_default()
+        .is_empty());
     permit.release().await.expect("releases");
     reader.release().await.expect("releases");
     wait_gone(&raw, &locks.semaphore_path(&k)).await;
