@@ -107,7 +107,8 @@ impl Curator {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("java starts");
-        let (stdin, stdout) = (child.stdin.take()?, child.stdout.take()?);
+        let stdin = child.stdin.take().expect("stdin is piped");
+        let stdout = child.stdout.take().expect("stdout is piped");
         let mut curator = Curator {
             child,
             stdin,
