@@ -373,3 +373,80 @@ async fn our_semaphore_and_rw_lock_leave_nothing_behind() {
     wait_gone(&raw, &locks.semaphore_path(&k)).await;
     wait_gone(&raw, &locks.rw_path(&k)).await;
 }
+
+/// Curator's threads and ours churn through a 2-permit semaphore at once; each holder
+/// marks its time inside with an ephemeral node, and a watcher of the marks never sees
+/// more than 2.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_our_holders_churning_together_stay_within_max() {
+    const MAX: u32 = 2;
+    const ROUNDS: usize = 15;
+    let port = common::shared_port();
+    let locks = client(port).await;
+    let k = key("curator-churn");
+    let path = locks.semaphore_path(&k);
+    let raw = common::raw(port).await;
+    let inside = "/curator-churn-inside";
+    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(inside, &[], &persistent).await.expect("creates the marks' directory");
+    let Some(curator) = Curator::start(port) else {
+        return;
+    };
+
+    let most_inside = {
+        let raw = common::raw(port).await;
+        tokio::spawn(async move {
+            let mut most = 0;
+            loop {
+                match raw.get_and_watch_children(inside).await {
+                    Ok((marks, _, watcher)) => {
+                        most = most.max(marks.len());
+                        watcher.changed().await;
+                    }
+                    Err(_) => return most,
+                }
+            }
+        })
+    };
+    let theirs = tokio::spawn(ask(curator, format!("churn {path} {MAX} {ROUNDS} {inside}")));
+    let mut ours = Vec::new();
+    for _ in 0..2 {
+        let (semaphore, k) = (locks.semaphore(), k.clone());
+        let raw = common::raw(port).await;
+        ours.push(tokio::spawn(async move {
+            let mark_mode = zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            for _ in 0..ROUNDS {
+                let permit = semaphore.acquire(&k, MAX, &waiting()).await.expect("acquires");
+                let (_, sequence) = raw
+                    .create(&format!("{inside}/ours-"), &[], &mark_mode)
+                    .await
+                    .expect("marks");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                raw.delete(&format!("{inside}/ours-{sequence}"), None)
+                    .await
+                    .expect("unmarks");
+                permit.release().await.expect("releases");
+            }
+        }));
+    }
+    for task in ours {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("our holders finish")
+            .expect("our holder does not panic");
+    }
+    let (_curator, answer) = tokio::time::timeout(Duration::from_secs(120), theirs)
+        .await
+        .expect("Curator's holders finish")
+        .unwrap();
+    assert_eq!(answer, "done");
+    raw.delete(inside, None).await.expect("removes the marks' directory");
+    let most = tokio::time::timeout(Duration::from_secs(10), most_inside)
+        .await
+        .expect("the watcher ends with the directory")
+        .unwrap();
+    assert!(most >= 1, "the watcher saw holders");
+    assert!(most <= MAX as usize, "{most} holders inside at once");
+    wait_gone(&raw, &path).await;
+}

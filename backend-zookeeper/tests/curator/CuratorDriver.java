@@ -3,6 +3,8 @@
 // instance (so no Curator re-entrancy) and answers one line:
 //   read PATH WAIT_MS | write PATH WAIT_MS | sem PATH MAX WAIT_MS  ->  held | busy
 //   release                                                        ->  released
+//   churn PATH MAX ROUNDS INSIDE  -> done: two threads each take a lease ROUNDS times,
+//     marking their time inside with an ephemeral node in INSIDE
 // (release returns the most recent grant still held). Errors answer "error ...".
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -17,6 +19,7 @@ import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
 import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryOneTime;
+import org.apache.zookeeper.CreateMode;
 
 public class CuratorDriver {
     public static void main(String[] args) throws Exception {
@@ -54,6 +57,43 @@ public class CuratorDriver {
                         } else {
                             say("busy");
                         }
+                        break;
+                    }
+                    case "churn": {
+                        String path = words[1];
+                        int max = Integer.parseInt(words[2]);
+                        int rounds = Integer.parseInt(words[3]);
+                        String inside = words[4];
+                        Exception[] failure = new Exception[1];
+                        Thread[] threads = new Thread[2];
+                        for (int t = 0; t < threads.length; t++) {
+                            threads[t] = new Thread(() -> {
+                                try {
+                                    InterProcessSemaphoreV2 semaphore = new InterProcessSemaphoreV2(client, path, max);
+                                    for (int round = 0; round < rounds; round++) {
+                                        Lease lease = semaphore.acquire(30, TimeUnit.SECONDS);
+                                        if (lease == null) {
+                                            throw new IllegalStateException("no lease within 30 s");
+                                        }
+                                        String mark = client.create()
+                                                .withMode(CreateMode.EPHEMERAL_SEQUENTIAL)
+                                                .forPath(inside + "/curator-");
+                                        Thread.sleep(5);
+                                        client.delete().forPath(mark);
+                                        lease.close();
+                                    }
+                                } catch (Exception e) {
+                                    synchronized (failure) {
+                                        failure[0] = e;
+                                    }
+                                }
+                            });
+                            threads[t].start();
+                        }
+                        for (Thread thread : threads) {
+                            thread.join();
+                        }
+                        say(failure[0] == null ? "done" : "error " + failure[0]);
                         break;
                     }
                     case "release":
