@@ -387,8 +387,11 @@ async fn curator_and_our_holders_churning_together_stay_within_max() {
     let path = locks.semaphore_path(&k);
     let raw = common::raw(port).await;
     let inside = "/curator-churn-inside";
-    let persistent = zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
-    raw.create(inside, &[], &persistent).await.expect("creates the marks' directory");
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(inside, &[], &persistent)
+        .await
+        .expect("creates the marks' directory");
     let Some(curator) = Curator::start(port) else {
         return;
     };
@@ -408,7 +411,10 @@ async fn curator_and_our_holders_churning_together_stay_within_max() {
             }
         })
     };
-    let theirs = tokio::spawn(ask(curator, format!("churn {path} {MAX} {ROUNDS} {inside}")));
+    let theirs = tokio::spawn(ask(
+        curator,
+        format!("churn {path} {MAX} {ROUNDS} {inside}"),
+    ));
     let mut ours = Vec::new();
     for _ in 0..2 {
         let (semaphore, k) = (locks.semaphore(), k.clone());
@@ -417,7 +423,10 @@ async fn curator_and_our_holders_churning_together_stay_within_max() {
             let mark_mode = zookeeper_client::CreateMode::EphemeralSequential
                 .with_acls(zookeeper_client::Acls::anyone_all());
             for _ in 0..ROUNDS {
-                let permit = semaphore.acquire(&k, MAX, &waiting()).await.expect("acquires");
+                let permit = semaphore
+                    .acquire(&k, MAX, &waiting())
+                    .await
+                    .expect("acquires");
                 let (_, sequence) = raw
                     .create(&format!("{inside}/ours-"), &[], &mark_mode)
                     .await
@@ -441,7 +450,9 @@ async fn curator_and_our_holders_churning_together_stay_within_max() {
         .expect("Curator's holders finish")
         .unwrap();
     assert_eq!(answer, "done");
-    raw.delete(inside, None).await.expect("removes the marks' directory");
+    raw.delete(inside, None)
+        .await
+        .expect("removes the marks' directory");
     let most = tokio::time::timeout(Duration::from_secs(10), most_inside)
         .await
         .expect("the watcher ends with the directory")

@@ -39,12 +39,19 @@ async fn node_of(raw: &zk::Client, dir: &str, guard: &LockGuard) -> (String, u64
         .find(|name| name.contains(&guid))
         .unwrap_or_else(|| panic!("no node of {guid} in {dir}"));
     let path = format!("{dir}/{name}");
-    let stat = raw.check_stat(&path).await.unwrap().expect("the node exists");
+    let stat = raw
+        .check_stat(&path)
+        .await
+        .unwrap()
+        .expect("the node exists");
     (path, u64::try_from(stat.czxid).unwrap())
 }
 
 fn token(guard: &LockGuard) -> u64 {
-    guard.fencing_token().expect("ZooKeeper grants carry tokens").get()
+    guard
+        .fencing_token()
+        .expect("ZooKeeper grants carry tokens")
+        .get()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -91,11 +98,17 @@ async fn a_writer_token_is_above_the_readers_before_it_and_below_those_after() {
     let read_token = token(&reader);
     reader.release().await.unwrap();
     let writer = writer.await.unwrap().expect("the writer is granted");
-    assert!(!later_reader.is_finished(), "the later reader waits for the writer");
+    assert!(
+        !later_reader.is_finished(),
+        "the later reader waits for the writer"
+    );
     assert_eq!(token(&writer), node_of(&raw, &dir, &writer).await.1);
     let write_token = token(&writer);
     writer.release().await.unwrap();
-    let later_reader = later_reader.await.unwrap().expect("granted after the writer");
+    let later_reader = later_reader
+        .await
+        .unwrap()
+        .expect("granted after the writer");
     assert!(read_token < write_token && write_token < token(&later_reader));
     later_reader.release().await.unwrap();
 }
