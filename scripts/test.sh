@@ -5,9 +5,11 @@
 #    redis-server (package redis-server), the ZooKeeper jars in
 #    /usr/share/java plus a JRE (package zookeeper),
 #    /usr/lib/postgresql/*/bin/initdb (package postgresql), openssl (test
-#    certificates) and python3-kazoo (a kazoo client for the ZooKeeper
-#    interoperability test; ZooKeeper's TLS port also needs Debian's netty jars,
-#    which the zookeeper package pulls in). As root it
+#    certificates), python3-kazoo (a kazoo client for the ZooKeeper
+#    interoperability test), Curator's jars (libcurator-*-java) and javac
+#    (the Curator semaphore and read-write lock interoperability test).
+#    ZooKeeper's TLS port also needs Debian's netty jars,
+#    which the zookeeper package pulls in. As root it
 #    installs what is missing with apt-get; otherwise it names the packages
 #    and exits non-zero.
 # 2. Runs `cargo test --workspace --all-features` with
@@ -54,6 +56,17 @@ fi
 # The kazoo interoperability test drives a real kazoo Lock (Debian's python3-kazoo).
 if ! /usr/bin/python3 -c 'import kazoo' >/dev/null 2>&1; then
     missing+=(python3-kazoo)
+fi
+
+# The Curator interoperability tests compile a Java driver against Debian's Curator
+# jars, so they need javac too.
+for jar in curator-client curator-framework curator-recipes; do
+    if [[ ! -f "/usr/share/java/$jar.jar" ]]; then
+        missing+=("lib$jar-java")
+    fi
+done
+if ! command -v javac >/dev/null 2>&1; then
+    missing+=(default-jdk-headless)
 fi
 
 if ((${#missing[@]} > 0)); then

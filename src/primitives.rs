@@ -37,6 +37,12 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url)
+                .await?
+                .semaphore(),
+        )),
         other => Err(not_offered(other, "semaphores")),
     }
 }
@@ -74,6 +80,12 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url)
+                .await?
+                .rw_lock(),
+        )),
         other => Err(not_offered(other, "read-write locks")),
     }
 }
@@ -94,11 +106,7 @@ mod tests {
 
     #[tokio::test]
     async fn backends_without_the_primitives_say_so() {
-        for url in [
-            "redis://127.0.0.1:1",
-            "postgres://u@127.0.0.1:1/db",
-            "zk://127.0.0.1:1",
-        ] {
+        for url in ["redis://127.0.0.1:1", "postgres://u@127.0.0.1:1/db"] {
             let refused = connect_semaphore(url).await.expect_err(url);
             assert!(
                 matches!(
@@ -130,5 +138,19 @@ mod tests {
             connect_semaphore("memory://a?b").await,
             Err(LockError::Config { .. })
         ));
+    }
+
+    /// ZooKeeper offers both: an unreachable server is a connection error, not a refusal.
+    #[cfg(feature = "zookeeper")]
+    #[tokio::test]
+    async fn zookeeper_offers_both_primitives() {
+        let url = "zk://127.0.0.1:1?session_timeout_ms=2000";
+        let semaphore = connect_semaphore(url).await.expect_err("nothing listens");
+        assert!(
+            matches!(semaphore, LockError::Connection { .. }),
+            "{semaphore}"
+        );
+        let rw = connect_rw(url).await.expect_err("nothing listens");
+        assert!(matches!(rw, LockError::Connection { .. }), "{rw}");
     }
 }

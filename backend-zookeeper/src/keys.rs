@@ -104,9 +104,69 @@ pub(crate) fn protected_prefix(owner: OwnerToken) -> String {
     format!("{PROTECTED_PREFIX}{}-", owner_guid(owner))
 }
 
-/// `_c_<guid>-lock-`: the name a contender asks ZooKeeper to append a sequence to.
-pub(crate) fn contender_prefix(owner: OwnerToken) -> String {
-    format!("{}{LOCK_NAME}", protected_prefix(owner))
+/// `_c_<guid>-<name>`: the name a contender of `kind` asks ZooKeeper to append a
+/// sequence to (`_c_<guid>-lock-` for the mutex).
+pub(crate) fn contender_prefix(owner: OwnerToken, kind: NodeKind) -> String {
+    format!("{}{}", protected_prefix(owner), kind.name())
+}
+
+/// Curator's `InterProcessSemaphoreV2` lease nodes: `_c_<guid>-lease-<sequence>`.
+pub const LEASE_NAME: &str = "lease-";
+
+/// Curator's `InterProcessReadWriteLock` read contenders: `_c_<guid>-__READ__<sequence>`.
+pub const READ_NAME: &str = "__READ__";
+
+/// Curator's `InterProcessReadWriteLock` write contenders: `_c_<guid>-__WRIT__<sequence>`.
+pub const WRITE_NAME: &str = "__WRIT__";
+
+/// What one sequential node of ours stands for, by the Curator recipe it follows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NodeKind {
+    /// An `InterProcessMutex` contender (also the semaphore's guard mutex).
+    Lock,
+    /// An `InterProcessSemaphoreV2` lease.
+    Lease,
+    /// An `InterProcessReadWriteLock` reader.
+    Read,
+    /// An `InterProcessReadWriteLock` writer.
+    Write,
+}
+
+impl NodeKind {
+    /// The name its sequence follows.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            NodeKind::Lock => LOCK_NAME,
+            NodeKind::Lease => LEASE_NAME,
+            NodeKind::Read => READ_NAME,
+            NodeKind::Write => WRITE_NAME,
+        }
+    }
+
+    /// The sequence of `name` if it is a node of this kind's directory (of any kind
+    /// sharing it: readers and writers share one), as Curator ranks them.
+    fn sequence(self, name: &str) -> Option<i64> {
+        match self {
+            NodeKind::Lock => lock_sequence(name),
+            NodeKind::Lease => sequence_after(name, &[LEASE_NAME]),
+            NodeKind::Read | NodeKind::Write => sequence_after(name, &[READ_NAME, WRITE_NAME]),
+        }
+    }
+}
+
+/// The digits ending `name` right after one of `names`.
+fn sequence_after(name: &str, names: &[&str]) -> Option<i64> {
+    let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
+    let digits = &name[prefix.len()..];
+    if digits.is_empty() || !names.iter().any(|n| prefix.ends_with(n)) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Whether `name` is a writer of a read-write lock (ours or Curator's).
+pub(crate) fn is_writer(name: &str) -> bool {
+    sequence_after(name, &[WRITE_NAME]).is_some()
 }
 
 /// The owner token in a protected contender name, if it is one of ours (or Curator's).
@@ -138,13 +198,7 @@ pub const KAZOO_LOCK_NAME: &str = "__lock__";
 /// them) or a trailing `__lock__` (kazoo's, [`KAZOO_LOCK_NAME`]).
 /// `None` for any other name, in particular one without a sequence suffix.
 pub fn lock_sequence(name: &str) -> Option<i64> {
-    let prefix = name.trim_end_matches(|c: char| c.is_ascii_digit());
-    let digits = &name[prefix.len()..];
-    let named = prefix.ends_with(LOCK_NAME) || prefix.ends_with(KAZOO_LOCK_NAME);
-    if digits.is_empty() || !named {
-        return None;
-    }
-    digits.parse().ok()
+    sequence_after(name, &[LOCK_NAME, KAZOO_LOCK_NAME])
 }
 
 /// The contenders among `children`, lowest sequence (the holder) first: ours, Curator's
@@ -152,9 +206,15 @@ pub fn lock_sequence(name: &str) -> Option<i64> {
 /// server counts per directory whoever creates the node. Children that are not
 /// contender nodes are ignored.
 pub(crate) fn rank(children: &[String]) -> Vec<(i64, &str)> {
+    rank_kind(children, NodeKind::Lock)
+}
+
+/// [`rank`] for the directory of `kind`'s nodes: semaphore leases, or the readers and
+/// writers of a read-write lock together.
+pub(crate) fn rank_kind(children: &[String], kind: NodeKind) -> Vec<(i64, &str)> {
     let mut ranked: Vec<(i64, &str)> = children
         .iter()
-        .filter_map(|name| lock_sequence(name).map(|seq| (seq, name.as_str())))
+        .filter_map(|name| kind.sequence(name).map(|seq| (seq, name.as_str())))
         .collect();
     ranked.sort_unstable();
     ranked
@@ -230,7 +290,7 @@ mod tests {
     fn guid_round_trips_through_curator_names() {
         let owner = OwnerToken::from_u128(0x0123_4567_89ab_cdef_0011_2233_4455_6677);
         assert_eq!(owner_guid(owner), "01234567-89ab-cdef-0011-223344556677");
-        let name = format!("{}0000000042", contender_prefix(owner));
+        let name = format!("{}0000000042", contender_prefix(owner, NodeKind::Lock));
         assert_eq!(
             name,
             "_c_01234567-89ab-cdef-0011-223344556677-lock-0000000042"
@@ -260,6 +320,21 @@ mod tests {
         .to_vec();
         let ranked: Vec<i64> = rank(&children).into_iter().map(|(s, _)| s).collect();
         assert_eq!(ranked, [0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn curator_semaphore_and_rw_names_rank_by_sequence() {
+        let owner = OwnerToken::from_u128(1);
+        let read = format!("{}0000000002", contender_prefix(owner, NodeKind::Read));
+        let write = format!("{}0000000001", contender_prefix(owner, NodeKind::Write));
+        assert!(read.ends_with("-__READ__0000000002"), "{read}");
+        let children = vec![read.clone(), write.clone(), "lock-0000000000".to_owned()];
+        let ranked = rank_kind(&children, NodeKind::Read);
+        assert_eq!(ranked, [(1, write.as_str()), (2, read.as_str())]);
+        assert!(is_writer(&write) && !is_writer(&read));
+        let lease = format!("{}0000000007", contender_prefix(owner, NodeKind::Lease));
+        assert_eq!(NodeKind::Lease.sequence(&lease), Some(7));
+        assert_eq!(NodeKind::Lock.sequence(&lease), None);
     }
 
     #[test]

@@ -67,6 +67,21 @@
 //! anything again (the create may have been applied), and a lease can be released by
 //! any client that has it, even after a reconnect.
 //!
+//! # Semaphores and read-write locks
+//! [`ZooKeeperLock::semaphore`] and [`ZooKeeperLock::rw_lock`] give the other two
+//! primitives on the client's session, in the node layouts of Curator's
+//! `InterProcessSemaphoreV2` (at [`ZooKeeperLock::semaphore_path`]: a guard
+//! `InterProcessMutex` in `path/locks`, one `_c_<guid>-lease-<seq>` node per permit in
+//! `path/leases`) and `InterProcessReadWriteLock` (at [`ZooKeeperLock::rw_path`]:
+//! `_c_<guid>-__READ__<seq>` and `_c_<guid>-__WRIT__<seq>` nodes ranked together; a
+//! reader is blocked only by older writers, so writers are preferred in arrival order).
+//! A Java service using those recipes on the same paths shares permits and locks with
+//! us. They reuse the mutex's machinery: the contender creation (one round trip, GUID
+//! lookup after a lost connection), the drop-guard clean-up, the lease that is the
+//! session, release and extend. Tokens are the grant's node's `czxid`; see
+//! [`ZooKeeperSemaphore`] and [`ZooKeeperRwLock`] for what they mean there and how a
+//! mismatched permit count is detected.
+//!
 //! # Security
 //! - **TLS**: `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]` (feature `tls`) connects
 //!   to the servers' `secureClientPort` through rustls, trusting the CAs in the PEM file
@@ -192,7 +207,9 @@ mod error;
 mod keys;
 mod lock;
 mod recipe;
+mod rw;
 mod security;
+mod semaphore;
 mod session;
 mod shutdown;
 
@@ -201,11 +218,13 @@ pub use config::{
     MIN_SESSION_TIMEOUT,
 };
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LOCK_NAME,
-    PROTECTED_PREFIX,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LEASE_NAME,
+    LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
 };
 pub use lock::ZooKeeperLock;
+pub use rw::ZooKeeperRwLock;
 pub use security::{Credentials, TlsFiles};
+pub use semaphore::{ZooKeeperSemaphore, PERMITS_DATA_PREFIX};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use zookeeper_client;

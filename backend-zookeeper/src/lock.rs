@@ -19,7 +19,7 @@ use zookeeper_client as zk;
 use crate::config::{check_session_timeout, parse_url, validate_path, ZooKeeperConfig};
 use crate::error::at_servers;
 use crate::error::within;
-use crate::keys::{encode_key, protected_prefix, rank};
+use crate::keys::{encode_key, is_writer, protected_prefix, rank, rank_kind, NodeKind};
 use crate::recipe::{create_contender, remove_own, remove_own_retrying, Cleanup};
 use crate::security::{check_tls_hosts, Identity};
 use crate::session::{spawn_watcher, Held, Registry, Session};
@@ -61,13 +61,62 @@ struct Inner {
     wakeups: AtomicU64,
 }
 
+/// What one acquire contends for; each follows a Curator recipe's node layout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Recipe {
+    /// `InterProcessMutex`: the lowest `lock-` node holds.
+    Mutex,
+    /// `InterProcessReadWriteLock`'s read lock: held while no writer is ahead.
+    Read,
+    /// `InterProcessReadWriteLock`'s write lock: the lowest node of all holds.
+    Write,
+    /// `InterProcessSemaphoreV2` with `max` leases (see `semaphore.rs`).
+    Permit { max: u32 },
+}
+
+impl Recipe {
+    /// The kind of node this recipe holds with.
+    pub(crate) fn kind(self) -> NodeKind {
+        match self {
+            Recipe::Mutex => NodeKind::Lock,
+            Recipe::Read => NodeKind::Read,
+            Recipe::Write => NodeKind::Write,
+            Recipe::Permit { .. } => NodeKind::Lease,
+        }
+    }
+}
+
+/// A node that won its contention: it holds the lock (or permit). Its removal stays
+/// armed until the grant is registered (dropping it removes the node).
+#[derive(Debug)]
+pub(crate) struct Won {
+    pub(crate) session: Arc<Session>,
+    pub(crate) owner: OwnerToken,
+    pub(crate) path: String,
+    pub(crate) fence: u64,
+    /// When the request whose answer showed the grant was sent.
+    pub(crate) sent: Instant,
+    pub(crate) cleanup: Cleanup,
+}
+
 /// One contention's end.
-enum Contend {
-    Granted(LockGuard),
+pub(crate) enum Contend {
+    Granted(Won),
     /// Not the holder, and not waiting (any longer); our node is gone.
     Held,
     /// The session ended or our node vanished: start over.
     Restart,
+}
+
+/// Where a contender of `kind` stands among the `ranked` nodes of its directory, ours
+/// at `index`: `None` when it holds, else the index of the node to watch. Readers are
+/// held back only by a writer ahead of them (Curator's `ReadLock` driver, which watches
+/// the first such writer); every other kind by any node ahead, watching the next lower.
+fn blocker(kind: NodeKind, ranked: &[(i64, &str)], index: usize) -> Option<usize> {
+    match kind {
+        NodeKind::Read => ranked[..index].iter().position(|(_, n)| is_writer(n)),
+        _ => index.checked_sub(1),
+    }
 }
 
 impl ZooKeeperLock {
@@ -145,6 +194,12 @@ impl ZooKeeperLock {
         format!("{}/{}", self.inner.root, encode_key(key))
     }
 
+    /// `[chroot]{base_path}/{namespace}/{encode_key(key)}`: the directory of another
+    /// primitive's key. `namespace` starts with `.`, which no encoded key does.
+    pub(crate) fn namespaced_dir(&self, namespace: &str, key: &LockKey) -> String {
+        format!("{}/{namespace}/{}", self.inner.root, encode_key(key))
+    }
+
     /// The current session's id, or `None` when no live session is open.
     pub fn session_id(&self) -> Option<i64> {
         self.current().map(|s| s.id)
@@ -214,25 +269,27 @@ impl ZooKeeperLock {
 
     /// Names the servers in a connection error (the connect string has no
     /// credentials: they are kept apart from it).
-    fn located(&self, error: LockError) -> LockError {
+    pub(crate) fn located(&self, error: LockError) -> LockError {
         at_servers(&self.inner.hosts, error)
     }
 
-    fn limit(&self, session: &Session) -> Duration {
+    pub(crate) fn limit(&self, session: &Session) -> Duration {
         self.inner.config.request_timeout.unwrap_or(session.timeout)
     }
 
-    /// Takes `key`, waiting if `waits`, until the options' deadline; notes in
-    /// `report` each listing that showed another contender ahead of ours.
-    async fn obtain(
+    /// Takes `key` by `recipe` in `dir`, waiting if `waits`, until the options'
+    /// deadline; notes in `report` each listing that showed another contender ahead of
+    /// ours.
+    pub(crate) async fn obtain(
         &self,
+        dir: &str,
+        recipe: Recipe,
         key: &LockKey,
         options: &LockOptions,
         waits: bool,
         report: &WaitReport,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<Option<Won>, LockError> {
         options.validate_for(ZOOKEEPER_BACKEND)?;
-        let dir = self.lock_dir(key);
         let started = Instant::now();
         let deadline = if waits {
             options.wait().deadline_from(started)
@@ -244,15 +301,19 @@ impl ZooKeeperLock {
         let mut failing_since: Option<Instant> = None;
         let mut restarts = 0u32;
         loop {
-            let attempt = match self.session().await {
-                Ok(session) => {
-                    self.contend(&session, key, &dir, options, deadline, waits, report)
+            let attempt = match (self.session().await, recipe) {
+                (Ok(session), Recipe::Permit { max }) => {
+                    self.take_permit(&session, dir, max, key, deadline, waits, report)
                         .await
                 }
-                Err(error) => Err(error),
+                (Ok(session), _) => {
+                    self.contend(&session, dir, recipe.kind(), &[], deadline, waits, report)
+                        .await
+                }
+                (Err(error), _) => Err(error),
             };
             match attempt {
-                Ok(Contend::Granted(guard)) => return Ok(Some(guard)),
+                Ok(Contend::Granted(won)) => return Ok(Some(won)),
                 Ok(Contend::Held) => return Ok(None),
                 // A one-shot try still gets one go on a fresh session.
                 Ok(Contend::Restart) if waits || restarts == 0 => {
@@ -286,14 +347,15 @@ impl ZooKeeperLock {
         }
     }
 
-    /// One contender's life: create, then hold, give up, or wait on the predecessor.
+    /// One contender's life: create a node of `kind` holding `data`, then hold, give
+    /// up, or wait on the node that blocks it.
     #[allow(clippy::too_many_arguments)]
-    async fn contend(
+    pub(crate) async fn contend(
         &self,
         session: &Arc<Session>,
-        key: &LockKey,
         dir: &str,
-        options: &LockOptions,
+        kind: NodeKind,
+        data: &[u8],
         deadline: Option<Instant>,
         waits: bool,
         report: &WaitReport,
@@ -302,7 +364,7 @@ impl ZooKeeperLock {
         let owner = OwnerToken::random();
         // Armed from before the create is sent: a drop at any await removes our node.
         let mut cleanup = Cleanup::new(session.clone(), dir, owner, limit);
-        let Some(created) = create_contender(session, dir, owner, limit).await? else {
+        let Some(created) = create_contender(session, dir, owner, kind, data, limit).await? else {
             return Ok(Contend::Restart);
         };
         let fence = u64::try_from(created.fence).map_err(|_| {
@@ -327,17 +389,21 @@ impl ZooKeeperLock {
                     }
                 }
             };
-            let ranked = rank(&children);
+            let ranked = rank_kind(&children, kind);
             let Some(index) = ranked.iter().position(|(_, n)| *n == name) else {
                 // Our node is gone: the session expired, or someone deleted it.
                 return Ok(Contend::Restart);
             };
-            if index == 0 {
-                cleanup.disarm();
-                return Ok(Contend::Granted(
-                    self.grant(session, key, options, owner, path, fence, sent),
-                ));
-            }
+            let Some(blocking) = blocker(kind, &ranked, index) else {
+                return Ok(Contend::Granted(Won {
+                    session: session.clone(),
+                    owner,
+                    path,
+                    fence,
+                    sent,
+                    cleanup,
+                }));
+            };
             report.saw_held();
             if !waits || deadline.is_some_and(|d| Instant::now() >= d) {
                 match within(limit, session.client.delete(&path, None)).await {
@@ -348,8 +414,9 @@ impl ZooKeeperLock {
                 }
                 return Ok(Contend::Held);
             }
-            // Watch only the next lower contender: a release wakes one waiter.
-            let predecessor = format!("{dir}/{}", ranked[index - 1].1);
+            // Watch only the node that blocks us (for the mutex, the next lower
+            // contender): a release wakes one waiter.
+            let predecessor = format!("{dir}/{}", ranked[blocking].1);
             let watcher = match within(limit, session.client.get_and_watch_data(&predecessor)).await
             {
                 Ok((_, _, watcher)) => watcher,
@@ -376,18 +443,23 @@ impl ZooKeeperLock {
         }
     }
 
-    /// Registers a grant and wraps it in a guard.
-    #[allow(clippy::too_many_arguments)]
-    fn grant(
+    /// Registers a won node as held (its session's beat now vouches for it), and
+    /// describes the grant: the lease (the node's `czxid` as token) and its monitor.
+    pub(crate) fn register(
         &self,
-        session: &Arc<Session>,
         key: &LockKey,
         options: &LockOptions,
-        owner: OwnerToken,
-        path: String,
-        fence: u64,
-        sent: Instant,
-    ) -> LockGuard {
+        mut won: Won,
+    ) -> (Lease, LeaseMonitor) {
+        won.cleanup.disarm();
+        let Won {
+            session,
+            owner,
+            path,
+            fence,
+            sent,
+            ..
+        } = won;
         // The session cannot expire before `sent + timeout`: the server heard from us
         // after `sent`.
         let valid_until = sent.checked_add(session.timeout).unwrap_or(sent);
@@ -395,8 +467,8 @@ impl ZooKeeperLock {
         self.inner.registry.insert(
             owner,
             Held {
-                path: path.clone(),
-                session: session.clone(),
+                path,
+                session,
                 fence,
                 monitor: monitor.clone(),
             },
@@ -408,15 +480,27 @@ impl ZooKeeperLock {
             options.ttl(),
             sent,
         );
+        (lease, monitor)
+    }
+
+    /// Registers a won mutex contender and wraps it in a guard.
+    fn grant(&self, key: &LockKey, options: &LockOptions, won: Won) -> LockGuard {
+        let (lease, monitor) = self.register(key, options, won);
         LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
-    /// Whether anyone contends for `dir` (some node holds it), through the live session.
-    async fn held_by_other(&self, dir: &str, except: OwnerToken) -> Result<bool, LockError> {
+    /// Whether anyone contends for `dir` (some node of `kind`'s directory holds it or
+    /// waits), through the live session.
+    async fn held_by_other(
+        &self,
+        dir: &str,
+        kind: NodeKind,
+        except: OwnerToken,
+    ) -> Result<bool, LockError> {
         let session = self.session().await?;
         let mine = protected_prefix(except);
         match within(self.limit(&session), session.client.list_children(dir)).await {
-            Ok(children) => Ok(rank(&children)
+            Ok(children) => Ok(rank_kind(&children, kind)
                 .iter()
                 .any(|(_, name)| !name.starts_with(&mine))),
             Err(f) if f.is_no_node() => Ok(false),
@@ -432,10 +516,7 @@ impl DistributedLock for ZooKeeperLock {
         capabilities.ttl_expiry = Capability::Unsupported(
             "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
         );
-        BackendInfo::new(
-            ZOOKEEPER_BACKEND,
-            capabilities.mutex_only(distlock_api::NOT_YET),
-        )
+        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
     }
 
     async fn try_acquire(
@@ -443,8 +524,11 @@ impl DistributedLock for ZooKeeperLock {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        self.obtain(key, options, false, &WaitReport::new())
-            .await
+        let dir = self.lock_dir(key);
+        let report = WaitReport::new();
+        let won = self.obtain(&dir, Recipe::Mutex, key, options, false, &report);
+        won.await
+            .map(|won| won.map(|won| self.grant(key, options, won)))
             .map_err(|e| self.located(e))
     }
 
@@ -454,9 +538,11 @@ impl DistributedLock for ZooKeeperLock {
     /// later. `NoWait` and `Forever` are bounded by the request timeout and the error
     /// patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        self.acquire_within_wait(key, options)
-            .await
-            .map_err(|e| self.located(e))
+        let dir = self.lock_dir(key);
+        self.acquire_within_wait(&dir, Recipe::Mutex, key, options, |won| {
+            self.grant(key, options, won)
+        })
+        .await
     }
 
     /// Deletes our node. A delete cut off by a dropped connection is retried (the node
@@ -464,13 +550,13 @@ impl DistributedLock for ZooKeeperLock {
     /// or is dropped, leaves the node to a background removal that retries until it
     /// succeeds or the session ends, so the lock is never left to a live session.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.release_node(lease).await.map_err(|e| self.located(e))
+        let dir = self.lock_dir(lease.key());
+        self.release_node(&dir, NodeKind::Lock, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.extend_lease(lease, ttl)
-            .await
-            .map_err(|e| self.located(e))
+        let dir = self.lock_dir(lease.key());
+        self.extend_lease(&dir, NodeKind::Lock, lease, ttl).await
     }
 
     /// The lowest contender node is the holder: its `czxid` is the token and its
@@ -481,22 +567,28 @@ impl DistributedLock for ZooKeeperLock {
 }
 
 impl ZooKeeperLock {
-    /// [`DistributedLock::acquire`].
-    async fn acquire_within_wait(
+    /// [`DistributedLock::acquire`], for `recipe` in `dir`: the won node is wrapped in
+    /// a guard by `grant`. Errors name the servers.
+    pub(crate) async fn acquire_within_wait(
         &self,
+        dir: &str,
+        recipe: Recipe,
         key: &LockKey,
         options: &LockOptions,
+        grant: impl FnOnce(Won) -> LockGuard + Send,
     ) -> Result<LockGuard, LockError> {
         let bound = WaitBound::starting_now(options, ANSWER_GRACE);
         let report = WaitReport::new();
         let attempts = async {
-            self.obtain(key, options, true, &report)
+            let won = self
+                .obtain(dir, recipe, key, options, true, &report)
                 .await?
                 .ok_or_else(|| LockError::Timeout {
                     backend: ZOOKEEPER_BACKEND,
                     key: key.clone(),
                     waited: bound.started.elapsed(),
-                })
+                })?;
+            Ok(grant(won))
         };
         bounded_wait(ZOOKEEPER_BACKEND, key, bound, &report, attempts, |wait| {
             LockError::connection(
@@ -508,11 +600,28 @@ impl ZooKeeperLock {
             )
         })
         .await
+        .map_err(|e| self.located(e))
     }
 
-    /// [`DistributedLock::release`].
-    async fn release_node(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let dir = self.lock_dir(lease.key());
+    /// [`DistributedLock::release`] of a lease on a node of `kind` in `dir`. Errors
+    /// name the servers.
+    pub(crate) async fn release_node(
+        &self,
+        dir: &str,
+        kind: NodeKind,
+        lease: &Lease,
+    ) -> Result<ReleaseOutcome, LockError> {
+        self.release_in(dir, kind, lease)
+            .await
+            .map_err(|e| self.located(e))
+    }
+
+    async fn release_in(
+        &self,
+        dir: &str,
+        kind: NodeKind,
+        lease: &Lease,
+    ) -> Result<ReleaseOutcome, LockError> {
         let mine = protected_prefix(lease.owner());
         if let Some(held) = self.inner.registry.remove(lease.owner()) {
             if held.session.is_alive() {
@@ -521,7 +630,7 @@ impl ZooKeeperLock {
                 // Armed until our node is known gone: a release that fails or is dropped
                 // must not leave the lock to a session that lives on (nobody else would
                 // ever delete the node).
-                let mut cleanup = Cleanup::new(held.session.clone(), &dir, lease.owner(), limit);
+                let mut cleanup = Cleanup::new(held.session.clone(), dir, lease.owner(), limit);
                 match within(limit, held.session.client.delete(&held.path, None)).await {
                     Ok(()) => {
                         cleanup.disarm();
@@ -532,7 +641,7 @@ impl ZooKeeperLock {
                     // resend: look for the node again once the session has reconnected,
                     // within what is left of the request timeout.
                     Err(f) if f.is_uncertain() && until.is_some_and(|u| Instant::now() < u) => {
-                        match remove_own_retrying(&held.session, &dir, &mine, limit, until).await {
+                        match remove_own_retrying(&held.session, dir, &mine, limit, until).await {
                             // Gone: deleted now, or by the first delete whose reply was
                             // lost (the session is live, so the node did not expire).
                             Ok(_) => {
@@ -553,20 +662,38 @@ impl ZooKeeperLock {
         }
         // Not (or no longer) tracked here: remove any node carrying the lease's GUID.
         let session = self.session().await?;
-        if remove_own(&session.client, &dir, &mine, self.limit(&session)).await? {
+        if remove_own(&session.client, dir, &mine, self.limit(&session)).await? {
             return Ok(ReleaseOutcome::Released);
         }
-        Ok(if self.held_by_other(&dir, lease.owner()).await? {
+        Ok(if self.held_by_other(dir, kind, lease.owner()).await? {
             ReleaseOutcome::HeldByOther
         } else {
             ReleaseOutcome::Expired
         })
     }
 
-    /// [`DistributedLock::extend`].
-    async fn extend_lease(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+    /// [`DistributedLock::extend`] of a lease on a node of `kind` in `dir`. Errors
+    /// name the servers.
+    pub(crate) async fn extend_lease(
+        &self,
+        dir: &str,
+        kind: NodeKind,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        self.extend_in(dir, kind, lease, ttl)
+            .await
+            .map_err(|e| self.located(e))
+    }
+
+    async fn extend_in(
+        &self,
+        dir: &str,
+        kind: NodeKind,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
         check_ttl(ttl).map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
-        let dir = self.lock_dir(lease.key());
         match self.inner.registry.lookup(lease.owner()) {
             Some((path, session, fence)) => {
                 if session.is_alive() {
@@ -601,7 +728,7 @@ impl ZooKeeperLock {
                 let session = self.session().await?;
                 let mine = protected_prefix(lease.owner());
                 let children =
-                    match within(self.limit(&session), session.client.list_children(&dir)).await {
+                    match within(self.limit(&session), session.client.list_children(dir)).await {
                         Ok(children) => children,
                         Err(f) if f.is_no_node() => Vec::new(),
                         Err(f) => return Err(f.into()),
@@ -615,7 +742,7 @@ impl ZooKeeperLock {
                 }
             }
         }
-        Ok(if self.held_by_other(&dir, lease.owner()).await? {
+        Ok(if self.held_by_other(dir, kind, lease.owner()).await? {
             ExtendOutcome::HeldByOther
         } else {
             ExtendOutcome::Expired

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use crate::error::{within, Fail};
-use crate::keys::{contender_prefix, protected_prefix, rank};
+use crate::keys::{contender_prefix, protected_prefix, rank_kind, NodeKind};
 use crate::session::Session;
 
 /// Contender nodes: ephemeral and sequential, with the session's ACL (open, as
@@ -53,13 +53,16 @@ pub(crate) struct Created {
 ///
 /// Missing directories are created as containers. After a lost connection the node
 /// is looked for by its GUID before another is created. `Ok(None)`: the session ended.
+/// The node is named for `kind` and holds `data` (empty but for semaphore leases).
 pub(crate) async fn create_contender(
     session: &Session,
     dir: &str,
     owner: OwnerToken,
+    kind: NodeKind,
+    data: &[u8],
     limit: Duration,
 ) -> Result<Option<Created>, Fail> {
-    let prefix = contender_prefix(owner);
+    let prefix = contender_prefix(owner, kind);
     let create_path = format!("{dir}/{prefix}");
     let mut touch_dir = true;
     let mut tries = 0;
@@ -67,9 +70,9 @@ pub(crate) async fn create_contender(
         tries += 1;
         let sent = Instant::now();
         let attempt = if touch_dir {
-            create_touching(session, dir, &create_path, limit).await
+            create_touching(session, dir, &create_path, data, limit).await
         } else {
-            create_listing(session, dir, &create_path, &prefix, limit).await
+            create_listing(session, dir, &create_path, &prefix, data, limit).await
         };
         match attempt {
             Ok(mut created) => {
@@ -83,7 +86,7 @@ pub(crate) async fn create_contender(
             }
             Err(Attempt::Failed(fail)) if fail.is_connection_loss() && tries < CREATE_TRIES => {
                 // The create may have been applied before the connection dropped.
-                if let Some((name, fence)) = find_own(session, dir, owner, limit).await? {
+                if let Some((name, fence)) = find_own(session, dir, owner, kind, limit).await? {
                     return Ok(Some(Created {
                         name,
                         fence,
@@ -120,11 +123,12 @@ async fn create_touching(
     session: &Session,
     dir: &str,
     create_path: &str,
+    data: &[u8],
     limit: Duration,
 ) -> Result<Created, Attempt> {
     let mut writer = session.client.new_multi_writer();
     writer
-        .add_create(create_path, &[], &contender(session))
+        .add_create(create_path, data, &contender(session))
         .and_then(|()| writer.add_set_data(dir, &[], None))
         .map_err(|e| Attempt::Failed(Fail::Zk(e)))?;
     let results = match tokio::time::timeout(limit, writer.commit()).await {
@@ -167,10 +171,11 @@ async fn create_listing(
     dir: &str,
     create_path: &str,
     prefix: &str,
+    data: &[u8],
     limit: Duration,
 ) -> Result<Created, Attempt> {
     let options = contender(session);
-    let create = session.client.create(create_path, &[], &options);
+    let create = session.client.create(create_path, data, &options);
     let list = session.client.list_children(dir);
     let (created, listed) =
         match tokio::time::timeout(limit, async { tokio::join!(create, list) }).await {
@@ -192,6 +197,7 @@ async fn find_own(
     session: &Session,
     dir: &str,
     owner: OwnerToken,
+    kind: NodeKind,
     limit: Duration,
 ) -> Result<Option<(String, i64)>, Fail> {
     let mine = protected_prefix(owner);
@@ -200,7 +206,7 @@ async fn find_own(
         Err(fail) if fail.is_no_node() => return Ok(None),
         Err(fail) => return Err(fail),
     };
-    let ours: Vec<&str> = rank(&children)
+    let ours: Vec<&str> = rank_kind(&children, kind)
         .into_iter()
         .map(|(_, name)| name)
         .filter(|name| name.starts_with(&mine))

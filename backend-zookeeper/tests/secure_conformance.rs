@@ -53,8 +53,7 @@ impl Harness for SecureHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(common::with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn crash_bound(&self, _ttl: std::time::Duration) -> std::time::Duration {

@@ -173,6 +173,15 @@ pub async fn wait_children(raw: &zk::Client, dir: &str, n: usize, limit: Duratio
         .unwrap_or_else(|_| panic!("{dir} did not get {n} children within {limit:?}"))
 }
 
+/// A kit client of `lock`, with its semaphore and read-write lock on the same session.
+pub fn with_primitives(lock: ZooKeeperLock) -> Client {
+    let semaphore = Arc::new(lock.semaphore());
+    let rw_lock = Arc::new(lock.rw_lock());
+    Client::new(Arc::new(lock))
+        .with_semaphore(semaphore)
+        .with_rw_lock(rw_lock)
+}
+
 /// The standalone harness: one shared server, every client behind its own proxy.
 pub struct ZkHarness {
     port: u16,
@@ -205,8 +214,7 @@ impl Harness for ZkHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     /// A cut-off holder keeps its lock until the server expires its session: the
@@ -249,7 +257,7 @@ impl Harness for UrlHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = ZooKeeperLock::connect(&url_for(self.port)).await?;
-        Ok(Client::new(Arc::new(lock)))
+        Ok(with_primitives(lock))
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {
