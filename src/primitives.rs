@@ -37,6 +37,10 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.semaphore()?,
+        )),
         other => Err(not_offered(other, "semaphores")),
     }
 }
@@ -74,6 +78,10 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.rw_lock()?,
+        )),
         other => Err(not_offered(other, "read-write locks")),
     }
 }
@@ -95,7 +103,6 @@ mod tests {
     #[tokio::test]
     async fn backends_without_the_primitives_say_so() {
         for url in [
-            "redis://127.0.0.1:1",
             "postgres://u@127.0.0.1:1/db",
             "zk://127.0.0.1:1",
         ] {
