@@ -6,7 +6,7 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -20,9 +20,11 @@ use distlock_redis::RedisLock;
 use distlock_test_servers::{FaultProxy, RedisServer};
 
 /// One throwaway server; every client connects through its own proxy, which its
-/// crash hook cuts.
+/// crash hook cuts. The harness keeps the proxies alive: scenarios drop a `Client`
+/// once they took its handles out.
 struct ProxiedNode {
     server: RedisServer,
+    proxies: Mutex<Vec<FaultProxy>>,
 }
 
 #[async_trait]
@@ -36,6 +38,10 @@ impl Harness for ProxiedNode {
         let proxy = FaultProxy::start(upstream)
             .await
             .map_err(|e| LockError::connection("redis", e.to_string()))?;
+        self.proxies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(proxy.clone());
         let url = format!("redis://127.0.0.1:{}", proxy.local_addr().port());
         let lock = RedisLock::connect(&url).await?;
         Ok(Client::new(Arc::new(lock.clone()))
@@ -56,7 +62,10 @@ macro_rules! kit_scenarios {
         $(
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $name() {
-                let harness: Arc<dyn Harness> = Arc::new(ProxiedNode { server: server().await });
+                let harness: Arc<dyn Harness> = Arc::new(ProxiedNode {
+                    server: server().await,
+                    proxies: Mutex::default(),
+                });
                 distlock_conformance::run_scenario_test(stringify!($name), harness).await;
             }
         )+
