@@ -226,3 +226,47 @@ async fn redlock_refuses_both_with_its_reason() {
     let rw = single.rw_lock().unwrap();
     assert!(DistributedRwLock::info(&rw).capabilities.rw_lock.is_supported());
 }
+
+/// On a Cluster, every script of both primitives names keys of one slot, keys whose
+/// hash tag would be empty included (else the Cluster refuses them with CROSSSLOT),
+/// and a waiter is woken across the Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_keys_whose_tag_would_be_empty_work() {
+    let cluster = distlock_test_servers::RedisCluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Redis Cluster (run scripts/test.sh): {e}"));
+    let lock = RedisLock::connect(&cluster.url()).await.expect("connects");
+    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let options = no_wait(Duration::from_secs(5));
+    let waiting =
+        LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::Timeout(Duration::from_secs(10)));
+    for name in ["}", "}x", "}}y{}", "a}b"] {
+        let k = key(name);
+        let permit = semaphore.try_acquire(&k, 1, &options).await.unwrap();
+        let permit = permit.unwrap_or_else(|| panic!("{name:?}: a free semaphore grants"));
+        assert!(permit.extend(Duration::from_secs(5)).await.is_ok());
+        let waiter = {
+            let (semaphore, k, waiting) = (semaphore.clone(), k.clone(), waiting.clone());
+            tokio::spawn(async move { semaphore.acquire(&k, 1, &waiting).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lock.tracked_wakeup_channels() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "{name:?}: nobody waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        permit.release().await.unwrap();
+        waiter.await.unwrap().unwrap().release().await.unwrap();
+        let reader = rw.try_acquire(&k, RwMode::Read, &options).await.unwrap();
+        let reader = reader.unwrap_or_else(|| panic!("{name:?}: a free key grants a reader"));
+        let writer = {
+            let (rw, k, waiting) = (rw.clone(), k.clone(), waiting.clone());
+            tokio::spawn(async move { rw.acquire(&k, RwMode::Write, &waiting).await })
+        };
+        while lock.tracked_wakeup_channels() == 0 {
+            assert!(tokio::time::Instant::now() < deadline, "{name:?}: no writer waited");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        reader.release().await.unwrap();
+        writer.await.unwrap().unwrap().release().await.unwrap();
+    }
+}
