@@ -102,10 +102,7 @@ mod tests {
 
     #[tokio::test]
     async fn backends_without_the_primitives_say_so() {
-        for url in [
-            "postgres://u@127.0.0.1:1/db",
-            "zk://127.0.0.1:1",
-        ] {
+        for url in ["postgres://u@127.0.0.1:1/db", "zk://127.0.0.1:1"] {
             let refused = connect_semaphore(url).await.expect_err(url);
             assert!(
                 matches!(

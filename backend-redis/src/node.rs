@@ -517,7 +517,11 @@ impl Node {
 
     /// Runs an `EVALSHA` of `script`, loading the script once on `NOSCRIPT` (a server
     /// that never saw it, or restarted) and trying again.
-    pub(crate) async fn run<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T, LockError> {
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
         let mut conn = self.conn()?;
         let error = |e| lock_error(&self.address, e);
         match cmd.query_async(&mut conn).await {

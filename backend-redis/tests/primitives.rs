@@ -112,9 +112,15 @@ async fn nothing_is_left_behind() {
     let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
     let ttl = Duration::from_millis(600);
     let jobs = key("jobs");
-    let held = semaphore.try_acquire(&jobs, 2, &no_wait(ttl)).await.unwrap();
+    let held = semaphore
+        .try_acquire(&jobs, 2, &no_wait(ttl))
+        .await
+        .unwrap();
     let held = held.expect("a free semaphore grants");
-    let other = semaphore.try_acquire(&jobs, 2, &no_wait(ttl)).await.unwrap();
+    let other = semaphore
+        .try_acquire(&jobs, 2, &no_wait(ttl))
+        .await
+        .unwrap();
     // Ends by expiring, without a release.
     std::mem::forget(other.expect("the second permit"));
     // A waiter that gives up marks the key waited on.
@@ -123,11 +129,17 @@ async fn nothing_is_left_behind() {
     held.release().await.unwrap();
 
     let prices = key("prices");
-    let reader = rw.try_acquire(&prices, RwMode::Read, &no_wait(ttl)).await.unwrap();
+    let reader = rw
+        .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap();
     let reader = reader.expect("a free key grants a reader");
     // A writer gives up behind the reader (its intent withdrawn, its marker left).
     let gave_up = rw.acquire(&prices, RwMode::Write, &waited).await;
-    assert!(matches!(gave_up, Err(LockError::Timeout { .. })), "{gave_up:?}");
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
     let expiring = rw
         .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
         .await
@@ -135,7 +147,10 @@ async fn nothing_is_left_behind() {
         .expect("readers share once the writer gave up");
     std::mem::forget(expiring);
     reader.release().await.unwrap();
-    let writer = rw.acquire(&key("w"), RwMode::Write, &no_wait(ttl)).await.unwrap();
+    let writer = rw
+        .acquire(&key("w"), RwMode::Write, &no_wait(ttl))
+        .await
+        .unwrap();
     writer.release().await.unwrap();
 
     let mut raw = raw(&server).await;
@@ -178,11 +193,20 @@ async fn bad_input_is_a_typed_error() {
     held.release().await.unwrap();
     // Nobody holds a permit: a new count is the key's now.
     let again = semaphore.try_acquire(&jobs, 4, &options).await.unwrap();
-    again.expect("the last holder took the old count along").release().await.unwrap();
+    again
+        .expect("the last holder took the old count along")
+        .release()
+        .await
+        .unwrap();
 
     let mut raw = raw(&server).await;
     for (name, taken) in [("{odd}:semaphore", "sem"), ("{odd}:rw", "rw")] {
-        let _: () = redis::cmd("SET").arg(name).arg("x").query_async(&mut raw).await.unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(name)
+            .arg("x")
+            .query_async(&mut raw)
+            .await
+            .unwrap();
         let refused = match taken {
             "sem" => semaphore.try_acquire(&key("odd"), 1, &options).await,
             _ => rw.try_acquire(&key("odd"), RwMode::Read, &options).await,
@@ -194,7 +218,11 @@ async fn bad_input_is_a_typed_error() {
             }
             other => panic!("a key of another type was not refused: {other:?}"),
         }
-        let kept: String = redis::cmd("GET").arg(name).query_async(&mut raw).await.unwrap();
+        let kept: String = redis::cmd("GET")
+            .arg(name)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
         assert_eq!(kept, "x");
     }
 }
@@ -214,7 +242,10 @@ async fn redlock_refuses_both_with_its_reason() {
             distlock_api::Capability::Supported => panic!("Redlock claims a primitive"),
         }
     }
-    assert!(matches!(lock.semaphore(), Err(LockError::Unsupported { .. })));
+    assert!(matches!(
+        lock.semaphore(),
+        Err(LockError::Unsupported { .. })
+    ));
     assert!(matches!(lock.rw_lock(), Err(LockError::Unsupported { .. })));
     let single = RedisLock::connect(&common::url_for(&harness.ports[..1]))
         .await
@@ -222,9 +253,15 @@ async fn redlock_refuses_both_with_its_reason() {
     let capabilities = DistributedLock::info(&single).capabilities;
     assert!(capabilities.semaphore.is_supported() && capabilities.rw_lock.is_supported());
     let semaphore = single.semaphore().unwrap();
-    assert!(DistributedSemaphore::info(&semaphore).capabilities.semaphore.is_supported());
+    assert!(DistributedSemaphore::info(&semaphore)
+        .capabilities
+        .semaphore
+        .is_supported());
     let rw = single.rw_lock().unwrap();
-    assert!(DistributedRwLock::info(&rw).capabilities.rw_lock.is_supported());
+    assert!(DistributedRwLock::info(&rw)
+        .capabilities
+        .rw_lock
+        .is_supported());
 }
 
 /// On a Cluster, every script of both primitives names keys of one slot, keys whose
@@ -238,8 +275,8 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
     let lock = RedisLock::connect(&cluster.url()).await.expect("connects");
     let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
     let options = no_wait(Duration::from_secs(5));
-    let waiting =
-        LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::Timeout(Duration::from_secs(10)));
+    let waiting = LockOptions::new(Duration::from_secs(5))
+        .with_wait(WaitPolicy::Timeout(Duration::from_secs(10)));
     for name in ["}", "}x", "}}y{}", "a}b"] {
         let k = key(name);
         let permit = semaphore.try_acquire(&k, 1, &options).await.unwrap();
@@ -251,7 +288,10 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
         };
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while lock.tracked_wakeup_channels() == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "{name:?}: nobody waited");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name:?}: nobody waited"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         permit.release().await.unwrap();
@@ -263,7 +303,10 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
             tokio::spawn(async move { rw.acquire(&k, RwMode::Write, &waiting).await })
         };
         while lock.tracked_wakeup_channels() == 0 {
-            assert!(tokio::time::Instant::now() < deadline, "{name:?}: no writer waited");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{name:?}: no writer waited"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         reader.release().await.unwrap();

@@ -57,10 +57,7 @@ impl RedisLock {
         operation: &'static str,
     ) -> Result<&Node, LockError> {
         options.validate_for(self.name())?;
-        options.check_order(
-            self.name(),
-            Capability::Unsupported(PRIMITIVES_NOT_FIFO),
-        )?;
+        options.check_order(self.name(), Capability::Unsupported(PRIMITIVES_NOT_FIFO))?;
         self.primitive_node(operation)
     }
 }
@@ -189,7 +186,10 @@ pub(crate) async fn extend(
     check_ttl(ttl).map_err(|e| LockError::invalid_options(lock.name(), e))?;
     let node = lock.primitive_node(operation)?;
     let started = Instant::now();
-    match node.extend_with(&scripts.extend, names, lease.owner(), ttl).await? {
+    match node
+        .extend_with(&scripts.extend, names, lease.owner(), ttl)
+        .await?
+    {
         ExtendOutcome::Extended { .. } => match lock.valid_until(started, ttl) {
             Some(valid_until) => Ok(ExtendOutcome::Extended { valid_until }),
             None => Err(too_late(lock.name(), "extend")),
