@@ -55,10 +55,10 @@ impl RedisLock {
         &self,
         options: &LockOptions,
         operation: &'static str,
-    ) -> Result<&Node, LockError> {
+    ) -> Result<(), LockError> {
         options.validate_for(self.name())?;
         options.check_order(self.name(), Capability::Unsupported(PRIMITIVES_NOT_FIFO))?;
-        self.primitive_node(operation)
+        self.primitive_node(operation).map(|_| ())
     }
 }
 
@@ -82,7 +82,7 @@ pub(crate) enum Answer {
     Refused(i64),
 }
 
-/// Runs one attempt of `scripts.acquire` on `node` for `key` (`KEYS = [lock, fence]`,
+/// Runs one attempt of `scripts.acquire` on the client's node for `key` (`KEYS = [lock, fence]`,
 /// `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms, extra…]`, the extras added by
 /// `extra`). Until a guard is handed out, a dropped or failed attempt releases in the
 /// background whatever grant may have landed.
@@ -92,7 +92,6 @@ pub(crate) enum Answer {
 /// validity; a backend error for an answer of another shape.
 pub(crate) async fn attempt(
     lock: &RedisLock,
-    node: &Node,
     key: &LockKey,
     names: &KeyNames,
     options: &LockOptions,
@@ -100,8 +99,9 @@ pub(crate) async fn attempt(
     waiting: Option<Duration>,
     extra: impl FnOnce(&mut Cmd),
 ) -> Result<Answer, LockError> {
+    let node = lock.primitive_node("acquire")?;
     let (owner, ttl) = (OwnerToken::random(), options.ttl());
-    let mut cmd = evalsha(&scripts.acquire, &[&names.lock, &names.fence]);
+    let mut cmd = evalsha(scripts.acquire, &[&names.lock, &names.fence]);
     cmd.arg(&hex(owner)[..])
         .arg(ttl_millis(ttl))
         .arg(waiting.map_or(0, ttl_millis))
@@ -115,7 +115,7 @@ pub(crate) async fn attempt(
         release: scripts.release,
         armed: true,
     };
-    let answer: Vec<i64> = node.run(&scripts.acquire, &cmd).await?;
+    let answer: Vec<i64> = node.run(scripts.acquire, &cmd).await?;
     let answer = match answer.as_slice() {
         [1, token] => {
             let Some(valid_until) = lock.valid_until(started, ttl) else {
@@ -166,7 +166,7 @@ pub(crate) async fn release(
     operation: &'static str,
 ) -> Result<ReleaseOutcome, LockError> {
     lock.primitive_node(operation)?
-        .release_with(&scripts.release, names, lease.owner())
+        .release_with(scripts.release, names, lease.owner())
         .await
 }
 
@@ -187,7 +187,7 @@ pub(crate) async fn extend(
     let node = lock.primitive_node(operation)?;
     let started = Instant::now();
     match node
-        .extend_with(&scripts.extend, names, lease.owner(), ttl)
+        .extend_with(scripts.extend, names, lease.owner(), ttl)
         .await?
     {
         ExtendOutcome::Extended { .. } => match lock.valid_until(started, ttl) {
@@ -228,7 +228,7 @@ impl Drop for Undo {
             );
             distlock_api::backend::spawn_cleanup(&runtime, async move {
                 if let Ok(node) = lock.primitive_node("release") {
-                    let _ = node.release_with(&release, &names, owner).await;
+                    let _ = node.release_with(release, &names, owner).await;
                 }
             });
         }

@@ -14,7 +14,7 @@ use distlock_api::{
 use super::primitive::{self, Scripts};
 use super::{Attempt, RedisLock};
 use crate::keys::{KeyNames, Primitive};
-use crate::node::{evalsha, hex, ttl_millis, Node};
+use crate::node::{evalsha, hex, ttl_millis};
 use crate::scripts::rw as script;
 
 const OPERATION: &str = "read-write locks";
@@ -71,10 +71,8 @@ impl RedisRwLock {
 
     /// One attempt; `writer` is a waiting writer's id, recording its intent when the
     /// key is held.
-    #[allow(clippy::too_many_arguments)]
     async fn attempt(
         &self,
-        node: &Node,
         key: &LockKey,
         names: &KeyNames,
         mode: RwMode,
@@ -83,24 +81,16 @@ impl RedisRwLock {
         writer: Option<&str>,
     ) -> Result<Attempt, LockError> {
         let intent = RedisLock::waiting_marker(options);
-        let answer = primitive::attempt(
-            &self.lock,
-            node,
-            key,
-            names,
-            options,
-            &SCRIPTS,
-            waiting,
-            |cmd| {
+        let answer =
+            primitive::attempt(&self.lock, key, names, options, &SCRIPTS, waiting, |cmd| {
                 cmd.arg(match mode {
                     RwMode::Read => "r",
                     RwMode::Write => "w",
                 })
                 .arg(writer.unwrap_or(""))
                 .arg(ttl_millis(intent));
-            },
-        )
-        .await?;
+            })
+            .await?;
         answer.into_attempt(
             |lease, monitor| {
                 let backend: Arc<dyn DistributedRwLock> = Arc::new(self.clone());
@@ -128,12 +118,9 @@ impl DistributedRwLock for RedisRwLock {
         mode: RwMode,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        let node = self.lock.check_primitive(options, OPERATION)?;
+        self.lock.check_primitive(options, OPERATION)?;
         let names = KeyNames::for_primitive(key, Primitive::Rw);
-        match self
-            .attempt(node, key, &names, mode, options, None, None)
-            .await?
-        {
+        match self.attempt(key, &names, mode, options, None, None).await? {
             Attempt::Granted(guard) => Ok(Some(guard)),
             Attempt::Held(_) => Ok(None),
         }
@@ -145,7 +132,7 @@ impl DistributedRwLock for RedisRwLock {
         mode: RwMode,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let node = self.lock.check_primitive(options, OPERATION)?;
+        self.lock.check_primitive(options, OPERATION)?;
         let names = KeyNames::for_primitive(key, Primitive::Rw);
         let intent = (mode == RwMode::Write).then(|| Intent {
             lock: self.lock.clone(),
@@ -157,7 +144,7 @@ impl DistributedRwLock for RedisRwLock {
         let granted = self
             .lock
             .acquire_waiting(key, &names, options, |waiting| {
-                self.attempt(node, key, &names, mode, options, waiting, writer)
+                self.attempt(key, &names, mode, options, waiting, writer)
             })
             .await;
         if let Some(intent) = intent {

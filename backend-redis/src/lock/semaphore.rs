@@ -14,7 +14,6 @@ use distlock_api::{
 use super::primitive::{self, Scripts};
 use super::{Attempt, RedisLock};
 use crate::keys::{KeyNames, Primitive};
-use crate::node::Node;
 use crate::scripts::semaphore as script;
 
 const OPERATION: &str = "semaphores";
@@ -65,34 +64,25 @@ impl RedisSemaphore {
         &self.lock
     }
 
-    fn checked(&self, max_permits: u32, options: &LockOptions) -> Result<&Node, LockError> {
-        let node = self.lock.check_primitive(options, OPERATION)?;
+    fn checked(&self, max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
+        self.lock.check_primitive(options, OPERATION)?;
         check_permits(max_permits).map_err(|e| LockError::invalid_options(self.lock.name(), e))?;
-        Ok(node)
+        Ok(())
     }
 
     async fn attempt(
         &self,
-        node: &Node,
         key: &LockKey,
         names: &KeyNames,
         max_permits: u32,
         options: &LockOptions,
         waiting: Option<Duration>,
     ) -> Result<Attempt, LockError> {
-        let answer = primitive::attempt(
-            &self.lock,
-            node,
-            key,
-            names,
-            options,
-            &SCRIPTS,
-            waiting,
-            |cmd| {
+        let answer =
+            primitive::attempt(&self.lock, key, names, options, &SCRIPTS, waiting, |cmd| {
                 cmd.arg(max_permits);
-            },
-        )
-        .await?;
+            })
+            .await?;
         answer.into_attempt(
             |lease, monitor| {
                 let backend: Arc<dyn DistributedSemaphore> = Arc::new(self.clone());
@@ -122,10 +112,10 @@ impl DistributedSemaphore for RedisSemaphore {
         max_permits: u32,
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
-        let node = self.checked(max_permits, options)?;
+        self.checked(max_permits, options)?;
         let names = KeyNames::for_primitive(key, Primitive::Semaphore);
         match self
-            .attempt(node, key, &names, max_permits, options, None)
+            .attempt(key, &names, max_permits, options, None)
             .await?
         {
             Attempt::Granted(guard) => Ok(Some(guard)),
@@ -139,11 +129,11 @@ impl DistributedSemaphore for RedisSemaphore {
         max_permits: u32,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
-        let node = self.checked(max_permits, options)?;
+        self.checked(max_permits, options)?;
         let names = KeyNames::for_primitive(key, Primitive::Semaphore);
         self.lock
             .acquire_waiting(key, &names, options, |waiting| {
-                self.attempt(node, key, &names, max_permits, options, waiting)
+                self.attempt(key, &names, max_permits, options, waiting)
             })
             .await
     }
