@@ -114,7 +114,9 @@
 //! of owner tokens scored by expiry, pruned by every script, and every key expires with
 //! its longest-lived entry. Waiting, the `:waiting` marker and fencing tokens (a
 //! `:fence` counter seeded from the server's clock) work as for the mutex; each type's
-//! docs say what a token means there. FIFO waiting is the mutex's only.
+//! docs say what a token means there. FIFO waiting is the mutex's only. Across a
+//! Sentinel or Cluster failover they follow the mutex's rules: replication is
+//! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where

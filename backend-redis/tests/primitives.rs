@@ -313,3 +313,68 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
         writer.await.unwrap().unwrap().release().await.unwrap();
     }
 }
+
+/// Extending a permit or a write grant keeps it past its first TTL (others stay
+/// refused), and every grant's fencing token is above the one before it on the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extend_keeps_grants_and_tokens_rise() {
+    let server = server().await;
+    let lock = RedisLock::connect(&server.url()).await.expect("connects");
+    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let ttl = Duration::from_millis(400);
+    let (jobs, prices) = (key("jobs"), key("prices"));
+    let permit = semaphore
+        .try_acquire(&jobs, 1, &no_wait(ttl))
+        .await
+        .unwrap();
+    let permit = permit.expect("granted");
+    let writer = rw
+        .try_acquire(&prices, RwMode::Write, &no_wait(ttl))
+        .await
+        .unwrap();
+    let writer = writer.expect("granted");
+    // Past three TTLs, extended every half TTL.
+    for _ in 0..6 {
+        tokio::time::sleep(ttl / 2).await;
+        for extended in [permit.extend(ttl).await, writer.extend(ttl).await] {
+            assert!(
+                matches!(extended, Ok(distlock_api::ExtendOutcome::Extended { .. })),
+                "{extended:?}"
+            );
+        }
+    }
+    assert!(semaphore
+        .try_acquire(&jobs, 1, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
+    assert!(rw
+        .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
+
+    let mut last = permit.fencing_token().expect("permits carry tokens");
+    permit.release().await.unwrap();
+    for _ in 0..3 {
+        let next = semaphore
+            .try_acquire(&jobs, 2, &no_wait(ttl))
+            .await
+            .unwrap();
+        let next = next.expect("granted");
+        let token = next.fencing_token().expect("permits carry tokens");
+        assert!(token > last, "{token:?} after {last:?}");
+        last = token;
+        next.release().await.unwrap();
+    }
+    let mut last = writer.fencing_token().expect("grants carry tokens");
+    writer.release().await.unwrap();
+    for mode in [RwMode::Read, RwMode::Read, RwMode::Write] {
+        let next = rw.try_acquire(&prices, mode, &no_wait(ttl)).await.unwrap();
+        let next = next.expect("granted");
+        let token = next.fencing_token().expect("grants carry tokens");
+        assert!(token > last, "{mode:?}: {token:?} after {last:?}");
+        last = token;
+        next.release().await.unwrap();
+    }
+}
