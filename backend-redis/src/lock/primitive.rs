@@ -62,7 +62,7 @@ impl RedisLock {
     }
 }
 
-/// One primitive's scripts and how its guards are made.
+/// One primitive's acquire, release and extend scripts.
 pub(crate) struct Scripts {
     /// Answers `{1, token}`, `{0, ms until a holder lapses}` or `{2, detail}`.
     pub(crate) acquire: &'static LazyLock<Script>,
