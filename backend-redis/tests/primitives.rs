@@ -378,3 +378,73 @@ async fn extend_keeps_grants_and_tokens_rise() {
         next.release().await.unwrap();
     }
 }
+
+/// A waiting writer whose process dies (its connection cut, no withdrawal) holds new
+/// readers back only until its intent lapses: twice the backoff cap plus a second
+/// after its last retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_writers_intent_lapses() {
+    let server = server().await;
+    let lock = RedisLock::connect(&server.url()).await.expect("connects");
+    let rw = lock.rw_lock().unwrap();
+    let upstream = SocketAddr::from(([127, 0, 0, 1], server.port()));
+    let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
+    let doomed = RedisLock::connect(&format!("redis://127.0.0.1:{}", proxy.local_addr().port()))
+        .await
+        .expect("connects through the proxy")
+        .rw_lock()
+        .unwrap();
+    let ttl = Duration::from_secs(30);
+    let prices = key("prices");
+    let reader = rw
+        .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap();
+    let reader = reader.expect("a free key grants a reader");
+    let writer = tokio::spawn({
+        let prices = prices.clone();
+        async move {
+            let forever = LockOptions::new(ttl).with_wait(WaitPolicy::Forever);
+            doomed.acquire(&prices, RwMode::Write, &forever).await
+        }
+    });
+    // The writer's intent holds readers back.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while rw
+        .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_some()
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the writer never held readers back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    proxy.cut();
+    let cut = tokio::time::Instant::now();
+    // Default backoff cap 500 ms: the intent lapses within 2 s of the last retry.
+    let bound = Duration::from_secs(2) + Duration::from_secs(3);
+    let second = loop {
+        if let Some(second) = rw
+            .try_acquire(&prices, RwMode::Read, &no_wait(ttl))
+            .await
+            .unwrap()
+        {
+            break second;
+        }
+        assert!(
+            cut.elapsed() < bound,
+            "the crashed writer's intent did not lapse within {bound:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        cut.elapsed() >= Duration::from_millis(500),
+        "the intent lapsed before its time"
+    );
+    second.release().await.unwrap();
+    reader.release().await.unwrap();
+    writer.abort();
+}
