@@ -26,7 +26,8 @@ use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError, NOT_YET
 ///
 /// # Errors
 /// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without semaphores yet.
+/// and [`LockError::Unsupported`] for a backend without semaphores yet (or, after
+/// connecting, a Redlock URL: its nodes cannot agree on a count of holders).
 pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
@@ -67,7 +68,8 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
 ///
 /// # Errors
 /// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without read-write locks yet.
+/// and [`LockError::Unsupported`] for a backend without read-write locks yet (or,
+/// after connecting, a Redlock URL).
 pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
