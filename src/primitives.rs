@@ -26,7 +26,8 @@ use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError, NOT_YET
 ///
 /// # Errors
 /// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without semaphores yet.
+/// and [`LockError::Unsupported`] for a backend without semaphores yet (or, after
+/// connecting, a Redlock URL: its nodes cannot agree on a count of holders).
 pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
@@ -42,6 +43,10 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
             distlock_zookeeper::ZooKeeperLock::connect(url)
                 .await?
                 .semaphore(),
+        )),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.semaphore()?,
         )),
         other => Err(not_offered(other, "semaphores")),
     }
@@ -69,7 +74,8 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
 ///
 /// # Errors
 /// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without read-write locks yet.
+/// and [`LockError::Unsupported`] for a backend without read-write locks yet (or,
+/// after connecting, a Redlock URL).
 pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
@@ -85,6 +91,10 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
             distlock_zookeeper::ZooKeeperLock::connect(url)
                 .await?
                 .rw_lock(),
+        )),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.rw_lock()?,
         )),
         other => Err(not_offered(other, "read-write locks")),
     }
@@ -106,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn backends_without_the_primitives_say_so() {
-        for url in ["redis://127.0.0.1:1", "postgres://u@127.0.0.1:1/db"] {
+        for url in ["postgres://u@127.0.0.1:1/db"] {
             let refused = connect_semaphore(url).await.expect_err(url);
             assert!(
                 matches!(

@@ -64,6 +64,44 @@ impl KeyNames {
     }
 }
 
+/// The namespaces of the primitives beside the mutex: each key's names under one of
+/// these are those of [`KeyNames::for_key`] with the base name `{K}:<kind>`, so they
+/// share the mutex's hash tag but never its names (a mutex name is `{K'}` or `{K'}:`
+/// and a suffix of its own, and `{K}:<kind>` does not end in `}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Primitive {
+    /// `{K}:semaphore`: a sorted set of permit holders scored by expiry.
+    Semaphore,
+    /// `{K}:rw`: a sorted set of readers scored by expiry.
+    Rw,
+}
+
+impl Primitive {
+    fn suffix(self) -> &'static str {
+        match self {
+            Primitive::Semaphore => ":semaphore",
+            Primitive::Rw => ":rw",
+        }
+    }
+}
+
+impl KeyNames {
+    /// The names of `key` in `primitive`'s namespace: `lock` is the base name
+    /// `{K}:<kind>` (the holders' sorted set), and the fence, waiting marker and
+    /// channel are the base name with the mutex's suffixes, so the scripts derive them
+    /// the same way.
+    pub(crate) fn for_primitive(key: &LockKey, primitive: Primitive) -> Self {
+        let mutex = KeyNames::for_key(key);
+        let base = [mutex.lock.as_str(), primitive.suffix()].concat();
+        KeyNames {
+            fence: [base.as_str(), ":fence"].concat(),
+            channel: [base.as_str(), ":released"].concat(),
+            waiting: [base.as_str(), ":waiting"].concat(),
+            lock: base,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -114,6 +152,27 @@ mod tests {
             KeyNames::for_key(&LockKey::new("{}x").unwrap()).lock,
             escaped
         );
+    }
+
+    #[test]
+    fn primitive_names_share_the_tag_and_never_a_mutex_name() {
+        for key in ["k", "}x", "a}b"] {
+            let key = LockKey::new(key).unwrap();
+            let mutex = KeyNames::for_key(&key);
+            for primitive in [Primitive::Semaphore, Primitive::Rw] {
+                let names = KeyNames::for_primitive(&key, primitive);
+                let tag = hash_tag(&mutex.lock);
+                for name in [&names.lock, &names.fence, &names.waiting, &names.channel] {
+                    assert_eq!(hash_tag(name), tag, "{name:?}");
+                    assert!(!name.ends_with('}'), "{name:?}");
+                }
+                assert_eq!(names.waiting, [names.lock.as_str(), ":waiting"].concat());
+                assert_eq!(names.channel, [names.lock.as_str(), ":released"].concat());
+            }
+        }
+        let names = KeyNames::for_primitive(&LockKey::new("jobs").unwrap(), Primitive::Semaphore);
+        assert_eq!(names.lock, "{jobs}:semaphore");
+        assert_eq!(names.fence, "{jobs}:semaphore:fence");
     }
 
     /// The scripts derive these names as `KEYS[1] .. suffix`.

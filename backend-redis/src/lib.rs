@@ -105,6 +105,19 @@
 //! asynchronous, so a grant, or the fencing counter's last increment, that had not
 //! reached the replica is lost with the master.
 //!
+//! # Semaphores and read-write locks
+//! [`RedisLock::semaphore`] and [`RedisLock::rw_lock`] give a [`RedisSemaphore`] and a
+//! [`RedisRwLock`] sharing the client's connection, wake-ups and waiter lines, on a
+//! single node, a Sentinel master or a Cluster (Redlock refuses them, and its
+//! capabilities say why). Their names live under the key's hash tag, in namespaces of
+//! their own (`{K}:semaphore…`, `{K}:rw…`, see [`KeyNames`]): holders are a sorted set
+//! of owner tokens scored by expiry, pruned by every script, and every key expires with
+//! its longest-lived entry. Waiting, the `:waiting` marker and fencing tokens (a
+//! `:fence` counter seeded from the server's clock) work as for the mutex; each type's
+//! docs say what a token means there. FIFO waiting is the mutex's only. Across a
+//! Sentinel or Cluster failover they follow the mutex's rules: replication is
+//! asynchronous, so a grant not yet on the replica is lost with the master.
+//!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
@@ -136,7 +149,7 @@ mod wakeups;
 
 pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
 pub use keys::KeyNames;
-pub use lock::RedisLock;
+pub use lock::{RedisLock, RedisRwLock, RedisSemaphore};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use redis;

@@ -21,8 +21,14 @@ use crate::membership::at_node;
 use crate::node::{Holder, Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
+mod primitive;
 mod queue;
+mod rw;
+mod semaphore;
 mod turns;
+
+pub use rw::RedisRwLock;
+pub use semaphore::RedisSemaphore;
 
 use turns::Turns;
 
@@ -58,7 +64,7 @@ struct Inner {
 }
 
 /// One acquire attempt's result, when it did not fail.
-enum Attempt {
+pub(crate) enum Attempt {
     Granted(LockGuard),
     /// Held elsewhere; the holder's remaining TTL when known.
     Held(Option<Duration>),
@@ -280,21 +286,72 @@ impl RedisLock {
         )
     }
 
+    /// A waiting acquire of `key` (whose names are `names`: the mutex's or a
+    /// primitive's) bounded by its wait: [`RedisLock::wait_for`] within
+    /// [`bounded_wait`]. `attempt` makes one attempt (see [`RedisLock::wait_for`]).
+    pub(crate) async fn acquire_waiting<F, Fut>(
+        &self,
+        key: &LockKey,
+        names: &KeyNames,
+        options: &LockOptions,
+        attempt: F,
+    ) -> Result<LockGuard, LockError>
+    where
+        F: FnMut(Option<Duration>) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
+    {
+        let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
+        let (started, deadline) = (bound.started, bound.deadline);
+        let report = WaitReport::new();
+        let waiting = async {
+            self.wait_for(key, names, options, started, deadline, &report, attempt)
+                .await
+        };
+        // The wait bounds the call whatever the servers do. Dropping an attempt in
+        // flight arms its compensation, which releases a grant the server applies late.
+        bounded_wait(self.name(), key, bound, &report, waiting, |_| {
+            self.out_of_wait(key, started, false)
+        })
+        .await
+    }
+
+    /// How long a held key stays marked as waited on after an attempt of a waiter
+    /// with `options`: past its next retry (at most the backoff cap later), so a
+    /// release in between publishes. Capped (an enormous cap would be an invalid
+    /// expiry); a waiter napping longer than that is woken by its safety-net retry
+    /// instead. A waiting writer's intent lives as long, for the same reason.
+    pub(crate) fn waiting_marker(options: &LockOptions) -> Duration {
+        options
+            .backoff()
+            .max()
+            .saturating_mul(2)
+            .saturating_add(Duration::from_secs(1))
+            .min(distlock_api::MAX_TTL)
+    }
+
     /// The acquire loop: attempts, then waits for a wake-up or a safety-net poll, until
     /// granted or `deadline` passes. Sets `held_seen` once any attempt finds the key held,
     /// so a caller cutting this short knows whether "held by another owner" is known.
+    /// `attempt(waiting)` makes one attempt; `waiting` is how long a held key stays
+    /// marked as waited on (`None` until this waiter listens for wake-ups on `names`).
     ///
     /// Once the key is found held, the waiter lines up behind this client's other
     /// waiters for the key (see [`turns`]) and retries only at the front of the line.
-    async fn wait_for(
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_for<F, Fut>(
         &self,
         key: &LockKey,
+        names: &KeyNames,
         options: &LockOptions,
         started: Instant,
         deadline: Option<Instant>,
         report: &WaitReport,
-    ) -> Result<LockGuard, LockError> {
-        let names = KeyNames::for_key(key);
+        mut attempt: F,
+    ) -> Result<LockGuard, LockError>
+    where
+        F: FnMut(Option<Duration>) -> Fut,
+        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
+    {
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
         let mut failing: Option<(Instant, u32)> = None;
@@ -306,19 +363,10 @@ impl RedisLock {
             // Others of this client already wait for the key (so it is held): line up
             // behind them without trying first, which would overtake them.
             report.saw_held();
-            tickets = self.watch_all(&names).await;
+            tickets = self.watch_all(names).await;
             line = Some(self.inner.turns.join(&names.lock));
         }
-        // How long a held key stays marked as waited on after our attempt: past our
-        // next retry (at most the backoff cap later), so a release in between publishes.
-        // Capped (an enormous cap would be an invalid expiry); a waiter napping longer
-        // than that is woken by its safety-net retry instead.
-        let marker = options
-            .backoff()
-            .max()
-            .saturating_mul(2)
-            .saturating_add(Duration::from_secs(1))
-            .min(distlock_api::MAX_TTL);
+        let marker = Self::waiting_marker(options);
         loop {
             if let (Some(line), None) = (&line, &turn) {
                 turn = Some(
@@ -338,10 +386,7 @@ impl RedisLock {
                 w.as_mut().enable();
             }
             let subscribed = !tickets.is_empty() && tickets.iter().all(|(_, ok)| *ok);
-            let held_for = match self
-                .attempt(key, &names, options, subscribed.then_some(marker))
-                .await
-            {
+            let held_for = match attempt(subscribed.then_some(marker)).await {
                 Ok(Attempt::Granted(guard)) => return Ok(guard),
                 Ok(Attempt::Held(held_for)) => {
                     failing = None;
@@ -362,7 +407,7 @@ impl RedisLock {
                 // First contention: subscribe on every node, line up, then retry at once
                 // (at the front of the line).
                 drop(woken);
-                tickets = self.watch_all(&names).await;
+                tickets = self.watch_all(names).await;
                 line = Some(self.inner.turns.join(&names.lock));
                 continue;
             }
@@ -469,10 +514,7 @@ impl RedisLock {
         options: &LockOptions,
     ) -> Option<LockGuard> {
         let ttl = options.ttl();
-        let valid_until = started
-            .checked_add(ttl)
-            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
-            .filter(|end| *end > Instant::now())?;
+        let valid_until = self.valid_until(started, ttl)?;
         let lease = Lease::new(key.clone(), owner, token, ttl, started);
         Some(LockGuard::new(
             lease,
@@ -480,6 +522,15 @@ impl RedisLock {
             Arc::new(self.clone()),
             options.auto_renew(),
         ))
+    }
+
+    /// The validity deadline of a lease of `ttl` requested at `started`: `started +
+    /// ttl − drift`, or `None` when that has passed already.
+    pub(crate) fn valid_until(&self, started: Instant, ttl: Duration) -> Option<Instant> {
+        started
+            .checked_add(ttl)
+            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
+            .filter(|end| *end > Instant::now())
     }
 
     /// Whether an acquire with `options` waits in the FIFO queue: asked for by the
@@ -556,7 +607,10 @@ impl DistributedLock for RedisLock {
             );
         }
         capabilities.fifo = self.fifo_capability();
-        BackendInfo::new(self.name(), capabilities.mutex_only(distlock_api::NOT_YET))
+        if self.is_redlock() {
+            capabilities = capabilities.mutex_only(primitive::REDLOCK_NO_PRIMITIVES);
+        }
+        BackendInfo::new(self.name(), capabilities)
     }
 
     async fn try_acquire(
@@ -579,25 +633,18 @@ impl DistributedLock for RedisLock {
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(self.name())?;
-        let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
-        let (started, deadline) = (bound.started, bound.deadline);
-        let report = WaitReport::new();
-        let queued = self.queued(options)?;
-        if queued {
+        if self.queued(options)? {
+            let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
+            let report = WaitReport::new();
             // Bounds its own steps by the wait, and leaves the queue before it returns.
             let granted = self
-                .wait_in_queue(key, options, started, deadline, &report)
+                .wait_in_queue(key, options, bound.started, bound.deadline, &report)
                 .await?;
             return Ok(mark_contended(granted, report.held_seen()));
         }
-        let waiting = async {
-            self.wait_for(key, options, started, deadline, &report)
-                .await
-        };
-        // The wait bounds the call whatever the servers do. Dropping an attempt in
-        // flight arms its compensation, which releases a grant the server applies late.
-        bounded_wait(self.name(), key, bound, &report, waiting, |_| {
-            self.out_of_wait(key, started, false)
+        let names = KeyNames::for_key(key);
+        self.acquire_waiting(key, &names, options, |waiting| {
+            self.attempt(key, &names, options, waiting)
         })
         .await
     }
@@ -650,10 +697,7 @@ impl DistributedLock for RedisLock {
                 Err(error) => errors.push(error),
             }
         }
-        let valid_until = started
-            .checked_add(ttl)
-            .and_then(|end| end.checked_sub(self.inner.config.drift(ttl)))
-            .filter(|end| *end > Instant::now());
+        let valid_until = self.valid_until(started, ttl);
         if let (true, Some(valid_until)) = (extended >= self.quorum(), valid_until) {
             return Ok(ExtendOutcome::Extended { valid_until });
         }

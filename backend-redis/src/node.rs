@@ -435,7 +435,19 @@ impl Node {
         names: &KeyNames,
         owner: OwnerToken,
     ) -> Result<ReleaseOutcome, LockError> {
-        let script = &*crate::scripts::RELEASE;
+        self.release_with(&crate::scripts::RELEASE, names, owner)
+            .await
+    }
+
+    /// Runs an owner-checked release `script` (`KEYS = [lock]`, `ARGV = [token]`,
+    /// answering 1 released, 2 held by another owner, 0 gone): the mutex's or a
+    /// primitive's.
+    pub(crate) async fn release_with(
+        &self,
+        script: &Script,
+        names: &KeyNames,
+        owner: OwnerToken,
+    ) -> Result<ReleaseOutcome, LockError> {
         let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]);
         let found: i64 = self.run(script, &cmd).await?;
@@ -453,7 +465,20 @@ impl Node {
         owner: OwnerToken,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        let script = &*crate::scripts::EXTEND;
+        self.extend_with(&crate::scripts::EXTEND, names, owner, ttl)
+            .await
+    }
+
+    /// Runs an owner-checked extend `script` (`KEYS = [lock]`, `ARGV = [token, ttl_ms]`,
+    /// answering 1 extended, 2 held by another owner, 0 gone): the mutex's or a
+    /// primitive's. `Extended`'s deadline is filled in by the caller.
+    pub(crate) async fn extend_with(
+        &self,
+        script: &Script,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
         let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
         let found: i64 = self.run(script, &cmd).await?;
@@ -492,7 +517,11 @@ impl Node {
 
     /// Runs an `EVALSHA` of `script`, loading the script once on `NOSCRIPT` (a server
     /// that never saw it, or restarted) and trying again.
-    async fn run<T: FromRedisValue>(&self, script: &Script, cmd: &Cmd) -> Result<T, LockError> {
+    pub(crate) async fn run<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<T, LockError> {
         let mut conn = self.conn()?;
         let error = |e| lock_error(&self.address, e);
         match cmd.query_async(&mut conn).await {
@@ -524,7 +553,7 @@ impl Node {
 /// place and sized once for the hot path's (at most two) arguments: redis-rs'
 /// `ScriptInvocation` copies every key and argument into vectors first, and a growing
 /// command reallocates. The FIFO scripts' extra arguments grow it once.
-fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
+pub(crate) fn evalsha(script: &Script, keys: &[&str]) -> Cmd {
     // Name, hash, key count, keys, then an owner token (32) and a TTL (up to 20 digits).
     let data = 7 + script.get_hash().len() + 2 + keys.iter().map(|k| k.len()).sum::<usize>() + 52;
     let mut cmd = Cmd::with_capacity(3 + keys.len() + 2, data);
@@ -548,13 +577,13 @@ pub(crate) fn hex(owner: OwnerToken) -> [u8; 32] {
 }
 
 /// How long a `{K}:fence` counter seeded by a grant of `ttl` lives.
-fn fence_keep_millis(ttl: Duration) -> u64 {
+pub(crate) fn fence_keep_millis(ttl: Duration) -> u64 {
     ttl_millis(ttl.saturating_add(crate::scripts::FENCE_MARGIN))
 }
 
 /// Milliseconds for `PX`/`PEXPIRE`; TTLs are validated to at least 10 ms, so nothing
 /// rounds to zero.
-fn ttl_millis(ttl: Duration) -> u64 {
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX)
 }
 

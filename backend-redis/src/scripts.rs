@@ -271,3 +271,56 @@ return removed
         .concat(),
     )
 });
+
+pub(crate) mod rw;
+pub(crate) mod semaphore;
+
+/// The start of the semaphore's and the read-write lock's scripts, whose `KEYS[1]` is
+/// a sorted set of holders (owner tokens scored by the server time, in ms, at which
+/// each expires). Refuses a key of another type with a `WRONGTYPE` error naming it
+/// (another program uses the name), defines `now` (server time, ms), drops the expired
+/// holders, and defines `keep_alive(holders, companion)`, which makes `holders` (and
+/// `companion`, a key stored beside it) expire with its longest-lived entry, and
+/// `first_expiry(holders)`, the ms until its earliest entry expires (-1: empty). Must
+/// follow [`EFFECTS_REPLICATION`].
+const HOLDERS: &str = r"
+local kind = redis.call('TYPE', KEYS[1])['ok']
+if kind ~= 'zset' and kind ~= 'none' then
+  return redis.error_reply('WRONGTYPE ' .. KEYS[1] .. ' is a ' .. kind .. ', not a set of distlock holders: another program uses this name')
+end
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local function keep_alive(holders, companion)
+  local last = redis.call('ZRANGE', holders, -1, -1, 'WITHSCORES')[2]
+  if last then
+    local keep = tonumber(last) - now + 1
+    redis.call('PEXPIRE', holders, keep)
+    if companion then
+      redis.call('PEXPIRE', companion, keep)
+    end
+  end
+end
+local function first_expiry(holders)
+  local first = redis.call('ZRANGE', holders, 0, 0, 'WITHSCORES')[2]
+  if first then
+    return tonumber(first) - now
+  end
+  return -1
+end
+local function wake_waiters()
+  if redis.call('EXISTS', KEYS[1] .. ':waiting') == 1 then
+    redis.call('PUBLISH', KEYS[1] .. ':released', '')
+  end
+end
+";
+
+/// The owner-checked end of a holder's entry shared by both primitives' release and
+/// extend scripts: after [`HOLDERS`], the script returns 2 when others still hold the
+/// key and 0 when it is gone.
+const NOT_OURS: &str = r"
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return 2
+end
+return 0
+";

@@ -123,8 +123,10 @@ impl Harness for TopologyHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        let lock: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&self.url).await?);
-        Ok(Client::new(lock))
+        let lock = RedisLock::connect(&self.url).await?;
+        Ok(Client::new(Arc::new(lock.clone()))
+            .with_semaphore(Arc::new(lock.semaphore()?))
+            .with_rw_lock(Arc::new(lock.rw_lock()?)))
     }
 }
 
