@@ -37,6 +37,12 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url).await?.semaphore(),
+        )),
+        #[cfg(not(feature = "postgres"))]
+        Backend::Postgres => Err(crate::feature_off(url, backend)),
         other => Err(not_offered(other, "semaphores")),
     }
 }
@@ -74,6 +80,12 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         )),
         #[cfg(not(feature = "file"))]
         Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url).await?.rw_lock(),
+        )),
+        #[cfg(not(feature = "postgres"))]
+        Backend::Postgres => Err(crate::feature_off(url, backend)),
         other => Err(not_offered(other, "read-write locks")),
     }
 }
@@ -96,7 +108,6 @@ mod tests {
     async fn backends_without_the_primitives_say_so() {
         for url in [
             "redis://127.0.0.1:1",
-            "postgres://u@127.0.0.1:1/db",
             "zk://127.0.0.1:1",
         ] {
             let refused = connect_semaphore(url).await.expect_err(url);
