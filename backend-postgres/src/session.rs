@@ -35,6 +35,12 @@ use crate::POSTGRES_BACKEND;
 
 /// The most commands of one kind sent as one statement.
 const MAX_BATCH: usize = 256;
+/// A dedicated session's server process: `(pid, start time as text)`.
+const BACKEND_IDENTITY: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
+     WHERE pid = pg_backend_pid()";
+/// `$1` pid, `$2` start time as text: terminates that server process if it still runs.
+const TERMINATE_BACKEND: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+     WHERE pid = $1 AND backend_start::text = $2";
 /// SQLSTATE lock_not_available: `lock_timeout` fired.
 const LOCK_TIMEOUT: &str = "55P03";
 /// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
@@ -102,12 +108,24 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<ClientState>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let conn = connect(
+    let mut conn = connect(
         &client.settings.connect,
         client.settings.config.request_timeout,
     )
     .await?;
-    Ok(start(kind, conn, client))
+    let backend = match kind {
+        Kind::Shared => None,
+        Kind::Wait => Some(
+            timeout(
+                client.settings.config.request_timeout,
+                sqlx::query_as::<_, (i32, String)>(BACKEND_IDENTITY).fetch_one(&mut conn),
+            )
+            .await
+            .map_err(|_| client.settings.connection_error("no answer to the session's first query"))?
+            .map_err(lock_error)?,
+        ),
+    };
+    Ok(start_as(kind, conn, client, backend))
 }
 
 /// Opens a connection with `options` within `limit`.
@@ -138,6 +156,16 @@ pub(crate) fn start(
     conn: PgConnection,
     client: &Arc<ClientState>,
 ) -> Arc<SessionHandle> {
+    start_as(kind, conn, client, None)
+}
+
+/// [`start`], knowing the session's server process as `(pid, start time)`.
+fn start_as(
+    kind: Kind,
+    conn: PgConnection,
+    client: &Arc<ClientState>,
+    backend: Option<(i32, String)>,
+) -> Arc<SessionHandle> {
     let (handle, rx) = SessionHandle::new();
     let handle = Arc::new(handle);
     client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
@@ -155,6 +183,7 @@ pub(crate) fn start(
         last_renewal: now,
         last_used: now,
         suspected: false,
+        backend,
     };
     tokio::spawn(task.run());
     handle
@@ -179,6 +208,9 @@ struct Task {
     last_used: Instant,
     /// Held leases were marked suspect since the last proof.
     suspected: bool,
+    /// A dedicated session's server process, `(pid, backend_start as text)`: an
+    /// abandoned wait is ended through it (see [`Task::end_abandoned_wait`]).
+    backend: Option<(i32, String)>,
 }
 
 impl Task {
@@ -932,6 +964,7 @@ impl Task {
                 // Mid-statement: the connection cannot be reused. Closing it makes the
                 // server drop the wait (or the lock, if it was granted meanwhile).
                 self.conn = None;
+                self.end_abandoned_wait();
                 return Err(End::Broken("the waiting caller went away".into()));
             }
         };
@@ -1044,12 +1077,41 @@ impl Task {
                 Ok(())
             }
             None => {
+                self.conn = None;
+                self.end_abandoned_wait();
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
                 let _ = reply.send(Err(Failure::Lock(self.broken(why))));
                 Err(End::Broken(why.into()))
             }
         }
+    }
+
+    /// Terminates this dedicated session's server process from another connection, in
+    /// the background. A server blocked in a lock wait notices its client's closed
+    /// connection only at its next `client_connection_check_interval`, and until then
+    /// its queued request holds back later requests that conflict with it: readers
+    /// behind an abandoned writer. Matched on the process's start time as well as its
+    /// pid, so a reused pid is never hit.
+    fn end_abandoned_wait(&self) {
+        let Some((pid, started)) = self.backend.clone() else {
+            return;
+        };
+        let settings = self.settings.clone();
+        tokio::spawn(async move {
+            let limit = settings.config.request_timeout;
+            let Ok(mut conn) = connect(&settings.connect, limit).await else {
+                return;
+            };
+            let terminate = sqlx::query(TERMINATE_BACKEND)
+                .bind(pid)
+                .bind(started)
+                .execute(&mut conn);
+            if let Err(e) = timeout(limit, terminate).await.unwrap_or(Ok(Default::default())) {
+                tracing::debug!(error = %e, "could not end an abandoned wait's session");
+            }
+            let _ = timeout(limit, conn.close()).await;
+        });
     }
 
     async fn stop(mut self, end: End) {

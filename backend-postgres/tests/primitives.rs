@@ -192,6 +192,46 @@ async fn a_queued_writer_holds_new_readers_back() {
     wait_until_no_advisory_locks(&mut raw, "the grants ended").await;
 }
 
+/// A writer's acquire dropped while it waits in the server's queue stops holding new
+/// readers back at once, not at the server's next check of its closed connection
+/// (`client_connection_check_interval`, 1 s).
+#[tokio::test]
+async fn a_dropped_waiting_writer_stops_holding_readers_back() {
+    let h = common::start().await;
+    let (a, b, c) = (
+        h.client().await.rw_lock(),
+        h.client().await.rw_lock(),
+        h.client().await.rw_lock(),
+    );
+    let mut raw = h.raw().await;
+    let k = key("dropped-writer");
+    let reader = a.acquire(&k, RwMode::Read, &waiting(SETTLE)).await.expect("read");
+    let writer = tokio::spawn({
+        let (b, k) = (b.clone(), k.clone());
+        async move { b.acquire(&k, RwMode::Write, &LockOptions::new(TTL)).await }
+    });
+    let deadline = Instant::now() + SETTLE;
+    while !advisory_entries(&mut raw).await.iter().any(|(_, granted)| !granted) {
+        assert!(Instant::now() < deadline, "the writer never queued");
+        tokio::time::sleep(common::POLL).await;
+    }
+    writer.abort();
+    let _ = writer.await;
+    let dropped_at = Instant::now();
+    let late = c
+        .acquire(&k, RwMode::Read, &waiting(SETTLE))
+        .await
+        .expect("a reader after the writer gave up");
+    let waited = dropped_at.elapsed();
+    assert!(
+        waited < Duration::from_millis(700),
+        "a new reader waited {waited:?} behind a writer that had given up"
+    );
+    late.release().await.expect("release");
+    reader.release().await.expect("release");
+    wait_until_no_advisory_locks(&mut raw, "the grants ended").await;
+}
+
 #[tokio::test]
 async fn bad_input_is_refused_before_the_server() {
     let h = common::start().await;
