@@ -39,7 +39,9 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         Backend::File => Err(crate::feature_off(url, backend)),
         #[cfg(feature = "postgres")]
         Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url).await?.semaphore(),
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .semaphore(),
         )),
         #[cfg(not(feature = "postgres"))]
         Backend::Postgres => Err(crate::feature_off(url, backend)),
@@ -82,7 +84,9 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         Backend::File => Err(crate::feature_off(url, backend)),
         #[cfg(feature = "postgres")]
         Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url).await?.rw_lock(),
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .rw_lock(),
         )),
         #[cfg(not(feature = "postgres"))]
         Backend::Postgres => Err(crate::feature_off(url, backend)),
@@ -106,10 +110,7 @@ mod tests {
 
     #[tokio::test]
     async fn backends_without_the_primitives_say_so() {
-        for url in [
-            "redis://127.0.0.1:1",
-            "zk://127.0.0.1:1",
-        ] {
+        for url in ["redis://127.0.0.1:1", "zk://127.0.0.1:1"] {
             let refused = connect_semaphore(url).await.expect_err(url);
             assert!(
                 matches!(

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
-    check_ttl, BackendInfo, BackoffDelays, Capabilities, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    PermitMismatch, ReleaseOutcome,
+    check_ttl, BackendInfo, BackoffDelays, Capabilities, DistributedLock, ExtendOutcome,
+    FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions,
+    OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -279,12 +279,7 @@ impl PostgresLock {
 
     fn guard(&self, key: &LockKey, grant: Grant, options: &LockOptions) -> LockGuard {
         let (lease, monitor) = lease_of(key, grant, options);
-        LockGuard::new(
-            lease,
-            monitor,
-            Arc::new(self.clone()),
-            options.auto_renew(),
-        )
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
     /// One try on a shared session: the grant, or `None` when the key is held
@@ -341,7 +336,10 @@ impl PostgresLock {
                 }
                 Ok(Err(Failure::Lock(e))) => return Err(e),
                 Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(POSTGRES_BACKEND, "a permit count answer to a lock try"))
+                    return Err(LockError::backend_error(
+                        POSTGRES_BACKEND,
+                        "a permit count answer to a lock try",
+                    ))
                 }
             }
         }
@@ -632,7 +630,10 @@ impl PostgresLock {
                 Ok(Err(Failure::Closed)) | Err(_) => continue,
                 Ok(Err(Failure::Lock(e))) => return Err(e),
                 Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(POSTGRES_BACKEND, "a permit count answer to a pg_locks probe"))
+                    return Err(LockError::backend_error(
+                        POSTGRES_BACKEND,
+                        "a permit count answer to a pg_locks probe",
+                    ))
                 }
             }
         }
@@ -661,7 +662,8 @@ impl PostgresLock {
             // The session ended before running it, and its locks with it.
             Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
             Ok(Err(Failure::Lock(e))) => Err(e),
-            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(POSTGRES_BACKEND, 
+            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
+                POSTGRES_BACKEND,
                 "a permit count answer to a release or extend",
             )),
         }
@@ -713,11 +715,13 @@ impl DistributedLock for PostgresLock {
     /// Held or free, per `pg_locks`. The holder's token lives only in its client and the
     /// lease is the holder's session, so neither token nor remaining time is reported.
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        Ok(if self.held_by_anyone(Probe::key(advisory_key(key))).await? {
-            KeyStatus::held()
-        } else {
-            KeyStatus::free()
-        })
+        Ok(
+            if self.held_by_anyone(Probe::key(advisory_key(key))).await? {
+                KeyStatus::held()
+            } else {
+                KeyStatus::free()
+            },
+        )
     }
 }
 
@@ -739,7 +743,11 @@ pub(crate) enum Plan {
 }
 
 /// The lease and monitor of `grant` on `key`, for the guard of any primitive.
-pub(crate) fn lease_of(key: &LockKey, grant: Grant, options: &LockOptions) -> (Lease, LeaseMonitor) {
+pub(crate) fn lease_of(
+    key: &LockKey,
+    grant: Grant,
+    options: &LockOptions,
+) -> (Lease, LeaseMonitor) {
     let (owner, granted) = grant;
     // The sequence starts at 1 (MINVALUE 1), so the token is positive.
     let token = FencingToken::new(granted.token.unsigned_abs());

@@ -117,7 +117,9 @@ impl DistributedSemaphore for PostgresSemaphore {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.locks.release_lease(lease, Self::probe(lease.key())).await
+        self.locks
+            .release_lease(lease, Self::probe(lease.key()))
+            .await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {

@@ -121,7 +121,11 @@ pub(crate) async fn open(
                 sqlx::query_as::<_, (i32, String)>(BACKEND_IDENTITY).fetch_one(&mut conn),
             )
             .await
-            .map_err(|_| client.settings.connection_error("no answer to the session's first query"))?
+            .map_err(|_| {
+                client
+                    .settings
+                    .connection_error("no answer to the session's first query")
+            })?
             .map_err(lock_error)?,
         ),
     };
@@ -1107,7 +1111,10 @@ impl Task {
                 .bind(pid)
                 .bind(started)
                 .execute(&mut conn);
-            if let Err(e) = timeout(limit, terminate).await.unwrap_or(Ok(Default::default())) {
+            if let Err(e) = timeout(limit, terminate)
+                .await
+                .unwrap_or(Ok(Default::default()))
+            {
                 tracing::debug!(error = %e, "could not end an abandoned wait's session");
             }
             let _ = timeout(limit, conn.close()).await;

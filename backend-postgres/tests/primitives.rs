@@ -65,9 +65,16 @@ async fn guards_leave_nothing_in_pg_locks() {
 
     // Permits: released, dropped, refused for a mismatch, and cut off while waiting.
     let first = sem_a.try_acquire(&k, 2, &no_wait()).await.expect("try");
-    let second = sem_b.acquire(&k, 2, &waiting(SETTLE)).await.expect("acquire");
+    let second = sem_b
+        .acquire(&k, 2, &waiting(SETTLE))
+        .await
+        .expect("acquire");
     let first = first.expect("a permit of a free key");
-    assert!(sem_b.try_acquire(&k, 2, &no_wait()).await.expect("try").is_none());
+    assert!(sem_b
+        .try_acquire(&k, 2, &no_wait())
+        .await
+        .expect("try")
+        .is_none());
     let mismatch = sem_b.try_acquire(&k, 5, &no_wait()).await;
     assert!(
         matches!(mismatch, Err(LockError::PermitMismatch { .. })),
@@ -84,8 +91,14 @@ async fn guards_leave_nothing_in_pg_locks() {
 
     // Reads and writes: overlapping readers, a released writer, a writer cut off while
     // waiting behind a reader, a dropped reader.
-    let r1 = rw_a.acquire(&k, RwMode::Read, &waiting(SETTLE)).await.expect("read");
-    let r2 = rw_b.acquire(&k, RwMode::Read, &waiting(SETTLE)).await.expect("read");
+    let r1 = rw_a
+        .acquire(&k, RwMode::Read, &waiting(SETTLE))
+        .await
+        .expect("read");
+    let r2 = rw_b
+        .acquire(&k, RwMode::Read, &waiting(SETTLE))
+        .await
+        .expect("read");
     let cut = tokio::time::timeout(
         Duration::from_millis(50),
         rw_b.acquire(&k, RwMode::Write, &LockOptions::new(TTL)),
@@ -94,7 +107,10 @@ async fn guards_leave_nothing_in_pg_locks() {
     assert!(cut.is_err(), "a writer was granted beside two readers");
     r1.release().await.expect("release");
     drop(r2);
-    let w = rw_a.acquire(&k, RwMode::Write, &waiting(SETTLE)).await.expect("write");
+    let w = rw_a
+        .acquire(&k, RwMode::Write, &waiting(SETTLE))
+        .await
+        .expect("write");
     w.release().await.expect("release");
 
     wait_until_no_advisory_locks(&mut raw, "every guard ended").await;
@@ -123,7 +139,10 @@ async fn permit_holders_show_their_count_and_a_new_count_follows_them() {
     assert_eq!(entries.len(), 2, "{entries:?}");
 
     for other in [1, 2, 4, MAX_PERMITS] {
-        match b.acquire(&k, other, &waiting(Duration::from_millis(300))).await {
+        match b
+            .acquire(&k, other, &waiting(Duration::from_millis(300)))
+            .await
+        {
             Err(LockError::PermitMismatch { source, .. }) => {
                 assert_eq!((source.asked, source.in_use), (other, 3));
             }
@@ -149,14 +168,21 @@ async fn a_queued_writer_holds_new_readers_back() {
     );
     let mut raw = h.raw().await;
     let k = key("writer-first");
-    let reader = a.acquire(&k, RwMode::Read, &waiting(SETTLE)).await.expect("read");
+    let reader = a
+        .acquire(&k, RwMode::Read, &waiting(SETTLE))
+        .await
+        .expect("read");
     let writer = tokio::spawn({
         let (b, k) = (b.clone(), k.clone());
         async move { b.acquire(&k, RwMode::Write, &waiting(SETTLE)).await }
     });
     // Poll until the writer waits in the server's queue (an ungranted entry).
     let deadline = Instant::now() + SETTLE;
-    while !advisory_entries(&mut raw).await.iter().any(|(_, granted)| !granted) {
+    while !advisory_entries(&mut raw)
+        .await
+        .iter()
+        .any(|(_, granted)| !granted)
+    {
         assert!(Instant::now() < deadline, "the writer never queued");
         tokio::time::sleep(common::POLL).await;
     }
@@ -205,13 +231,20 @@ async fn a_dropped_waiting_writer_stops_holding_readers_back() {
     );
     let mut raw = h.raw().await;
     let k = key("dropped-writer");
-    let reader = a.acquire(&k, RwMode::Read, &waiting(SETTLE)).await.expect("read");
+    let reader = a
+        .acquire(&k, RwMode::Read, &waiting(SETTLE))
+        .await
+        .expect("read");
     let writer = tokio::spawn({
         let (b, k) = (b.clone(), k.clone());
         async move { b.acquire(&k, RwMode::Write, &LockOptions::new(TTL)).await }
     });
     let deadline = Instant::now() + SETTLE;
-    while !advisory_entries(&mut raw).await.iter().any(|(_, granted)| !granted) {
+    while !advisory_entries(&mut raw)
+        .await
+        .iter()
+        .any(|(_, granted)| !granted)
+    {
         assert!(Instant::now() < deadline, "the writer never queued");
         tokio::time::sleep(common::POLL).await;
     }
@@ -256,7 +289,10 @@ async fn bad_input_is_refused_before_the_server() {
     ));
     let info = DistributedSemaphore::info(&sem);
     assert!(info.capabilities.semaphore.is_supported());
-    assert!(DistributedRwLock::info(&rw).capabilities.rw_lock.is_supported());
+    assert!(DistributedRwLock::info(&rw)
+        .capabilities
+        .rw_lock
+        .is_supported());
     let mut raw = h.raw().await;
     assert!(advisory_entries(&mut raw).await.is_empty());
 }
