@@ -1,13 +1,13 @@
 //! [`connect_semaphore`] and [`connect_rw`]: the semaphore and the read-write lock by URL.
 //!
 //! Each primitive is its own object-safe trait, so each has its own connector returning
-//! `Arc<dyn …>`, with the same URLs as [`crate::connect`]. A backend that does not offer
-//! the primitive yet ([`crate::Capabilities::semaphore`], [`crate::Capabilities::rw_lock`])
-//! is refused by its scheme, before any connection is made.
+//! `Arc<dyn …>`, with the same URLs as [`crate::connect`]. Every backend offers both
+//! ([`crate::Capabilities::semaphore`], [`crate::Capabilities::rw_lock`]) except Redlock,
+//! which is refused once connected.
 
 use std::sync::Arc;
 
-use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError, NOT_YET};
+use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError};
 
 /// Connects a semaphore client to the backend named by `url` (the URLs of
 /// [`crate::connect`]). Clients connected by the same URL share permits.
@@ -25,9 +25,9 @@ use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError, NOT_YET
 /// ```
 ///
 /// # Errors
-/// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without semaphores yet (or, after
-/// connecting, a Redlock URL: its nodes cannot agree on a count of holders).
+/// The configuration errors of [`crate::connect`] (a scheme whose feature is off among
+/// them), the backend's connection errors, and [`LockError::Unsupported`] for a Redlock
+/// URL, after connecting: its nodes cannot agree on a count of holders.
 pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
@@ -36,19 +36,24 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
         Backend::File => Ok(Arc::new(
             distlock_file::FileLock::connect(url).await?.semaphore(),
         )),
-        #[cfg(not(feature = "file"))]
-        Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.semaphore()?,
+        )),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .semaphore(),
+        )),
         #[cfg(feature = "zookeeper")]
         Backend::ZooKeeper => Ok(Arc::new(
             distlock_zookeeper::ZooKeeperLock::connect(url)
                 .await?
                 .semaphore(),
         )),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(
-            distlock_redis::RedisLock::connect(url).await?.semaphore()?,
-        )),
-        other => Err(not_offered(other, "semaphores")),
+        #[allow(unreachable_patterns)] // every feature on
+        off => Err(crate::feature_off(url, off)),
     }
 }
 
@@ -73,9 +78,9 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
 /// ```
 ///
 /// # Errors
-/// The configuration errors of [`crate::connect`], the backend's connection errors,
-/// and [`LockError::Unsupported`] for a backend without read-write locks yet (or,
-/// after connecting, a Redlock URL).
+/// The configuration errors of [`crate::connect`] (a scheme whose feature is off among
+/// them), the backend's connection errors, and [`LockError::Unsupported`] for a Redlock
+/// URL, after connecting.
 pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
     let (backend, rest) = crate::backend_for(url)?;
     match backend {
@@ -84,29 +89,24 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
         Backend::File => Ok(Arc::new(
             distlock_file::FileLock::connect(url).await?.rw_lock(),
         )),
-        #[cfg(not(feature = "file"))]
-        Backend::File => Err(crate::feature_off(url, backend)),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.rw_lock()?,
+        )),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .rw_lock(),
+        )),
         #[cfg(feature = "zookeeper")]
         Backend::ZooKeeper => Ok(Arc::new(
             distlock_zookeeper::ZooKeeperLock::connect(url)
                 .await?
                 .rw_lock(),
         )),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(
-            distlock_redis::RedisLock::connect(url).await?.rw_lock()?,
-        )),
-        other => Err(not_offered(other, "read-write locks")),
-    }
-}
-
-/// The refusal for a backend that does not offer `primitive` yet.
-fn not_offered(backend: Backend, primitive: &'static str) -> LockError {
-    // Its feature may be off too: the answer is the same either way.
-    LockError::Unsupported {
-        backend: backend.feature(),
-        operation: primitive,
-        reason: NOT_YET,
+        #[allow(unreachable_patterns)] // every feature on
+        off => Err(crate::feature_off(url, off)),
     }
 }
 
@@ -115,31 +115,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn backends_without_the_primitives_say_so() {
-        for url in ["postgres://u@127.0.0.1:1/db"] {
-            let refused = connect_semaphore(url).await.expect_err(url);
-            assert!(
-                matches!(
-                    refused,
-                    LockError::Unsupported {
-                        operation: "semaphores",
-                        ..
-                    }
-                ),
-                "{refused}"
-            );
-            let refused = connect_rw(url).await.expect_err(url);
-            assert!(
-                matches!(
-                    refused,
-                    LockError::Unsupported {
-                        operation: "read-write locks",
-                        ..
-                    }
-                ),
-                "{refused}"
-            );
-        }
+    async fn bad_urls_are_config_errors() {
         assert!(matches!(
             connect_rw("nope://x").await,
             Err(LockError::Config { .. })
@@ -148,6 +124,23 @@ mod tests {
             connect_semaphore("memory://a?b").await,
             Err(LockError::Config { .. })
         ));
+    }
+
+    /// A scheme whose feature is off is refused naming the feature, as `connect` does.
+    #[cfg(not(feature = "redis"))]
+    #[tokio::test]
+    async fn a_scheme_whose_feature_is_off_names_it() {
+        for refused in [
+            connect_semaphore("redis://127.0.0.1:1").await.err(),
+            connect_rw("redis://127.0.0.1:1").await.err(),
+        ] {
+            match refused {
+                Some(error @ LockError::Config { .. }) => {
+                    assert!(error.to_string().contains("redis"), "{error}")
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 
     /// ZooKeeper offers both: an unreachable server is a connection error, not a refusal.

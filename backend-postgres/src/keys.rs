@@ -31,6 +31,49 @@ pub fn advisory_key(key: &LockKey) -> i64 {
     i64::from_be_bytes(first)
 }
 
+/// The digest of `key` in the namespace `namespace` (a semaphore's or read-write
+/// lock's advisory ids): SHA-256 of `namespace`, a zero byte, then the key's UTF-8
+/// bytes. The prefix keeps a semaphore's and a read-write lock's ids apart from the
+/// mutex's ([`advisory_key`] hashes the key alone) and from each other: they meet only
+/// by a hash collision, as two mutex keys can.
+fn namespaced(namespace: &str, key: &LockKey) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(namespace.as_bytes());
+    hasher.update([0u8]);
+    hasher.update(key.as_str().as_bytes());
+    hasher.finalize().into()
+}
+
+fn first_i64(digest: &[u8; 32]) -> i64 {
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// The advisory key (`bigint`) of the read-write lock `key`: readers lock it shared,
+/// writers exclusive. The first 8 bytes of SHA-256 of `"distlock-rw"`, a zero byte and
+/// the key, big-endian, as [`advisory_key`] does.
+pub(crate) fn rw_advisory_key(key: &LockKey) -> i64 {
+    first_i64(&namespaced("distlock-rw", key))
+}
+
+/// The advisory key (`bigint`) of permit slot `slot` of the semaphore `key`: SHA-256
+/// of `"distlock-permit-{slot}"`, a zero byte and the key, as [`rw_advisory_key`].
+pub(crate) fn permit_slot_key(key: &LockKey, slot: u32) -> i64 {
+    first_i64(&namespaced(&format!("distlock-permit-{slot}"), key))
+}
+
+/// The first `int4` of the two-`int4` advisory key `(count key, permit count)` that
+/// every permit holder of the semaphore `key` holds shared: the first 4 bytes of
+/// SHA-256 of `"distlock-permits"`, a zero byte and the key, with the top bit cleared
+/// (so it reads the same as `int4` and as the `oid` in `pg_locks.classid`).
+pub(crate) fn permit_count_key(key: &LockKey) -> i32 {
+    let digest = namespaced("distlock-permits", key);
+    let mut first = [0u8; 4];
+    first.copy_from_slice(&digest[..4]);
+    (u32::from_be_bytes(first) >> 1) as i32
+}
+
 /// The `pg_locks` columns (`classid`, `objid`) under which a `bigint` advisory key
 /// shows (`objsubid` is 1): its high and low 32 bits, as unsigned numbers.
 pub(crate) fn pg_locks_ids(hash: i64) -> (i64, i64) {
@@ -64,6 +107,21 @@ mod tests {
         let hashes: std::collections::HashSet<i64> =
             keys.iter().map(|k| advisory_key(&key(k))).collect();
         assert_eq!(hashes.len(), keys.len());
+    }
+
+    #[test]
+    fn namespaces_keep_primitives_apart() {
+        let k = key("job");
+        let ids = [
+            advisory_key(&k),
+            rw_advisory_key(&k),
+            permit_slot_key(&k, 0),
+            permit_slot_key(&k, 1),
+        ];
+        let distinct: std::collections::HashSet<i64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), ids.len());
+        assert!(permit_count_key(&k) >= 0);
+        assert_eq!(permit_count_key(&k), permit_count_key(&key("job")));
     }
 
     #[test]

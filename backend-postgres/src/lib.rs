@@ -96,6 +96,36 @@
 //! the grant's reply to the end (after the commit), so a token handed out is durable:
 //! after a crash the sequence resumes above it.
 //!
+//! # Semaphores and read-write locks
+//! [`PostgresLock::semaphore`] and [`PostgresLock::rw_lock`] give a
+//! [`PostgresSemaphore`] and a [`PostgresRwLock`] over the same client's sessions, with
+//! no table of their own: advisory locks on ids derived from the key (SHA-256 of a
+//! namespace, a zero byte and the key, so they never meet the mutex's ids but by a hash
+//! collision). Their leases, loss detection and fencing are the mutex's, above: a
+//! grant lives as long as its session, with the TTL enforced by the client, and every
+//! grant, a read or a permit too, takes a token from the fencing sequence, above every
+//! earlier grant's of any key. A permit's token orders and identifies grants (several
+//! permits are valid at once, so it cannot fence them from each other); a write's
+//! fences earlier reads and writes.
+//! - **Read-write lock**: readers `pg_advisory_lock_shared`, writers `pg_advisory_lock`,
+//!   on the key's rw id. Writer preference is the server's own: a request that
+//!   conflicts with one already queued waits behind it (a try is refused), so once a
+//!   writer waits, new readers queue behind it. A write goes as the mutex's lock does;
+//!   a read is taken and held on a dedicated session (advisory locks are re-entrant per
+//!   session, and a session's own shared lock would not exclude its own exclusive one).
+//! - **Semaphore**: permit `i` of `M` is the slot id `i` of the key held exclusive,
+//!   beside the count id `(count key, M)` (two `int4`s) held shared. One statement takes
+//!   the count id, looks in `pg_locks` for the key's count id with another `M` held by
+//!   anyone ([`distlock_api::LockError::PermitMismatch`]), then try-locks the slots in
+//!   order. A permit is held on a dedicated session; a waiting acquire polls at the
+//!   options' backoff. A 32-bit collision of two keys' count keys makes them refuse
+//!   each other's counts when those differ; it never over-admits.
+//!
+//! A read or a permit takes one of the client's dedicated sessions
+//! ([`PostgresConfig::wait_sessions`]) for as long as it is held, and ends with
+//! `pg_advisory_unlock_all` on it: a client holds at most that many at once (further
+//! acquires wait for a session within their wait policy).
+//!
 //! # Transaction-scoped mode
 //! [`PostgresXactLock`] takes `pg_advisory_xact_lock` inside a transaction and runs the
 //! caller's work in the same transaction; the lock ends with it. It uses unnamed
@@ -151,6 +181,8 @@ mod error;
 mod keys;
 mod lock;
 mod mailbox;
+mod rw;
+mod semaphore;
 mod session;
 mod sql;
 mod tls;
@@ -160,6 +192,8 @@ pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;
+pub use rw::PostgresRwLock;
+pub use semaphore::PostgresSemaphore;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use sqlx;

@@ -9,8 +9,9 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
-    Lease, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, BackoffDelays, Capabilities, DistributedLock, ExtendOutcome,
+    FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions,
+    OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -20,10 +21,10 @@ use crate::client::{locked, ClientState, Settings};
 use crate::config::{parse_url, session_options, PostgresConfig};
 use crate::error;
 use crate::keys::advisory_key;
-use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, SessionHandle};
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
-use crate::POSTGRES_BACKEND;
+use crate::{PostgresRwLock, PostgresSemaphore, POSTGRES_BACKEND};
 
 /// How long an `acquire` that waits forever keeps retrying while the server is down.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -165,6 +166,16 @@ impl PostgresLock {
         &self.state.settings.config
     }
 
+    /// A semaphore client sharing this client's sessions (see [`PostgresSemaphore`]).
+    pub fn semaphore(&self) -> PostgresSemaphore {
+        PostgresSemaphore::new(self.clone())
+    }
+
+    /// A read-write lock client sharing this client's sessions (see [`PostgresRwLock`]).
+    pub fn rw_lock(&self) -> PostgresRwLock {
+        PostgresRwLock::new(self.clone())
+    }
+
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
         (
@@ -266,38 +277,18 @@ impl PostgresLock {
         }
     }
 
-    fn guard(
-        &self,
-        key: &LockKey,
-        owner: OwnerToken,
-        granted: Granted,
-        options: &LockOptions,
-    ) -> LockGuard {
-        // The sequence starts at 1 (MINVALUE 1), so the token is positive.
-        let token = FencingToken::new(granted.token.unsigned_abs());
-        let lease = Lease::new(
-            key.clone(),
-            owner,
-            Some(token),
-            options.ttl(),
-            granted.acquired_at,
-        );
-        LockGuard::new(
-            lease,
-            granted.monitor,
-            Arc::new(self.clone()),
-            options.auto_renew(),
-        )
+    fn guard(&self, key: &LockKey, grant: Grant, options: &LockOptions) -> LockGuard {
+        let (lease, monitor) = lease_of(key, grant, options);
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
-    /// One try on a shared session: the guard, or `None` when the key is held
+    /// One try on a shared session: the grant, or `None` when the key is held
     /// (including by this client).
     async fn try_shared(
         &self,
-        key: &LockKey,
         hash: i64,
         options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<Option<Grant>, LockError> {
         let mut retried_broken = false;
         for _ in 0..SESSION_ATTEMPTS {
             let owner = OwnerToken::random();
@@ -329,7 +320,7 @@ impl PostgresLock {
             let reply = rx.await;
             pending.disarm();
             match reply {
-                Ok(Ok(Some(granted))) => return Ok(Some(self.guard(key, owner, granted, options))),
+                Ok(Ok(Some(granted))) => return Ok(Some((owner, granted))),
                 Ok(Ok(None)) => return Ok(None),
                 Ok(Err(Failure::Closed)) => continue,
                 Err(_) => {
@@ -344,6 +335,12 @@ impl PostgresLock {
                     continue;
                 }
                 Ok(Err(Failure::Lock(e))) => return Err(e),
+                Ok(Err(Failure::Mismatch(_))) => {
+                    return Err(LockError::backend_error(
+                        POSTGRES_BACKEND,
+                        "a permit count answer to a lock try",
+                    ))
+                }
             }
         }
         Err(self
@@ -352,15 +349,17 @@ impl PostgresLock {
             .connection_error("no usable session: every one tried closed or broke"))
     }
 
-    /// One wait in the server's queue on a dedicated session, until `deadline`: the
-    /// guard, or `None` when the wait ran out.
+    /// One `grab` on a dedicated session (a wait in the server's queue until
+    /// `deadline`, or a try): the grant, or `None` when the key was held (the wait ran
+    /// out, or no dedicated session came free before `deadline`).
     async fn wait_dedicated(
         &self,
         key: &LockKey,
         hash: i64,
+        grab: &Grab,
         options: &LockOptions,
         deadline: Option<Instant>,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
             let slots = self.state.wait_slots.clone();
             let slot = match deadline {
@@ -388,6 +387,7 @@ impl PostgresLock {
             let (tx, rx) = oneshot::channel();
             let command = Command::Wait {
                 hash,
+                grab: grab.clone(),
                 owner: owner.as_u128(),
                 ttl: options.ttl(),
                 lock_timeout_ms,
@@ -408,10 +408,20 @@ impl PostgresLock {
             let reply = rx.await;
             pending.disarm();
             match reply {
-                Ok(Ok(Some(granted))) => return Ok(Some(self.guard(key, owner, granted, options))),
+                Ok(Ok(Some(granted))) => return Ok(Some((owner, granted))),
                 Ok(Ok(None)) => return Ok(None),
                 Ok(Err(Failure::Closed)) | Err(_) => continue,
                 Ok(Err(Failure::Lock(e))) => return Err(e),
+                Ok(Err(Failure::Mismatch(in_use))) => {
+                    let asked = match grab {
+                        Grab::PermitTry { max, .. } => *max,
+                        _ => 0,
+                    };
+                    return Err(LockError::PermitMismatch {
+                        backend: POSTGRES_BACKEND,
+                        source: PermitMismatch::new(key.clone(), asked, in_use),
+                    });
+                }
             }
         }
         Err(self
@@ -420,17 +430,93 @@ impl PostgresLock {
             .connection_error("no usable session to wait on: every one tried closed"))
     }
 
+    /// One try of `plan` on `hash`, without waiting: the grant, or `None` when held.
+    pub(crate) async fn try_plan(
+        &self,
+        key: &LockKey,
+        hash: i64,
+        plan: &Plan,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>, LockError> {
+        let grab = match plan {
+            Plan::Exclusive => return self.try_shared(hash, options).await,
+            Plan::Shared => Grab::SharedTry,
+            Plan::Permit(grab) => grab.clone(),
+        };
+        // A try does not wait in the server; it waits for a dedicated session only
+        // as long as a request may take.
+        let patience = Instant::now() + self.state.settings.config.request_timeout;
+        self.wait_dedicated(key, hash, &grab, options, Some(patience))
+            .await
+    }
+
+    /// After a try of `plan` found the key held: waits until it may be free (a wait
+    /// in the server's queue, or a nap of the poll's backoff), within `deadline`.
+    async fn wait_plan(
+        &self,
+        key: &LockKey,
+        hash: i64,
+        plan: &Plan,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        polls: &mut BackoffDelays,
+    ) -> Result<Option<Grant>, LockError> {
+        let grab = match plan {
+            Plan::Exclusive => Grab::Exclusive,
+            Plan::Shared => Grab::SharedWait,
+            Plan::Permit(_) => {
+                let mut nap = polls.next_delay();
+                if let Some(d) = deadline {
+                    nap = nap.min(d.saturating_duration_since(Instant::now()));
+                }
+                tokio::time::sleep(nap).await;
+                return Ok(None);
+            }
+        };
+        self.wait_dedicated(key, hash, &grab, options, deadline)
+            .await
+    }
+
+    /// An `acquire` of `hash` by `plan`, bounded by the options' wait as the mutex's
+    /// [`DistributedLock::acquire`] is; `guard` wraps the grant.
+    pub(crate) async fn acquire_plan(
+        &self,
+        key: &LockKey,
+        hash: i64,
+        plan: &Plan,
+        options: &LockOptions,
+        guard: impl FnOnce(Grant) -> LockGuard,
+    ) -> Result<LockGuard, LockError> {
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let report = WaitReport::new();
+        let attempts = async {
+            let grant = self
+                .acquire_until(key, hash, plan, options, bound, &report)
+                .await?;
+            Ok(guard(grant))
+        };
+        bounded_wait(POSTGRES_BACKEND, key, bound, &report, attempts, |wait| {
+            self.state.settings.connection_error(format!(
+                "the server did not answer within the wait of {wait:?}; whether the lock was \
+                 granted is unknown (a late grant is released)"
+            ))
+        })
+        .await
+    }
+
     /// The body of `acquire`, unbounded by the wait when the server
     /// does not answer; notes in `report` each answer saying the key is held.
     async fn acquire_until(
         &self,
         key: &LockKey,
+        hash: i64,
+        plan: &Plan,
         options: &LockOptions,
-        started: Instant,
-        deadline: Option<Instant>,
+        bound: WaitBound,
         report: &WaitReport,
-    ) -> Result<LockGuard, LockError> {
-        let hash = advisory_key(key);
+    ) -> Result<Grant, LockError> {
+        let (started, deadline) = (bound.started, bound.deadline);
+        let mut polls = options.backoff().delays();
         let timed_out = || LockError::Timeout {
             backend: POSTGRES_BACKEND,
             key: key.clone(),
@@ -439,18 +525,19 @@ impl PostgresLock {
         let mut backoff = options.backoff().delays();
         let mut failing_since: Option<Instant> = None;
         loop {
-            let attempt = match self.try_shared(key, hash, options).await {
+            let attempt = match self.try_plan(key, hash, plan, options).await {
                 Ok(None) => {
                     report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
                         return Err(timed_out());
                     }
-                    self.wait_dedicated(key, hash, options, deadline).await
+                    self.wait_plan(key, hash, plan, options, deadline, &mut polls)
+                        .await
                 }
                 other => other,
             };
             match attempt {
-                Ok(Some(guard)) => return Ok(guard),
+                Ok(Some(grant)) => return Ok(grant),
                 Ok(None) => {
                     report.saw_held();
                     if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -480,13 +567,60 @@ impl PostgresLock {
         }
     }
 
-    /// Whether any session of the database holds `hash` (per `pg_locks`).
-    async fn held_by_anyone(&self, hash: i64) -> Result<bool, LockError> {
+    /// Owner-checked release of `lease`, of any primitive: `probe` finds the key's
+    /// other holders for the outcome when the lease is not held here any more.
+    pub(crate) async fn release_lease(
+        &self,
+        lease: &Lease,
+        probe: Probe,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let owner = lease.owner().as_u128();
+        let released = self
+            .to_holder(owner, |reply| Command::Release {
+                owner,
+                reply: Some(reply),
+            })
+            .await?;
+        if released == Some(true) {
+            return Ok(ReleaseOutcome::Released);
+        }
+        Ok(if self.held_by_anyone(probe).await? {
+            ReleaseOutcome::HeldByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// Owner-checked extension of `lease`, of any primitive; `probe` as for
+    /// [`PostgresLock::release_lease`].
+    pub(crate) async fn extend_lease(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+        probe: Probe,
+    ) -> Result<ExtendOutcome, LockError> {
+        check_ttl(ttl).map_err(|e| LockError::invalid_options(POSTGRES_BACKEND, e))?;
+        let owner = lease.owner().as_u128();
+        let extended = self
+            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
+            .await?;
+        if let Some(Some(valid_until)) = extended {
+            return Ok(ExtendOutcome::Extended { valid_until });
+        }
+        Ok(if self.held_by_anyone(probe).await? {
+            ExtendOutcome::HeldByOther
+        } else {
+            ExtendOutcome::Expired
+        })
+    }
+
+    /// Whether any session of the database holds a lock matching `probe` (per `pg_locks`).
+    async fn held_by_anyone(&self, probe: Probe) -> Result<bool, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
             let session = self.shared_session().await?;
             let (tx, rx) = oneshot::channel();
             if session
-                .send(Command::HeldByAnyone { hash, reply: tx })
+                .send(Command::HeldByAnyone { probe, reply: tx })
                 .is_err()
             {
                 continue;
@@ -495,6 +629,12 @@ impl PostgresLock {
                 Ok(Ok(held)) => return Ok(held),
                 Ok(Err(Failure::Closed)) | Err(_) => continue,
                 Ok(Err(Failure::Lock(e))) => return Err(e),
+                Ok(Err(Failure::Mismatch(_))) => {
+                    return Err(LockError::backend_error(
+                        POSTGRES_BACKEND,
+                        "a permit count answer to a pg_locks probe",
+                    ))
+                }
             }
         }
         Err(self
@@ -522,6 +662,10 @@ impl PostgresLock {
             // The session ended before running it, and its locks with it.
             Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
             Ok(Err(Failure::Lock(e))) => Err(e),
+            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
+                POSTGRES_BACKEND,
+                "a permit count answer to a release or extend",
+            )),
         }
     }
 }
@@ -529,8 +673,7 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        let capabilities = Capabilities::all_supported().mutex_only(distlock_api::NOT_YET);
-        BackendInfo::new(POSTGRES_BACKEND, capabilities)
+        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
     }
 
     async fn try_acquire(
@@ -539,7 +682,10 @@ impl DistributedLock for PostgresLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(POSTGRES_BACKEND)?;
-        self.try_shared(key, advisory_key(key), options).await
+        let grant = self
+            .try_plan(key, advisory_key(key), &Plan::Exclusive, options)
+            .await?;
+        Ok(grant.map(|grant| self.guard(key, grant, options)))
     }
 
     /// A wait bounds the whole call, whatever the server does: once the deadline (plus
@@ -549,59 +695,68 @@ impl DistributedLock for PostgresLock {
     /// and `Forever` are bounded by the request timeout and the error patience instead.
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(POSTGRES_BACKEND)?;
-        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
-        let report = WaitReport::new();
-        let attempts = self.acquire_until(key, options, bound.started, bound.deadline, &report);
-        bounded_wait(POSTGRES_BACKEND, key, bound, &report, attempts, |wait| {
-            self.state.settings.connection_error(format!(
-                "the server did not answer within the wait of {wait:?}; whether the lock was \
-                 granted is unknown (a late grant is released)"
-            ))
+        let hash = advisory_key(key);
+        self.acquire_plan(key, hash, &Plan::Exclusive, options, |grant| {
+            self.guard(key, grant, options)
         })
         .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let owner = lease.owner().as_u128();
-        let released = self
-            .to_holder(owner, |reply| Command::Release {
-                owner,
-                reply: Some(reply),
-            })
-            .await?;
-        if released == Some(true) {
-            return Ok(ReleaseOutcome::Released);
-        }
-        Ok(if self.held_by_anyone(advisory_key(lease.key())).await? {
-            ReleaseOutcome::HeldByOther
-        } else {
-            ReleaseOutcome::Expired
-        })
+        let probe = Probe::key(advisory_key(lease.key()));
+        self.release_lease(lease, probe).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(POSTGRES_BACKEND, e))?;
-        let owner = lease.owner().as_u128();
-        let extended = self
-            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
-            .await?;
-        if let Some(Some(valid_until)) = extended {
-            return Ok(ExtendOutcome::Extended { valid_until });
-        }
-        Ok(if self.held_by_anyone(advisory_key(lease.key())).await? {
-            ExtendOutcome::HeldByOther
-        } else {
-            ExtendOutcome::Expired
-        })
+        let probe = Probe::key(advisory_key(lease.key()));
+        self.extend_lease(lease, ttl, probe).await
     }
 
     /// Held or free, per `pg_locks`. The holder's token lives only in its client and the
     /// lease is the holder's session, so neither token nor remaining time is reported.
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        Ok(if self.held_by_anyone(advisory_key(key)).await? {
-            KeyStatus::held()
-        } else {
-            KeyStatus::free()
-        })
+        Ok(
+            if self.held_by_anyone(Probe::key(advisory_key(key))).await? {
+                KeyStatus::held()
+            } else {
+                KeyStatus::free()
+            },
+        )
     }
+}
+
+/// A grant as a session made it: the owner token it is held under, and the lease.
+pub(crate) type Grant = (OwnerToken, Granted);
+
+/// How an acquire takes its advisory lock.
+#[derive(Debug, Clone)]
+pub(crate) enum Plan {
+    /// A mutex or a writer: `pg_try_advisory_lock` on a shared session, then a wait in
+    /// the server's queue on a dedicated one.
+    Exclusive,
+    /// A reader: `pg_try_advisory_lock_shared`, then a shared wait in the server's
+    /// queue, both on a dedicated session.
+    Shared,
+    /// A semaphore permit: this permit try on a dedicated session, polled at the
+    /// options' backoff.
+    Permit(Grab),
+}
+
+/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
+pub(crate) fn lease_of(
+    key: &LockKey,
+    grant: Grant,
+    options: &LockOptions,
+) -> (Lease, LeaseMonitor) {
+    let (owner, granted) = grant;
+    // The sequence starts at 1 (MINVALUE 1), so the token is positive.
+    let token = FencingToken::new(granted.token.unsigned_abs());
+    let lease = Lease::new(
+        key.clone(),
+        owner,
+        Some(token),
+        options.ttl(),
+        granted.acquired_at,
+    );
+    (lease, granted.monitor)
 }

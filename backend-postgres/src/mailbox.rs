@@ -24,6 +24,35 @@ pub(crate) enum Failure {
     Closed,
     /// The command ran, or may have, and failed.
     Lock(LockError),
+    /// A permit try found the semaphore in use with this other permit count; nothing
+    /// was taken.
+    Mismatch(u32),
+}
+
+/// What a dedicated session's grant takes, and how.
+#[derive(Debug, Clone)]
+pub(crate) enum Grab {
+    /// `pg_advisory_lock(hash)`, waiting in the server's queue: a mutex's or a writer's
+    /// wait.
+    Exclusive,
+    /// `pg_advisory_lock_shared(hash)`, waiting in the server's queue: a reader's wait.
+    SharedWait,
+    /// `pg_try_advisory_lock_shared(hash)`: a reader's try.
+    SharedTry,
+    /// A semaphore permit's try: the count id `(count_key, max)` shared, then the first
+    /// free slot of `slots` exclusive (see `Statements::permit_try`).
+    PermitTry {
+        count_key: i32,
+        max: u32,
+        slots: Vec<i64>,
+    },
+}
+
+impl Grab {
+    /// Whether the grant waits in the server's queue (under `lock_timeout`).
+    pub fn waits(&self) -> bool {
+        matches!(self, Grab::Exclusive | Grab::SharedWait)
+    }
 }
 
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
@@ -37,6 +66,37 @@ pub(crate) struct Granted {
     pub monitor: LeaseMonitor,
 }
 
+/// Which advisory locks a [`Command::HeldByAnyone`] looks for in `pg_locks`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Probe {
+    pub classid: i64,
+    /// `None` matches any `objid`.
+    pub objid: Option<i64>,
+    /// 1 for a `bigint` key, 2 for a two-`int4` key.
+    pub objsubid: i32,
+}
+
+impl Probe {
+    /// The `bigint` advisory key `hash`.
+    pub fn key(hash: i64) -> Self {
+        let (classid, objid) = crate::keys::pg_locks_ids(hash);
+        Probe {
+            classid,
+            objid: Some(objid),
+            objsubid: 1,
+        }
+    }
+
+    /// Any count id `(count_key, m)` of a semaphore: held while any permit is.
+    pub fn permit_counts(count_key: i32) -> Self {
+        Probe {
+            classid: i64::from(count_key),
+            objid: None,
+            objsubid: 2,
+        }
+    }
+}
+
 /// A command for a session task.
 #[derive(Debug)]
 pub(crate) enum Command {
@@ -48,9 +108,11 @@ pub(crate) enum Command {
         requested_at: Instant,
         reply: Reply<Option<Granted>>,
     },
-    /// `pg_advisory_lock` under `lock_timeout` (ms, 0 for none); dedicated sessions only.
+    /// `grab` on `hash` (a waiting grab under `lock_timeout`, ms, 0 for none) on a
+    /// dedicated session, which then holds only this grant.
     Wait {
         hash: i64,
+        grab: Grab,
         owner: u128,
         ttl: Duration,
         lock_timeout_ms: u64,
@@ -70,8 +132,8 @@ pub(crate) enum Command {
         ttl: Duration,
         reply: Reply<Option<Instant>>,
     },
-    /// Whether any session of the database holds `hash`.
-    HeldByAnyone { hash: i64, reply: Reply<bool> },
+    /// Whether any session of the database holds an advisory lock matching `probe`.
+    HeldByAnyone { probe: Probe, reply: Reply<bool> },
 }
 
 impl Command {

@@ -30,11 +30,17 @@ use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::keys::pg_locks_ids;
-use crate::mailbox::{Command, Failure, Granted, Kind, Reply, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, SessionHandle};
 use crate::POSTGRES_BACKEND;
 
 /// The most commands of one kind sent as one statement.
 const MAX_BATCH: usize = 256;
+/// A dedicated session's server process: `(pid, start time as text)`.
+const BACKEND_IDENTITY: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
+     WHERE pid = pg_backend_pid()";
+/// `$1` pid, `$2` start time as text: terminates that server process if it still runs.
+const TERMINATE_BACKEND: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+     WHERE pid = $1 AND backend_start::text = $2";
 /// SQLSTATE lock_not_available: `lock_timeout` fired.
 const LOCK_TIMEOUT: &str = "55P03";
 /// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
@@ -58,6 +64,9 @@ struct Held {
     monitor: LeaseMonitor,
     /// A dedicated session's wait slot, freed when the lock ends.
     _slot: Option<OwnedSemaphorePermit>,
+    /// The session's only grant, released with `pg_advisory_unlock_all` (a read, a
+    /// permit): see [`Task::unlock`].
+    unlock_all: bool,
 }
 
 /// A grant the server just made, for [`Task::grant`].
@@ -70,6 +79,8 @@ struct NewGrant {
     ttl: Duration,
     /// A dedicated session's wait slot.
     slot: Option<OwnedSemaphorePermit>,
+    /// Whether it is released with `pg_advisory_unlock_all` (see [`Held::unlock_all`]).
+    unlock_all: bool,
 }
 
 /// Why a session task stops.
@@ -97,12 +108,28 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<ClientState>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let conn = connect(
+    let mut conn = connect(
         &client.settings.connect,
         client.settings.config.request_timeout,
     )
     .await?;
-    Ok(start(kind, conn, client))
+    let backend = match kind {
+        Kind::Shared => None,
+        Kind::Wait => Some(
+            timeout(
+                client.settings.config.request_timeout,
+                sqlx::query_as::<_, (i32, String)>(BACKEND_IDENTITY).fetch_one(&mut conn),
+            )
+            .await
+            .map_err(|_| {
+                client
+                    .settings
+                    .connection_error("no answer to the session's first query")
+            })?
+            .map_err(lock_error)?,
+        ),
+    };
+    Ok(start_as(kind, conn, client, backend))
 }
 
 /// Opens a connection with `options` within `limit`.
@@ -133,6 +160,16 @@ pub(crate) fn start(
     conn: PgConnection,
     client: &Arc<ClientState>,
 ) -> Arc<SessionHandle> {
+    start_as(kind, conn, client, None)
+}
+
+/// [`start`], knowing the session's server process as `(pid, start time)`.
+fn start_as(
+    kind: Kind,
+    conn: PgConnection,
+    client: &Arc<ClientState>,
+    backend: Option<(i32, String)>,
+) -> Arc<SessionHandle> {
     let (handle, rx) = SessionHandle::new();
     let handle = Arc::new(handle);
     client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
@@ -150,6 +187,7 @@ pub(crate) fn start(
         last_renewal: now,
         last_used: now,
         suspected: false,
+        backend,
     };
     tokio::spawn(task.run());
     handle
@@ -174,6 +212,9 @@ struct Task {
     last_used: Instant,
     /// Held leases were marked suspect since the last proof.
     suspected: bool,
+    /// A dedicated session's server process, `(pid, backend_start as text)`: an
+    /// abandoned wait is ended through it (see [`Task::end_abandoned_wait`]).
+    backend: Option<(i32, String)>,
 }
 
 impl Task {
@@ -421,7 +462,9 @@ impl Task {
                 }
             } else if let Some(command) = others.next() {
                 match command {
-                    Command::HeldByAnyone { hash, reply } => self.held_by_anyone(hash, reply).await,
+                    Command::HeldByAnyone { probe, reply } => {
+                        self.held_by_anyone(probe, reply).await
+                    }
                     command => self.wait(command).await,
                 }
             } else {
@@ -463,6 +506,7 @@ impl Task {
             lease_start,
             ttl,
             slot,
+            unlock_all,
         } = grant;
         let ttl_deadline = lease_start
             .checked_add(ttl)
@@ -484,6 +528,7 @@ impl Task {
                 paused_past_ttl: false,
                 monitor: monitor.clone(),
                 _slot: slot,
+                unlock_all,
             },
         );
         self.expiries.insert((ttl_deadline, owner));
@@ -577,6 +622,7 @@ impl Task {
                             lease_start: requested_at,
                             ttl,
                             slot: None,
+                            unlock_all: false,
                         },
                         reply,
                     )
@@ -635,6 +681,20 @@ impl Task {
         }
     }
 
+    /// `pg_advisory_unlock_all`: ends every advisory lock of the session. A session
+    /// whose locks cannot be told apart any more is ended, which ends them too.
+    async fn unlock_everything(&mut self) -> Result<(), End> {
+        let sql = self.settings.sql.unlock_all;
+        match self
+            .trip(move |c| Box::pin(async move { sqlx::query(sql).execute(c).await.map(|_| ()) }))
+            .await
+        {
+            Trip::Done(()) => Ok(()),
+            Trip::Refused(e) => Err(End::Broken(format!("unlock refused: {e}"))),
+            Trip::Broken(why) => Err(End::Broken(why)),
+        }
+    }
+
     /// Unlocks the held leases of `owners` (those still held), replying `true` to the
     /// matching `replies`; marks them lost and forgets them.
     async fn unlock(
@@ -642,17 +702,22 @@ impl Task {
         owners: Vec<u128>,
         replies: Vec<(u128, Reply<bool>)>,
     ) -> Result<(), End> {
-        let owners: Vec<u128> = owners
+        let (whole, owners): (Vec<u128>, Vec<u128>) = owners
             .into_iter()
             .filter(|o| self.held.contains_key(o))
-            .collect();
+            .partition(|o| self.held.get(o).is_some_and(|h| h.unlock_all));
+        // A dedicated session's only grant: everything the session holds is that grant.
+        let mut result = if whole.is_empty() {
+            Ok(())
+        } else {
+            self.unlock_everything().await
+        };
         let hashes: Vec<i64> = owners
             .iter()
             .filter_map(|o| self.held.get(o))
             .map(|h| h.hash)
             .collect();
-        let mut result = Ok(());
-        let unlocked: HashMap<i64, bool> = if hashes.is_empty() {
+        let unlocked: HashMap<i64, bool> = if hashes.is_empty() || result.is_err() {
             HashMap::new()
         } else {
             let (many, one) = (self.settings.sql.unlock, self.settings.sql.unlock_one);
@@ -697,6 +762,12 @@ impl Task {
         }
         let mut released = HashMap::new();
         let mut ended = Vec::new();
+        for owner in whole {
+            if let Some(held) = self.forget_held(owner) {
+                released.insert(owner, true);
+                ended.push(held);
+            }
+        }
         for owner in owners {
             if let Some(held) = self.forget_held(owner) {
                 let was_held = unlocked.get(&held.hash).copied().unwrap_or(false);
@@ -827,15 +898,15 @@ impl Task {
         Ok(())
     }
 
-    async fn held_by_anyone(&mut self, hash: i64, reply: Reply<bool>) -> Result<(), End> {
+    async fn held_by_anyone(&mut self, probe: Probe, reply: Reply<bool>) -> Result<(), End> {
         let sql = self.settings.sql.held_by_anyone;
-        let (high, low) = pg_locks_ids(hash);
         match self
             .trip(move |c| {
                 Box::pin(async move {
                     sqlx::query_scalar::<_, bool>(sql)
-                        .bind(high)
-                        .bind(low)
+                        .bind(probe.classid)
+                        .bind(probe.objid)
+                        .bind(probe.objsubid)
                         .fetch_one(c)
                         .await
                 })
@@ -862,6 +933,7 @@ impl Task {
     async fn wait(&mut self, command: Command) -> Result<(), End> {
         let Command::Wait {
             hash,
+            grab,
             owner,
             ttl,
             lock_timeout_ms,
@@ -874,17 +946,16 @@ impl Task {
         let started = Instant::now();
         let shared = self.settings.clone();
         let limit = match lock_timeout_ms {
+            _ if !grab.waits() => Some(shared.config.request_timeout),
             0 => None,
             ms => Some(Duration::from_millis(ms) + shared.config.request_timeout),
         };
+        let unlock_all = !matches!(grab, Grab::Exclusive);
         let Some(conn) = self.conn.as_mut() else {
             let _ = reply.send(Err(Failure::Closed));
             return Err(End::Broken("the session was abandoned".into()));
         };
-        let query = sqlx::query_as::<_, (i64, f64)>(&shared.sql.wait_grant)
-            .bind(hash)
-            .bind(lock_timeout_ms.to_string())
-            .fetch_one(conn);
+        let query = grab_query(&shared, conn, &grab, hash, lock_timeout_ms);
         let bounded = async {
             match limit {
                 Some(limit) => timeout(limit, query).await.ok(),
@@ -897,11 +968,32 @@ impl Task {
                 // Mid-statement: the connection cannot be reused. Closing it makes the
                 // server drop the wait (or the lock, if it was granted meanwhile).
                 self.conn = None;
+                self.end_abandoned_wait();
                 return Err(End::Broken("the waiting caller went away".into()));
             }
         };
         match outcome {
-            Some(Ok((token, waited))) => {
+            Some(Ok(Answer {
+                other_count: Some(other),
+                ..
+            })) => {
+                let other = u32::try_from(other).unwrap_or(u32::MAX);
+                let _ = reply.send(Err(Failure::Mismatch(other)));
+                self.return_if_idle();
+                drop(slot);
+                Ok(())
+            }
+            Some(Ok(Answer { token: None, .. })) => {
+                let _ = reply.send(Ok(None));
+                self.return_if_idle();
+                drop(slot);
+                Ok(())
+            }
+            Some(Ok(Answer {
+                token: Some(token),
+                waited,
+                ..
+            })) => {
                 // The server's idle clock starts after the grant, which came `waited`
                 // seconds into the statement: charge the lease from there.
                 let waited =
@@ -916,6 +1008,7 @@ impl Task {
                         lease_start: granted_at,
                         ttl,
                         slot: Some(slot),
+                        unlock_all,
                     },
                     reply,
                 )
@@ -946,6 +1039,7 @@ impl Task {
                                 lease_start: checked,
                                 ttl,
                                 slot: Some(slot),
+                                unlock_all,
                             },
                             reply,
                         )
@@ -977,18 +1071,52 @@ impl Task {
             Some(Err(e)) => {
                 // Refused for another reason: make sure nothing stayed held.
                 let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                self.unlock_any_held(vec![hash]).await?;
+                if unlock_all {
+                    self.unlock_everything().await?;
+                } else {
+                    self.unlock_any_held(vec![hash]).await?;
+                }
                 self.return_if_idle();
                 drop(slot);
                 Ok(())
             }
             None => {
+                self.conn = None;
+                self.end_abandoned_wait();
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
                 let _ = reply.send(Err(Failure::Lock(self.broken(why))));
                 Err(End::Broken(why.into()))
             }
         }
+    }
+
+    /// Terminates this dedicated session's server process from another connection, in
+    /// the background. A server blocked in a lock wait notices its client's closed
+    /// connection only at its next `client_connection_check_interval`, and until then
+    /// its queued request holds back later requests that conflict with it: readers
+    /// behind an abandoned writer. Matched on the process's start time as well as its
+    /// pid, so a reused pid is never hit.
+    fn end_abandoned_wait(&self) {
+        let Some((pid, started)) = self.backend.clone() else {
+            return;
+        };
+        let settings = self.settings.clone();
+        tokio::spawn(async move {
+            let limit = settings.config.request_timeout;
+            let Ok(mut conn) = connect(&settings.connect, limit).await else {
+                return;
+            };
+            let terminate = sqlx::query(TERMINATE_BACKEND)
+                .bind(pid)
+                .bind(started)
+                .execute(&mut conn);
+            // Best effort: the server's own check of the closed connection is the backstop.
+            if let Ok(Err(e)) = timeout(limit, terminate).await {
+                tracing::debug!(error = %e, "could not end an abandoned wait's session");
+            }
+            let _ = timeout(limit, conn.close()).await;
+        });
     }
 
     async fn stop(mut self, end: End) {
@@ -1026,6 +1154,81 @@ impl Task {
                     let _ = timeout(Duration::from_secs(1), conn.close()).await;
                 }
             }
+        }
+    }
+}
+
+/// What a dedicated session's grant statement answered.
+struct Answer {
+    /// The fencing token, or `None` when the key (every slot) was held.
+    token: Option<i64>,
+    /// Seconds the statement waited on the server before the grant.
+    waited: f64,
+    /// A permit try's finding: the semaphore is in use with this other count.
+    other_count: Option<i64>,
+}
+
+/// The statement of `grab` on `hash`, run on `conn`.
+fn grab_query<'c>(
+    settings: &'c Settings,
+    conn: &'c mut PgConnection,
+    grab: &Grab,
+    hash: i64,
+    lock_timeout_ms: u64,
+) -> std::pin::Pin<Box<dyn Future<Output = Result<Answer, sqlx::Error>> + Send + 'c>> {
+    let sql = &settings.sql;
+    match grab {
+        Grab::Exclusive | Grab::SharedWait => {
+            let statement = match grab {
+                Grab::Exclusive => &sql.wait_grant,
+                _ => &sql.wait_grant_shared,
+            };
+            Box::pin(async move {
+                let (token, waited) = sqlx::query_as::<_, (i64, f64)>(statement)
+                    .bind(hash)
+                    .bind(lock_timeout_ms.to_string())
+                    .fetch_one(conn)
+                    .await?;
+                Ok(Answer {
+                    token: Some(token),
+                    waited,
+                    other_count: None,
+                })
+            })
+        }
+        Grab::SharedTry => Box::pin(async move {
+            let (token, waited) = sqlx::query_as::<_, (Option<i64>, f64)>(&sql.try_grant_shared)
+                .bind(hash)
+                .fetch_one(conn)
+                .await?;
+            Ok(Answer {
+                token,
+                waited,
+                other_count: None,
+            })
+        }),
+        Grab::PermitTry {
+            count_key,
+            max,
+            slots,
+        } => {
+            let (count_key, slots) = (*count_key, slots.clone());
+            // Bounded by MAX_PERMITS, far below i32::MAX.
+            let max = i32::try_from(*max).unwrap_or(i32::MAX);
+            Box::pin(async move {
+                let (token, other_count) =
+                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(&sql.permit_try)
+                        .bind(count_key)
+                        .bind(max)
+                        .bind(slots)
+                        .fetch_one(conn)
+                        .await?;
+                Ok(Answer {
+                    token,
+                    waited: 0.0,
+                    other_count,
+                })
+            })
         }
     }
 }

@@ -25,6 +25,21 @@ pub(crate) struct Statements {
     /// `$1 int8, $2 text` (lock_timeout in ms, `0` for none): waits in the server's
     /// queue; returns `(token, seconds waited on the server)`.
     pub wait_grant: String,
+    /// [`Statements::wait_grant`] taking the key shared (`pg_advisory_lock_shared`).
+    pub wait_grant_shared: String,
+    /// `$1 int8`: `pg_try_advisory_lock_shared`; returns `(token or NULL when refused,
+    /// 0)`, shaped as [`Statements::wait_grant`].
+    pub try_grant_shared: String,
+    /// `$1 int4` count key, `$2 int4` permit count, `$3 int8[]` slot keys: one permit
+    /// try. Takes the count id `($1, $2)` shared, then reads `pg_locks` for a count id
+    /// `($1, m)` with another `m` held by anyone; if there is none, try-locks the slots
+    /// in order, stopping at the first granted. Unless a slot was granted, lets the
+    /// count id go again. Returns `(token or NULL, the other count or NULL)`. Each step
+    /// is a materialised CTE that reads the one before, so they run in this order.
+    pub permit_try: String,
+    /// Unlocks every advisory lock of the session: the release of a dedicated
+    /// session's only grant (a read, or a permit's slot and count id).
+    pub unlock_all: &'static str,
     /// `$1, $2` (`pg_locks` ids): after a lock-timeout error, the token if the lock was
     /// granted to this session after all (the lock is then kept), else NULL.
     pub granted_after_timeout: String,
@@ -36,7 +51,8 @@ pub(crate) struct Statements {
     pub unlock_any_held: &'static str,
     /// A round trip proving the session is alive.
     pub ping: &'static str,
-    /// `$1, $2` (`pg_locks` ids): whether any session of this database holds the key.
+    /// `$1, $2, $3` (`pg_locks` `classid`, `objid` or NULL for any, `objsubid`): whether
+    /// any session of this database holds such an advisory lock.
     pub held_by_anyone: &'static str,
     /// `$1 int8`: transaction-scoped try-lock; the token, or NULL when held.
     pub xact_try: String,
@@ -60,6 +76,33 @@ impl Statements {
                  SELECT nextval('{sequence}'), \
                  extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 FROM lk"
             ),
+            wait_grant_shared: format!(
+                "WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', $2, false) AS v), \
+                 lk AS MATERIALIZED (SELECT pg_advisory_lock_shared($1) AS l FROM cfg) \
+                 SELECT nextval('{sequence}'), \
+                 extract(epoch FROM clock_timestamp() - statement_timestamp())::float8 FROM lk"
+            ),
+            try_grant_shared: format!(
+                "SELECT CASE WHEN pg_try_advisory_lock_shared($1) THEN nextval('{sequence}') END, \
+                 0::float8"
+            ),
+            permit_try: format!(
+                "WITH cnt AS MATERIALIZED (SELECT pg_try_advisory_lock_shared($1::int4, $2::int4) AS ok), \
+                 other AS MATERIALIZED (SELECT cnt.ok, (SELECT min(p.objid)::int8 FROM pg_locks p \
+                 WHERE cnt.ok AND p.locktype = 'advisory' AND p.granted AND p.objsubid = 2 \
+                 AND p.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND p.classid = $1::int8::oid AND p.objid <> $2::int8::oid \
+                 AND p.objid <= {max}::oid) AS in_use FROM cnt), \
+                 slot AS MATERIALIZED (SELECT o.ok, o.in_use, CASE WHEN o.ok AND o.in_use IS NULL \
+                 THEN (SELECT s.k FROM unnest($3::int8[]) AS s(k) \
+                 WHERE pg_try_advisory_lock(s.k) LIMIT 1) END AS k FROM other o), \
+                 done AS MATERIALIZED (SELECT s.in_use, s.k, CASE WHEN s.ok AND s.k IS NULL \
+                 THEN pg_advisory_unlock_shared($1::int4, $2::int4) END AS u FROM slot s) \
+                 SELECT CASE WHEN d.k IS NOT NULL THEN nextval('{sequence}') END, d.in_use \
+                 FROM done d",
+                max = distlock_api::MAX_PERMITS
+            ),
+            unlock_all: "SELECT pg_advisory_unlock_all()",
             granted_after_timeout: format!(
                 "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
                  AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
@@ -78,9 +121,9 @@ impl Statements {
                  AND l.objid = (t.k & 4294967295)::oid)",
             ping: "SELECT 1::int4",
             held_by_anyone: "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
-                 AND granted AND objsubid = 1 \
+                 AND granted AND objsubid = $3::int4 \
                  AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-                 AND classid = $1::int8::oid AND objid = $2::int8::oid)",
+                 AND classid = $1::int8::oid AND ($2::int8 IS NULL OR objid = $2::int8::oid))",
             xact_try: format!(
                 "SELECT CASE WHEN pg_try_advisory_xact_lock($1) THEN nextval('{sequence}') END"
             ),

@@ -164,6 +164,15 @@ impl ClientFaults for SilentCrash {
     }
 }
 
+/// A kit client of `lock`, with its semaphore and read-write lock handles.
+fn with_primitives(lock: PostgresLock) -> Client {
+    let (semaphore, rw_lock) = (lock.semaphore(), lock.rw_lock());
+    let lock: Arc<dyn DistributedLock> = Arc::new(lock);
+    Client::new(lock)
+        .with_semaphore(Arc::new(semaphore))
+        .with_rw_lock(Arc::new(rw_lock))
+}
+
 #[async_trait]
 impl Harness for PgHarness {
     fn name(&self) -> String {
@@ -173,14 +182,13 @@ impl Harness for PgHarness {
     async fn client(&self) -> Result<Client, LockError> {
         if !self.faults {
             let lock = PostgresLock::connect_with(&self.url(), self.config.clone()).await?;
-            return Ok(Client::new(Arc::new(lock)));
+            return Ok(with_primitives(lock));
         }
         let (lock, proxy) = self.proxied_client().await;
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_faults(Arc::new(SilentCrash(proxy))))
+        Ok(with_primitives(lock).with_faults(Arc::new(SilentCrash(proxy))))
     }
 
     fn crash_bound(&self, ttl: Duration) -> Duration {
