@@ -26,7 +26,7 @@ pub use checkers::{Findings, Grant, Violation};
 pub use harness::{
     Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology, NOT_CONTROLLED,
 };
-pub use history::{Event, History, Op, Phase};
+pub use history::{Event, History, Op, Phase, Primitive};
 pub use html::html_page;
 pub use proxied::ProxiedHarness;
 pub use record::{pause_holder, FencedSet, Recorder};
