@@ -57,6 +57,10 @@ mod generated {
 
     distlock_conformance_faults::fault_conformance_tests!(
         async { Arc::new(MemoryHarness::new()) as Arc<dyn FaultHarness> },
-        must_pass = [paused_holder_wakes_to_a_refused_write]
+        must_pass = [
+            paused_holder_wakes_to_a_refused_write,
+            paused_permit_holders_free_their_permits,
+            paused_writer_frees_the_key_for_readers
+        ]
     );
 }
