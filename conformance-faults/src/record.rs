@@ -88,10 +88,13 @@ impl Recorder {
             .record(self.event(key, Op::Acquire, Phase::Invoke));
         match acquiring.await {
             Ok(guard) => {
-                self.history.record(
-                    self.lease_event(&guard, Op::Acquire, Phase::Ok)
-                        .primitive(primitive),
-                );
+                let mut granted = self
+                    .lease_event(&guard, Op::Acquire, Phase::Ok)
+                    .primitive(primitive);
+                // The key asked for: what the caller believes it holds, whatever key
+                // the backend put on the guard.
+                granted.key = key.as_str().to_owned();
+                self.history.record(granted);
                 Ok(guard)
             }
             Err(e) => {

@@ -91,11 +91,10 @@ pub(super) async fn paused_permit_holders_free_their_permits(
     let (first, second) = pause_holders(&nets, async { tokio::join!(take(0), take(1)) }).await;
     let stalled = paused.elapsed();
     let taken = [first?, second?];
+    // No check here on when the permits were granted: the history shows it, and the
+    // exclusion checker counts the overlapping grants (a stalled holder's window ends
+    // at its claimed deadline).
     for (recorder, guard) in &held {
-        check!(
-            guard.valid_until() <= Instant::now(),
-            "a permit was granted while both stalled holders' claimed validity had not run out"
-        );
         recorder.lost(guard);
     }
     for (recorder, guard) in taken {
@@ -146,10 +145,7 @@ pub(super) async fn paused_writer_frees_the_key_for_readers(
         pause_holder(writer.net.as_ref(), async { tokio::join!(read(0), read(1)) }).await;
     let stalled = paused.elapsed();
     let read = [first?, second?];
-    check!(
-        guard.valid_until() <= Instant::now(),
-        "a reader was granted while the stalled writer's claimed validity had not run out"
-    );
+    // The exclusion checker finds a read granted inside the stalled write's window.
     recorded.lost(&guard);
     for (recorder, guard) in read {
         recorder.release(guard).await?;
