@@ -56,7 +56,8 @@ enum Command {
         #[command(flatten)]
         faults: FaultArgs,
     },
-    /// Runs a command while holding a lock; exits with the command's exit code.
+    /// Runs a command while holding a lock (or, with --permits N, one of N permits of a
+    /// semaphore; with --shared, a read lock); exits with the command's exit code.
     Exec(exec::ExecArgs),
     /// Shows whether KEY is held, its fencing token and remaining lease where the
     /// backend can tell, without taking the lock.
