@@ -76,6 +76,17 @@ impl SharedKey {
     }
 }
 
+/// A key as [`SharedTable::snapshot`] saw it.
+#[derive(Debug, Default)]
+pub(super) struct Snapshot {
+    /// The permit count the holders use (semaphores with holders only).
+    pub(super) permits: Option<u32>,
+    /// Each live holder: whether it holds exclusively, and its remaining lease.
+    pub(super) holders: Vec<(bool, Duration)>,
+    /// Whether a writer waits.
+    pub(super) writer_waiting: bool,
+}
+
 /// One grant attempt's answer: granted, or refused with the earliest holder expiry
 /// (when a retry may succeed by itself).
 pub(super) type Attempt = Result<(), Option<Instant>>;
@@ -190,6 +201,27 @@ impl SharedTable {
             (Some(_), None) => ExtendOutcome::Expired,
             (None, _) if others_hold => ExtendOutcome::HeldByOther,
             (None, _) => ExtendOutcome::Expired,
+        }
+    }
+
+    /// What `key` looks like now, for `inspect`: the permit count in use, each live
+    /// holder's exclusivity and remaining lease, and whether a writer waits.
+    pub(super) fn snapshot(&self, kind: Kind, key: &LockKey) -> Snapshot {
+        let now = Instant::now();
+        let keys = self.keys();
+        let Some(entry) = keys.get(&(kind, key.clone())) else {
+            return Snapshot::default();
+        };
+        let holders: Vec<(bool, Duration)> = entry
+            .holders
+            .values()
+            .filter(|h| h.expires_at > now)
+            .map(|h| (h.exclusive, h.expires_at.saturating_duration_since(now)))
+            .collect();
+        Snapshot {
+            permits: entry.permits.filter(|_| !holders.is_empty()),
+            writer_waiting: entry.writers_waiting > 0,
+            holders,
         }
     }
 
