@@ -174,7 +174,10 @@ impl DistributedRwLock for FileRwLock {
             Err(e) => return Err(io(e)),
         };
         if !try_lock_shared(&main).map_err(io)? {
-            return Ok(RwStatus::new(Some(RwMode::Write), Some(vec![HolderStatus::new()])));
+            return Ok(RwStatus::new(
+                Some(RwMode::Write),
+                Some(vec![HolderStatus::new()]),
+            ));
         }
         main.unlock().map_err(io)?;
         let free = lock_file::try_lock(&main).map_err(io)?;

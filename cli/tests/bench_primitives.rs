@@ -41,6 +41,9 @@ fn semaphore_and_rw_rows_beside_the_mutex_on_file_and_memory() {
             "{url}: {handoff}"
         );
         assert!(!handoff.contains("rw read"), "{url}: {handoff}");
-        assert!(report["notes"].to_string().contains("readers share it"), "{url}");
+        assert!(
+            report["notes"].to_string().contains("readers share it"),
+            "{url}"
+        );
     }
 }

@@ -107,9 +107,14 @@ fn n_plus_one_execs_with_n_permits_never_run_more_than_n_at_once() {
     const PERMITS: usize = 2;
     let runs: Vec<Child> = (0..=PERMITS + 1)
         .map(|_| {
-            exec_sh(&url, &["--permits", "2", "--wait", "60s"], "backups", &script)
-                .spawn()
-                .expect("distlock starts")
+            exec_sh(
+                &url,
+                &["--permits", "2", "--wait", "60s"],
+                "backups",
+                &script,
+            )
+            .spawn()
+            .expect("distlock starts")
         })
         .collect();
     for run in runs {
@@ -151,7 +156,11 @@ fn shared_execs_overlap_and_exclude_a_plain_exec() {
     assert_eq!(third.status.code(), Some(0), "{}", text(&third.stderr));
     let writer = run(exec_sh(&url, &["--no-wait"], key, "exit 0"));
     assert_eq!(writer.status.code(), Some(75), "{}", text(&writer.stderr));
-    assert!(text(&writer.stderr).contains("held"), "{}", text(&writer.stderr));
+    assert!(
+        text(&writer.stderr).contains("held"),
+        "{}",
+        text(&writer.stderr)
+    );
 
     std::fs::write(path("readers-go"), "").unwrap();
     for reader in readers {
@@ -198,7 +207,12 @@ fn permit_modes_exit_codes() {
         &["--permits", "x"],
     ] {
         let out = run(exec_sh(&url, extra, "jobs", "exit 0"));
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            text(&out.stderr)
+        );
         assert!(!text(&out.stderr).contains("panicked"));
     }
 
@@ -221,7 +235,12 @@ fn permit_modes_exit_codes() {
     .spawn()
     .expect("distlock starts");
     wait_for_file(&path("held"));
-    let busy = run(exec_sh(&url, &["--permits", "1", "--no-wait"], "jobs", "exit 0"));
+    let busy = run(exec_sh(
+        &url,
+        &["--permits", "1", "--no-wait"],
+        "jobs",
+        "exit 0",
+    ));
     assert_eq!(busy.status.code(), Some(75), "{}", text(&busy.stderr));
     assert!(
         text(&busy.stderr).contains("all 1 permits of semaphore \"jobs\" are held"),

@@ -80,7 +80,10 @@ fn status_shows_semaphore_and_rw_holders() {
     assert_eq!(sem["holders"].as_array().map(Vec::len), Some(2), "{sem}");
     let table = status(&url, &["--semaphore"], "backups");
     let table = text(&table.stdout);
-    assert!(table.contains("permits:        3") && table.contains("held:           2"), "{table}");
+    assert!(
+        table.contains("permits:        3") && table.contains("held:           2"),
+        "{table}"
+    );
 
     let rw = json(&status(&url, &["--rw", "--json"], "catalog"));
     assert_eq!(rw["state"], "read", "{rw}");
@@ -114,5 +117,9 @@ fn status_of_primitives_usage_errors() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
     let out = status("file:///tmp", &["--semaphore"], "");
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).starts_with("error: "), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).starts_with("error: "),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -655,7 +655,9 @@ mod tests {
         assert_eq!(*permits, 2);
         let owners: Vec<&str> = holders.iter().map(|g| g.owner.as_str()).collect();
         assert_eq!(owners, ["a", "c", "d"]);
-        assert!(found[0].to_string().contains("3 grants of semaphore k with 2 permits"));
+        assert!(found[0]
+            .to_string()
+            .contains("3 grants of semaphore k with 2 permits"));
         assert_eq!(found[0].checker(), "exclusion");
         // The mutex namespace of the same key is separate: a mutex grant beside the
         // permits is no violation of either.
@@ -672,14 +674,20 @@ mod tests {
             granted(2, "w", Primitive::Write, 1_000, 2_000),
             granted(0, "r3", Primitive::Read, 2_000, 2_500),
         ];
-        assert!(check_exclusion(&h).is_empty(), "readers overlap, writers wait");
+        assert!(
+            check_exclusion(&h).is_empty(),
+            "readers overlap, writers wait"
+        );
         let mut planted = h.clone();
         planted.push(granted(1, "intruder", Primitive::Read, 1_500, 1_600));
         let found = check_exclusion(&planted);
         let [Violation::ReadBesideWrite { write, read }] = found.as_slice() else {
             panic!("{found:?}")
         };
-        assert_eq!((write.owner.as_str(), read.owner.as_str()), ("w", "intruder"));
+        assert_eq!(
+            (write.owner.as_str(), read.owner.as_str()),
+            ("w", "intruder")
+        );
         assert!(found[0].to_string().contains("read beside write on k"));
         // Two writers at once are an overlap.
         let mut planted = h;

@@ -8,7 +8,8 @@ use async_trait::async_trait;
 
 use crate::lease_backend::LeaseBackend;
 use crate::{
-    BackendInfo, ExtendOutcome, RwStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    RwStatus,
 };
 
 /// Which side of a read-write lock to take.

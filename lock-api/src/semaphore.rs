@@ -8,8 +8,8 @@ use async_trait::async_trait;
 
 use crate::lease_backend::LeaseBackend;
 use crate::{
-    BackendInfo, ExtendOutcome, SemaphoreStatus, Lease, LockError, LockGuard, LockKey, LockOptions, OptionsError,
-    ReleaseOutcome,
+    BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, OptionsError,
+    ReleaseOutcome, SemaphoreStatus,
 };
 
 /// The largest permit count a semaphore accepts. Bounded so that backends which keep

@@ -71,7 +71,10 @@ impl Held {
 
     /// Renewals of every grant.
     pub fn renewals(&self) -> u64 {
-        let companion = self.companion.as_ref().map_or(0, |c| c.monitor().renewals());
+        let companion = self
+            .companion
+            .as_ref()
+            .map_or(0, |c| c.monitor().renewals());
         self.primary.monitor().renewals() + companion
     }
 }

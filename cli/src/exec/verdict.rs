@@ -296,6 +296,9 @@ mod tests {
             Release::Inconclusive("redlock").worse(Release::StillOurs),
             Release::Inconclusive("redlock")
         );
-        assert_eq!(Release::StillOurs.worse(Release::StillOurs), Release::StillOurs);
+        assert_eq!(
+            Release::StillOurs.worse(Release::StillOurs),
+            Release::StillOurs
+        );
     }
 }

@@ -87,7 +87,9 @@ fn holder_lines(holders: &[HolderStatus]) -> String {
 /// the backend cannot be reached or cannot look at keys.
 pub async fn semaphore(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = key_of(key)?;
-    let semaphores = distlock::connect_semaphore(url).await.map_err(unsupported)?;
+    let semaphores = distlock::connect_semaphore(url)
+        .await
+        .map_err(unsupported)?;
     let backend = semaphores.info().name;
     let status = semaphores.inspect(&key).await?;
     let text = if json {
@@ -137,7 +139,10 @@ pub async fn rw(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     } else {
         let (count, lines) = match &status.holders {
             Some(list) => (list.len().to_string(), holder_lines(list)),
-            None => ("unknown (this backend cannot list readers)".to_owned(), String::new()),
+            None => (
+                "unknown (this backend cannot list readers)".to_owned(),
+                String::new(),
+            ),
         };
         let waiting = match status.writer_waiting {
             Some(true) => "yes (new readers wait behind it)",

@@ -30,7 +30,9 @@ mod servers;
 use contention::contention_under_random_faults;
 use holder::paused_holder_wakes_to_a_refused_write;
 use network::{lost_reply_after_applied_acquire, partitioned_holder_is_fenced_off};
-use primitives::{paused_permit_holders_free_their_permits, paused_writer_frees_the_key_for_readers};
+use primitives::{
+    paused_permit_holders_free_their_permits, paused_writer_frees_the_key_for_readers,
+};
 use queue::crashed_clients_do_not_stall_the_fifo_queue;
 use servers::{
     ensemble_leader_loss, master_failover_while_held_and_waited,

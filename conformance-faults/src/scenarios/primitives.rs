@@ -102,10 +102,7 @@ pub(super) async fn paused_permit_holders_free_their_permits(
     }
     drop(held);
     Ok(Outcome {
-        detail: format!(
-            "stalled {}, both permits taken over",
-            millis(stalled)
-        ),
+        detail: format!("stalled {}, both permits taken over", millis(stalled)),
         history,
     })
 }
@@ -125,7 +122,11 @@ pub(super) async fn paused_writer_frees_the_key_for_readers(
     let recorded = recorder(&writer, 0, &history);
     let options = waiting(h.ttl(), h.slack());
     let guard = recorded
-        .acquire_as(&key, Primitive::Write, rw.acquire(&key, RwMode::Write, &options))
+        .acquire_as(
+            &key,
+            Primitive::Write,
+            rw.acquire(&key, RwMode::Write, &options),
+        )
         .await?;
     let paused = Instant::now();
     // The stall lasts until both readers hold the key together.
@@ -136,13 +137,19 @@ pub(super) async fn paused_writer_frees_the_key_for_readers(
         async move {
             let rw = rw_lock_of(client)?;
             let guard = recorder
-                .acquire_as(&key, Primitive::Read, rw.acquire(&key, RwMode::Read, &options))
+                .acquire_as(
+                    &key,
+                    Primitive::Read,
+                    rw.acquire(&key, RwMode::Read, &options),
+                )
                 .await?;
             Ok::<_, Failure>((recorder, guard))
         }
     };
-    let (first, second) =
-        pause_holder(writer.net.as_ref(), async { tokio::join!(read(0), read(1)) }).await;
+    let (first, second) = pause_holder(writer.net.as_ref(), async {
+        tokio::join!(read(0), read(1))
+    })
+    .await;
     let stalled = paused.elapsed();
     let read = [first?, second?];
     // The exclusion checker finds a read granted inside the stalled write's window.
@@ -152,7 +159,10 @@ pub(super) async fn paused_writer_frees_the_key_for_readers(
     }
     drop(guard);
     Ok(Outcome {
-        detail: format!("stalled {}, two readers took over together", millis(stalled)),
+        detail: format!(
+            "stalled {}, two readers took over together",
+            millis(stalled)
+        ),
         history,
     })
 }

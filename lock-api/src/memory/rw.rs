@@ -10,8 +10,9 @@ use super::shared::{self, Kind, Want};
 use super::{MemoryLock, MEMORY_BACKEND, NOT_FIFO};
 use crate::backend::NewGuard;
 use crate::{
-    check_ttl, BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome, Lease,
-    HolderStatus, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode, RwStatus,
+    check_ttl, BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome,
+    HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode,
+    RwStatus,
 };
 
 /// A read-write lock client of a [`super::MemoryStore`], made by [`MemoryLock::rw_lock`].

@@ -11,8 +11,8 @@ use super::{MemoryLock, MEMORY_BACKEND, NOT_FIFO};
 use crate::backend::NewGuard;
 use crate::{
     check_permits, check_ttl, BackendInfo, Capability, DistributedLock, DistributedSemaphore,
-    ExtendOutcome, HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions,
-    ReleaseOutcome, SemaphoreStatus,
+    ExtendOutcome, HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    SemaphoreStatus,
 };
 
 /// A semaphore client of a [`super::MemoryStore`], made by [`MemoryLock::semaphore`].
