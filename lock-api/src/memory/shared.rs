@@ -419,4 +419,47 @@ mod tests {
             "another holder's permit is not ours to extend"
         );
     }
+
+    #[tokio::test]
+    async fn inspect_shows_permits_modes_and_a_waiting_writer() {
+        let client = MemoryLock::new();
+        let (semaphore, rw) = (client.semaphore(), client.rw_lock());
+        let key = LockKey::new("k").unwrap();
+        let options = LockOptions::new(Duration::from_secs(30));
+        let free = semaphore.inspect(&key).await.unwrap();
+        assert_eq!((free.permits, free.holders.len()), (None, 0));
+        let first = semaphore.acquire(&key, 3, &options).await.unwrap();
+        let _second = semaphore.acquire(&key, 3, &options).await.unwrap();
+        let seen = semaphore.inspect(&key).await.unwrap();
+        assert_eq!((seen.permits, seen.holders.len()), (Some(3), 2));
+        assert!(seen.holders[0].remaining.is_some());
+        first.release().await.unwrap();
+        assert_eq!(semaphore.inspect(&key).await.unwrap().holders.len(), 1);
+
+        assert_eq!(rw.inspect(&key).await.unwrap().mode, None);
+        let reader = rw.acquire(&key, RwMode::Read, &options).await.unwrap();
+        let seen = rw.inspect(&key).await.unwrap();
+        assert_eq!(seen.mode, Some(RwMode::Read));
+        assert_eq!(seen.writer_waiting, Some(false));
+        let writer = {
+            let rw = rw.clone();
+            let (key, options) = (key.clone(), options.clone());
+            tokio::spawn(async move { rw.acquire(&key, RwMode::Write, &options).await })
+        };
+        // Polled: the waiting writer registers on the spawned task.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rw.inspect(&key).await.unwrap().writer_waiting != Some(true) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the writer never waited"
+            );
+            tokio::task::yield_now().await;
+        }
+        reader.release().await.unwrap();
+        let writer = writer.await.unwrap().unwrap();
+        let seen = rw.inspect(&key).await.unwrap();
+        assert_eq!(seen.mode, Some(RwMode::Write));
+        assert_eq!(seen.holders.map(|h| h.len()), Some(1));
+        writer.release().await.unwrap();
+    }
 }
