@@ -110,7 +110,8 @@ pub struct ExecArgs {
     /// Do not ask for FIFO waiting. By default a waiting exec is granted in arrival
     /// order wherever the backend can promise it (Redis single node, Postgres,
     /// ZooKeeper); with this flag Redis waiters race on each release instead, which
-    /// hands off a little faster but lets one waiter lose for seconds.
+    /// hands off a little faster but lets one waiter lose for seconds. Plain exec only:
+    /// --permits and --shared waiters follow their primitive's own order.
     #[arg(long)]
     no_fifo: bool,
     /// Take one of N permits of the semaphore KEY instead of the lock: at most N
