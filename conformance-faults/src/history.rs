@@ -44,7 +44,7 @@ pub enum Phase {
 /// its own, as in `distlock-api`: a mutex key and a semaphore key of the same name are
 /// different locks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(tag = "primitive", rename_all = "snake_case")]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Primitive {
     /// A mutex grant: no other grant of the key beside it.
