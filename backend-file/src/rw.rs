@@ -17,8 +17,9 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
-    BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome, RwMode,
+    BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome, HolderStatus,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    RwMode, RwStatus,
 };
 use tokio::time::Instant;
 
@@ -157,5 +158,40 @@ impl DistributedRwLock for FileRwLock {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         self.held.extend(lease.owner(), ttl)
+    }
+
+    /// Probes the main file (shared, then exclusive, each for a moment: a reader
+    /// attempting meanwhile finds the key busy and retries at its backoff) and the
+    /// gate (shared). `flock` cannot list readers, so only a writer is named.
+    async fn inspect(&self, key: &LockKey) -> Result<RwStatus, LockError> {
+        let main_path = self.path(key, ".rw");
+        let io = |e| io_error(&main_path, e);
+        let main = match File::open(&main_path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(RwStatus::new(None, Some(Vec::new())).with_writer_waiting(Some(false)))
+            }
+            Err(e) => return Err(io(e)),
+        };
+        if !try_lock_shared(&main).map_err(io)? {
+            return Ok(RwStatus::new(
+                Some(RwMode::Write),
+                Some(vec![HolderStatus::new()]),
+            ));
+        }
+        main.unlock().map_err(io)?;
+        let free = lock_file::try_lock(&main).map_err(io)?;
+        drop(main);
+        let gate_path = self.path(key, ".rw-gate");
+        let writer_waiting = match File::open(&gate_path) {
+            Ok(gate) => !try_lock_shared(&gate).map_err(|e| io_error(&gate_path, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+            Err(e) => return Err(io_error(&gate_path, e)),
+        };
+        let status = match free {
+            true => RwStatus::new(None, Some(Vec::new())),
+            false => RwStatus::new(Some(RwMode::Read), None),
+        };
+        Ok(status.with_writer_waiting(Some(writer_waiting)))
     }
 }

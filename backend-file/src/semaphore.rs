@@ -19,8 +19,8 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
     check_permits, BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, PermitMismatch,
-    ReleaseOutcome,
+    HolderStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    PermitMismatch, ReleaseOutcome, SemaphoreStatus, MAX_PERMITS,
 };
 use tokio::time::Instant;
 
@@ -102,6 +102,33 @@ impl FileSemaphore {
             }
         }
         Ok(Attempt::Busy)
+    }
+
+    /// Which slots of `key` are held now, each probed with a shared lock for a moment
+    /// (as the mutex's `inspect` does: an attempt at that very slot meanwhile finds it
+    /// busy and tries the next), and the count the holders use.
+    fn probe(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
+        let count_path = self.path(key, ".permits");
+        let count = match File::open(&count_path) {
+            Ok(file) => read_count(&file).map_err(|e| io_error(&count_path, e))?,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(io_error(&count_path, e)),
+        };
+        let mut holders = Vec::new();
+        for slot in 0..count.unwrap_or(0).min(MAX_PERMITS) {
+            let path = self.path(key, &format!(".permit-{slot}"));
+            let file = match File::open(&path) {
+                Ok(file) => file,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(io_error(&path, e)),
+            };
+            // The probe's lock, if taken, goes with `file` at the end of the iteration.
+            if !try_lock_shared(&file).map_err(|e| io_error(&path, e))? {
+                holders.push(HolderStatus::new().with_holder(Some(format!("permit slot {slot}"))));
+            }
+        }
+        let permits = count.filter(|_| !holders.is_empty());
+        Ok(SemaphoreStatus::new(permits, holders))
     }
 
     fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
@@ -190,5 +217,9 @@ impl DistributedSemaphore for FileSemaphore {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         self.held.extend(lease.owner(), ttl)
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
+        self.probe(key)
     }
 }

@@ -10,6 +10,7 @@ mod holding;
 mod measure;
 mod plot;
 mod postgres;
+mod primitives;
 mod redis;
 mod report;
 mod side;
@@ -27,7 +28,8 @@ use crate::side::{BoxError, Side};
 /// What to run and for how long.
 #[derive(Debug, Clone)]
 pub struct BenchConfig {
-    /// The backend URL (`redis://`, `postgres://`, `zookeeper://` or `zk://`).
+    /// The backend URL (`redis://`, `postgres://`, `zookeeper://`, `zk://`, `file://` or
+    /// `memory://`).
     pub url: String,
     /// Also run the raw bound and the peer crates.
     pub compare: bool,
@@ -118,6 +120,11 @@ enum Backend {
     RedisTopology,
     Postgres,
     ZooKeeper,
+    /// `file://`: distlock only (no server, no comparators), for its own rows and the
+    /// semaphore and read-write rows beside the mutex.
+    File,
+    /// `memory://`: the same, in this process: the cost of the API and guards alone.
+    Memory,
 }
 
 impl Backend {
@@ -130,9 +137,11 @@ impl Backend {
             }
             "postgres" | "postgresql" => Ok(Backend::Postgres),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
+            "file" => Ok(Backend::File),
+            "memory" => Ok(Backend::Memory),
             _ => Err(BenchError {
                 message: format!(
-                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres:// and zookeeper:// URLs, not {scheme}://"
+                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres://, zookeeper://, file:// and memory:// URLs, not {scheme}://"
                 ),
                 usage: true,
             }),
@@ -145,7 +154,17 @@ impl Backend {
             Backend::RedisTopology => "Redis (Sentinel/Cluster)",
             Backend::Postgres => "Postgres",
             Backend::ZooKeeper => "ZooKeeper",
+            Backend::File => "file",
+            Backend::Memory => "memory",
         }
+    }
+
+    /// Whether a server's connections can be counted for the holding row.
+    fn has_server(self) -> bool {
+        !matches!(
+            self,
+            Backend::RedisTopology | Backend::File | Backend::Memory
+        )
     }
 
     /// Keys each worker cycles through in the uncontended run. ZooKeeper keeps one
@@ -153,6 +172,8 @@ impl Backend {
     fn keys_per_worker(self) -> u64 {
         match self {
             Backend::ZooKeeper => 1,
+            // A few lock files per key and side in one directory.
+            Backend::File => 16,
             _ => 1024,
         }
     }
@@ -183,6 +204,7 @@ async fn connect_sides(
             .map_err(|e| BenchError::run("distlock fifo", e))?;
         sides.push(Box::new(fifo));
     }
+    primitives::add_sides(url, &mut sides, notes).await;
     if !compare {
         return Ok(sides);
     }
@@ -221,6 +243,9 @@ async fn connect_sides(
         Backend::RedisTopology => notes.push(
             "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),
         ),
+        Backend::File | Backend::Memory => {
+            notes.push("no comparators for file:// and memory://: there is no server".into())
+        }
         Backend::ZooKeeper => {
             add("raw", boxed(zookeeper::Raw::connect(url).await));
             add(
@@ -242,6 +267,8 @@ async fn server_version(backend: Backend, url: &str) -> String {
         Backend::RedisTopology => Ok("Redis through Sentinel or Cluster".to_owned()),
         Backend::Postgres => postgres::server_version(url).await,
         Backend::ZooKeeper => zookeeper::server_version(url).await,
+        Backend::File => Ok("no server: flock(2) on the local file system".to_owned()),
+        Backend::Memory => Ok("no server: this process's memory".to_owned()),
     };
     version.unwrap_or_else(|e| format!("{} (version unknown: {e})", backend.name()))
 }
@@ -270,7 +297,7 @@ pub async fn run(
     );
     // First, while the process is fresh: its memory growth is then the locks' cost,
     // not noise from the allocator reusing what earlier measurements freed.
-    let holding = if config.hold > 0 && backend != Backend::RedisTopology {
+    let holding = if config.hold > 0 && backend.has_server() {
         progress(&format!(
             "{}: cost of holding {} locks",
             backend.name(),
@@ -336,8 +363,8 @@ async fn holding_cost(
         async move {
             match backend {
                 Backend::Redis => redis::connected_clients(&url).await,
-                Backend::RedisTopology => {
-                    Err("connections are not counted on Sentinel or Cluster URLs".into())
+                Backend::RedisTopology | Backend::File | Backend::Memory => {
+                    Err("connections are not counted on this backend".into())
                 }
                 Backend::Postgres => postgres::client_connections(&url).await,
                 Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
@@ -445,7 +472,11 @@ async fn hot_key(
             continue;
         }
         if !side.waits() {
-            if name != "raw" {
+            if name == primitives::OURS_READ {
+                notes.push(format!(
+                    "{name} left out of the hot key: readers share it, nothing is handed off"
+                ));
+            } else if name != "raw" {
                 notes.push(format!(
                     "{name} left out of the hot key: its acquire does not wait for a held key"
                 ));

@@ -6,6 +6,7 @@
 //! reaches it once (forwarded by `distlock`), not twice.
 
 mod backends;
+mod hold;
 mod verdict;
 
 use std::process::ExitStatus;
@@ -13,12 +14,12 @@ use std::time::Duration;
 
 use clap::Args;
 use distlock::{
-    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitOrder,
-    WaitPolicy,
+    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
+use self::hold::{Held, Mode};
 use self::verdict::{CommandEnd, Release};
 use crate::error::CliError;
 use crate::{duration, escape};
@@ -33,6 +34,9 @@ pub const EXIT_UNREACHABLE: u8 = 69;
 /// it still ran), or cannot be shown to have lasted until the command ended. As
 /// `timeout(1)` exits 124 when it stopped the command.
 pub const EXIT_LOCK_LOST: u8 = 124;
+/// Exit code: `--permits N` disagrees with the count the semaphore's current holders
+/// use. `EX_CONFIG` from sysexits.h: retrying will not help until the counts agree.
+pub const EXIT_PERMIT_MISMATCH: u8 = 78;
 /// Exit code: the command was found but could not be run (as in shells).
 pub const EXIT_CANNOT_RUN: u8 = 126;
 /// Exit code: the command was not found (as in shells).
@@ -56,12 +60,21 @@ Exit codes:
          lasted until the command ended
   2      usage or configuration error (bad flag, URL, key or duration)
   69     backend unreachable (or failing) before the command started
-  75     lock not acquired within --wait (at once with --no-wait)
+  75     lock not acquired within --wait (at once with --no-wait); with --permits N,
+         all N permits held
+  78     --permits N disagrees with the count the key's current holders use
   124    lock lost while the command ran (the command was stopped if it still ran),
          or not shown to have lasted until it ended; stderr says which, with the
          command's own exit code
   126    command not executable; 127 command not found
   130/143/129  distlock got SIGINT/SIGTERM/SIGHUP while still waiting for the lock
+
+Modes: plain exec is exclusive: it takes KEY's lock and, where the backend has
+read-write locks, KEY's write lock too, so it excludes other plain execs and every
+--shared holder of KEY. --shared takes KEY's read lock: --shared commands run side by
+side, never beside a plain exec. --permits N takes one of N permits of the semaphore
+KEY: at most N such commands run at once; every exec on that key must give the same N.
+Semaphore keys are their own namespace: they do not exclude plain or --shared execs.
 
 The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (unset where the backend has no
 fencing, as on Redlock) and DISTLOCK_BACKEND in its environment and runs in its own
@@ -97,9 +110,20 @@ pub struct ExecArgs {
     /// Do not ask for FIFO waiting. By default a waiting exec is granted in arrival
     /// order wherever the backend can promise it (Redis single node, Postgres,
     /// ZooKeeper); with this flag Redis waiters race on each release instead, which
-    /// hands off a little faster but lets one waiter lose for seconds.
+    /// hands off a little faster but lets one waiter lose for seconds. Plain exec only:
+    /// --permits and --shared waiters follow their primitive's own order.
     #[arg(long)]
     no_fifo: bool,
+    /// Take one of N permits of the semaphore KEY instead of the lock: at most N
+    /// commands run at once on KEY across hosts. Every exec on KEY must use the same
+    /// N (exit 78 otherwise). 1 to 1024.
+    #[arg(long, value_name = "N", conflicts_with = "shared")]
+    permits: Option<u32>,
+    /// Take KEY's read lock instead: --shared commands run side by side, never beside
+    /// a plain (exclusive) exec of KEY, which waits for them; a waiting plain exec holds
+    /// new --shared ones back.
+    #[arg(long)]
+    shared: bool,
     /// The lock key.
     #[arg(value_name = "KEY")]
     key: String,
@@ -132,25 +156,25 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     options
         .validate()
         .map_err(|e| CliError::usage(format!("invalid --ttl: {e}")))?;
+    let mode = match (args.permits, args.shared) {
+        (Some(permits), _) => {
+            distlock::check_permits(permits)
+                .map_err(|e| CliError::usage(format!("invalid --permits: {e}")))?;
+            Mode::Permits(permits)
+        }
+        (None, true) => Mode::Shared,
+        (None, false) => Mode::Exclusive,
+    };
     let mut signals = Signals::new()?;
 
-    let locks = distlock::connect(&args.backend.backend)
-        .await
-        .map_err(lock_error)?;
-    let backend_name = locks.info().name;
-    // Waiting execs are served in arrival order wherever the backend can promise it
-    // (README, "Operators"): a cron job must not starve behind newer ones.
-    let options = if !args.no_fifo && locks.info().capabilities.fifo.is_supported() {
-        options.with_order(WaitOrder::Fifo)
-    } else {
-        options
-    };
     let started = Instant::now();
-    let acquiring = locks.acquire(&key, &options);
+    // Waiting plain execs are served in arrival order wherever the backend can promise
+    // it (README, "Operators"): a cron job must not starve behind newer ones.
+    let acquiring = hold::acquire(&args.backend.backend, &key, mode, &options, !args.no_fifo);
     tokio::pin!(acquiring);
-    let guard = loop {
+    let held = loop {
         tokio::select! {
-            acquired = &mut acquiring => break acquired.map_err(lock_error)?,
+            acquired = &mut acquiring => break acquired?,
             signo = signals.next() => match signo {
                 // Ctrl-Z: stop as the default action would; Ctrl-Z handling below.
                 libc::SIGTSTP => stop_self(),
@@ -161,18 +185,20 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
             },
         }
     };
+    let backend_name = held.backend;
     let waited = started.elapsed();
-    let token = guard
+    let token = held
+        .primary
         .fencing_token()
         .map_or_else(|| "none".to_owned(), |t| t.to_string());
 
     let quoted_key = escape::quoted(&args.key);
-    let outcome = supervise(&args, &quoted_key, &guard, &mut signals).await;
-    let held = guard.lease().acquired_at().elapsed();
-    let renewals = guard.monitor().renewals();
+    let outcome = supervise(&args, &quoted_key, &held, &mut signals).await;
+    let held_for = held.primary.lease().acquired_at().elapsed();
+    let renewals = held.renewals();
     // Only now, with the command reaped: what the release finds decides whether a lease
     // whose deadline passed before distlock saw the command end still lasted.
-    let release = release(guard, backend_name).await;
+    let release = release_all(held).await;
     let code = match &outcome {
         Ok(end) => {
             let verdict = verdict::decide(&quoted_key, *end, &release);
@@ -192,13 +218,31 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         warn(&format!(
             "backend={backend_name} key={quoted_key} fencing_token={token} waited={} held={} renewals={renewals} exit={code}",
             duration::format(waited),
-            duration::format(held),
+            duration::format(held_for),
         ));
     }
     match outcome {
         Ok(_) if code == 0 => Ok(()),
         Ok(_) => Err(CliError::silent(code)),
         Err(e) => Err(e),
+    }
+}
+
+/// Releases every grant exec holds, at once, and says what that found: the worst of
+/// their releases, since the command was protected only if each lasted.
+async fn release_all(held: Held) -> Release {
+    let Held {
+        primary,
+        companion,
+        backend,
+    } = held;
+    match companion {
+        Some(companion) => {
+            let (first, second) =
+                tokio::join!(release(primary, backend), release(companion, backend));
+            first.worse(second)
+        }
+        None => release(primary, backend).await,
     }
 }
 
@@ -231,7 +275,7 @@ async fn release(guard: LockGuard, backend: &'static str) -> Release {
 async fn supervise(
     args: &ExecArgs,
     quoted_key: &str,
-    guard: &LockGuard,
+    held: &Held,
     signals: &mut Signals,
 ) -> Result<CommandEnd, CliError> {
     let (program, rest) = args
@@ -244,7 +288,7 @@ async fn supervise(
         .env("DISTLOCK_KEY", &args.key)
         .env("DISTLOCK_BACKEND", &args.backend.backend)
         .process_group(0);
-    match guard.fencing_token() {
+    match held.primary.fencing_token() {
         Some(token) => command.env("DISTLOCK_FENCING_TOKEN", token.get().to_string()),
         // A backend without fencing (Redlock) has no token to pass on; nor may one
         // inherited from an enclosing exec pass for this lock's.
@@ -253,7 +297,7 @@ async fn supervise(
     terminate_with_parent(&mut command);
     // Do not start a command the lock can no longer protect, or that was called off
     // between the grant and now.
-    if guard.state() == LeaseState::Lost {
+    if held.state() == LeaseState::Lost {
         return Ok(CommandEnd::NotStarted);
     }
     let pending = tokio::select! {
@@ -275,13 +319,13 @@ async fn supervise(
     // moment, since a lease is only ever lost later, never found again.
     let exited = |status: ExitStatus| CommandEnd::Exited {
         code: exit_code(status),
-        in_time: guard.state() != LeaseState::Lost,
+        in_time: held.state() != LeaseState::Lost,
     };
     let Some(pgid) = child.id() else {
         // Already reaped: nothing to supervise.
         return Ok(exited(child.wait().await.map_err(wait_error)?));
     };
-    let lost = guard.lost();
+    let lost = held.lost();
     tokio::pin!(lost);
     loop {
         tokio::select! {
@@ -397,10 +441,11 @@ fn wait_error(e: std::io::Error) -> CliError {
     CliError::failed(format!("cannot wait for the command: {e}"))
 }
 
-/// Maps a failure to connect or acquire onto exec's exit codes.
-fn lock_error(error: LockError) -> CliError {
+/// Maps a failure to connect or acquire in `mode` onto exec's exit codes.
+fn lock_error(error: LockError, mode: Mode, key: &LockKey) -> CliError {
     let code = match &error {
         LockError::Timeout { .. } => EXIT_NOT_ACQUIRED,
+        LockError::PermitMismatch { .. } => EXIT_PERMIT_MISMATCH,
         LockError::Config { .. }
         | LockError::InvalidKey { .. }
         | LockError::InvalidOptions { .. }
@@ -408,9 +453,9 @@ fn lock_error(error: LockError) -> CliError {
         _ => EXIT_UNREACHABLE,
     };
     let message = match &error {
-        LockError::Timeout { key, waited, .. } => format!(
-            "lock {:?} is held by another owner (waited {})",
-            key.as_str(),
+        LockError::Timeout { waited, .. } => format!(
+            "{} (waited {})",
+            mode.describe(&format!("{:?}", key.as_str())),
             duration::format(*waited)
         ),
         _ => error.to_string(),

@@ -14,7 +14,8 @@ use distlock::memory::{MemoryStore, MEMORY_BACKEND};
 use distlock::LockError;
 use distlock_conformance::{MemoryHarness, UrlConnector};
 use distlock_conformance_faults::{
-    Claim, Fault, FaultHarness, FaultReport, ProxiedHarness, ServerHarness,
+    Claim, Fault, FaultHarness, FaultReport, ProxiedHarness, RwConnector, SemaphoreConnector,
+    ServerHarness,
 };
 use distlock_test_servers::{
     PostgresServer, PostgresServerOptions, RedisServer, ServerControl, ServerError,
@@ -32,20 +33,32 @@ fn usage(message: impl Into<String>) -> CliError {
     CliError::from(LockError::config("distlock", message.into()))
 }
 
+/// `url` with a short ZooKeeper session, unless it sets one.
+fn short_session(url: String) -> String {
+    match url.split_once("://") {
+        Some(("zk" | "zookeeper", rest)) if !rest.contains("session_timeout_ms") => {
+            let sep = if rest.contains('?') { '&' } else { '?' };
+            format!("{url}{sep}session_timeout_ms={ZK_SESSION_MS}")
+        }
+        _ => url,
+    }
+}
+
 /// `distlock::connect`, with a short ZooKeeper session.
 fn connector() -> UrlConnector {
+    Arc::new(|url: String| Box::pin(async move { distlock::connect(&short_session(url)).await }))
+}
+
+/// `distlock::connect_semaphore`, with a short ZooKeeper session.
+fn semaphore_connector() -> SemaphoreConnector {
     Arc::new(|url: String| {
-        Box::pin(async move {
-            let url = match url.split_once("://") {
-                Some(("zk" | "zookeeper", rest)) if !rest.contains("session_timeout_ms") => {
-                    let sep = if rest.contains('?') { '&' } else { '?' };
-                    format!("{url}{sep}session_timeout_ms={ZK_SESSION_MS}")
-                }
-                _ => url,
-            };
-            distlock::connect(&url).await
-        })
+        Box::pin(async move { distlock::connect_semaphore(&short_session(url)).await })
     })
+}
+
+/// `distlock::connect_rw`, with a short ZooKeeper session.
+fn rw_connector() -> RwConnector {
+    Arc::new(|url: String| Box::pin(async move { distlock::connect_rw(&short_session(url)).await }))
 }
 
 /// Which servers `--spawn` starts for a URL. The CLI knows every backend, so the
@@ -197,7 +210,8 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
         return Ok(Arc::new(
             harness
                 .with_timing(ttl, bound)
-                .with_dead_waiter_bound(dead_waiter_bound(Some(kind), bound)),
+                .with_dead_waiter_bound(dead_waiter_bound(Some(kind), bound))
+                .with_primitives(semaphore_connector(), rw_connector()),
         ));
     }
     // Connect once first, so a bad or unreachable backend is one clear error.

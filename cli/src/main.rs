@@ -56,15 +56,25 @@ enum Command {
         #[command(flatten)]
         faults: FaultArgs,
     },
-    /// Runs a command while holding a lock; exits with the command's exit code.
+    /// Runs a command while holding a lock (or, with --permits N, one of N permits of a
+    /// semaphore; with --shared, a read lock); exits with the command's exit code.
     Exec(exec::ExecArgs),
     /// Shows whether KEY is held, its fencing token and remaining lease where the
-    /// backend can tell, without taking the lock.
+    /// backend can tell, without taking the lock; with --semaphore or --rw, the holders
+    /// of the semaphore or read-write lock KEY (what `exec --permits` and `exec
+    /// --shared` take).
     Status {
         #[command(flatten)]
         backend: LockBackendArgs,
         /// The lock key.
         key: String,
+        /// Show the semaphore KEY: its permit count and the permits held.
+        #[arg(long, conflicts_with = "rw")]
+        semaphore: bool,
+        /// Show the read-write lock KEY: free, read or write, its holders where the
+        /// backend can list them, and whether a writer waits.
+        #[arg(long)]
+        rw: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -167,7 +177,20 @@ fn main() -> ExitCode {
 async fn run(command: Command) -> Result<(), CliError> {
     match command {
         Command::Demo { backend } => demo::run(&backend.backend).await,
-        Command::Status { backend, key, json } => status::run(&backend.backend, &key, json).await,
+        Command::Status {
+            backend,
+            key,
+            semaphore,
+            rw,
+            json,
+        } => {
+            let url = &backend.backend;
+            match (semaphore, rw) {
+                (true, _) => status::primitives::semaphore(url, &key, json).await,
+                (_, true) => status::primitives::rw(url, &key, json).await,
+                _ => status::run(url, &key, json).await,
+            }
+        }
         Command::Conformance {
             backend,
             json,

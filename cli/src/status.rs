@@ -8,6 +8,8 @@ use serde::Serialize;
 use crate::error::CliError;
 use crate::{escape, print_out};
 
+pub mod primitives;
+
 /// What `--json` prints.
 #[derive(Debug, Serialize)]
 struct StatusJson<'a> {
@@ -86,6 +88,6 @@ fn table(key: &LockKey, backend: &str, fencing: bool, status: &KeyStatus) -> Str
     )
 }
 
-fn seconds(d: Duration) -> String {
+pub(crate) fn seconds(d: Duration) -> String {
     format!("{:.3}s", d.as_secs_f64())
 }

@@ -1,5 +1,6 @@
-//! Checkers over a [`History`](super::History): exclusion, the fenced register, and
-//! lost updates. Each returns every violation it finds, typed, with enough detail to
+//! Checkers over a [`History`](super::History): exclusion (for a mutex; at most N
+//! permits at once for a semaphore; no read beside a write for a read-write lock), the
+//! fenced register, and lost updates. Each returns every violation it finds, typed, with enough detail to
 //! print.
 
 use std::collections::{BTreeMap, HashMap};
@@ -7,7 +8,7 @@ use std::fmt;
 
 use serde::Serialize;
 
-use super::history::{Event, Op, Phase};
+use super::history::{Event, Op, Phase, Primitive};
 
 /// One grant's claimed validity window: from the acquire's success to the earliest of
 /// its release, its observed loss, and the last validity deadline it claimed.
@@ -26,6 +27,8 @@ pub struct Grant {
     pub start_us: u64,
     /// When its claim ended (µs).
     pub end_us: u64,
+    /// What it is a grant of.
+    pub primitive: Primitive,
 }
 
 /// Something a checker found wrong.
@@ -39,6 +42,22 @@ pub enum Violation {
         first: Grant,
         /// The grant that started inside it.
         second: Grant,
+    },
+    /// More grants of a semaphore key overlapped than it has permits.
+    TooManyPermits {
+        /// The key.
+        key: String,
+        /// The semaphore's permit count (the smallest any grant of the key claimed).
+        permits: u32,
+        /// The grants whose windows were all open at once, in start order.
+        holders: Vec<Grant>,
+    },
+    /// A read grant of a read-write key overlapped a write grant of it.
+    ReadBesideWrite {
+        /// The write grant.
+        write: Grant,
+        /// The read grant inside its window (or whose window it started in).
+        read: Grant,
     },
     /// The fenced store accepted a write whose token is below one it had already seen.
     StaleWriteAccepted {
@@ -88,7 +107,9 @@ impl Violation {
     /// The checker that reports this kind.
     pub fn checker(&self) -> &'static str {
         match self {
-            Violation::Overlap { .. } => "exclusion",
+            Violation::Overlap { .. }
+            | Violation::TooManyPermits { .. }
+            | Violation::ReadBesideWrite { .. } => "exclusion",
             Violation::StaleWriteAccepted { .. } | Violation::TokenNotIncreasing { .. } => {
                 "fenced-register"
             }
@@ -116,6 +137,34 @@ impl fmt::Display for Violation {
                 second.token,
                 ms(second.start_us),
                 ms(second.end_us)
+            ),
+            Violation::TooManyPermits { key, permits, holders } => {
+                write!(
+                    f,
+                    "{} grants of semaphore {key} with {permits} permits at once:",
+                    holders.len()
+                )?;
+                for g in holders {
+                    write!(
+                        f,
+                        " client {} held {:.1}..{:.1} ms;",
+                        g.client,
+                        ms(g.start_us),
+                        ms(g.end_us)
+                    )?;
+                }
+                Ok(())
+            }
+            Violation::ReadBesideWrite { write, read } => write!(
+                f,
+                "read beside write on {}: client {} wrote {:.1}..{:.1} ms, client {} read {:.1}..{:.1} ms",
+                write.key,
+                write.client,
+                ms(write.start_us),
+                ms(write.end_us),
+                read.client,
+                ms(read.start_us),
+                ms(read.end_us)
             ),
             Violation::StaleWriteAccepted { client, key, token, highest, at_us } => write!(
                 f,
@@ -168,6 +217,7 @@ pub fn grants(events: &[Event]) -> Vec<Grant> {
                     token: e.token,
                     start_us: e.at_us,
                     end_us: horizon,
+                    primitive: e.primitive,
                 });
             }
             (Op::Extend, Phase::Ok) | (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
@@ -197,27 +247,102 @@ pub fn grants(events: &[Event]) -> Vec<Grant> {
     out
 }
 
-/// Exclusion: no two grants of one key overlap within their claimed validity windows.
+/// Which grants of a key exclude each other: each primitive's keys are a namespace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Namespace {
+    Mutex,
+    Semaphore,
+    ReadWrite,
+}
+
+fn namespace(primitive: Primitive) -> Namespace {
+    match primitive {
+        Primitive::Permit { .. } => Namespace::Semaphore,
+        Primitive::Read | Primitive::Write => Namespace::ReadWrite,
+        _ => Namespace::Mutex,
+    }
+}
+
+/// Exclusion, per primitive, within the grants' claimed validity windows: no two grants
+/// of a mutex key overlap; at most N grants of a semaphore key of N permits overlap;
+/// a write grant of a read-write key overlaps no other grant of it (reads may overlap
+/// each other).
 pub fn check_exclusion(events: &[Event]) -> Vec<Violation> {
-    let mut by_key: BTreeMap<String, Vec<Grant>> = BTreeMap::new();
+    let mut by_key: BTreeMap<(String, Namespace), Vec<Grant>> = BTreeMap::new();
     for grant in grants(events) {
-        by_key.entry(grant.key.clone()).or_default().push(grant);
+        let slot = (grant.key.clone(), namespace(grant.primitive));
+        by_key.entry(slot).or_default().push(grant);
     }
     let mut violations = Vec::new();
-    for mut list in by_key.into_values() {
+    for ((key, space), mut list) in by_key {
         list.sort_by_key(|g| g.start_us);
-        for (i, first) in list.iter().enumerate() {
-            for second in &list[i + 1..] {
-                if second.start_us >= first.end_us {
-                    break;
-                }
-                if second.owner != first.owner && second.end_us > second.start_us {
-                    violations.push(Violation::Overlap {
-                        first: first.clone(),
-                        second: second.clone(),
-                    });
-                }
+        match space {
+            Namespace::Semaphore => violations.extend(too_many_permits(key, &list)),
+            Namespace::Mutex | Namespace::ReadWrite => {
+                violations.extend(exclusive_overlaps(&list));
             }
+        }
+    }
+    violations
+}
+
+/// Pairs of grants (sorted by start) that overlap and may not: any two mutex grants,
+/// and a write beside any other read-write grant.
+fn exclusive_overlaps(list: &[Grant]) -> Vec<Violation> {
+    let mut violations = Vec::new();
+    for (i, first) in list.iter().enumerate() {
+        for second in &list[i + 1..] {
+            if second.start_us >= first.end_us {
+                break;
+            }
+            if second.owner == first.owner || second.end_us <= second.start_us {
+                continue;
+            }
+            let violation = match (first.primitive, second.primitive) {
+                (Primitive::Read, Primitive::Read) => continue,
+                (Primitive::Read, Primitive::Write) => Violation::ReadBesideWrite {
+                    write: second.clone(),
+                    read: first.clone(),
+                },
+                (Primitive::Write, Primitive::Read) => Violation::ReadBesideWrite {
+                    write: first.clone(),
+                    read: second.clone(),
+                },
+                _ => Violation::Overlap {
+                    first: first.clone(),
+                    second: second.clone(),
+                },
+            };
+            violations.push(violation);
+        }
+    }
+    violations
+}
+
+/// Each moment more grants of the semaphore `key` (`list`, sorted by start) were open
+/// than its permit count: one violation per such excursion, naming the grants open.
+fn too_many_permits(key: String, list: &[Grant]) -> Vec<Violation> {
+    let permits = list
+        .iter()
+        .filter_map(|g| match g.primitive {
+            Primitive::Permit { of } => Some(of),
+            _ => None,
+        })
+        .min()
+        .unwrap_or(1);
+    let limit = usize::try_from(permits).unwrap_or(usize::MAX);
+    let mut violations = Vec::new();
+    let mut open: Vec<&Grant> = Vec::new();
+    for grant in list.iter().filter(|g| g.end_us > g.start_us) {
+        // A window that ended as this one started does not overlap it.
+        open.retain(|g| g.end_us > grant.start_us);
+        open.push(grant);
+        if open.len() == limit + 1 {
+            violations.push(Violation::TooManyPermits {
+                key: key.clone(),
+                permits,
+                holders: open.iter().map(|g| (*g).clone()).collect(),
+            });
         }
     }
     violations
@@ -495,6 +620,81 @@ mod tests {
         assert!(matches!(
             check_lost_updates(&h).as_slice(),
             [Violation::NoFinalRead { .. }]
+        ));
+    }
+
+    fn granted(client: usize, owner: &str, primitive: Primitive, from: u64, to: u64) -> Event {
+        at(
+            Event::new(client, "k", Op::Acquire, Phase::Ok)
+                .owner(owner)
+                .primitive(primitive)
+                .valid_until_us(to),
+            from,
+        )
+    }
+
+    #[test]
+    fn n_plus_one_overlapping_permits_are_flagged() {
+        let two = Primitive::Permit { of: 2 };
+        // Two at once, then a third after one left: within the count.
+        let mut h = vec![
+            granted(0, "a", two, 0, 1_000),
+            granted(1, "b", two, 100, 500),
+            granted(2, "c", two, 500, 1_500),
+        ];
+        assert!(check_exclusion(&h).is_empty(), "{:?}", check_exclusion(&h));
+        // A fourth inside all three windows' span while two are open: three at once.
+        h.push(granted(3, "d", two, 600, 700));
+        let found = check_exclusion(&h);
+        let [Violation::TooManyPermits {
+            permits, holders, ..
+        }] = found.as_slice()
+        else {
+            panic!("{found:?}")
+        };
+        assert_eq!(*permits, 2);
+        let owners: Vec<&str> = holders.iter().map(|g| g.owner.as_str()).collect();
+        assert_eq!(owners, ["a", "c", "d"]);
+        assert!(found[0]
+            .to_string()
+            .contains("3 grants of semaphore k with 2 permits"));
+        assert_eq!(found[0].checker(), "exclusion");
+        // The mutex namespace of the same key is separate: a mutex grant beside the
+        // permits is no violation of either.
+        let mut h = h[..3].to_vec();
+        h.push(grant(4, "m", 9, 200, 300));
+        assert!(check_exclusion(&h).is_empty());
+    }
+
+    #[test]
+    fn a_read_inside_a_write_window_is_flagged() {
+        let h = vec![
+            granted(0, "r1", Primitive::Read, 0, 1_000),
+            granted(1, "r2", Primitive::Read, 100, 900),
+            granted(2, "w", Primitive::Write, 1_000, 2_000),
+            granted(0, "r3", Primitive::Read, 2_000, 2_500),
+        ];
+        assert!(
+            check_exclusion(&h).is_empty(),
+            "readers overlap, writers wait"
+        );
+        let mut planted = h.clone();
+        planted.push(granted(1, "intruder", Primitive::Read, 1_500, 1_600));
+        let found = check_exclusion(&planted);
+        let [Violation::ReadBesideWrite { write, read }] = found.as_slice() else {
+            panic!("{found:?}")
+        };
+        assert_eq!(
+            (write.owner.as_str(), read.owner.as_str()),
+            ("w", "intruder")
+        );
+        assert!(found[0].to_string().contains("read beside write on k"));
+        // Two writers at once are an overlap.
+        let mut planted = h;
+        planted.push(granted(1, "w2", Primitive::Write, 1_200, 1_300));
+        assert!(matches!(
+            check_exclusion(&planted).as_slice(),
+            [Violation::Overlap { .. }]
         ));
     }
 }

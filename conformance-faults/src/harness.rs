@@ -256,3 +256,10 @@ pub trait FaultHarness: Harness {
 /// neither (the holder pause) run; the rest skip with the reason.
 #[async_trait]
 impl FaultHarness for distlock_conformance::MemoryHarness {}
+
+/// The deliberately broken backends of the kit's self-test, over memory like
+/// [`distlock_conformance::MemoryHarness`]: the fault scenarios that need neither network
+/// nor server run on them, so that a test can show those scenarios' checkers catch
+/// each mistake (a semaphore admitting N+1, a read granted beside a write).
+#[async_trait]
+impl FaultHarness for distlock_conformance::broken::BrokenHarness {}

@@ -40,6 +40,27 @@ pub enum Phase {
     Unknown,
 }
 
+/// Which primitive a grant is of, for the exclusion checker. Each is a namespace of
+/// its own, as in `distlock-api`: a mutex key and a semaphore key of the same name are
+/// different locks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Primitive {
+    /// A mutex grant: no other grant of the key beside it.
+    #[default]
+    Mutex,
+    /// One permit of a semaphore of `of` permits: at most `of` grants of the key at once.
+    Permit {
+        /// The semaphore's permit count.
+        of: u32,
+    },
+    /// A read-write lock's read grant: beside other reads, never beside a write.
+    Read,
+    /// A read-write lock's write grant: beside no other grant of the key.
+    Write,
+}
+
 /// One entry of a [`History`]. Times are microseconds since the history began.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -64,6 +85,8 @@ pub struct Event {
     pub value: Option<u64>,
     /// The whole set a read returned.
     pub seen: Option<Vec<u64>>,
+    /// What the lease is of (a mutex unless set), on acquire events.
+    pub primitive: Primitive,
 }
 
 impl Event {
@@ -80,7 +103,14 @@ impl Event {
             valid_until_us: None,
             value: None,
             seen: None,
+            primitive: Primitive::Mutex,
         }
+    }
+
+    /// Sets the primitive the lease is of (a mutex unless set).
+    pub fn primitive(mut self, primitive: Primitive) -> Self {
+        self.primitive = primitive;
+        self
     }
 
     /// Sets the owner token.

@@ -26,7 +26,7 @@ pub use checkers::{Findings, Grant, Violation};
 pub use harness::{
     Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology, NOT_CONTROLLED,
 };
-pub use history::{Event, History, Op, Phase};
+pub use history::{Event, History, Op, Phase, Primitive};
 pub use html::html_page;
 pub use proxied::ProxiedHarness;
 pub use record::{pause_holder, FencedSet, Recorder};
@@ -35,7 +35,7 @@ pub use runner::{
     run_fault_scenario, run_fault_scenario_test, run_faults, run_selected_faults, serial,
 };
 pub use scenarios::{FaultScenario, FAULT_SCENARIOS, PROVIDER_LACKS};
-pub use server_harness::{ServerHarness, SessionTerminator};
+pub use server_harness::{RwConnector, SemaphoreConnector, ServerHarness, SessionTerminator};
 
 #[cfg(doc)]
 use distlock_test_servers::FaultProxy;

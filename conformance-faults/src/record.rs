@@ -9,7 +9,7 @@ use distlock_api::{
 };
 
 use super::harness::NetFaults;
-use super::history::{Event, History, Op, Phase};
+use super::history::{Event, History, Op, Phase, Primitive};
 
 /// Whether a failed call may still have taken effect.
 fn phase_of(error: &LockError) -> Phase {
@@ -67,12 +67,34 @@ impl Recorder {
         key: &LockKey,
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
+        self.acquire_as(key, Primitive::Mutex, self.lock.acquire(key, options))
+            .await
+    }
+
+    /// Any primitive's acquire of `key` (a semaphore permit, a read or write lock, from
+    /// this client's handles), logged as a grant of `primitive` so that the exclusion
+    /// checker applies that primitive's rule; release and loss are logged as for a
+    /// mutex, with [`Recorder::release`] and [`Recorder::lost`].
+    ///
+    /// # Errors
+    /// Whatever `acquiring` raised.
+    pub async fn acquire_as(
+        &self,
+        key: &LockKey,
+        primitive: Primitive,
+        acquiring: impl Future<Output = Result<LockGuard, LockError>>,
+    ) -> Result<LockGuard, LockError> {
         self.history
             .record(self.event(key, Op::Acquire, Phase::Invoke));
-        match self.lock.acquire(key, options).await {
+        match acquiring.await {
             Ok(guard) => {
-                self.history
-                    .record(self.lease_event(&guard, Op::Acquire, Phase::Ok));
+                let mut granted = self
+                    .lease_event(&guard, Op::Acquire, Phase::Ok)
+                    .primitive(primitive);
+                // The key asked for: what the caller believes it holds, whatever key
+                // the backend put on the guard.
+                granted.key = key.as_str().to_owned();
+                self.history.record(granted);
                 Ok(guard)
             }
             Err(e) => {

@@ -11,12 +11,34 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::LockError;
+use distlock_api::{DistributedRwLock, DistributedSemaphore, LockError};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_test_servers::{FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble};
+
+/// Connects a semaphore client by URL (the facade's `connect_semaphore`), for
+/// [`ServerHarness::with_primitives`].
+pub type SemaphoreConnector = Arc<
+    dyn Fn(
+            String,
+        )
+            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedSemaphore>, LockError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Connects a read-write lock client by URL (the facade's `connect_rw`), for
+/// [`ServerHarness::with_primitives`].
+pub type RwConnector = Arc<
+    dyn Fn(
+            String,
+        )
+            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedRwLock>, LockError>> + Send>>
+        + Send
+        + Sync,
+>;
 
 /// Ends the server-side sessions of one client: given the client's number, the
 /// count of sessions ended, or why not.
@@ -48,6 +70,16 @@ pub struct ServerHarness {
     /// `None`: the lease, as [`Harness::crash_bound`] has it by default.
     crash_bound: Option<Duration>,
     dead_waiter_bound: Option<Duration>,
+    primitives: Option<(SemaphoreConnector, RwConnector)>,
+}
+
+/// A primitive's client, `None` where the backend does not offer it.
+fn offered<T>(connected: Result<T, LockError>) -> Result<Option<T>, LockError> {
+    match connected {
+        Ok(client) => Ok(Some(client)),
+        Err(LockError::Unsupported { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 fn err(e: ServerError) -> String {
@@ -106,7 +138,18 @@ impl ServerHarness {
             slack: Duration::from_secs(1),
             crash_bound: None,
             dead_waiter_bound: None,
+            primitives: None,
         }
+    }
+
+    /// Also gives every client a semaphore and a read-write lock, connected by the
+    /// client's URL through its own proxies (so its crash and network faults hit them
+    /// too), for the fault scenarios of those primitives. A backend that does not
+    /// offer one (the connector answers [`LockError::Unsupported`]) gets clients
+    /// without it, and those scenarios skip.
+    pub fn with_primitives(mut self, semaphore: SemaphoreConnector, rw: RwConnector) -> Self {
+        self.primitives = Some((semaphore, rw));
+        self
     }
 
     /// What the backend claims under each fault ([`FaultHarness::claim`]): its
@@ -217,9 +260,19 @@ impl FaultHarness for ServerHarness {
             .unwrap_or_else(PoisonError::into_inner)
             .extend(proxies.iter().cloned());
         let net = NetFaults::new(proxies);
+        let mut client = Client::new(lock).with_faults(Arc::new(net.clone()));
+        if let Some((semaphore, rw)) = &self.primitives {
+            let url = self.url_for(&ports, id);
+            if let Some(semaphore) = offered(semaphore(url.clone()).await)? {
+                client = client.with_semaphore(semaphore);
+            }
+            if let Some(rw) = offered(rw(url).await)? {
+                client = client.with_rw_lock(rw);
+            }
+        }
         Ok(FaultClient {
             id,
-            client: Client::new(lock).with_faults(Arc::new(net.clone())),
+            client,
             net: Some(net),
         })
     }

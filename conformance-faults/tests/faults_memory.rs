@@ -57,6 +57,48 @@ mod generated {
 
     distlock_conformance_faults::fault_conformance_tests!(
         async { Arc::new(MemoryHarness::new()) as Arc<dyn FaultHarness> },
-        must_pass = [paused_holder_wakes_to_a_refused_write]
+        must_pass = [
+            paused_holder_wakes_to_a_refused_write,
+            paused_permit_holders_free_their_permits,
+            paused_writer_frees_the_key_for_readers
+        ]
     );
+}
+
+/// The fault kit's self-test for the new primitives: the holder-pause scenarios run on
+/// the deliberately broken semaphore and read-write lock fail, their exclusion checker
+/// naming the mistake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn primitive_scenarios_catch_the_broken_primitives() {
+    use distlock_conformance::broken::{BrokenHarness, Mistake};
+    use distlock_conformance_faults::{run_fault_scenario, Violation};
+
+    let cases = [
+        (
+            Mistake::SemaphoreAdmitsOneMore,
+            "paused_permit_holders_free_their_permits",
+        ),
+        (
+            Mistake::ReadBesideWrite,
+            "paused_writer_frees_the_key_for_readers",
+        ),
+    ];
+    for (mistake, name) in cases {
+        let scenario = FAULT_SCENARIOS
+            .iter()
+            .find(|s| s.name == name)
+            .expect("the scenario exists");
+        let harness = Arc::new(BrokenHarness::new(mistake)) as Arc<dyn FaultHarness>;
+        let result = run_fault_scenario(harness, scenario).await;
+        assert!(
+            matches!(result.verdict, FaultVerdict::Fail(_)),
+            "{name} on {mistake:?}: {:?}",
+            result.verdict
+        );
+        let caught = result.findings.exclusion.iter().any(|v| match mistake {
+            Mistake::SemaphoreAdmitsOneMore => matches!(v, Violation::TooManyPermits { .. }),
+            _ => matches!(v, Violation::ReadBesideWrite { .. }),
+        });
+        assert!(caught, "{name} on {mistake:?}: {:?}", result.findings);
+    }
 }

@@ -84,7 +84,7 @@ pub use outcome::{ExtendOutcome, ReleaseOutcome};
 pub use rw::{DistributedRwLock, RwMode};
 pub use scoped::with_lock;
 pub use semaphore::{check_permits, DistributedSemaphore, MAX_PERMITS};
-pub use status::KeyStatus;
+pub use status::{HolderStatus, KeyStatus, RwStatus, SemaphoreStatus};
 
 /// Re-exported so backends and users name the same `async_trait`.
 pub use async_trait::async_trait;

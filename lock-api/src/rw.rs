@@ -9,6 +9,7 @@ use async_trait::async_trait;
 use crate::lease_backend::LeaseBackend;
 use crate::{
     BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    RwStatus,
 };
 
 /// Which side of a read-write lock to take.
@@ -103,6 +104,22 @@ pub trait DistributedRwLock: Send + Sync + fmt::Debug {
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, and connection and
     /// backend errors.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError>;
+
+    /// Looks at `key` without taking it: who holds it, and whatever else the backend
+    /// can tell (see [`RwStatus`]). A snapshot: it may be stale by the time it returns, so
+    /// never use it to decide whether to act.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] from backends that cannot look (the default), and
+    /// connection and backend errors.
+    async fn inspect(&self, key: &LockKey) -> Result<RwStatus, LockError> {
+        let _ = key;
+        Err(LockError::Unsupported {
+            backend: self.info().name,
+            operation: "inspect",
+            reason: "this backend cannot look at a key without taking it",
+        })
+    }
 }
 
 /// A read or write guard's view of the lock that granted it.

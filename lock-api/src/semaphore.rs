@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use crate::lease_backend::LeaseBackend;
 use crate::{
     BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, OptionsError,
-    ReleaseOutcome,
+    ReleaseOutcome, SemaphoreStatus,
 };
 
 /// The largest permit count a semaphore accepts. Bounded so that backends which keep
@@ -106,6 +106,22 @@ pub trait DistributedSemaphore: Send + Sync + fmt::Debug {
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, and connection and
     /// backend errors.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError>;
+
+    /// Looks at `key` without taking a permit: who holds it, and whatever else the backend
+    /// can tell (see [`SemaphoreStatus`]). A snapshot: it may be stale by the time it returns, so
+    /// never use it to decide whether to act.
+    ///
+    /// # Errors
+    /// [`LockError::Unsupported`] from backends that cannot look (the default), and
+    /// connection and backend errors.
+    async fn inspect(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
+        let _ = key;
+        Err(LockError::Unsupported {
+            backend: self.info().name,
+            operation: "inspect",
+            reason: "this backend cannot look at a key without taking it",
+        })
+    }
 }
 
 /// A permit guard's view of the semaphore that granted it.

@@ -64,3 +64,91 @@ impl KeyStatus {
         self
     }
 }
+
+/// One holder of a semaphore permit or a read-write lock, as an inspection sees it.
+/// Each field a backend cannot tell is `None`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct HolderStatus {
+    /// Who holds it, in the backend's own words (a slot, a session), if known.
+    pub holder: Option<String>,
+    /// How long its lease lasts unless renewed, on backends whose leases expire.
+    pub remaining: Option<Duration>,
+    /// Its grant's fencing token, where the backend gives one.
+    pub fencing_token: Option<FencingToken>,
+}
+
+impl HolderStatus {
+    /// A holder the backend can say nothing more about; add with the `with_` methods.
+    pub fn new() -> Self {
+        HolderStatus::default()
+    }
+
+    /// Sets the holder description.
+    pub fn with_holder(mut self, holder: Option<String>) -> Self {
+        self.holder = holder;
+        self
+    }
+
+    /// Sets the remaining lease.
+    pub fn with_remaining(mut self, remaining: Option<Duration>) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
+    /// Sets the fencing token.
+    pub fn with_fencing_token(mut self, token: Option<FencingToken>) -> Self {
+        self.fencing_token = token;
+        self
+    }
+}
+
+/// A semaphore key as an operator sees it (`distlock status --semaphore`), read without
+/// taking a permit: a snapshot, stale by the time it returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct SemaphoreStatus {
+    /// The permit count the holders use; `None` when nobody holds a permit (the next
+    /// caller's count becomes the key's) or the backend cannot tell.
+    pub permits: Option<u32>,
+    /// The permits held now, one entry each.
+    pub holders: Vec<HolderStatus>,
+}
+
+impl SemaphoreStatus {
+    /// `holders` hold permits of a semaphore of `permits`.
+    pub fn new(permits: Option<u32>, holders: Vec<HolderStatus>) -> Self {
+        SemaphoreStatus { permits, holders }
+    }
+}
+
+/// A read-write key as an operator sees it (`distlock status --rw`), read without
+/// taking it: a snapshot, stale by the time it returns.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RwStatus {
+    /// How the key is held now: `None` when free.
+    pub mode: Option<crate::RwMode>,
+    /// Its holders (one writer, or the readers); `None` when the backend can tell the
+    /// mode but not who holds it.
+    pub holders: Option<Vec<HolderStatus>>,
+    /// Whether a writer waits (holding new readers back); `None` when unknown.
+    pub writer_waiting: Option<bool>,
+}
+
+impl RwStatus {
+    /// A key held in `mode` (`None`: free) by `holders`, if known.
+    pub fn new(mode: Option<crate::RwMode>, holders: Option<Vec<HolderStatus>>) -> Self {
+        RwStatus {
+            mode,
+            holders,
+            writer_waiting: None,
+        }
+    }
+
+    /// Sets whether a writer waits.
+    pub fn with_writer_waiting(mut self, waiting: Option<bool>) -> Self {
+        self.writer_waiting = waiting;
+        self
+    }
+}

@@ -52,6 +52,27 @@ pub enum Release {
     },
 }
 
+impl Release {
+    /// The less reassuring of two releases (exec holding two grants, a plain exec's lock
+    /// and write lock): a failure over a lease found gone, over an inconclusive one,
+    /// over one still ours. The command was protected only if both lasted.
+    pub fn worse(self, other: Release) -> Release {
+        fn rank(release: &Release) -> u8 {
+            match release {
+                Release::StillOurs => 0,
+                Release::Inconclusive(_) => 1,
+                Release::Gone(_) => 2,
+                Release::Failed { .. } => 3,
+            }
+        }
+        if rank(&other) > rank(&self) {
+            other
+        } else {
+            self
+        }
+    }
+}
+
 /// The exit code and the lines to print (without the `distlock: ` prefix).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Verdict {
@@ -263,5 +284,21 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn two_releases_report_the_worse() {
+        let gone = Release::Gone("that it had expired");
+        assert_eq!(Release::StillOurs.worse(gone.clone()), gone);
+        assert_eq!(gone.clone().worse(Release::StillOurs), gone);
+        assert_eq!(gone.clone().worse(failed()), failed());
+        assert_eq!(
+            Release::Inconclusive("redlock").worse(Release::StillOurs),
+            Release::Inconclusive("redlock")
+        );
+        assert_eq!(
+            Release::StillOurs.worse(Release::StillOurs),
+            Release::StillOurs
+        );
     }
 }

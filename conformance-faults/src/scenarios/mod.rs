@@ -23,12 +23,16 @@ use distlock_conformance::Failure;
 mod contention;
 mod holder;
 mod network;
+mod primitives;
 mod queue;
 mod servers;
 
 use contention::contention_under_random_faults;
 use holder::paused_holder_wakes_to_a_refused_write;
 use network::{lost_reply_after_applied_acquire, partitioned_holder_is_fenced_off};
+use primitives::{
+    paused_permit_holders_free_their_permits, paused_writer_frees_the_key_for_readers,
+};
 use queue::crashed_clients_do_not_stall_the_fifo_queue;
 use servers::{
     ensemble_leader_loss, master_failover_while_held_and_waited,
@@ -82,6 +86,10 @@ pub static FAULT_SCENARIOS: &[FaultScenario] = &[
         "a holder partitioned past its lease: lost() fires by its validity deadline, another client acquires, and the stale holder's write is refused by the fenced store"),
     fault_scenario!(paused_holder_wakes_to_a_refused_write, HolderPause,
         "a holder that stops renewing and stalls past its TTL wakes up after another client took the key, and its write is refused"),
+    fault_scenario!(paused_permit_holders_free_their_permits, HolderPause,
+        "semaphore of 2: both permit holders stall past their TTL; two other clients each take a permit, and never more than 2 grants overlap"),
+    fault_scenario!(paused_writer_frees_the_key_for_readers, HolderPause,
+        "read-write lock: a writer stalls past its TTL; two readers are granted together after it, and no read overlaps the write"),
     fault_scenario!(server_paused_during_acquire, ServerPause,
         "with every server paused (SIGSTOP) an acquire returns an error within its wait (plus slack), not after a request timeout; after resume a grant that arrived late is released and the key is free"),
     fault_scenario!(lost_reply_after_applied_acquire, LostReply,

@@ -10,8 +10,9 @@ use super::shared::{self, Kind, Want};
 use super::{MemoryLock, MEMORY_BACKEND, NOT_FIFO};
 use crate::backend::NewGuard;
 use crate::{
-    check_ttl, BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome, Lease,
-    LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode,
+    check_ttl, BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome,
+    HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode,
+    RwStatus,
 };
 
 /// A read-write lock client of a [`super::MemoryStore`], made by [`MemoryLock::rw_lock`].
@@ -121,5 +122,21 @@ impl DistributedRwLock for MemoryRwLock {
         self.client.check_alive()?;
         let table = &self.client.store.shared;
         Ok(table.extend(Kind::Rw, lease.key(), lease.owner(), ttl, Instant::now()))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<RwStatus, LockError> {
+        self.client.check_alive()?;
+        let seen = self.client.store.shared.snapshot(Kind::Rw, key);
+        let mode = match seen.holders.first() {
+            None => None,
+            Some(&(true, _)) => Some(RwMode::Write),
+            Some(&(false, _)) => Some(RwMode::Read),
+        };
+        let holders = seen
+            .holders
+            .iter()
+            .map(|&(_, left)| HolderStatus::new().with_remaining(Some(left)))
+            .collect();
+        Ok(RwStatus::new(mode, Some(holders)).with_writer_waiting(Some(seen.writer_waiting)))
     }
 }

@@ -11,7 +11,8 @@ use super::{MemoryLock, MEMORY_BACKEND, NOT_FIFO};
 use crate::backend::NewGuard;
 use crate::{
     check_permits, check_ttl, BackendInfo, Capability, DistributedLock, DistributedSemaphore,
-    ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    ExtendOutcome, HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    SemaphoreStatus,
 };
 
 /// A semaphore client of a [`super::MemoryStore`], made by [`MemoryLock::semaphore`].
@@ -119,5 +120,16 @@ impl DistributedSemaphore for MemorySemaphore {
             ttl,
             Instant::now(),
         ))
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
+        self.client.check_alive()?;
+        let seen = self.client.store.shared.snapshot(Kind::Semaphore, key);
+        let holders = seen
+            .holders
+            .iter()
+            .map(|&(_, left)| HolderStatus::new().with_remaining(Some(left)))
+            .collect();
+        Ok(SemaphoreStatus::new(seen.permits, holders))
     }
 }

@@ -76,6 +76,17 @@ impl SharedKey {
     }
 }
 
+/// A key as [`SharedTable::snapshot`] saw it.
+#[derive(Debug, Default)]
+pub(super) struct Snapshot {
+    /// The permit count the holders use (semaphores with holders only).
+    pub(super) permits: Option<u32>,
+    /// Each live holder: whether it holds exclusively, and its remaining lease.
+    pub(super) holders: Vec<(bool, Duration)>,
+    /// Whether a writer waits.
+    pub(super) writer_waiting: bool,
+}
+
 /// One grant attempt's answer: granted, or refused with the earliest holder expiry
 /// (when a retry may succeed by itself).
 pub(super) type Attempt = Result<(), Option<Instant>>;
@@ -190,6 +201,27 @@ impl SharedTable {
             (Some(_), None) => ExtendOutcome::Expired,
             (None, _) if others_hold => ExtendOutcome::HeldByOther,
             (None, _) => ExtendOutcome::Expired,
+        }
+    }
+
+    /// What `key` looks like now, for `inspect`: the permit count in use, each live
+    /// holder's exclusivity and remaining lease, and whether a writer waits.
+    pub(super) fn snapshot(&self, kind: Kind, key: &LockKey) -> Snapshot {
+        let now = Instant::now();
+        let keys = self.keys();
+        let Some(entry) = keys.get(&(kind, key.clone())) else {
+            return Snapshot::default();
+        };
+        let holders: Vec<(bool, Duration)> = entry
+            .holders
+            .values()
+            .filter(|h| h.expires_at > now)
+            .map(|h| (h.exclusive, h.expires_at.saturating_duration_since(now)))
+            .collect();
+        Snapshot {
+            permits: entry.permits.filter(|_| !holders.is_empty()),
+            writer_waiting: entry.writers_waiting > 0,
+            holders,
         }
     }
 
@@ -386,5 +418,48 @@ mod tests {
             ExtendOutcome::HeldByOther,
             "another holder's permit is not ours to extend"
         );
+    }
+
+    #[tokio::test]
+    async fn inspect_shows_permits_modes_and_a_waiting_writer() {
+        let client = MemoryLock::new();
+        let (semaphore, rw) = (client.semaphore(), client.rw_lock());
+        let key = LockKey::new("k").unwrap();
+        let options = LockOptions::new(Duration::from_secs(30));
+        let free = semaphore.inspect(&key).await.unwrap();
+        assert_eq!((free.permits, free.holders.len()), (None, 0));
+        let first = semaphore.acquire(&key, 3, &options).await.unwrap();
+        let _second = semaphore.acquire(&key, 3, &options).await.unwrap();
+        let seen = semaphore.inspect(&key).await.unwrap();
+        assert_eq!((seen.permits, seen.holders.len()), (Some(3), 2));
+        assert!(seen.holders[0].remaining.is_some());
+        first.release().await.unwrap();
+        assert_eq!(semaphore.inspect(&key).await.unwrap().holders.len(), 1);
+
+        assert_eq!(rw.inspect(&key).await.unwrap().mode, None);
+        let reader = rw.acquire(&key, RwMode::Read, &options).await.unwrap();
+        let seen = rw.inspect(&key).await.unwrap();
+        assert_eq!(seen.mode, Some(RwMode::Read));
+        assert_eq!(seen.writer_waiting, Some(false));
+        let writer = {
+            let rw = rw.clone();
+            let (key, options) = (key.clone(), options.clone());
+            tokio::spawn(async move { rw.acquire(&key, RwMode::Write, &options).await })
+        };
+        // Polled: the waiting writer registers on the spawned task.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while rw.inspect(&key).await.unwrap().writer_waiting != Some(true) {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the writer never waited"
+            );
+            tokio::task::yield_now().await;
+        }
+        reader.release().await.unwrap();
+        let writer = writer.await.unwrap().unwrap();
+        let seen = rw.inspect(&key).await.unwrap();
+        assert_eq!(seen.mode, Some(RwMode::Write));
+        assert_eq!(seen.holders.map(|h| h.len()), Some(1));
+        writer.release().await.unwrap();
     }
 }
