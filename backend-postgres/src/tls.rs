@@ -180,6 +180,8 @@ fn config(message: String) -> LockError {
 /// be read, a verifying mode without a root certificate, a client certificate without
 /// its key, or a mode that needs TLS in a build without the `tls` feature.
 pub(crate) fn resolve(url: &url::Url, sources: &Sources<'_>) -> Result<TlsSettings, LockError> {
+    #[cfg(feature = "tls")]
+    install_crypto_provider();
     let mode = match sources.explicit(url, &SSLMODE) {
         Some(value) => SslMode::parse(&value)?,
         None => SslMode::Prefer,
@@ -262,6 +264,17 @@ impl TlsSettings {
             options = options.ssl_client_cert(cert).ssl_client_key(key);
         }
         options
+    }
+}
+
+/// rustls needs one process-wide crypto provider when more than one is compiled in (a
+/// build with `zookeeper-tls` also has aws-lc-rs), and sqlx panics without one: installs
+/// ring unless the program installed a provider first.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }
 
