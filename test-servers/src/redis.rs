@@ -8,8 +8,9 @@ use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::control::SupervisedServer;
 use super::process::{Launch, Supervised};
-use super::{find_on_path, free_port, temp_dir, ServerControl, ServerError, START_ATTEMPTS};
+use super::{find_on_path, free_port, temp_dir, ServerError, START_ATTEMPTS};
 
 const SERVER: &str = "redis";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -201,36 +202,26 @@ impl RedisServer {
     }
 }
 
-/// Every action is supported; restart keeps the port and the data directory.
 #[async_trait::async_trait]
-impl ServerControl for RedisServer {
-    fn url(&self) -> String {
-        RedisServer::url(self)
+impl SupervisedServer for RedisServer {
+    fn process(&self) -> &Supervised {
+        &self.process
     }
 
-    fn port(&self) -> u16 {
-        RedisServer::port(self)
+    fn process_mut(&mut self) -> &mut Supervised {
+        &mut self.process
     }
 
-    fn kill(&mut self) {
-        self.process.kill();
+    fn client_url(&self) -> String {
+        self.url()
     }
 
-    async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
+    fn client_port(&self) -> u16 {
+        self.port()
+    }
+
+    async fn boot_again(&mut self) -> Result<(), ServerError> {
         self.boot().await
-    }
-
-    fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
-    }
-
-    fn logs(&self) -> String {
-        self.process.log_tail()
     }
 }
 
