@@ -165,7 +165,7 @@ impl PostgresServer {
         self.port
     }
 
-    /// The postmaster's process id, `None` after [`kill`](Self::kill).
+    /// The postmaster's process id, `None` after [`kill`](crate::ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -192,7 +192,7 @@ impl PostgresServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](crate::ServerControl::pause) and [`resume`](crate::ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }

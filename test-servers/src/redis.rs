@@ -20,8 +20,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 #[non_exhaustive]
 pub struct RedisServerOptions {
     /// Enable the append-only file (`--appendonly yes`, default fsync policy
-    /// `everysec`) so that data survives [`RedisServer::kill`] +
-    /// [`RedisServer::restart`]. Off by default: the server then keeps no
+    /// `everysec`) so that data survives [`ServerControl::kill`](crate::ServerControl::kill) +
+    /// [`ServerControl::restart`](crate::ServerControl::restart). Off by default: the server then keeps no
     /// data across restarts (`--save "" --appendonly no`).
     pub appendonly: bool,
     /// Extra command-line arguments appended after the harness's own, e.g.
@@ -165,7 +165,7 @@ impl RedisServer {
         self.port
     }
 
-    /// The process id of the running server, `None` after [`kill`](Self::kill).
+    /// The process id of the running server, `None` after [`kill`](crate::ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -186,7 +186,7 @@ impl RedisServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](crate::ServerControl::pause) and [`resume`](crate::ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }

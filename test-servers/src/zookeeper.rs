@@ -311,7 +311,7 @@ impl ZooKeeperServer {
         self.id
     }
 
-    /// The JVM's process id, `None` after [`kill`](Self::kill).
+    /// The JVM's process id, `None` after [`kill`](ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -332,7 +332,7 @@ impl ZooKeeperServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](ServerControl::pause) and [`resume`](ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }
