@@ -11,8 +11,10 @@ use std::io;
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
+use distlock_api::backend::prelude::*;
 use distlock_api::{
-    check_ttl, ExtendOutcome, LockError, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, ExtendOutcome, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
+    ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -30,9 +32,20 @@ impl HeldFiles {
         self.files.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Keeps `files` locked for `owner` until release.
-    pub(crate) fn insert(&self, owner: OwnerToken, files: Vec<File>) {
+    /// Keeps `files` locked for a new owner until release, and describes the grant: a
+    /// lease of `key` for the options' TTL from `requested_at` (no fencing token: the
+    /// file backend gives none for these primitives) and its monitor.
+    pub(crate) fn grant(
+        &self,
+        key: &LockKey,
+        files: Vec<File>,
+        options: &LockOptions,
+        requested_at: Instant,
+    ) -> (Lease, LeaseMonitor) {
+        let owner = OwnerToken::random();
         self.files().insert(owner, files);
+        let lease = Lease::new(key.clone(), owner, None, options.ttl(), requested_at);
+        (lease, LeaseMonitor::new(requested_at + options.ttl()))
     }
 
     /// Closes `owner`'s files: `Released` if it held them, else `Expired` (released

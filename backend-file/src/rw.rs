@@ -18,8 +18,7 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
     BackendInfo, Capability, DistributedLock, DistributedRwLock, ExtendOutcome, HolderStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
-    RwMode, RwStatus,
+    Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode, RwStatus,
 };
 use tokio::time::Instant;
 
@@ -97,10 +96,7 @@ impl FileRwLock {
         files: Vec<File>,
         requested_at: Instant,
     ) -> LockGuard {
-        let owner = OwnerToken::random();
-        self.held.insert(owner, files);
-        let lease = Lease::new(key.clone(), owner, None, options.ttl(), requested_at);
-        let monitor = LeaseMonitor::new(requested_at + options.ttl());
+        let (lease, monitor) = self.held.grant(key, files, options, requested_at);
         let backend: Arc<dyn DistributedRwLock> = Arc::new(self.clone());
         LockGuard::for_rw(lease, monitor, backend, options.auto_renew())
     }

@@ -16,11 +16,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::check_permit_request;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
-    check_permits, BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome,
-    HolderStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    PermitMismatch, ReleaseOutcome, SemaphoreStatus, MAX_PERMITS,
+    BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome, HolderStatus,
+    Lease, LockError, LockGuard, LockKey, LockOptions, PermitMismatch, ReleaseOutcome,
+    SemaphoreStatus, MAX_PERMITS,
 };
 use tokio::time::Instant;
 
@@ -132,9 +133,12 @@ impl FileSemaphore {
     }
 
     fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        options.validate_for(FILE_BACKEND)?;
-        check_permits(max_permits).map_err(|e| LockError::invalid_options(FILE_BACKEND, e))?;
-        options.check_order(FILE_BACKEND, Capability::Unsupported(crate::lock::NOT_FIFO))
+        check_permit_request(
+            FILE_BACKEND,
+            max_permits,
+            options,
+            Capability::Unsupported(crate::lock::NOT_FIFO),
+        )
     }
 
     /// Turns an attempt's answer into a guard, a refusal or the mismatch error.
@@ -152,10 +156,7 @@ impl FileSemaphore {
                 source: PermitMismatch::new(key.clone(), max, in_use),
             }),
             Attempt::Granted(files) => {
-                let owner = OwnerToken::random();
-                self.held.insert(owner, files);
-                let lease = Lease::new(key.clone(), owner, None, options.ttl(), requested_at);
-                let monitor = LeaseMonitor::new(requested_at + options.ttl());
+                let (lease, monitor) = self.held.grant(key, files, options, requested_at);
                 let backend: Arc<dyn DistributedSemaphore> = Arc::new(self.clone());
                 Ok(Some(LockGuard::for_permit(
                     lease,

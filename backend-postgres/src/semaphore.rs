@@ -16,10 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::check_permit_request;
 use distlock_api::backend::prelude::*;
 use distlock_api::{
-    check_permits, BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome,
-    Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome, Lease,
+    LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
 };
 
 use crate::keys::{permit_count_key, permit_slot_key};
@@ -55,9 +56,12 @@ impl PostgresSemaphore {
     }
 
     fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        options.validate_for(POSTGRES_BACKEND)?;
-        check_permits(max_permits).map_err(|e| LockError::invalid_options(POSTGRES_BACKEND, e))?;
-        options.check_order(POSTGRES_BACKEND, Capability::Unsupported(POLLED))
+        check_permit_request(
+            POSTGRES_BACKEND,
+            max_permits,
+            options,
+            Capability::Unsupported(POLLED),
+        )
     }
 
     /// The permit try of `max` permits of `key`, and the hash it is filed under.

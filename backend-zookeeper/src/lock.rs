@@ -525,11 +525,10 @@ impl DistributedLock for ZooKeeperLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let dir = self.lock_dir(key);
-        let report = WaitReport::new();
-        let won = self.obtain(&dir, Recipe::Mutex, key, options, false, &report);
-        won.await
-            .map(|won| won.map(|won| self.grant(key, options, won)))
-            .map_err(|e| self.located(e))
+        self.try_within(&dir, Recipe::Mutex, key, options, |won| {
+            self.grant(key, options, won)
+        })
+        .await
     }
 
     /// A wait bounds the whole call, whatever the server does: once the deadline (plus
@@ -567,6 +566,23 @@ impl DistributedLock for ZooKeeperLock {
 }
 
 impl ZooKeeperLock {
+    /// [`DistributedLock::try_acquire`], for `recipe` in `dir`: one try without
+    /// waiting, the won node wrapped in a guard by `grant`. Errors name the servers.
+    pub(crate) async fn try_within(
+        &self,
+        dir: &str,
+        recipe: Recipe,
+        key: &LockKey,
+        options: &LockOptions,
+        grant: impl FnOnce(Won) -> LockGuard + Send,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let report = WaitReport::new();
+        let won = self.obtain(dir, recipe, key, options, false, &report);
+        won.await
+            .map(|won| won.map(grant))
+            .map_err(|e| self.located(e))
+    }
+
     /// [`DistributedLock::acquire`], for `recipe` in `dir`: the won node is wrapped in
     /// a guard by `grant`. Errors name the servers.
     pub(crate) async fn acquire_within_wait(

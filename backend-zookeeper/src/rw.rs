@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::WaitReport;
 use distlock_api::{
     BackendInfo, DistributedLock, DistributedRwLock, ExtendOutcome, Lease, LockError, LockGuard,
     LockKey, LockOptions, ReleaseOutcome, RwMode,
@@ -88,13 +87,11 @@ impl DistributedRwLock for ZooKeeperRwLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let dir = self.lock.rw_path(key);
-        let report = WaitReport::new();
-        let won = self
-            .lock
-            .obtain(&dir, recipe(mode), key, options, false, &report);
-        won.await
-            .map(|won| won.map(|won| self.grant(key, options, won)))
-            .map_err(|e| self.lock.located(e))
+        self.lock
+            .try_within(&dir, recipe(mode), key, options, |won| {
+                self.grant(key, options, won)
+            })
+            .await
     }
 
     async fn acquire(

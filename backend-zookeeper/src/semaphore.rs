@@ -14,10 +14,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use distlock_api::backend::check_permit_request;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::WaitReport;
 use distlock_api::{
-    check_permits, BackendInfo, DistributedLock, DistributedSemaphore, ExtendOutcome, Lease,
+    BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome, Lease,
     LockError, LockGuard, LockKey, LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use tokio::time::{sleep_until, Instant};
@@ -308,8 +309,13 @@ impl ZooKeeperSemaphore {
     }
 
     fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        options.validate_for(ZOOKEEPER_BACKEND)?;
-        check_permits(max_permits).map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))
+        // The guard mutex's queue is FIFO: every wait order is honoured.
+        check_permit_request(
+            ZOOKEEPER_BACKEND,
+            max_permits,
+            options,
+            Capability::Supported,
+        )
     }
 
     fn grant(&self, key: &LockKey, options: &LockOptions, won: Won) -> LockGuard {
@@ -337,11 +343,11 @@ impl DistributedSemaphore for ZooKeeperSemaphore {
         Self::checked(max_permits, options)?;
         let dir = self.lock.semaphore_path(key);
         let recipe = Recipe::Permit { max: max_permits };
-        let report = WaitReport::new();
-        let won = self.lock.obtain(&dir, recipe, key, options, false, &report);
-        won.await
-            .map(|won| won.map(|won| self.grant(key, options, won)))
-            .map_err(|e| self.lock.located(e))
+        self.lock
+            .try_within(&dir, recipe, key, options, |won| {
+                self.grant(key, options, won)
+            })
+            .await
     }
 
     /// Waits in the guard mutex's queue (FIFO), then for a lease node to go.

@@ -437,12 +437,12 @@ mod tls {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn wrong_ports_and_certificates_are_connection_errors() {
         let server = server(true).await;
-        let certs = server.certificates();
-        let ca = certs.ca().display().to_string();
+        let client_cert = server.client_cert();
+        let ca = server.ca_cert().display().to_string();
         let identity = format!(
             "&cert={}&key={}",
-            certs.client_cert().display(),
-            certs.client_key().display()
+            client_cert.cert.display(),
+            client_cert.key.display()
         );
         let plain_port = server.server().port();
         let urls = [
@@ -454,7 +454,7 @@ mod tls {
             format!(
                 "zookeeper+tls://127.0.0.1:{}?ca={}{identity}",
                 server.secure_port(),
-                certs.client_cert().display()
+                client_cert.cert.display()
             ),
             // Plaintext against the TLS port.
             format!("zookeeper://127.0.0.1:{}", server.secure_port()),
@@ -489,10 +489,11 @@ mod tls {
     /// before connecting, not left to fail a DNS lookup as a connection error.
     #[tokio::test]
     async fn a_tls_host_that_no_certificate_can_name_is_a_config_error() {
-        let certs = distlock_test_servers::TestCertificates::generate()
-            .unwrap_or_else(|e| panic!("openssl makes test certificates: {e}"));
+        let ca = distlock_test_servers::TestCa::create("zk-hosts")
+            .await
+            .unwrap_or_else(|e| panic!("openssl makes a test CA: {e}"));
         for host in ["bad..host", "-x", "under_score-.x"] {
-            let url = format!("zk+tls://{host}:2281?ca={}", certs.ca().display());
+            let url = format!("zk+tls://{host}:2281?ca={}", ca.cert().display());
             let Err(error) = ZooKeeperLock::connect(&url).await else {
                 panic!("{url} connected");
             };

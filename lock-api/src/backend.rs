@@ -15,6 +15,8 @@
 //!   `LockGuard::new(…)`, `monitor.mark_lost()` and so on.
 //! - [`spawn_cleanup`] runs a drop-path clean-up (a compensating release, leaving a
 //!   queue) so that [`crate::settle_cleanups`] can wait for it before the process exits.
+//! - [`check_permit_request`] makes a semaphore acquire's checks of its options and
+//!   permit count, the same on every backend.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,9 +28,29 @@ use tokio::time::{timeout_at, Instant};
 pub use crate::cleanup::spawn_cleanup;
 
 use crate::{
-    AutoRenew, DistributedLock, DistributedRwLock, DistributedSemaphore, FencingToken, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    check_permits, AutoRenew, Capability, DistributedLock, DistributedRwLock, DistributedSemaphore,
+    FencingToken, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
 };
+
+/// The checks a semaphore acquire makes before touching the server, in this order:
+/// the options ([`LockOptions::validate_for`]), the permit count ([`check_permits`]),
+/// and the options' wait order against the backend's `fifo` capability
+/// ([`LockOptions::check_order`]; [`Capability::Supported`] admits every order).
+///
+/// # Errors
+/// [`LockError::InvalidOptions`] for bad options or a count outside
+/// `1..=`[`crate::MAX_PERMITS`], and [`LockError::Unsupported`] for a FIFO wait where
+/// `fifo` is unsupported; each names `backend`.
+pub fn check_permit_request(
+    backend: &'static str,
+    max_permits: u32,
+    options: &LockOptions,
+    fifo: Capability,
+) -> Result<(), LockError> {
+    options.validate_for(backend)?;
+    check_permits(max_permits).map_err(|e| LockError::invalid_options(backend, e))?;
+    options.check_order(backend, fifo)
+}
 
 /// The implementor traits, imported anonymously: `use distlock_api::backend::prelude::*;`.
 pub mod prelude {

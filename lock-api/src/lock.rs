@@ -1,12 +1,11 @@
 //! The [`DistributedLock`] trait.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::lease_backend::LeaseBackend;
+use crate::lease_backend::{inspect_unsupported, lease_backend_for};
 use crate::{
     BackendInfo, ExtendOutcome, KeyStatus, Lease, LockError, LockGuard, LockKey, LockOptions,
     ReleaseOutcome,
@@ -73,26 +72,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug {
     /// connection and backend errors.
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
         let _ = key;
-        Err(LockError::Unsupported {
-            backend: self.info().name,
-            operation: "inspect",
-            reason: "this backend cannot look at a key without taking it",
-        })
+        Err(inspect_unsupported(self.info().name))
     }
 }
 
-/// A guard's view of the backend that granted it.
-#[async_trait]
-impl LeaseBackend for Arc<dyn DistributedLock> {
-    fn name(&self) -> &'static str {
-        self.info().name
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        DistributedLock::release(&**self, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        DistributedLock::extend(&**self, lease, ttl).await
-    }
-}
+lease_backend_for!(DistributedLock);

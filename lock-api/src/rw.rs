@@ -1,12 +1,11 @@
 //! The [`DistributedRwLock`] trait: shared (read) and exclusive (write) guards on one key.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::lease_backend::LeaseBackend;
+use crate::lease_backend::{inspect_unsupported, lease_backend_for};
 use crate::{
     BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
     RwStatus,
@@ -114,26 +113,8 @@ pub trait DistributedRwLock: Send + Sync + fmt::Debug {
     /// connection and backend errors.
     async fn inspect(&self, key: &LockKey) -> Result<RwStatus, LockError> {
         let _ = key;
-        Err(LockError::Unsupported {
-            backend: self.info().name,
-            operation: "inspect",
-            reason: "this backend cannot look at a key without taking it",
-        })
+        Err(inspect_unsupported(self.info().name))
     }
 }
 
-/// A read or write guard's view of the lock that granted it.
-#[async_trait]
-impl LeaseBackend for Arc<dyn DistributedRwLock> {
-    fn name(&self) -> &'static str {
-        self.info().name
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        DistributedRwLock::release(&**self, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        DistributedRwLock::extend(&**self, lease, ttl).await
-    }
-}
+lease_backend_for!(DistributedRwLock);

@@ -1,12 +1,11 @@
 //! The [`DistributedSemaphore`] trait: at most `max` holders of one key at once.
 
 use std::fmt;
-use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::lease_backend::LeaseBackend;
+use crate::lease_backend::{inspect_unsupported, lease_backend_for};
 use crate::{
     BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, OptionsError,
     ReleaseOutcome, SemaphoreStatus,
@@ -116,29 +115,11 @@ pub trait DistributedSemaphore: Send + Sync + fmt::Debug {
     /// connection and backend errors.
     async fn inspect(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
         let _ = key;
-        Err(LockError::Unsupported {
-            backend: self.info().name,
-            operation: "inspect",
-            reason: "this backend cannot look at a key without taking it",
-        })
+        Err(inspect_unsupported(self.info().name))
     }
 }
 
-/// A permit guard's view of the semaphore that granted it.
-#[async_trait]
-impl LeaseBackend for Arc<dyn DistributedSemaphore> {
-    fn name(&self) -> &'static str {
-        self.info().name
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        DistributedSemaphore::release(&**self, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        DistributedSemaphore::extend(&**self, lease, ttl).await
-    }
-}
+lease_backend_for!(DistributedSemaphore);
 
 #[cfg(test)]
 mod tests {

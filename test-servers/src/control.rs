@@ -3,6 +3,7 @@
 
 use async_trait::async_trait;
 
+use crate::process::Supervised;
 use crate::ServerError;
 
 /// What a test can do to one running server node: where it is, and the faults it
@@ -51,5 +52,58 @@ pub trait ServerControl: Send + Sync {
     /// default, true of every local process).
     fn pause_unsupported(&self) -> Option<String> {
         None
+    }
+}
+
+/// A server that is one local process under [`Supervised`]: each states where it
+/// listens and how it comes up, and gets every [`ServerControl`] action from that.
+#[async_trait]
+pub(crate) trait SupervisedServer: Send + Sync {
+    /// The server process.
+    fn process(&self) -> &Supervised;
+
+    /// The server process, mutably.
+    fn process_mut(&mut self) -> &mut Supervised;
+
+    /// As [`ServerControl::url`].
+    fn client_url(&self) -> String;
+
+    /// As [`ServerControl::port`].
+    fn client_port(&self) -> u16;
+
+    /// Starts the (killed) process again and waits until it serves.
+    async fn boot_again(&mut self) -> Result<(), ServerError>;
+}
+
+/// Every action is supported; restart keeps the port and the data directory.
+#[async_trait]
+impl<T: SupervisedServer> ServerControl for T {
+    fn url(&self) -> String {
+        self.client_url()
+    }
+
+    fn port(&self) -> u16 {
+        self.client_port()
+    }
+
+    fn kill(&mut self) {
+        self.process_mut().kill();
+    }
+
+    async fn restart(&mut self) -> Result<(), ServerError> {
+        self.process_mut().kill();
+        self.boot_again().await
+    }
+
+    fn pause(&mut self) -> Result<(), ServerError> {
+        self.process_mut().pause()
+    }
+
+    fn resume(&mut self) -> Result<(), ServerError> {
+        self.process_mut().resume()
+    }
+
+    fn logs(&self) -> String {
+        self.process().log_tail()
     }
 }

@@ -75,7 +75,7 @@ pub use redis::{RedisServer, RedisServerOptions};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinelGroup;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
-pub use zookeeper_tls::{TestCertificates, ZooKeeperTlsServer};
+pub use zookeeper_tls::ZooKeeperTlsServer;
 
 /// Why a throwaway server could not be started, probed or controlled.
 ///

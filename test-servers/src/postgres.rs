@@ -8,8 +8,9 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::control::SupervisedServer;
 use super::process::{Launch, Supervised};
-use super::{free_port, temp_dir, ServerControl, ServerError, START_ATTEMPTS};
+use super::{free_port, temp_dir, ServerError, START_ATTEMPTS};
 
 const SERVER: &str = "postgres";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -164,7 +165,7 @@ impl PostgresServer {
         self.port
     }
 
-    /// The postmaster's process id, `None` after [`kill`](Self::kill).
+    /// The postmaster's process id, `None` after [`kill`](crate::ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -191,7 +192,7 @@ impl PostgresServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](crate::ServerControl::pause) and [`resume`](crate::ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }
@@ -272,36 +273,26 @@ pub async fn terminate_sessions_at(
     }
 }
 
-/// Every action is supported; restart keeps the port and the data directory.
 #[async_trait::async_trait]
-impl ServerControl for PostgresServer {
-    fn url(&self) -> String {
-        PostgresServer::url(self)
+impl SupervisedServer for PostgresServer {
+    fn process(&self) -> &Supervised {
+        &self.process
     }
 
-    fn port(&self) -> u16 {
-        PostgresServer::port(self)
+    fn process_mut(&mut self) -> &mut Supervised {
+        &mut self.process
     }
 
-    fn kill(&mut self) {
-        self.process.kill();
+    fn client_url(&self) -> String {
+        self.url()
     }
 
-    async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
+    fn client_port(&self) -> u16 {
+        self.port()
+    }
+
+    async fn boot_again(&mut self) -> Result<(), ServerError> {
         self.boot().await
-    }
-
-    fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
-    }
-
-    fn logs(&self) -> String {
-        self.process.log_tail()
     }
 }
 

@@ -8,8 +8,9 @@ use tempfile::TempDir;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
+use super::control::SupervisedServer;
 use super::process::{Launch, Supervised};
-use super::{find_on_path, free_port, temp_dir, ServerControl, ServerError, START_ATTEMPTS};
+use super::{find_on_path, free_port, temp_dir, ServerError, START_ATTEMPTS};
 
 const SERVER: &str = "redis";
 const READY_TIMEOUT: Duration = Duration::from_secs(15);
@@ -19,8 +20,8 @@ const READY_TIMEOUT: Duration = Duration::from_secs(15);
 #[non_exhaustive]
 pub struct RedisServerOptions {
     /// Enable the append-only file (`--appendonly yes`, default fsync policy
-    /// `everysec`) so that data survives [`RedisServer::kill`] +
-    /// [`RedisServer::restart`]. Off by default: the server then keeps no
+    /// `everysec`) so that data survives [`ServerControl::kill`](crate::ServerControl::kill) +
+    /// [`ServerControl::restart`](crate::ServerControl::restart). Off by default: the server then keeps no
     /// data across restarts (`--save "" --appendonly no`).
     pub appendonly: bool,
     /// Extra command-line arguments appended after the harness's own, e.g.
@@ -164,7 +165,7 @@ impl RedisServer {
         self.port
     }
 
-    /// The process id of the running server, `None` after [`kill`](Self::kill).
+    /// The process id of the running server, `None` after [`kill`](crate::ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -185,7 +186,7 @@ impl RedisServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](crate::ServerControl::pause) and [`resume`](crate::ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }
@@ -201,36 +202,26 @@ impl RedisServer {
     }
 }
 
-/// Every action is supported; restart keeps the port and the data directory.
 #[async_trait::async_trait]
-impl ServerControl for RedisServer {
-    fn url(&self) -> String {
-        RedisServer::url(self)
+impl SupervisedServer for RedisServer {
+    fn process(&self) -> &Supervised {
+        &self.process
     }
 
-    fn port(&self) -> u16 {
-        RedisServer::port(self)
+    fn process_mut(&mut self) -> &mut Supervised {
+        &mut self.process
     }
 
-    fn kill(&mut self) {
-        self.process.kill();
+    fn client_url(&self) -> String {
+        self.url()
     }
 
-    async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
+    fn client_port(&self) -> u16 {
+        self.port()
+    }
+
+    async fn boot_again(&mut self) -> Result<(), ServerError> {
         self.boot().await
-    }
-
-    fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
-    }
-
-    fn logs(&self) -> String {
-        self.process.log_tail()
     }
 }
 

@@ -9,6 +9,7 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::control::SupervisedServer;
 use super::process::{Launch, Supervised};
 use super::{
     find_on_path, free_ports, temp_dir, ServerControl, ServerError, PROBE_INTERVAL, START_ATTEMPTS,
@@ -310,7 +311,7 @@ impl ZooKeeperServer {
         self.id
     }
 
-    /// The JVM's process id, `None` after [`kill`](Self::kill).
+    /// The JVM's process id, `None` after [`kill`](ServerControl::kill).
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
     }
@@ -331,7 +332,7 @@ impl ZooKeeperServer {
         self.process.is_running()
     }
 
-    /// True between [`pause`](Self::pause) and [`resume`](Self::resume).
+    /// True between [`pause`](ServerControl::pause) and [`resume`](ServerControl::resume).
     pub fn is_paused(&self) -> bool {
         self.process.is_paused()
     }
@@ -378,36 +379,26 @@ impl ZooKeeperServer {
     }
 }
 
-/// Every action is supported; restart keeps the port and the data directory.
 #[async_trait::async_trait]
-impl ServerControl for ZooKeeperServer {
-    fn url(&self) -> String {
-        ZooKeeperServer::url(self)
+impl SupervisedServer for ZooKeeperServer {
+    fn process(&self) -> &Supervised {
+        &self.process
     }
 
-    fn port(&self) -> u16 {
-        ZooKeeperServer::port(self)
+    fn process_mut(&mut self) -> &mut Supervised {
+        &mut self.process
     }
 
-    fn kill(&mut self) {
-        self.process.kill();
+    fn client_url(&self) -> String {
+        self.url()
     }
 
-    async fn restart(&mut self) -> Result<(), ServerError> {
-        self.process.kill();
+    fn client_port(&self) -> u16 {
+        self.port()
+    }
+
+    async fn boot_again(&mut self) -> Result<(), ServerError> {
         self.boot(self.id.is_none()).await
-    }
-
-    fn pause(&mut self) -> Result<(), ServerError> {
-        self.process.pause()
-    }
-
-    fn resume(&mut self) -> Result<(), ServerError> {
-        self.process.resume()
-    }
-
-    fn logs(&self) -> String {
-        self.process.log_tail()
     }
 }
 

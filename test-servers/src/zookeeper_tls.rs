@@ -1,160 +1,60 @@
 //! A throwaway ZooKeeper server with a TLS client port (`secureClientPort`, Netty
-//! connection factory), and the throwaway certificate authority it uses.
+//! connection factory), its certificates from a [`TestCa`].
 
 use crate::ServerControl;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
-use tempfile::TempDir;
 use tokio::net::TcpStream;
 
+use super::openssl_ca::{CertUse, IssuedCert, TestCa};
 use super::zookeeper::{ZooKeeperServer, ZooKeeperServerOptions};
-use super::{free_port, temp_dir, ServerError, PROBE_INTERVAL, START_ATTEMPTS};
+use super::{free_port, ServerError, PROBE_INTERVAL, START_ATTEMPTS};
 
 const SERVER: &str = "zookeeper-tls";
 
-/// A throwaway certificate authority made with the `openssl` tool: a CA, a server
-/// certificate for `127.0.0.1` and `localhost` (IP and DNS subject alternative
-/// names), and a client certificate, all PEM files in a temporary directory that is
-/// deleted on drop. Valid for two days.
+/// The names the server certificate is valid for.
+const SERVER_NAMES: [&str; 2] = ["IP:127.0.0.1", "DNS:localhost"];
+
+/// The server's certificates: a CA, the server's key store and a client certificate.
 #[derive(Debug)]
-pub struct TestCertificates {
-    dir: TempDir,
+struct Certificates {
+    ca: TestCa,
+    /// The server's private key followed by its certificate (one PEM file, which is
+    /// how ZooKeeper reads a PEM key store).
+    server_key_store: PathBuf,
+    client: IssuedCert,
 }
 
-impl TestCertificates {
-    /// Makes the CA and both certificates.
-    ///
-    /// # Errors
-    /// [`ServerError::NotInstalled`] without `openssl` on `PATH`; [`ServerError::Setup`]
-    /// (with its output) when an `openssl` step fails; [`ServerError::Io`].
-    pub fn generate() -> Result<TestCertificates, ServerError> {
-        let dir = temp_dir("certs")?;
-        let certs = TestCertificates { dir };
-        certs.openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=distlock test CA",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-        ])?;
-        certs.sign(
-            "server",
-            "/CN=127.0.0.1",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        )?;
-        certs.sign(
-            "client",
-            "/CN=distlock-client",
-            "extendedKeyUsage=clientAuth",
-        )?;
-        // The server reads its key and certificate from one PEM key store.
-        let mut store = std::fs::read_to_string(certs.path("server.key"))
-            .map_err(|e| ServerError::io("reading server.key", e))?;
-        store.push_str(
-            &std::fs::read_to_string(certs.path("server.crt"))
-                .map_err(|e| ServerError::io("reading server.crt", e))?,
-        );
-        std::fs::write(certs.path("server.pem"), store)
-            .map_err(|e| ServerError::io("writing server.pem", e))?;
-        Ok(certs)
-    }
-
-    /// A key and a certificate `NAME.key`, `NAME.crt` signed by the CA, with `extension`.
-    fn sign(&self, name: &str, subject: &str, extension: &str) -> Result<(), ServerError> {
-        let (key, csr, crt, ext) = (
-            format!("{name}.key"),
-            format!("{name}.csr"),
-            format!("{name}.crt"),
-            format!("{name}.ext"),
-        );
-        std::fs::write(self.path(&ext), format!("{extension}\n"))
-            .map_err(|e| ServerError::io(format!("writing {ext}"), e))?;
-        self.openssl(&[
-            "req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", &key, "-out", &csr,
-        ])?;
-        self.openssl(&[
-            "x509",
-            "-req",
-            "-in",
-            &csr,
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "2",
-            "-extfile",
-            &ext,
-            "-out",
-            &crt,
-        ])
-    }
-
-    fn openssl(&self, args: &[&str]) -> Result<(), ServerError> {
-        let output = Command::new("openssl")
-            .args(args)
-            .current_dir(self.dir.path())
-            .output()
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::NotFound => ServerError::NotInstalled {
-                    what: "openssl".into(),
-                    hint: "install the Debian package `openssl` (scripts/test.sh does)".into(),
-                },
-                _ => ServerError::io("running openssl", e),
-            })?;
-        if output.status.success() {
-            return Ok(());
-        }
-        Err(ServerError::Setup {
-            server: SERVER,
-            step: format!("openssl {}", args.join(" ")),
-            detail: format!(
-                "{}: {}",
-                output.status,
-                String::from_utf8_lossy(&output.stderr)
-            ),
+impl Certificates {
+    async fn create() -> Result<Certificates, ServerError> {
+        let ca = TestCa::create("zookeeper").await?;
+        let server = ca
+            .issue("server", "127.0.0.1", CertUse::Server(&SERVER_NAMES))
+            .await?;
+        let client = ca
+            .issue("client", "distlock-client", CertUse::Client)
+            .await?;
+        let server_key_store = ca.dir().join("server.pem");
+        let read = |path: &Path| {
+            std::fs::read_to_string(path)
+                .map_err(|e| ServerError::io(format!("reading {}", path.display()), e))
+        };
+        let store = read(&server.key)? + &read(&server.cert)?;
+        std::fs::write(&server_key_store, store)
+            .map_err(|e| ServerError::io(format!("writing {}", server_key_store.display()), e))?;
+        Ok(Certificates {
+            ca,
+            server_key_store,
+            client,
         })
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.path().join(name)
-    }
-
-    /// The CA certificate (PEM): what clients trust.
-    pub fn ca(&self) -> PathBuf {
-        self.path("ca.pem")
-    }
-
-    /// The server's private key followed by its certificate (one PEM file).
-    pub fn server_key_store(&self) -> PathBuf {
-        self.path("server.pem")
-    }
-
-    /// The client certificate (PEM), signed by the CA.
-    pub fn client_cert(&self) -> PathBuf {
-        self.path("client.crt")
-    }
-
-    /// The client certificate's private key (PEM, PKCS#8).
-    pub fn client_key(&self) -> PathBuf {
-        self.path("client.key")
     }
 }
 
 /// A standalone ZooKeeper server that serves TLS on its `secureClientPort` and
 /// plaintext on its client port (for probes and for tests that need both), with
-/// certificates from a fresh [`TestCertificates`].
+/// certificates from a fresh [`TestCa`]: a server certificate for `127.0.0.1` and
+/// `localhost`, and a client certificate.
 ///
 /// Dropping it kills the server and deletes its directories.
 #[derive(Debug)]
@@ -163,7 +63,7 @@ pub struct ZooKeeperTlsServer {
     server: ZooKeeperServer,
     secure_port: u16,
     client_auth: bool,
-    certs: TestCertificates,
+    certs: Certificates,
 }
 
 impl ZooKeeperTlsServer {
@@ -172,11 +72,11 @@ impl ZooKeeperTlsServer {
     /// asks for none.
     ///
     /// # Errors
-    /// As [`TestCertificates::generate`] and [`ZooKeeperServer::start_with`], and
+    /// As [`TestCa::create`] and [`ZooKeeperServer::start_with`], and
     /// [`ServerError::StartTimeout`] when the TLS port does not accept connections
     /// within the options' `ready_timeout`.
     pub async fn start(client_auth: bool) -> Result<ZooKeeperTlsServer, ServerError> {
-        let certs = TestCertificates::generate()?;
+        let certs = Certificates::create().await?;
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -229,13 +129,13 @@ impl ZooKeeperTlsServer {
         let mut url = format!(
             "zookeeper+tls://{userinfo}{at}127.0.0.1:{}?ca={}",
             self.secure_port,
-            self.certs.ca().display()
+            self.certs.ca.cert().display()
         );
         if self.client_auth {
             url.push_str(&format!(
                 "&cert={}&key={}",
-                self.certs.client_cert().display(),
-                self.certs.client_key().display()
+                self.certs.client.cert.display(),
+                self.certs.client.key.display()
             ));
         }
         url
@@ -246,9 +146,15 @@ impl ZooKeeperTlsServer {
         self.secure_port
     }
 
-    /// The certificates the server and its clients use.
-    pub fn certificates(&self) -> &TestCertificates {
-        &self.certs
+    /// The CA certificate (PEM) that signed the server's and the client's
+    /// certificates: what clients trust.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.certs.ca.cert()
+    }
+
+    /// A client certificate (common name `distlock-client`) and key signed by the CA.
+    pub fn client_cert(&self) -> &IssuedCert {
+        &self.certs.client
     }
 
     /// The server itself: its plaintext [`ZooKeeperServer::url`], fault controls and log.
@@ -265,15 +171,15 @@ impl ZooKeeperTlsServer {
 /// The `zoo.cfg` lines of a TLS client port: ZooKeeper passes unknown keys on as
 /// `zookeeper.*` system properties, which is where the Netty factory and the X.509
 /// settings are read from. PEM key and trust stores need ZooKeeper 3.6 or later.
-fn tls_config(certs: &TestCertificates, secure_port: u16, client_auth: bool) -> Vec<String> {
+fn tls_config(certs: &Certificates, secure_port: u16, client_auth: bool) -> Vec<String> {
     let store = |path: &Path| path.display().to_string();
     vec![
         format!("secureClientPort={secure_port}"),
         "secureClientPortAddress=127.0.0.1".into(),
         "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".into(),
-        format!("ssl.keyStore.location={}", store(&certs.server_key_store())),
+        format!("ssl.keyStore.location={}", store(&certs.server_key_store)),
         "ssl.keyStore.type=PEM".into(),
-        format!("ssl.trustStore.location={}", store(&certs.ca())),
+        format!("ssl.trustStore.location={}", store(&certs.ca.cert())),
         "ssl.trustStore.type=PEM".into(),
         format!(
             "ssl.clientAuth={}",

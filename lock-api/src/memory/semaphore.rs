@@ -10,8 +10,8 @@ use super::shared::{self, Kind, Want};
 use super::{MemoryLock, MEMORY_BACKEND, NOT_FIFO};
 use crate::backend::NewGuard;
 use crate::{
-    check_permits, check_ttl, BackendInfo, Capability, DistributedLock, DistributedSemaphore,
-    ExtendOutcome, HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    check_ttl, BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome,
+    HolderStatus, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
     SemaphoreStatus,
 };
 
@@ -41,9 +41,12 @@ impl MemorySemaphore {
     }
 
     fn checked(&self, max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        options.validate_for(MEMORY_BACKEND)?;
-        check_permits(max_permits).map_err(|e| LockError::invalid_options(MEMORY_BACKEND, e))?;
-        options.check_order(MEMORY_BACKEND, Capability::Unsupported(NOT_FIFO))
+        crate::backend::check_permit_request(
+            MEMORY_BACKEND,
+            max_permits,
+            options,
+            Capability::Unsupported(NOT_FIFO),
+        )
     }
 
     fn attempt(
