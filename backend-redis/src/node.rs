@@ -198,6 +198,17 @@ impl Node {
     }
 }
 
+/// rustls needs one process-wide crypto provider when more than one is compiled in (a
+/// build with `zookeeper-tls` also has aws-lc-rs), and the driver panics without one:
+/// installs ring unless the program (or another crate) installed a provider first.
+pub(crate) fn install_crypto_provider() {
+    #[cfg(feature = "tls")]
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
 /// The driver's client for `url` (`redis://…`, speaking RESP3 so that pub/sub pushes
 /// share the command connection), the server's `host:port` and the database.
 ///
@@ -218,11 +229,7 @@ pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), L
     let db = settings.db();
     let info = info.set_redis_settings(settings);
     let address = info.addr().to_string();
-    #[cfg(feature = "tls")]
-    {
-        // One process-wide crypto provider; another crate may have installed one first.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
+    install_crypto_provider();
     let client = redis::Client::open(info).map_err(|e| LockError::Config {
         backend: REDIS_BACKEND,
         message: format!("{address}: invalid Redis connection settings"),

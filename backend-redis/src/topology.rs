@@ -27,6 +27,8 @@ use sentinel::SentinelConn;
 /// [`LockError::Connection`] when nothing answers within `timeout` (Sentinel and
 /// Cluster bound their whole connect by it).
 pub(crate) async fn connect(url: RedisUrl, timeout: Duration) -> Result<Vec<Node>, LockError> {
+    // Sentinel and Cluster connections open TLS outside `driver_client` too.
+    crate::node::install_crypto_provider();
     match url.topology {
         Topology::Direct => crate::membership::connect_nodes(&url.nodes, timeout).await,
         Topology::Sentinel(sentinel) => {
