@@ -41,19 +41,22 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
         "distlock/raw",
         "distlock/rslock",
         "distlock/distributed-lock",
+        "distlock semaphore (2 permits)",
+        "distlock rw write",
+        "distlock rw read",
     ] {
         assert!(header.contains(&format!(" {column} |")), "{header}");
     }
     for concurrency in [1, 16, 64] {
         let row = line(&format!("| {concurrency} | "));
-        // Four rates beside ours (FIFO mode and three comparators) and four ratios,
-        // each a number.
+        // Seven rates beside ours (FIFO mode, three comparators, the semaphore and
+        // the two sides of the read-write lock) and seven ratios, each a number.
         let cells: Vec<&str> = row
             .split('|')
             .map(str::trim)
             .filter(|c| !c.is_empty())
             .collect();
-        assert_eq!(cells.len(), 10, "{row}");
+        assert_eq!(cells.len(), 16, "{row}");
         assert!(cells.iter().all(|c| *c != "–"), "a side is missing: {row}");
     }
     for side in [
