@@ -268,66 +268,16 @@ pub(super) async fn ensemble_leader_loss(h: &dyn FaultHarness) -> Result<Outcome
     let Topology::Ensemble { .. } = h.topology() else {
         return Err(skip("needs a replicated ensemble with a leader"));
     };
-    let Some(leader) = h.leader().await else {
-        return Err(Failure::Failed("the ensemble has no leader".into()));
-    };
-    let history = History::new();
-    let a = h.fault_client().await?;
-    let ra = recorder(&a, 0, &history);
-    let key = unique_key("leader-loss");
-    let set = FencedSet::new(format!("{key}#set"), history.clone());
-    let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack() * 5)).await?;
-    check!(
-        set.add(0, guard.fencing_token(), 1),
-        "the holder's first write was refused"
-    );
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let w = h.fault_client().await?;
-    let waiter = persistent_waiter(
-        recorder(&w, 1, &history),
-        key.clone(),
-        set.clone(),
-        h.ttl(),
-        2,
-        deadline,
-    );
-    h.control(leader, ServerAction::Kill)
-        .await
-        .map_err(Failure::Failed)?;
-    let killed = Instant::now();
-    let new_leader = loop {
-        match h.leader().await {
-            Some(l) if l != leader => break l,
-            _ if killed.elapsed() > Duration::from_secs(30) => {
-                return Err(Failure::Failed("no new leader within 30 s".into()))
-            }
-            _ => sleep(Duration::from_millis(100)).await,
-        }
-    };
-    let elected = killed.elapsed();
-    let kept = guard.state() == LeaseState::Held;
-    if kept {
-        set.add(0, guard.fencing_token(), 3);
-        ra.release(guard).await?;
-    } else {
-        ra.lost(&guard);
-        drop(guard);
-    }
-    let acquired = waiter
-        .await
-        .map_err(|e| Failure::Failed(format!("the waiter panicked: {e}")))?;
-    h.control(leader, ServerAction::Restart)
-        .await
-        .map_err(Failure::Failed)?;
-    check!(acquired, "the waiter did not acquire after the leader loss");
-    set.final_read();
+    let loss =
+        kill_serving_node(h, Serving::Leader, "leader-loss", Duration::from_secs(40)).await?;
     Ok(Outcome {
         detail: format!(
-            "node {new_leader} elected after {}, holder {} its lock, waiter acquired",
-            millis(elected),
-            if kept { "kept" } else { "lost" }
+            "node {} elected after {}, holder {} its lock, waiter acquired",
+            loss.successor,
+            millis(loss.replaced_after),
+            loss.holder_verb()
         ),
-        history,
+        history: loss.history,
     })
 }
 
@@ -339,12 +289,89 @@ pub(super) async fn master_failover_while_held_and_waited(
             "needs masters with replicas and failover (Redis Sentinel or Cluster)",
         ));
     };
+    let loss =
+        kill_serving_node(h, Serving::MasterOfKey, "failover", Duration::from_secs(60)).await?;
+    Ok(Outcome {
+        detail: format!(
+            "node {} took over after {}, holder {} its lock, waiter acquired and released by {} after the kill",
+            loss.successor,
+            millis(loss.replaced_after),
+            loss.holder_verb(),
+            millis(loss.followed_after)
+        ),
+        history: loss.history,
+    })
+}
+
+/// Which node serves a key, for [`kill_serving_node`].
+#[derive(Clone, Copy)]
+enum Serving {
+    /// The ensemble's leader (ZooKeeper).
+    Leader,
+    /// The master of the key's data (Redis Sentinel, Redis Cluster).
+    MasterOfKey,
+}
+
+impl Serving {
+    async fn node(self, h: &dyn FaultHarness, key: &LockKey) -> Option<usize> {
+        match self {
+            Serving::Leader => h.leader().await,
+            Serving::MasterOfKey => h.master_of(key).await,
+        }
+    }
+
+    fn waiter_failed(self) -> &'static str {
+        match self {
+            Serving::Leader => "the waiter did not acquire after the leader loss",
+            Serving::MasterOfKey => "the waiter did not acquire after the failover",
+        }
+    }
+
+    fn not_replaced(self) -> &'static str {
+        match self {
+            Serving::Leader => "no new leader within 30 s",
+            Serving::MasterOfKey => "no replica took over within 30 s",
+        }
+    }
+}
+
+/// What [`kill_serving_node`] saw.
+struct NodeLoss {
+    successor: usize,
+    replaced_after: Duration,
+    /// Whether the holder still held its lock once the successor served.
+    kept: bool,
+    /// From the kill until the waiter had acquired and released on the successor.
+    followed_after: Duration,
+    history: History,
+}
+
+impl NodeLoss {
+    fn holder_verb(&self) -> &'static str {
+        if self.kept {
+            "kept"
+        } else {
+            "lost"
+        }
+    }
+}
+
+/// Holds a fresh key while a persistent waiter waits for it, kills the node serving the
+/// key, waits (at most 30 s) for another node to serve, lets the holder keep or lose its
+/// lock as the backend decides, and checks the waiter acquires within `waiter_budget`;
+/// the killed node is restarted before returning.
+async fn kill_serving_node(
+    h: &dyn FaultHarness,
+    serving: Serving,
+    key_prefix: &str,
+    waiter_budget: Duration,
+) -> Result<NodeLoss, Failure> {
     let history = History::new();
     let a = h.fault_client().await?;
     let ra = recorder(&a, 0, &history);
-    let key = unique_key("failover");
-    let Some(master) = h.master_of(&key).await else {
-        return Err(Failure::Failed("no node is the key's master".into()));
+    let key = unique_key(key_prefix);
+    let Some(node) = serving.node(h, &key).await else {
+        return Err(Failure::Failed("no node serves the key".into()));
     };
     let set = FencedSet::new(format!("{key}#set"), history.clone());
     let guard = ra.acquire(&key, &renewed(h.ttl(), h.slack() * 5)).await?;
@@ -352,7 +379,7 @@ pub(super) async fn master_failover_while_held_and_waited(
         set.add(0, guard.fencing_token(), 1),
         "the holder's first write was refused"
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
+    let deadline = Instant::now() + waiter_budget;
     let w = h.fault_client().await?;
     let waiter = persistent_waiter(
         recorder(&w, 1, &history),
@@ -362,20 +389,20 @@ pub(super) async fn master_failover_while_held_and_waited(
         2,
         deadline,
     );
-    h.control(master, ServerAction::Kill)
+    h.control(node, ServerAction::Kill)
         .await
         .map_err(Failure::Failed)?;
     let killed = Instant::now();
-    let new_master = loop {
-        match h.master_of(&key).await {
-            Some(m) if m != master => break m,
+    let successor = loop {
+        match serving.node(h, &key).await {
+            Some(n) if n != node => break n,
             _ if killed.elapsed() > Duration::from_secs(30) => {
-                return Err(Failure::Failed("no replica took over within 30 s".into()))
+                return Err(Failure::Failed(serving.not_replaced().into()))
             }
             _ => sleep(Duration::from_millis(100)).await,
         }
     };
-    let promoted = killed.elapsed();
+    let replaced_after = killed.elapsed();
     let kept = guard.state() == LeaseState::Held;
     if kept {
         set.add(0, guard.fencing_token(), 3);
@@ -387,21 +414,18 @@ pub(super) async fn master_failover_while_held_and_waited(
     let acquired = waiter
         .await
         .map_err(|e| Failure::Failed(format!("the waiter panicked: {e}")))?;
-    // How long a client took to follow the failover: the waiter, retrying through the
-    // lost master, acquired (and released) on the new one.
-    let followed = killed.elapsed();
-    h.control(master, ServerAction::Restart)
+    // The waiter, retrying through the lost node, acquired (and released) on the new one.
+    let followed_after = killed.elapsed();
+    h.control(node, ServerAction::Restart)
         .await
         .map_err(Failure::Failed)?;
-    check!(acquired, "the waiter did not acquire after the failover");
+    check!(acquired, "{}", serving.waiter_failed());
     set.final_read();
-    Ok(Outcome {
-        detail: format!(
-            "node {new_master} took over after {}, holder {} its lock, waiter acquired and released by {} after the kill",
-            millis(promoted),
-            if kept { "kept" } else { "lost" },
-            millis(followed)
-        ),
+    Ok(NodeLoss {
+        successor,
+        replaced_after,
+        kept,
+        followed_after,
         history,
     })
 }
