@@ -199,6 +199,7 @@ impl DistributedLock for FileLock {
         let mut capabilities = Capabilities::all_supported();
         capabilities.ttl_expiry = Capability::Unsupported(NO_TTL);
         capabilities.fifo = Capability::Unsupported(NOT_FIFO);
+        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         BackendInfo::new(FILE_BACKEND, capabilities)
     }
 

@@ -673,7 +673,10 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
+        BackendInfo::new(
+            POSTGRES_BACKEND,
+            Capabilities::all_supported().without_election(distlock_api::NOT_YET),
+        )
     }
 
     async fn try_acquire(

@@ -607,6 +607,7 @@ impl DistributedLock for RedisLock {
             );
         }
         capabilities.fifo = self.fifo_capability();
+        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         if self.is_redlock() {
             capabilities = capabilities.mutex_only(primitive::REDLOCK_NO_PRIMITIVES);
         }

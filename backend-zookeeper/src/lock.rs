@@ -516,6 +516,7 @@ impl DistributedLock for ZooKeeperLock {
         capabilities.ttl_expiry = Capability::Unsupported(
             "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
         );
+        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
     }
 

@@ -52,11 +52,13 @@ pub enum Mistake {
     /// The read-write lock's writer polls for a moment with no reader, and readers
     /// never wait for it: a plain `flock` or `pthread_rwlock` with reader preference.
     WriterStarved,
+    /// Each client elects itself on a store of its own: a split brain, two leaders.
+    TwoLeaders,
 }
 
 impl Mistake {
     /// Every mistake.
-    pub const ALL: [Mistake; 10] = [
+    pub const ALL: [Mistake; 11] = [
         Mistake::NoTtl,
         Mistake::PlainDelete,
         Mistake::CheckThenDelete,
@@ -67,6 +69,7 @@ impl Mistake {
         Mistake::SemaphoreAdmitsOneMore,
         Mistake::ReadBesideWrite,
         Mistake::WriterStarved,
+        Mistake::TwoLeaders,
     ];
 
     /// A short name for tables.
@@ -82,6 +85,7 @@ impl Mistake {
             Mistake::SemaphoreAdmitsOneMore => "semaphore-admits-n-plus-1",
             Mistake::ReadBesideWrite => "read-beside-write",
             Mistake::WriterStarved => "writer-starved-by-readers",
+            Mistake::TwoLeaders => "election-two-leaders",
         }
     }
 
@@ -102,6 +106,7 @@ impl Mistake {
             Mistake::WriterStarved => {
                 "readers never wait for a waiting writer, which polls for a gap that never comes"
             }
+            Mistake::TwoLeaders => "each client elects itself on a store of its own",
         }
     }
 }

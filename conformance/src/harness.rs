@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LockError};
+use distlock_api::{
+    DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError,
+};
 
 /// Fault hooks on one client. All optional: scenarios that need one skip without it.
 #[async_trait]
@@ -31,6 +33,9 @@ pub struct Client {
     /// The client's read-write lock handle, where the backend offers one: the
     /// read-write scenarios skip without it. Crashing the client crashes it too.
     pub rw_lock: Option<Arc<dyn DistributedRwLock>>,
+    /// The client's election handle, where the backend offers one: the election
+    /// scenarios skip without it. Crashing the client crashes it too.
+    pub election: Option<Arc<dyn LeaderElection>>,
 }
 
 impl Client {
@@ -41,7 +46,14 @@ impl Client {
             faults: None,
             semaphore: None,
             rw_lock: None,
+            election: None,
         }
+    }
+
+    /// Adds the election handle of the same client.
+    pub fn with_election(mut self, election: Arc<dyn LeaderElection>) -> Self {
+        self.election = Some(election);
+        self
     }
 
     /// Adds the semaphore handle of the same client.

@@ -62,6 +62,14 @@ macro_rules! conformance_tests {
             rw_waiting_writer_is_not_starved,
             rw_cancelled_acquire_leaks_nothing,
             rw_bad_options_are_typed_errors,
+            election_one_leader_at_a_time,
+            election_leader_reads_identity_and_term,
+            election_resign_hands_over_promptly,
+            election_crashed_leader_is_replaced_within_lease,
+            election_observer_sees_changes_in_order,
+            election_cancelled_campaign_leaves_nothing,
+            election_lost_fires_by_deadline,
+            election_bad_input_is_typed,
         );
     };
 }

@@ -63,6 +63,7 @@ impl Harness for MemoryHarness {
         Ok(Client::new(Arc::new(lock.clone()))
             .with_semaphore(Arc::new(lock.semaphore()))
             .with_rw_lock(Arc::new(lock.rw_lock()))
+            .with_election(Arc::new(lock.election()))
             .with_faults(Arc::new(CrashMemoryClient(lock))))
     }
 

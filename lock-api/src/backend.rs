@@ -17,6 +17,8 @@
 //!   queue) so that [`crate::settle_cleanups`] can wait for it before the process exits.
 //! - [`check_permit_request`] makes a semaphore acquire's checks of its options and
 //!   permit count, the same on every backend.
+//! - [`leadership`] wraps an election's grant as a [`Leadership`], and
+//!   [`check_campaign_request`] makes a campaign's checks of its options.
 
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -28,9 +30,53 @@ use tokio::time::{timeout_at, Instant};
 pub use crate::cleanup::spawn_cleanup;
 
 use crate::{
-    check_permits, AutoRenew, Capability, DistributedLock, DistributedRwLock, DistributedSemaphore,
-    FencingToken, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    check_permits, AutoRenew, Candidate, Capability, DistributedLock, DistributedRwLock,
+    DistributedSemaphore, FencingToken, LeaderElection, Leadership, Lease, LeaseMonitor,
+    LockError, LockGuard, LockKey, LockOptions, OwnerToken,
 };
+
+/// The checks a campaign makes before touching the server: the options
+/// ([`LockOptions::validate_for`]) and their wait order against the backend's `fifo`
+/// capability ([`LockOptions::check_order`]). The candidate was checked when it was
+/// made ([`Candidate::new`]).
+///
+/// # Errors
+/// [`LockError::InvalidOptions`] for bad options, and [`LockError::Unsupported`] for a
+/// FIFO wait where `fifo` is unsupported; each names `backend`.
+pub fn check_campaign_request(
+    backend: &'static str,
+    options: &LockOptions,
+    fifo: Capability,
+) -> Result<(), LockError> {
+    options.validate_for(backend)?;
+    options.check_order(backend, fifo)
+}
+
+/// Wraps an election's grant: `lease` (which must carry the term as its fencing
+/// token), its `monitor`, the `backend` that resigns and extends it, and the
+/// `candidate` that won. With `auto_renew`, a watchdog task is spawned on the current
+/// runtime, as for a [`LockGuard`].
+///
+/// # Errors
+/// [`LockError::Backend`] naming `backend` when the lease carries no term: an election
+/// without terms breaks the [`LeaderElection`] contract. Nothing is released then:
+/// the caller still owns the grant and releases it.
+pub fn leadership(
+    lease: Lease,
+    monitor: LeaseMonitor,
+    backend: Arc<dyn LeaderElection>,
+    auto_renew: Option<AutoRenew>,
+    candidate: Candidate,
+) -> Result<Leadership, LockError> {
+    let Some(term) = lease.fencing_token() else {
+        return Err(LockError::backend_error(
+            backend.info().name,
+            "a leadership was granted without a term",
+        ));
+    };
+    let guard = LockGuard::from_grant(lease, monitor, Arc::new(backend), auto_renew);
+    Ok(Leadership::from_guard(guard, candidate, term))
+}
 
 /// The checks a semaphore acquire makes before touching the server, in this order:
 /// the options ([`LockOptions::validate_for`]), the permit count ([`check_permits`]),

@@ -45,6 +45,9 @@ pub struct Capabilities {
     pub semaphore: Capability,
     /// The backend offers [`crate::DistributedRwLock`], with writer preference.
     pub rw_lock: Capability,
+    /// The backend offers [`crate::LeaderElection`]: one leader at a time with rising
+    /// terms, as its mutex promises exclusion.
+    pub election: Capability,
 }
 
 impl Capabilities {
@@ -58,20 +61,30 @@ impl Capabilities {
             fifo: Capability::Supported,
             semaphore: Capability::Supported,
             rw_lock: Capability::Supported,
+            election: Capability::Supported,
         }
     }
 
-    /// These capabilities with [`Capabilities::semaphore`] and [`Capabilities::rw_lock`]
-    /// unsupported for `reason` (such as [`NOT_YET`]): for backends offering the mutex only.
+    /// These capabilities with [`Capabilities::semaphore`], [`Capabilities::rw_lock`]
+    /// and [`Capabilities::election`] unsupported for `reason` (such as [`NOT_YET`]):
+    /// for backends offering the mutex only.
     pub const fn mutex_only(mut self, reason: &'static str) -> Self {
         self.semaphore = Capability::Unsupported(reason);
         self.rw_lock = Capability::Unsupported(reason);
+        self.election = Capability::Unsupported(reason);
+        self
+    }
+
+    /// These capabilities with [`Capabilities::election`] unsupported for `reason`.
+    pub const fn without_election(mut self, reason: &'static str) -> Self {
+        self.election = Capability::Unsupported(reason);
         self
     }
 }
 
-/// The reason a backend gives for a semaphore or read-write lock it does not offer yet.
-pub const NOT_YET: &str = "not implemented for this backend yet (issue 17)";
+/// The reason a backend gives for a primitive (semaphore, read-write lock, election)
+/// it does not offer yet.
+pub const NOT_YET: &str = "not implemented for this backend yet";
 
 /// A backend's name and guarantees.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -101,6 +101,15 @@ pub enum OptionsError {
         /// [`MAX_PERMITS`](crate::MAX_PERMITS).
         max: u32,
     },
+    /// A candidate identity was empty or longer than
+    /// [`MAX_CANDIDATE_LEN`](crate::MAX_CANDIDATE_LEN) bytes.
+    #[error("a candidate identity needs between 1 and {max} bytes, not {len}")]
+    Candidate {
+        /// The identity's length in bytes.
+        len: usize,
+        /// [`MAX_CANDIDATE_LEN`](crate::MAX_CANDIDATE_LEN).
+        max: usize,
+    },
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.

@@ -48,6 +48,7 @@ pub mod backend;
 mod backoff;
 mod capabilities;
 mod cleanup;
+mod election;
 mod error;
 mod guard;
 mod key;
@@ -68,6 +69,9 @@ mod status;
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
 pub use capabilities::{BackendInfo, Capabilities, Capability, NOT_YET};
 pub use cleanup::settle_cleanups;
+pub use election::{
+    Candidate, Leader, LeaderElection, LeaderWatch, Leadership, MAX_CANDIDATE_LEN, OBSERVE_POLL,
+};
 pub use error::{
     AtAddress, BoxError, LockError, NotHeldReason, OptionsError, PermitMismatch, API_BACKEND_NAME,
 };
@@ -75,7 +79,7 @@ pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::DistributedLock;
-pub use memory::{MemoryLock, MemoryRwLock, MemorySemaphore};
+pub use memory::{MemoryElection, MemoryLock, MemoryRwLock, MemorySemaphore};
 pub use options::{
     check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
     MIN_RENEW_INTERVAL, MIN_TTL,

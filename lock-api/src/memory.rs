@@ -18,10 +18,12 @@ use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+mod election;
 mod rw;
 mod semaphore;
 mod shared;
 
+pub use election::MemoryElection;
 pub use rw::MemoryRwLock;
 pub use semaphore::MemorySemaphore;
 
@@ -443,6 +445,11 @@ impl MemoryLock {
     /// A read-write lock client of the same store, crashed together with this client.
     pub fn rw_lock(&self) -> MemoryRwLock {
         MemoryRwLock::from_client(self.clone())
+    }
+
+    /// An election client of the same store, crashed together with this client.
+    pub fn election(&self) -> MemoryElection {
+        MemoryElection::from_client(self.clone())
     }
 
     fn check_alive(&self) -> Result<(), LockError> {

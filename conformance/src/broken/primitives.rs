@@ -19,8 +19,8 @@ use crate::{Client, ClientFaults};
 /// How often the starved writer of [`Mistake::WriterStarved`] looks for a gap.
 const STARVED_WRITER_POLL: Duration = Duration::from_millis(5);
 
-/// `client` with a semaphore and a read-write lock on `store` (broken as `mistake`
-/// says), and a crash hook that runs `crash_lock` and crashes them too.
+/// `client` with a semaphore, a read-write lock and an election on `store` (broken as
+/// `mistake` says), and a crash hook that runs `crash_lock` and crashes them too.
 pub(super) fn with_primitives(
     client: Client,
     store: &Arc<MemoryStore>,
@@ -36,6 +36,11 @@ pub(super) fn with_primitives(
         inner: memory.rw_lock(),
         mistake,
     };
+    // The split brain: a private store elects every client.
+    let election = match mistake {
+        Mistake::TwoLeaders => MemoryLock::new().election(),
+        _ => memory.election(),
+    };
     let faults = CrashBoth {
         memory,
         crash_lock: Box::new(crash_lock),
@@ -43,6 +48,7 @@ pub(super) fn with_primitives(
     client
         .with_semaphore(Arc::new(semaphore))
         .with_rw_lock(Arc::new(rw_lock))
+        .with_election(Arc::new(election))
         .with_faults(Arc::new(faults))
 }
 

@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::Harness;
 
 mod bad_input;
+mod election;
 pub mod fifo;
 mod liveness;
 mod rw;
@@ -63,6 +64,8 @@ pub enum Requirement {
     Semaphore,
     /// [`Capabilities::rw_lock`], and a read-write lock handle on the harness's clients.
     RwLock,
+    /// [`Capabilities::election`], and an election handle on the harness's clients.
+    Election,
     /// The harness can crash a client ([`crate::ClientFaults::crash`]).
     CrashFault,
     /// The harness has a URL connector ([`Harness::url_connector`]).
@@ -80,6 +83,7 @@ impl Requirement {
             Requirement::Fifo => Some(caps.fifo),
             Requirement::Semaphore => Some(caps.semaphore),
             Requirement::RwLock => Some(caps.rw_lock),
+            Requirement::Election => Some(caps.election),
             Requirement::CrashFault | Requirement::UrlConnector => None,
         }
     }
@@ -152,6 +156,7 @@ macro_rules! scenario {
 }
 
 use bad_input::*;
+use election::*;
 use fifo::*;
 use liveness::*;
 use rw::*;
@@ -245,6 +250,22 @@ pub static SCENARIOS: &[Scenario] = &[
         "read and write acquires dropped at many points leave nothing held and no writer intent behind: a reader gets in at once afterwards, then a writer"),
     scenario!(rw_bad_options_are_typed_errors, BadInput, [RwLock],
         "a zero TTL and a zero backoff are InvalidOptions for reads and writes, and nothing is held"),
+    scenario!(election_one_leader_at_a_time, Safety, [Election],
+        "6 candidates x 8 terms campaign for one name: never two leaders at once, and terms rise strictly in the order the leaders started"),
+    scenario!(election_leader_reads_identity_and_term, Safety, [Election],
+        "leader() reads nobody, then the leader's identity (non-ASCII included) and term; a second candidate's try and no-wait campaigns lose; after the resign nobody leads, and the next term is higher"),
+    scenario!(election_resign_hands_over_promptly, Liveness, [Election],
+        "a standby campaigning while another leads leads within the slack of the leader's resign (hand-off reported)"),
+    scenario!(election_crashed_leader_is_replaced_within_lease, Liveness, [Election, CrashFault],
+        "a leader that crashes keeps leading for its whole validity, and a standby leads within the lease bound plus slack"),
+    scenario!(election_observer_sees_changes_in_order, Liveness, [Election],
+        "a LeaderWatch reads nobody, then each of three successive leaders with its term, and nobody after each resign, in order, each within 3 x slack"),
+    scenario!(election_cancelled_campaign_leaves_nothing, Liveness, [Election],
+        "campaigns dropped at many points, contended or not, leave no leader and no candidacy behind: another candidate leads at once afterwards"),
+    scenario!(election_lost_fires_by_deadline, Ttl, [Election, TtlExpiry],
+        "an unrenewed leadership's lost() fires at its validity deadline, not before, and the next leader's term is higher"),
+    scenario!(election_bad_input_is_typed, BadInput, [Election],
+        "empty and over-long identities are OptionsError::Candidate; zero and sub-minimum TTLs are InvalidOptions, and nothing is held"),
 ];
 
 /// A key no other scenario or run uses.
@@ -282,6 +303,15 @@ pub(crate) fn rw_lock_of(
 ) -> Result<std::sync::Arc<dyn distlock_api::DistributedRwLock>, Failure> {
     client.rw_lock.ok_or_else(|| {
         Failure::Skipped("the harness's clients have no read-write lock handle".into())
+    })
+}
+
+/// A client's election handle, or a skip saying the harness has none.
+pub(crate) fn election_of(
+    client: crate::Client,
+) -> Result<std::sync::Arc<dyn distlock_api::LeaderElection>, Failure> {
+    client.election.ok_or_else(|| {
+        Failure::Skipped("the harness's clients have no election handle".into())
     })
 }
 

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::MEMORY_BACKEND;
 use crate::{
-    ExtendOutcome, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
-    PermitMismatch, ReleaseOutcome,
+    Candidate, ExtendOutcome, FencingToken, Leader, Lease, LeaseMonitor, LockError, LockKey,
+    LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 
 /// Which primitive a key belongs to: each is a namespace of its own.
@@ -19,10 +19,11 @@ use crate::{
 pub(super) enum Kind {
     Semaphore,
     Rw,
+    Election,
 }
 
 /// What one grant asks for.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) enum Want {
     /// One permit of a semaphore with this many.
     Permit(u32),
@@ -30,12 +31,17 @@ pub(super) enum Want {
     Read,
     /// An exclusive hold.
     Write,
+    /// Leadership: an exclusive hold that records who leads.
+    Lead(Candidate),
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Holder {
     exclusive: bool,
     expires_at: Instant,
+    token: FencingToken,
+    /// Who leads (elections only).
+    candidate: Option<Candidate>,
 }
 
 #[derive(Debug)]
@@ -87,9 +93,9 @@ pub(super) struct Snapshot {
     pub(super) writer_waiting: bool,
 }
 
-/// One grant attempt's answer: granted, or refused with the earliest holder expiry
-/// (when a retry may succeed by itself).
-pub(super) type Attempt = Result<(), Option<Instant>>;
+/// One grant attempt's answer: granted with this fencing token, or refused with the
+/// earliest holder expiry (when a retry may succeed by itself).
+pub(super) type Attempt = Result<FencingToken, Option<Instant>>;
 
 #[derive(Debug, Default)]
 pub(super) struct SharedTable {
@@ -102,7 +108,9 @@ impl SharedTable {
         self.keys.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Grants `want` on `key` to `owner` for `ttl` if it fits, atomically.
+    /// Grants `want` on `key` to `owner` until `expires_at` if it fits, atomically,
+    /// with a fencing token from `next_token` taken under the table's lock (so tokens
+    /// follow the order of grants).
     ///
     /// # Errors
     /// [`PermitMismatch`] when a permit asks for another count than the holders use.
@@ -113,6 +121,7 @@ impl SharedTable {
         owner: OwnerToken,
         want: Want,
         expires_at: Instant,
+        next_token: impl FnOnce() -> FencingToken,
     ) -> Result<Attempt, PermitMismatch> {
         let now = Instant::now();
         let mut keys = self.keys();
@@ -120,8 +129,8 @@ impl SharedTable {
             .entry((kind, key.clone()))
             .or_insert_with(SharedKey::new);
         entry.prune(now);
-        let fits = match want {
-            Want::Permit(max) => {
+        let fits = match &want {
+            &Want::Permit(max) => {
                 let in_use = *entry.permits.get_or_insert(max);
                 if in_use != max {
                     return Err(PermitMismatch::new(key.clone(), max, in_use));
@@ -131,20 +140,44 @@ impl SharedTable {
             Want::Read => {
                 entry.writers_waiting == 0 && entry.holders.values().all(|h| !h.exclusive)
             }
-            Want::Write => entry.holders.is_empty(),
+            Want::Write | Want::Lead(_) => entry.holders.is_empty(),
         };
         if !fits {
             return Ok(Err(entry.earliest_expiry()));
         }
-        let exclusive = matches!(want, Want::Write);
+        let token = next_token();
+        let (exclusive, candidate) = match want {
+            Want::Permit(_) | Want::Read => (false, None),
+            Want::Write => (true, None),
+            Want::Lead(candidate) => {
+                // Observers of the election wait on the same notifier.
+                entry.wake.notify_waiters();
+                (true, Some(candidate))
+            }
+        };
         entry.holders.insert(
             owner,
             Holder {
                 exclusive,
                 expires_at,
+                token,
+                candidate,
             },
         );
-        Ok(Ok(()))
+        Ok(Ok(token))
+    }
+
+    /// Who leads the election `key` now, if anyone.
+    pub(super) fn leader(&self, key: &LockKey) -> Option<Leader> {
+        let now = Instant::now();
+        let keys = self.keys();
+        let entry = keys.get(&(Kind::Election, key.clone()))?;
+        let holder = entry.holders.values().find(|h| h.expires_at > now)?;
+        let candidate = holder.candidate.clone()?;
+        Some(
+            Leader::new(candidate, holder.token)
+                .with_remaining(Some(holder.expires_at.saturating_duration_since(now))),
+        )
     }
 
     /// Removes `owner`'s hold on `key`, waking waiters.
@@ -295,16 +328,17 @@ pub(super) fn attempt(
     };
     let owner = OwnerToken::random();
     let store = &client.store;
-    match store.shared.grant(kind, key, owner, want, expires_at) {
+    let next_token = || store.next_fencing_token();
+    match store
+        .shared
+        .grant(kind, key, owner, want, expires_at, next_token)
+    {
         Err(source) => Err(LockError::PermitMismatch {
             backend: MEMORY_BACKEND,
             source,
         }),
         Ok(Err(expiry)) => Ok(Err(expiry)),
-        Ok(Ok(())) => {
-            // Taken after the grant, under no lock: still above every earlier grant's,
-            // since the counter only grows.
-            let token = store.next_fencing_token();
+        Ok(Ok(token)) => {
             Ok(Ok(Lease::describe(
                 key.clone(),
                 owner,
