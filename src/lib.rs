@@ -69,7 +69,7 @@ use std::sync::Arc;
 
 mod primitives;
 
-pub use primitives::{connect_rw, connect_semaphore};
+pub use primitives::{connect_election, connect_rw, connect_semaphore};
 
 /// The backends [`connect`] knows, whether or not they are compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

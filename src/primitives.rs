@@ -1,4 +1,5 @@
-//! [`connect_semaphore`] and [`connect_rw`]: the semaphore and the read-write lock by URL.
+//! [`connect_semaphore`], [`connect_rw`] and [`connect_election`]: the semaphore, the
+//! read-write lock and leader election by URL.
 //!
 //! Each primitive is its own object-safe trait, so each has its own connector returning
 //! `Arc<dyn …>`, with the same URLs as [`crate::connect`]. Every backend offers both
@@ -7,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, DistributedRwLock, DistributedSemaphore, LockError};
+use crate::{Backend, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError};
 
 /// Connects a semaphore client to the backend named by `url` (the URLs of
 /// [`crate::connect`]). Clients connected by the same URL share permits.
@@ -110,6 +111,57 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
     }
 }
 
+/// Connects an election client to the backend named by `url` (the URLs of
+/// [`crate::connect`]). Clients connected by the same URL campaign in the same
+/// elections.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use distlock::{AutoRenew, Candidate, LockKey, LockOptions};
+/// let elections = distlock::connect_election("memory://cluster").await?;
+/// let name = LockKey::new("scheduler")?;
+/// let me = Candidate::new("host-a:8080")?;
+/// let options = LockOptions::new(Duration::from_secs(10)).with_auto_renew(AutoRenew::new());
+/// let leadership = elections.campaign(&name, &me, &options).await?;
+/// // Lead: send leadership.term() with every write; stop when leadership.lost() fires.
+/// let leader = elections.leader(&name).await?.expect("we lead");
+/// assert_eq!(leader.term, leadership.term());
+/// leadership.resign().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// The configuration errors of [`crate::connect`] (a scheme whose feature is off among
+/// them), the backend's connection errors, and [`LockError::Unsupported`] from a
+/// backend without elections (its reason says why), after connecting.
+pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, LockError> {
+    let (backend, rest) = crate::backend_for(url)?;
+    match backend {
+        Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.election())),
+        #[cfg(feature = "file")]
+        Backend::File => Err(no_election_yet("file")),
+        #[cfg(feature = "redis")]
+        Backend::Redis => Err(no_election_yet("redis")),
+        #[cfg(feature = "postgres")]
+        Backend::Postgres => Err(no_election_yet("postgres")),
+        #[cfg(feature = "zookeeper")]
+        Backend::ZooKeeper => Err(no_election_yet("zookeeper")),
+        #[allow(unreachable_patterns)] // every feature on
+        off => Err(crate::feature_off(url, off)),
+    }
+}
+
+/// The refusal of a backend whose election is not built yet.
+fn no_election_yet(backend: &'static str) -> LockError {
+    LockError::Unsupported {
+        backend,
+        operation: "election",
+        reason: distlock_api::NOT_YET,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +170,10 @@ mod tests {
     async fn bad_urls_are_config_errors() {
         assert!(matches!(
             connect_rw("nope://x").await,
+            Err(LockError::Config { .. })
+        ));
+        assert!(matches!(
+            connect_election("nope://x").await,
             Err(LockError::Config { .. })
         ));
         assert!(matches!(

@@ -31,8 +31,8 @@ pub use crate::cleanup::spawn_cleanup;
 
 use crate::{
     check_permits, AutoRenew, Candidate, Capability, DistributedLock, DistributedRwLock,
-    DistributedSemaphore, FencingToken, LeaderElection, Leadership, Lease, LeaseMonitor,
-    LockError, LockGuard, LockKey, LockOptions, OwnerToken,
+    DistributedSemaphore, FencingToken, LeaderElection, Leadership, Lease, LeaseMonitor, LockError,
+    LockGuard, LockKey, LockOptions, OwnerToken,
 };
 
 /// The checks a campaign makes before touching the server: the options

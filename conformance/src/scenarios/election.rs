@@ -98,7 +98,9 @@ pub(super) async fn election_leader_reads_identity_and_term(
         .ok_or_else(|| Failure::Failed("the first campaign did not win".into()))?;
     let seen = observer.leader(&name).await?;
     let Some(seen) = seen else {
-        return Err(Failure::Failed("nobody reads as leader while A leads".into()));
+        return Err(Failure::Failed(
+            "nobody reads as leader while A leads".into(),
+        ));
     };
     check!(
         seen.candidate.as_bytes() == identity.as_bytes() && seen.term == first.term(),
@@ -129,7 +131,10 @@ pub(super) async fn election_leader_reads_identity_and_term(
         "resign gave {resigned:?}"
     );
     let after = observer.leader(&name).await?;
-    check!(after.is_none(), "after the resign the leader reads {after:?}");
+    check!(
+        after.is_none(),
+        "after the resign the leader reads {after:?}"
+    );
     let second = b
         .try_campaign(&name, &candidate("host-b")?, &no_wait(LONG_TTL))
         .await?
@@ -148,7 +153,11 @@ pub(super) async fn election_leader_reads_identity_and_term(
         second.term()
     );
     second.resign().await?;
-    Ok(format!("terms {} then {}", seen.term, now.map_or(0, |l| l.term.get())))
+    Ok(format!(
+        "terms {} then {}",
+        seen.term,
+        now.map_or(0, |l| l.term.get())
+    ))
 }
 
 pub(super) async fn election_resign_hands_over_promptly(
@@ -242,7 +251,10 @@ pub(super) async fn election_observer_sees_changes_in_order(
     let bound = h.slack() * 3;
     let mut watch = LeaderWatch::new(observer, name.clone());
     let first = next_within(&mut watch, bound).await?;
-    check!(first.is_none(), "the first look at a new election read {first:?}");
+    check!(
+        first.is_none(),
+        "the first look at a new election read {first:?}"
+    );
     let mut seen = Vec::new();
     for (label, election) in [("a", &a), ("b", &b), ("a", &a)] {
         let leader = election
@@ -250,21 +262,27 @@ pub(super) async fn election_observer_sees_changes_in_order(
             .await?;
         let read = next_within(&mut watch, bound).await?;
         check!(
-            read.as_ref()
-                .is_some_and(|l| l.term == leader.term() && l.candidate.as_bytes() == label.as_bytes()),
+            read.as_ref().is_some_and(
+                |l| l.term == leader.term() && l.candidate.as_bytes() == label.as_bytes()
+            ),
             "the observer read {read:?} after {label:?} won term {}",
             leader.term()
         );
         seen.push(leader.term());
         leader.resign().await?;
         let read = next_within(&mut watch, bound).await?;
-        check!(read.is_none(), "after {label:?} resigned the observer read {read:?}");
+        check!(
+            read.is_none(),
+            "after {label:?} resigned the observer read {read:?}"
+        );
     }
     check!(
         seen.windows(2).all(|w| w[0] < w[1]),
         "terms observed out of order: {seen:?}"
     );
-    Ok(format!("observed terms {seen:?}, each followed by no leader"))
+    Ok(format!(
+        "observed terms {seen:?}, each followed by no leader"
+    ))
 }
 
 async fn next_within(watch: &mut LeaderWatch, bound: Duration) -> Result<Option<Leader>, Failure> {
@@ -306,8 +324,8 @@ pub(super) async fn election_cancelled_campaign_leaves_nothing(
         .campaign(&name, &candidate("a")?, &no_wait(LONG_TTL))
         .await?;
     for _ in 0..5 {
-        let _ = tokio::time::timeout(Duration::from_millis(50), b.campaign(&name, &me, &forever))
-            .await;
+        let _ =
+            tokio::time::timeout(Duration::from_millis(50), b.campaign(&name, &me, &forever)).await;
     }
     leader.resign().await?;
     let next = c
@@ -320,7 +338,8 @@ pub(super) async fn election_cancelled_campaign_leaves_nothing(
         })?;
     let read = c.leader(&name).await?;
     check!(
-        read.as_ref().is_some_and(|l| l.candidate.as_bytes() == b"c"),
+        read.as_ref()
+            .is_some_and(|l| l.candidate.as_bytes() == b"c"),
         "C leads, but leader() read {read:?}"
     );
     next.resign().await?;
@@ -399,7 +418,10 @@ pub(super) async fn election_bad_input_is_typed(h: &dyn Harness) -> Result<Strin
     let free = b
         .try_campaign(&name, &candidate("b")?, &no_wait(LONG_TTL))
         .await?;
-    check!(free.is_some(), "after refused campaigns the election was led");
+    check!(
+        free.is_some(),
+        "after refused campaigns the election was led"
+    );
     if let Some(won) = free {
         won.resign().await?;
     }

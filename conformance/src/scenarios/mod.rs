@@ -310,9 +310,9 @@ pub(crate) fn rw_lock_of(
 pub(crate) fn election_of(
     client: crate::Client,
 ) -> Result<std::sync::Arc<dyn distlock_api::LeaderElection>, Failure> {
-    client.election.ok_or_else(|| {
-        Failure::Skipped("the harness's clients have no election handle".into())
-    })
+    client
+        .election
+        .ok_or_else(|| Failure::Skipped("the harness's clients have no election handle".into()))
 }
 
 /// A TTL long enough that no scenario step outlives it by accident.

@@ -338,15 +338,13 @@ pub(super) fn attempt(
             source,
         }),
         Ok(Err(expiry)) => Ok(Err(expiry)),
-        Ok(Ok(token)) => {
-            Ok(Ok(Lease::describe(
-                key.clone(),
-                owner,
-                Some(token),
-                options.ttl(),
-                requested_at,
-            )))
-        }
+        Ok(Ok(token)) => Ok(Ok(Lease::describe(
+            key.clone(),
+            owner,
+            Some(token),
+            options.ttl(),
+            requested_at,
+        ))),
     }
 }
 
