@@ -7,20 +7,21 @@
 
 mod backends;
 mod hold;
-mod verdict;
+pub(crate) mod verdict;
 
+use std::future::Future;
 use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
 use distlock::{
-    AutoRenew, LeaseState, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+    AutoRenew, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
 
 use self::hold::{Held, Mode};
-use self::verdict::{CommandEnd, Release};
+pub(crate) use self::verdict::{CommandEnd, Release};
 use crate::error::CliError;
 use crate::{duration, escape};
 
@@ -193,7 +194,25 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         .map_or_else(|| "none".to_owned(), |t| t.to_string());
 
     let quoted_key = escape::quoted(&args.key);
-    let outcome = supervise(&args, &quoted_key, &held, &mut signals).await;
+    let subject = format!("lock {quoted_key}");
+    let mut job = Job {
+        argv: &args.command,
+        env: vec![
+            ("DISTLOCK_KEY", args.key.clone()),
+            ("DISTLOCK_BACKEND", args.backend.backend.clone()),
+        ],
+        unset: Vec::new(),
+        kill_after: args.kill_after,
+    };
+    match held.primary.fencing_token() {
+        Some(token) => job
+            .env
+            .push(("DISTLOCK_FENCING_TOKEN", token.get().to_string())),
+        // A backend without fencing (Redlock) has no token to pass on; nor may one
+        // inherited from an enclosing exec pass for this lock's.
+        None => job.unset.push("DISTLOCK_FENCING_TOKEN"),
+    }
+    let outcome = supervise(&job, &subject, &|| held.state(), held.lost(), &mut signals).await;
     let held_for = held.primary.lease().acquired_at().elapsed();
     let renewals = held.renewals();
     // Only now, with the command reaped: what the release finds decides whether a lease
@@ -201,15 +220,13 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let release = release_all(held).await;
     let code = match &outcome {
         Ok(end) => {
-            let verdict = verdict::decide(&quoted_key, *end, &release);
+            let verdict = verdict::decide(&subject, *end, &release);
             verdict.lines.iter().for_each(|line| warn(line));
             verdict.code
         }
         Err(e) => {
             if let Release::Failed { error, freed } = &release {
-                warn(&format!(
-                    "could not release lock {quoted_key} ({error}); {freed}"
-                ));
+                warn(&format!("could not release {subject} ({error}); {freed}"));
             }
             e.exit_code()
         }
@@ -238,22 +255,28 @@ async fn release_all(held: Held) -> Release {
     } = held;
     match companion {
         Some(companion) => {
-            let (first, second) =
-                tokio::join!(release(primary, backend), release(companion, backend));
+            let (first, second) = tokio::join!(
+                release(primary.release(), backend),
+                release(companion.release(), backend)
+            );
             first.worse(second)
         }
-        None => release(primary, backend).await,
+        None => release(primary.release(), backend).await,
     }
 }
 
-/// Releases the lock, owner-checked, and says what that found. Bounded: a backend
-/// that stopped answering must not keep distlock (and a cron slot) waiting.
-async fn release(guard: LockGuard, backend: &'static str) -> Release {
+/// Runs an owner-checked release (a guard's release, a leadership's resign) and says
+/// what it found. Bounded: a backend that stopped answering must not keep distlock
+/// (and a cron slot) waiting.
+pub(crate) async fn release(
+    releasing: impl Future<Output = Result<ReleaseOutcome, LockError>>,
+    backend: &'static str,
+) -> Release {
     let failed = |error| Release::Failed {
         error,
         freed: backends::after_failed_release(backend),
     };
-    match tokio::time::timeout(RELEASE_PATIENCE, guard.release()).await {
+    match tokio::time::timeout(RELEASE_PATIENCE, releasing).await {
         Ok(Ok(ReleaseOutcome::Released)) if backends::release_shows_continuity(backend) => {
             Release::StillOurs
         }
@@ -271,33 +294,45 @@ async fn release(guard: LockGuard, backend: &'static str) -> Release {
     }
 }
 
-/// Spawns the command and waits for it, forwarding signals and enforcing the lock.
-async fn supervise(
-    args: &ExecArgs,
-    quoted_key: &str,
-    held: &Held,
+/// A command to run under a lease: its argv, what its environment gains and loses,
+/// and how long it has between SIGTERM and SIGKILL once the lease is lost.
+pub(crate) struct Job<'a> {
+    /// The program and its arguments.
+    pub argv: &'a [String],
+    /// Variables set for the command.
+    pub env: Vec<(&'static str, String)>,
+    /// Variables removed from the command's environment.
+    pub unset: Vec<&'static str>,
+    /// `--kill-after`.
+    pub kill_after: Duration,
+}
+
+/// Spawns the job's command and waits for it, forwarding signals and enforcing the
+/// lease: `state` reads it, `lost` resolves when it is lost; `subject` names what is
+/// held in messages (`lock "k"`).
+pub(crate) async fn supervise(
+    job: &Job<'_>,
+    subject: &str,
+    state: &dyn Fn() -> LeaseState,
+    lost: impl Future<Output = ()>,
     signals: &mut Signals,
 ) -> Result<CommandEnd, CliError> {
-    let (program, rest) = args
-        .command
+    let (program, rest) = job
+        .argv
         .split_first()
         .ok_or_else(|| CliError::usage("no command given after --"))?;
     let mut command = tokio::process::Command::new(program);
-    command
-        .args(rest)
-        .env("DISTLOCK_KEY", &args.key)
-        .env("DISTLOCK_BACKEND", &args.backend.backend)
-        .process_group(0);
-    match held.primary.fencing_token() {
-        Some(token) => command.env("DISTLOCK_FENCING_TOKEN", token.get().to_string()),
-        // A backend without fencing (Redlock) has no token to pass on; nor may one
-        // inherited from an enclosing exec pass for this lock's.
-        None => command.env_remove("DISTLOCK_FENCING_TOKEN"),
-    };
+    command.args(rest).process_group(0);
+    for (name, value) in &job.env {
+        command.env(name, value);
+    }
+    for name in &job.unset {
+        command.env_remove(name);
+    }
     terminate_with_parent(&mut command);
-    // Do not start a command the lock can no longer protect, or that was called off
+    // Do not start a command the lease can no longer protect, or that was called off
     // between the grant and now.
-    if held.state() == LeaseState::Lost {
+    if state() == LeaseState::Lost {
         return Ok(CommandEnd::NotStarted);
     }
     let pending = tokio::select! {
@@ -319,13 +354,12 @@ async fn supervise(
     // moment, since a lease is only ever lost later, never found again.
     let exited = |status: ExitStatus| CommandEnd::Exited {
         code: exit_code(status),
-        in_time: held.state() != LeaseState::Lost,
+        in_time: state() != LeaseState::Lost,
     };
     let Some(pgid) = child.id() else {
         // Already reaped: nothing to supervise.
         return Ok(exited(child.wait().await.map_err(wait_error)?));
     };
-    let lost = held.lost();
     tokio::pin!(lost);
     loop {
         tokio::select! {
@@ -345,10 +379,10 @@ async fn supervise(
     }
 
     warn(&format!(
-        "lock {quoted_key} lost while the command ran; sending SIGTERM to its process group"
+        "{subject} lost while the command ran; sending SIGTERM to its process group"
     ));
     signal_group(pgid, libc::SIGTERM);
-    let grace = tokio::time::sleep(args.kill_after);
+    let grace = tokio::time::sleep(job.kill_after);
     tokio::pin!(grace);
     loop {
         tokio::select! {
@@ -362,7 +396,7 @@ async fn supervise(
     }
     warn(&format!(
         "the command did not exit within {} of SIGTERM; sending SIGKILL",
-        duration::format(args.kill_after)
+        duration::format(job.kill_after)
     ));
     signal_group(pgid, libc::SIGKILL);
     let code = exit_code(child.wait().await.map_err(wait_error)?);
@@ -408,7 +442,7 @@ fn forward(pgid: u32, signo: i32) {
 }
 
 /// Stops distlock (SIGSTOP), as an uncaught SIGTSTP would.
-fn stop_self() {
+pub(crate) fn stop_self() {
     // SAFETY: raise(3) has no memory-safety preconditions.
     unsafe {
         libc::raise(libc::SIGSTOP);
@@ -465,7 +499,7 @@ fn lock_error(error: LockError, mode: Mode, key: &LockKey) -> CliError {
 
 /// Prints one `distlock: …` line on stderr, control characters escaped: a message can
 /// carry a server's error text.
-fn warn(message: &str) {
+pub(crate) fn warn(message: &str) {
     use std::io::Write as _;
     let _ = writeln!(std::io::stderr(), "distlock: {}", escape::line(message));
 }
@@ -473,7 +507,7 @@ fn warn(message: &str) {
 /// SIGINT, SIGTERM and SIGHUP, caught from before the lock is requested, so that none
 /// of them kills distlock while it holds the lock; and SIGTSTP and SIGCONT, so that
 /// Ctrl-Z and `fg` stop and continue the command with distlock.
-struct Signals {
+pub(crate) struct Signals {
     interrupt: Signal,
     terminate: Signal,
     hangup: Signal,
@@ -482,7 +516,7 @@ struct Signals {
 }
 
 impl Signals {
-    fn new() -> Result<Self, CliError> {
+    pub(crate) fn new() -> Result<Self, CliError> {
         let listen = |kind| {
             signal(kind).map_err(|e| CliError::failed(format!("cannot handle signals: {e}")))
         };
@@ -496,7 +530,7 @@ impl Signals {
     }
 
     /// The next signal's number.
-    async fn next(&mut self) -> i32 {
+    pub(crate) async fn next(&mut self) -> i32 {
         tokio::select! {
             _ = self.interrupt.recv() => libc::SIGINT,
             _ = self.terminate.recv() => libc::SIGTERM,

@@ -10,12 +10,14 @@ mod bench;
 mod conformance;
 mod demo;
 mod duration;
+mod elect;
 mod error;
 mod escape;
 // The command runner makes the process-control FFI calls (prctl, kill, raise).
 #[allow(unsafe_code)]
 mod exec;
 mod faults;
+mod leader;
 mod status;
 mod url_harness;
 
@@ -59,6 +61,24 @@ enum Command {
     /// Runs a command while holding a lock (or, with --permits N, one of N permits of a
     /// semaphore; with --shared, a read lock); exits with the command's exit code.
     Exec(exec::ExecArgs),
+    /// Campaigns in election NAME and runs a command only while leading; after a lost
+    /// leadership stops the command and campaigns again (unless --once).
+    Elect(elect::ElectArgs),
+    /// Shows who leads election NAME (identity, term, remaining lease); with --watch,
+    /// every change as it happens.
+    Leader {
+        #[command(flatten)]
+        backend: LockBackendArgs,
+        /// The election's name.
+        name: String,
+        /// Follow the leadership: one line per change, until the connection is lost
+        /// (exit 69) or distlock is stopped.
+        #[arg(long)]
+        watch: bool,
+        /// Print JSON (one object per line with --watch) instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Shows whether KEY is held, its fencing token and remaining lease where the
     /// backend can tell, without taking the lock; with --semaphore or --rw, the holders
     /// of the semaphore or read-write lock KEY (what `exec --permits` and `exec
@@ -150,7 +170,7 @@ fn main() -> ExitCode {
         Ok(runtime) => runtime,
         Err(e) => return report(CliError::failed(format!("cannot start the runtime: {e}"))),
     };
-    let is_exec = matches!(cli.command, Command::Exec(_));
+    let is_exec = matches!(cli.command, Command::Exec(_) | Command::Elect(_));
     let outcome = runtime.block_on(async {
         let outcome = run(cli.command).await;
         // exec may return right after dropping an acquire (a signal while waiting),
@@ -206,6 +226,13 @@ async fn run(command: Command) -> Result<(), CliError> {
             }
         }
         Command::Exec(args) => exec::run(args).await,
+        Command::Elect(args) => elect::run(args).await,
+        Command::Leader {
+            backend,
+            name,
+            watch,
+            json,
+        } => leader::run(&backend.backend, &name, json, watch).await,
         Command::Bench { backend, args } => bench::run(&backend.backend, args).await,
     }
 }

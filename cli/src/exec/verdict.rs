@@ -82,26 +82,27 @@ pub struct Verdict {
     pub lines: Vec<String>,
 }
 
-/// The verdict for lock `key` (already quoted for display).
-pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
+/// The verdict for `subject`: what was held, as the operator reads it (`lock "k"`,
+/// `leadership of "n"`; the name already quoted for display).
+pub fn decide(subject: &str, end: CommandEnd, release: &Release) -> Verdict {
     let mut lines = Vec::new();
     let code = match (end, release) {
         (CommandEnd::NotStarted, _) => {
             lines.push(format!(
-                "lock {key} was lost before the command started; it did not run"
+                "{subject} was lost before the command started; it did not run"
             ));
             EXIT_LOCK_LOST
         }
         (CommandEnd::Stopped { code }, _) => {
             lines.push(format!(
-                "lock {key} was lost while the command ran; the command was stopped and exited with {code}"
+                "{subject} was lost while the command ran; the command was stopped and exited with {code}"
             ));
             EXIT_LOCK_LOST
         }
         (CommandEnd::Exited { code, in_time }, Release::StillOurs) => {
             if !in_time {
                 lines.push(format!(
-                    "paused past the validity deadline of lock {key} while the command ran, \
+                    "paused past the validity deadline of {subject} while the command ran, \
                      but the release found the lock still ours, so nobody else held it; the \
                      command exited with {code}"
                 ));
@@ -130,7 +131,7 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
             Release::Inconclusive(why),
         ) => {
             lines.push(format!(
-                "lock {key} cannot be shown to have lasted until the command ended: its \
+                "{subject} cannot be shown to have lasted until the command ended: its \
                  validity deadline passed first, and {why}; the command exited with {code}"
             ));
             EXIT_LOCK_LOST
@@ -143,7 +144,7 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
             Release::Failed { error, .. },
         ) => {
             lines.push(format!(
-                "lock {key} cannot be shown to have lasted until the command ended: its \
+                "{subject} cannot be shown to have lasted until the command ended: its \
                  validity deadline passed first, and the release failed ({error}); the \
                  command exited with {code}"
             ));
@@ -156,7 +157,7 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
                 " (its validity deadline had passed too)"
             };
             lines.push(format!(
-                "lock {key} was lost while the command ran: the release found {found}{when}; \
+                "{subject} was lost while the command ran: the release found {found}{when}; \
                  the command exited with {code}"
             ));
             EXIT_LOCK_LOST
@@ -165,9 +166,9 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
     if let Release::Failed { error, freed } = release {
         let repeated = matches!(end, CommandEnd::Exited { in_time: false, .. });
         lines.push(if repeated {
-            format!("lock {key} was not released: {freed}")
+            format!("{subject} was not released: {freed}")
         } else {
-            format!("could not release lock {key} ({error}); {freed}")
+            format!("could not release {subject} ({error}); {freed}")
         });
     }
     Verdict { code, lines }
@@ -177,7 +178,7 @@ pub fn decide(key: &str, end: CommandEnd, release: &Release) -> Verdict {
 mod tests {
     use super::*;
 
-    const KEY: &str = "\"jobs/nightly\"";
+    const KEY: &str = "lock \"jobs/nightly\"";
 
     fn failed() -> Release {
         Release::Failed {
