@@ -14,8 +14,8 @@ use distlock::memory::{MemoryStore, MEMORY_BACKEND};
 use distlock::LockError;
 use distlock_conformance::{MemoryHarness, UrlConnector};
 use distlock_conformance_faults::{
-    Claim, Fault, FaultHarness, FaultReport, ProxiedHarness, RwConnector, SemaphoreConnector,
-    ServerHarness,
+    Claim, ElectionConnector, Fault, FaultHarness, FaultReport, ProxiedHarness, RwConnector,
+    SemaphoreConnector, ServerHarness,
 };
 use distlock_test_servers::{
     PostgresServer, PostgresServerOptions, RedisServer, ServerControl, ServerError,
@@ -59,6 +59,13 @@ fn semaphore_connector() -> SemaphoreConnector {
 /// `distlock::connect_rw`, with a short ZooKeeper session.
 fn rw_connector() -> RwConnector {
     Arc::new(|url: String| Box::pin(async move { distlock::connect_rw(&short_session(url)).await }))
+}
+
+/// `distlock::connect_election`, with a short ZooKeeper session.
+fn election_connector() -> ElectionConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move { distlock::connect_election(&short_session(url)).await })
+    })
 }
 
 /// Which servers `--spawn` starts for a URL. The CLI knows every backend, so the
@@ -211,7 +218,8 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
             harness
                 .with_timing(ttl, bound)
                 .with_dead_waiter_bound(dead_waiter_bound(Some(kind), bound))
-                .with_primitives(semaphore_connector(), rw_connector()),
+                .with_primitives(semaphore_connector(), rw_connector())
+                .with_election(election_connector()),
         ));
     }
     // Connect once first, so a bad or unreachable backend is one clear error.

@@ -97,25 +97,44 @@ fn a_standby_leads_once_the_leader_goes_and_leader_reads_both() {
     let empty = leader_json(&url, "scheduler");
     assert!(empty["leader"].is_null(), "{empty}");
 
-    let a = elect_sh(&url, "replica-a", &[], "scheduler", &lead_and_mark(&a_marker))
-        .spawn()
-        .expect("a starts");
+    let a = elect_sh(
+        &url,
+        "replica-a",
+        &[],
+        "scheduler",
+        &lead_and_mark(&a_marker),
+    )
+    .spawn()
+    .expect("a starts");
     wait_for_file(&a_marker);
     let seen = leader_json(&url, "scheduler");
     assert_eq!(seen["leader"], "replica-a", "{seen}");
-    let a_term: u64 = std::fs::read_to_string(&a_marker).expect("marker")
+    let a_term: u64 = std::fs::read_to_string(&a_marker)
+        .expect("marker")
         .split_whitespace()
         .next()
         .and_then(|t| t.parse().ok())
         .expect("the command got DISTLOCK_TERM");
     assert_eq!(seen["term"], a_term, "{seen}");
 
-    let b = elect_sh(&url, "replica-b", &[], "scheduler", &lead_and_mark(&b_marker))
-        .spawn()
-        .expect("b starts");
+    let b = elect_sh(
+        &url,
+        "replica-b",
+        &[],
+        "scheduler",
+        &lead_and_mark(&b_marker),
+    )
+    .spawn()
+    .expect("b starts");
     // B campaigns while A leads: its command must not run. The no-wait campaign of a
     // third replica proves A still leads meanwhile.
-    let third = run(elect_sh(&url, "replica-c", &["--no-wait"], "scheduler", "exit 0"));
+    let third = run(elect_sh(
+        &url,
+        "replica-c",
+        &["--no-wait"],
+        "scheduler",
+        "exit 0",
+    ));
     assert_eq!(third.status.code(), Some(75), "{}", text(&third.stderr));
     assert!(!b_marker.exists(), "the standby ran while A led");
 
@@ -126,7 +145,10 @@ fn a_standby_leads_once_the_leader_goes_and_leader_reads_both() {
     let now = leader_json(&url, "scheduler");
     assert_eq!(now["leader"], "replica-b", "{now}");
     let b_term = now["term"].as_u64().expect("a term");
-    assert!(b_term > a_term, "B's term {b_term} is not above A's {a_term}");
+    assert!(
+        b_term > a_term,
+        "B's term {b_term} is not above A's {a_term}"
+    );
 
     sigterm(&b);
     let b_out = finish(b);
@@ -148,7 +170,13 @@ fn the_command_ending_on_its_own_ends_elect_with_its_code() {
     ));
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
     // It resigned: the next replica leads at once.
-    let next = run(elect_sh(&url, "b", &["--no-wait", "--once"], "job", "exit 0"));
+    let next = run(elect_sh(
+        &url,
+        "b",
+        &["--no-wait", "--once"],
+        "job",
+        "exit 0",
+    ));
     assert_eq!(next.status.code(), Some(0), "{}", text(&next.stderr));
 }
 
@@ -165,10 +193,20 @@ fn bad_input_is_a_usage_error() {
                 .args(["job", "--", "true"]);
             command
         });
-        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{extra:?}: {}",
+            text(&out.stderr)
+        );
     }
     let empty_name = run(elect_sh(&url, "a", &[], "", "true"));
-    assert_eq!(empty_name.status.code(), Some(2), "{}", text(&empty_name.stderr));
+    assert_eq!(
+        empty_name.status.code(),
+        Some(2),
+        "{}",
+        text(&empty_name.stderr)
+    );
     let bad_url = run({
         let mut command = distlock();
         command.args(["leader", "--backend", "nope://x", "job"]);

@@ -37,6 +37,7 @@ macro_rules! fault_conformance_tests {
             paused_holder_wakes_to_a_refused_write,
             paused_permit_holders_free_their_permits,
             paused_writer_frees_the_key_for_readers,
+            paused_leader_wakes_to_a_refused_write,
             server_paused_during_acquire,
             lost_reply_after_applied_acquire,
             server_restart_while_held_and_waited,

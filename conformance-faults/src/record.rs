@@ -5,7 +5,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use distlock_api::{
-    DistributedLock, FencingToken, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
+    Candidate, DistributedLock, FencingToken, LeaderElection, Leadership, LockError, LockGuard,
+    LockKey, LockOptions, ReleaseOutcome,
 };
 
 use super::harness::NetFaults;
@@ -126,6 +127,57 @@ impl Recorder {
                 Err(e)
             }
         }
+    }
+
+    /// A campaign of `election` for `name`, logged as a mutex grant of `name` (a
+    /// leadership is exclusive), so that the exclusion checker allows one leader at a
+    /// time; the term is logged as the grant's token.
+    ///
+    /// # Errors
+    /// Whatever the campaign raised.
+    pub async fn campaign(
+        &self,
+        election: &dyn LeaderElection,
+        name: &LockKey,
+        candidate: &Candidate,
+        options: &LockOptions,
+    ) -> Result<Leadership, LockError> {
+        self.history
+            .record(self.event(name, Op::Acquire, Phase::Invoke));
+        match election.campaign(name, candidate, options).await {
+            Ok(leadership) => {
+                let mut granted = self
+                    .lease_event(leadership.guard(), Op::Acquire, Phase::Ok)
+                    .primitive(Primitive::Mutex);
+                granted.key = name.as_str().to_owned();
+                self.history.record(granted);
+                Ok(leadership)
+            }
+            Err(e) => {
+                self.history
+                    .record(self.event(name, Op::Acquire, phase_of(&e)));
+                Err(e)
+            }
+        }
+    }
+
+    /// `resign`, logged as [`Recorder::release`] logs a release.
+    ///
+    /// # Errors
+    /// Whatever `resign` raised.
+    pub async fn resign(&self, leadership: Leadership) -> Result<ReleaseOutcome, LockError> {
+        self.history
+            .record(self.lease_event(leadership.guard(), Op::Release, Phase::Invoke));
+        let name = leadership.name().clone();
+        let owner = leadership.lease().owner();
+        let outcome = leadership.resign().await;
+        let phase = match &outcome {
+            Ok(_) => Phase::Ok,
+            Err(e) => phase_of(e),
+        };
+        self.history
+            .record(self.event(&name, Op::Release, phase).owner(owner));
+        outcome
     }
 
     /// Logs that the holder learned its lease is gone, with the deadline it had claimed.

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedRwLock, DistributedSemaphore, LockError};
+use distlock_api::{DistributedRwLock, DistributedSemaphore, LeaderElection, LockError};
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
@@ -36,6 +36,17 @@ pub type RwConnector = Arc<
             String,
         )
             -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedRwLock>, LockError>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Connects an election client by URL (the facade's `connect_election`), for
+/// [`ServerHarness::with_election`].
+pub type ElectionConnector = Arc<
+    dyn Fn(
+            String,
+        )
+            -> Pin<Box<dyn Future<Output = Result<Arc<dyn LeaderElection>, LockError>> + Send>>
         + Send
         + Sync,
 >;
@@ -71,6 +82,7 @@ pub struct ServerHarness {
     crash_bound: Option<Duration>,
     dead_waiter_bound: Option<Duration>,
     primitives: Option<(SemaphoreConnector, RwConnector)>,
+    election: Option<ElectionConnector>,
 }
 
 /// A primitive's client, `None` where the backend does not offer it.
@@ -139,7 +151,17 @@ impl ServerHarness {
             crash_bound: None,
             dead_waiter_bound: None,
             primitives: None,
+            election: None,
         }
+    }
+
+    /// Also gives every client an election handle, connected by the client's URL
+    /// through its own proxies, for the election fault scenarios. A backend without
+    /// elections (the connector answers [`LockError::Unsupported`]) gets clients
+    /// without one, and those scenarios skip.
+    pub fn with_election(mut self, election: ElectionConnector) -> Self {
+        self.election = Some(election);
+        self
     }
 
     /// Also gives every client a semaphore and a read-write lock, connected by the
@@ -268,6 +290,11 @@ impl FaultHarness for ServerHarness {
             }
             if let Some(rw) = offered(rw(url).await)? {
                 client = client.with_rw_lock(rw);
+            }
+        }
+        if let Some(election) = &self.election {
+            if let Some(election) = offered(election(self.url_for(&ports, id)).await)? {
+                client = client.with_election(election);
             }
         }
         Ok(FaultClient {

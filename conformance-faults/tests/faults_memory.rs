@@ -60,14 +60,15 @@ mod generated {
         must_pass = [
             paused_holder_wakes_to_a_refused_write,
             paused_permit_holders_free_their_permits,
-            paused_writer_frees_the_key_for_readers
+            paused_writer_frees_the_key_for_readers,
+            paused_leader_wakes_to_a_refused_write
         ]
     );
 }
 
 /// The fault kit's self-test for the new primitives: the holder-pause scenarios run on
-/// the deliberately broken semaphore and read-write lock fail, their exclusion checker
-/// naming the mistake.
+/// the deliberately broken semaphore, read-write lock and election fail, their
+/// exclusion checker naming the mistake.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn primitive_scenarios_catch_the_broken_primitives() {
     use distlock_conformance::broken::{BrokenHarness, Mistake};
@@ -81,6 +82,10 @@ async fn primitive_scenarios_catch_the_broken_primitives() {
         (
             Mistake::ReadBesideWrite,
             "paused_writer_frees_the_key_for_readers",
+        ),
+        (
+            Mistake::TwoLeaders,
+            "paused_leader_wakes_to_a_refused_write",
         ),
     ];
     for (mistake, name) in cases {
@@ -97,8 +102,14 @@ async fn primitive_scenarios_catch_the_broken_primitives() {
         );
         let caught = result.findings.exclusion.iter().any(|v| match mistake {
             Mistake::SemaphoreAdmitsOneMore => matches!(v, Violation::TooManyPermits { .. }),
+            Mistake::TwoLeaders => matches!(v, Violation::Overlap { .. }),
             _ => matches!(v, Violation::ReadBesideWrite { .. }),
-        });
+        }) || matches!(
+            // The split brain is caught before the history is complete: the standby
+            // led while the stalled leader's validity still ran.
+            (&result.verdict, mistake),
+            (FaultVerdict::Fail(why), Mistake::TwoLeaders) if why.contains("validity had not run out")
+        );
         assert!(caught, "{name} on {mistake:?}: {:?}", result.findings);
     }
 }

@@ -266,6 +266,12 @@ impl Leadership {
         self.guard.contended()
     }
 
+    /// The lock guard underneath: the lease, its monitor and its metrics, as for any
+    /// grant.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
     /// The lease (owner token, TTL, grant time).
     pub fn lease(&self) -> &Lease {
         self.guard.lease()

@@ -21,6 +21,7 @@ use distlock_conformance::support::{
 use distlock_conformance::Failure;
 
 mod contention;
+mod election;
 mod holder;
 mod network;
 mod primitives;
@@ -28,6 +29,7 @@ mod queue;
 mod servers;
 
 use contention::contention_under_random_faults;
+use election::paused_leader_wakes_to_a_refused_write;
 use holder::paused_holder_wakes_to_a_refused_write;
 use network::{lost_reply_after_applied_acquire, partitioned_holder_is_fenced_off};
 use primitives::{
@@ -90,6 +92,8 @@ pub static FAULT_SCENARIOS: &[FaultScenario] = &[
         "semaphore of 2: both permit holders stall past their TTL; two other clients each take a permit, and never more than 2 grants overlap"),
     fault_scenario!(paused_writer_frees_the_key_for_readers, HolderPause,
         "read-write lock: a writer stalls past its TTL; two readers are granted together after it, and no read overlaps the write"),
+    fault_scenario!(paused_leader_wakes_to_a_refused_write, HolderPause,
+        "election: a leader stalls past its lease; a standby leads (leader() reads it) and writes under its higher term, and the stale leader's write under its old term is refused"),
     fault_scenario!(server_paused_during_acquire, ServerPause,
         "with every server paused (SIGSTOP) an acquire returns an error within its wait (plus slack), not after a request timeout; after resume a grant that arrived late is released and the key is free"),
     fault_scenario!(lost_reply_after_applied_acquire, LostReply,
