@@ -50,6 +50,11 @@ pub struct BenchArgs {
     /// ignored). Needs the server installed, as for the tests.
     #[arg(long, value_name = "KIND")]
     spawn: Option<Spawn>,
+    /// Instead of the lock benchmarks, measure election failover over N trials each:
+    /// resign → the standby leads, and kill -9 of a `distlock elect` leader → the
+    /// standby's command starts (p50, p99, max).
+    #[arg(long, value_name = "N")]
+    failover: Option<usize>,
 }
 
 /// Servers `--spawn` can start.
@@ -117,6 +122,9 @@ pub async fn run(url: &str, args: BenchArgs) -> Result<(), CliError> {
         .as_ref()
         .map(Spawned::url)
         .unwrap_or_else(|| url.to_owned());
+    if let Some(trials) = args.failover {
+        return print_out(&crate::failover::run(&url, trials).await?);
+    }
     let mut config = if args.quick {
         BenchConfig::quick(url)
     } else {

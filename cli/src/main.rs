@@ -16,6 +16,7 @@ mod escape;
 // The command runner makes the process-control FFI calls (prctl, kill, raise).
 #[allow(unsafe_code)]
 mod exec;
+mod failover;
 mod faults;
 mod leader;
 mod status;
