@@ -39,8 +39,6 @@ pub async fn run(url: &str, trials: usize) -> Result<String, CliError> {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "{line}");
     };
-    progress(&format!("failover: {trials} resign trials"));
-    let resign = resign_trials(url, trials).await?;
     let backend = distlock::connect_election(url).await?.info().name;
     if backend == distlock::memory::MEMORY_BACKEND {
         return Err(CliError::usage(
@@ -48,6 +46,8 @@ pub async fn run(url: &str, trials: usize) -> Result<String, CliError> {
              processes share (file://DIR, redis://, postgres://, zk://)",
         ));
     }
+    progress(&format!("failover: {trials} resign trials"));
+    let resign = resign_trials(url, trials).await?;
     progress(&format!("failover: {trials} crash (kill -9) trials"));
     let crash = crash_trials(url, trials).await?;
     Ok(format!(
