@@ -329,7 +329,9 @@ impl MemoryStore {
         where
             F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
         {
-            wait_woken(self.wake_handle(key), key, options, backend, attempt).await
+            let (guard, met_held) =
+                wait_woken(self.wake_handle(key), key, options, backend, attempt).await?;
+            Ok(crate::backend::mark_contended(guard, met_held))
         }
     }
 
@@ -340,19 +342,21 @@ impl MemoryStore {
     }
 }
 
-/// The waiting loop behind [`MemoryStore::acquire_woken`]: calls `attempt` until it
-/// grants, waking on every notification of `wake` and at the holder's expiry (no
-/// polling), until the wait policy runs out. Register nothing before calling: the loop
-/// enables its wake-up before each attempt, so a release in between is not lost.
-pub(crate) async fn wait_woken<F>(
+/// The waiting loop behind [`MemoryStore::acquire_woken`] and the memory primitives'
+/// acquires: calls `attempt` until it grants, waking on every notification of `wake`
+/// and at the holder's expiry (no polling), until the wait policy runs out. Register
+/// nothing before calling: the loop enables its wake-up before each attempt, so a
+/// release in between is not lost. Returns the grant and whether an attempt met the
+/// key held first (what [`LockGuard::contended`] reports).
+pub(crate) async fn wait_woken<T, F>(
     wake: Arc<Notify>,
     key: &LockKey,
     options: &LockOptions,
     backend: &'static str,
     mut attempt: F,
-) -> Result<LockGuard, LockError>
+) -> Result<(T, bool), LockError>
 where
-    F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
+    F: FnMut() -> Result<Result<T, Option<Instant>>, LockError>,
 {
     let start = Instant::now();
     let deadline = options.wait().deadline_from(start);
@@ -363,7 +367,7 @@ where
         // Registered before the attempt, so a delete in between still wakes us.
         woken.as_mut().enable();
         let holder_expiry = match attempt()? {
-            Ok(guard) => return Ok(crate::backend::mark_contended(guard, met_held)),
+            Ok(granted) => return Ok((granted, met_held)),
             Err(expiry) => expiry,
         };
         met_held = true;

@@ -95,40 +95,11 @@ impl LeaderElection for MemoryElection {
     ) -> Result<Leadership, LockError> {
         check_campaign_request(MEMORY_BACKEND, options, Capability::Unsupported(NOT_FIFO))?;
         let wake = self.client.store.shared.wake_handle(Kind::Election, name);
-        let start = Instant::now();
-        let deadline = options.wait().deadline_from(start);
-        let mut met_leader = false;
-        loop {
-            let woken = wake.notified();
-            tokio::pin!(woken);
-            // Registered before the attempt, so a resignation in between still wakes us.
-            woken.as_mut().enable();
-            let leader_expiry = match self.attempt(name, candidate, options)? {
-                Ok(won) => return Ok(won.with_contended(met_leader)),
-                Err(expiry) => expiry,
-            };
-            met_leader = true;
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(LockError::Timeout {
-                    backend: MEMORY_BACKEND,
-                    key: name.clone(),
-                    waited: start.elapsed(),
-                });
-            }
-            let wake_at = match (leader_expiry, deadline) {
-                (Some(e), Some(d)) => Some(e.min(d)),
-                (e, d) => e.or(d),
-            };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        _ = &mut woken => {}
-                        _ = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => woken.await,
-            }
-        }
+        let (won, met_leader) = super::wait_woken(wake, name, options, MEMORY_BACKEND, || {
+            self.attempt(name, candidate, options)
+        })
+        .await?;
+        Ok(won.with_contended(met_leader))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

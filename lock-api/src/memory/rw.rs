@@ -105,10 +105,11 @@ impl DistributedRwLock for MemoryRwLock {
         }
         let _intent = (mode == RwMode::Write).then(|| table.writer_waits(key));
         let wake = table.wake_handle(Kind::Rw, key);
-        super::wait_woken(wake, key, options, MEMORY_BACKEND, || {
+        let (guard, met_held) = super::wait_woken(wake, key, options, MEMORY_BACKEND, || {
             self.attempt(key, mode, options)
         })
-        .await
+        .await?;
+        Ok(crate::backend::mark_contended(guard, met_held))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -100,10 +100,11 @@ impl DistributedSemaphore for MemorySemaphore {
     ) -> Result<LockGuard, LockError> {
         self.checked(max_permits, options)?;
         let wake = self.client.store.shared.wake_handle(Kind::Semaphore, key);
-        super::wait_woken(wake, key, options, MEMORY_BACKEND, || {
+        let (guard, met_held) = super::wait_woken(wake, key, options, MEMORY_BACKEND, || {
             self.attempt(key, max_permits, options)
         })
-        .await
+        .await?;
+        Ok(crate::backend::mark_contended(guard, met_held))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
