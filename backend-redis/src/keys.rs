@@ -74,6 +74,9 @@ pub(crate) enum Primitive {
     Semaphore,
     /// `{K}:rw`: a sorted set of readers scored by expiry.
     Rw,
+    /// `{K}:election`: the leader's record (a hash of its owner token, term and
+    /// candidate identity) with a `PX` expiry.
+    Election,
 }
 
 impl Primitive {
@@ -81,6 +84,7 @@ impl Primitive {
         match self {
             Primitive::Semaphore => ":semaphore",
             Primitive::Rw => ":rw",
+            Primitive::Election => ":election",
         }
     }
 }
@@ -159,7 +163,7 @@ mod tests {
         for key in ["k", "}x", "a}b"] {
             let key = LockKey::new(key).unwrap();
             let mutex = KeyNames::for_key(&key);
-            for primitive in [Primitive::Semaphore, Primitive::Rw] {
+            for primitive in [Primitive::Semaphore, Primitive::Rw, Primitive::Election] {
                 let names = KeyNames::for_primitive(&key, primitive);
                 let tag = hash_tag(&mutex.lock);
                 for name in [&names.lock, &names.fence, &names.waiting, &names.channel] {

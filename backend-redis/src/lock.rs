@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, mark_contended, WaitBound, WaitReport};
+use distlock_api::backend::{bounded_wait, mark_contended, Granted, WaitBound, WaitReport};
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
     KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
@@ -21,12 +21,14 @@ use crate::membership::at_node;
 use crate::node::{Holder, Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
+mod election;
 mod primitive;
 mod queue;
 mod rw;
 mod semaphore;
 mod turns;
 
+pub use election::RedisElection;
 pub use rw::RedisRwLock;
 pub use semaphore::RedisSemaphore;
 
@@ -63,9 +65,10 @@ struct Inner {
     turns: Turns,
 }
 
-/// One acquire attempt's result, when it did not fail.
-pub(crate) enum Attempt {
-    Granted(LockGuard),
+/// One acquire attempt's result, when it did not fail: a guard (or, for a campaign, a
+/// leadership) or the key held.
+pub(crate) enum Attempt<G = LockGuard> {
+    Granted(G),
     /// Held elsewhere; the holder's remaining TTL when known.
     Held(Option<Duration>),
 }
@@ -289,16 +292,17 @@ impl RedisLock {
     /// A waiting acquire of `key` (whose names are `names`: the mutex's or a
     /// primitive's) bounded by its wait: [`RedisLock::wait_for`] within
     /// [`bounded_wait`]. `attempt` makes one attempt (see [`RedisLock::wait_for`]).
-    pub(crate) async fn acquire_waiting<F, Fut>(
+    pub(crate) async fn acquire_waiting<F, Fut, G>(
         &self,
         key: &LockKey,
         names: &KeyNames,
         options: &LockOptions,
         attempt: F,
-    ) -> Result<LockGuard, LockError>
+    ) -> Result<G, LockError>
     where
         F: FnMut(Option<Duration>) -> Fut,
-        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
+        Fut: std::future::Future<Output = Result<Attempt<G>, LockError>>,
+        G: Granted,
     {
         let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
         let (started, deadline) = (bound.started, bound.deadline);
@@ -338,7 +342,7 @@ impl RedisLock {
     /// Once the key is found held, the waiter lines up behind this client's other
     /// waiters for the key (see [`turns`]) and retries only at the front of the line.
     #[allow(clippy::too_many_arguments)]
-    async fn wait_for<F, Fut>(
+    async fn wait_for<F, Fut, G>(
         &self,
         key: &LockKey,
         names: &KeyNames,
@@ -347,10 +351,10 @@ impl RedisLock {
         deadline: Option<Instant>,
         report: &WaitReport,
         mut attempt: F,
-    ) -> Result<LockGuard, LockError>
+    ) -> Result<G, LockError>
     where
         F: FnMut(Option<Duration>) -> Fut,
-        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
+        Fut: std::future::Future<Output = Result<Attempt<G>, LockError>>,
     {
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
@@ -607,9 +611,10 @@ impl DistributedLock for RedisLock {
             );
         }
         capabilities.fifo = self.fifo_capability();
-        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         if self.is_redlock() {
-            capabilities = capabilities.mutex_only(primitive::REDLOCK_NO_PRIMITIVES);
+            capabilities = capabilities
+                .mutex_only(primitive::REDLOCK_NO_PRIMITIVES)
+                .without_election(election::REDLOCK_NO_ELECTION);
         }
         BackendInfo::new(self.name(), capabilities)
     }

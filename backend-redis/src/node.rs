@@ -550,6 +550,15 @@ impl Node {
             .await
     }
 
+    /// Subscribes (once per channel per client) to `channel`, for an unordered
+    /// listener (an election's observers); as [`Node::watch`] otherwise.
+    pub(crate) async fn watch_channel(&self, channel: &str) -> (WakeTicket, bool) {
+        self.link
+            .wakeups
+            .watch(self.link.conn.get(), channel, None)
+            .await
+    }
+
     /// Channels this node's connection currently tracks.
     pub(crate) fn tracked_channels(&self) -> usize {
         self.link.wakeups.tracked()

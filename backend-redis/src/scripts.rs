@@ -272,6 +272,7 @@ return removed
     )
 });
 
+pub(crate) mod election;
 pub(crate) mod rw;
 pub(crate) mod semaphore;
 

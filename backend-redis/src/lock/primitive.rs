@@ -46,7 +46,6 @@ impl RedisLock {
     pub(crate) fn primitive_info(&self) -> BackendInfo {
         let mut capabilities = Capabilities::all_supported();
         capabilities.fifo = Capability::Unsupported(PRIMITIVES_NOT_FIFO);
-        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         BackendInfo::new(self.name(), capabilities)
     }
 
