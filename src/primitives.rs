@@ -143,7 +143,9 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
         #[cfg(feature = "file")]
         Backend::File => Err(no_election_yet("file")),
         #[cfg(feature = "redis")]
-        Backend::Redis => Err(no_election_yet("redis")),
+        Backend::Redis => Ok(Arc::new(
+            distlock_redis::RedisLock::connect(url).await?.election()?,
+        )),
         #[cfg(feature = "postgres")]
         Backend::Postgres => Err(no_election_yet("postgres")),
         #[cfg(feature = "zookeeper")]

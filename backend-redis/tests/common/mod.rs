@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::{DistributedLock, LeaderElection, LockError};
 use distlock_conformance::{Client, Harness, UrlConnector};
-use distlock_conformance_faults::ServerHarness;
+use distlock_conformance_faults::{ElectionConnector, ServerHarness};
 use distlock_redis::RedisLock;
 use distlock_test_servers::{FaultProxy, RedisServer, ServerControl};
 use tokio::sync::Mutex;
@@ -60,7 +60,17 @@ pub async fn harness(nodes: usize) -> Arc<dyn Harness> {
             Ok(Arc::new(RedisLock::connect(&url).await?) as Arc<dyn DistributedLock>)
         })
     });
-    Arc::new(ServerHarness::new(servers, template, connector))
+    Arc::new(ServerHarness::new(servers, template, connector).with_election(election_connector()))
+}
+
+/// Connects an election client by URL (Redlock refuses it: its clients get none).
+pub fn election_connector() -> ElectionConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let election = RedisLock::connect(&url).await?.election()?;
+            Ok(Arc::new(election) as Arc<dyn LeaderElection>)
+        })
+    })
 }
 
 /// The URL for `ports`: one node, or Redlock over all.
@@ -126,7 +136,8 @@ impl Harness for TopologyHarness {
         let lock = RedisLock::connect(&self.url).await?;
         Ok(Client::new(Arc::new(lock.clone()))
             .with_semaphore(Arc::new(lock.semaphore()?))
-            .with_rw_lock(Arc::new(lock.rw_lock()?)))
+            .with_rw_lock(Arc::new(lock.rw_lock()?))
+            .with_election(Arc::new(lock.election()?)))
     }
 }
 
