@@ -242,10 +242,7 @@ impl LeaderElection for RedisElection {
     ) -> Result<Option<Leadership>, LockError> {
         self.checked(options)?;
         let names = KeyNames::for_primitive(name, Primitive::Election);
-        match self
-            .attempt(name, &names, candidate, options, None)
-            .await?
-        {
+        match self.attempt(name, &names, candidate, options, None).await? {
             Attempt::Granted(won) => Ok(Some(won)),
             Attempt::Held(_) => Ok(None),
         }
