@@ -118,6 +118,20 @@
 //! Sentinel or Cluster failover they follow the mutex's rules: replication is
 //! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
+//! # Leader election
+//! [`RedisLock::election`] gives a [`RedisElection`] (single node, Sentinel, Cluster;
+//! Redlock refuses it: without consensus its terms could not rise strictly). The
+//! leadership is the mutex recipe on the record `{K}:election`, a hash of the owner
+//! token, the term and the candidate identity with the lease as its `PX`, written,
+//! extended and deleted whole by Lua scripts; the term is the next value of
+//! `{K}:election:fence`, the mutex's clock-seeded counter, taken in the winning
+//! campaign's script and carried by the lease as its fencing token. `leader()` reads
+//! the live leader's identity, term and remaining `PTTL` in one script. Candidates
+//! wait as mutex waiters do (a resign publishes on `{K}:election:released`); observers
+//! (`wait_change`, and so `LeaderWatch`) subscribe to `{K}:election:changed`, on which
+//! every new leadership and resign is announced while they mark the name watched, and
+//! look again at the leader's expiry, which nobody announces. Every key expires.
+//!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
