@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use distlock_api::{
     AutoRenew, Candidate, DistributedLock, LeaderElection, LockError, LockKey, LockOptions,
-    ReleaseOutcome, WaitPolicy,
+    ReleaseOutcome, WaitOrder, WaitPolicy,
 };
 use distlock_redis::{RedisElection, RedisLock};
 use redis::AsyncCommands;
@@ -233,6 +233,30 @@ async fn a_foreign_key_is_a_typed_error() {
     );
     let value: String = raw.get("{taken}:election").await.unwrap();
     assert_eq!(value, "not a record");
+}
+
+/// Campaigns keep no queue: asking for arrival order is refused before the server is
+/// touched, and nothing is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifo_campaigns_are_refused() {
+    let h = common::start(1).await;
+    let elections = election(&h.url()).await;
+    let fifo = no_wait(Duration::from_secs(1)).with_order(WaitOrder::Fifo);
+    let x = name("fifo");
+    let refused = elections.campaign(&x, &me("a"), &fifo).await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    let refused = elections.try_campaign(&x, &me("a"), &fifo).await;
+    assert!(
+        matches!(refused, Err(LockError::Unsupported { .. })),
+        "{refused:?}"
+    );
+    assert!(!elections.info().capabilities.fifo.is_supported());
+    let mut raw = h.raw(0).await;
+    let size: usize = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
+    assert_eq!(size, 0);
 }
 
 /// Redlock refuses elections, saying why, in its capabilities and when asked.

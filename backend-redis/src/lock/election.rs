@@ -120,13 +120,13 @@ impl RedisElection {
         &self.lock
     }
 
-    fn checked(&self, options: &LockOptions) -> Result<&Node, LockError> {
+    /// A campaign's checks before touching the server: valid options, no FIFO.
+    fn checked(&self, options: &LockOptions) -> Result<(), LockError> {
         check_campaign_request(
             self.lock.name(),
             options,
             Capability::Unsupported(ELECTION_NOT_FIFO),
-        )?;
-        self.lock.election_node()
+        )
     }
 
     async fn attempt(
