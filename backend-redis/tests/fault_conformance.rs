@@ -7,10 +7,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::DistributedLock;
+use distlock_api::{DistributedLock, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerHarness,
+    run_selected_faults, Claim, ElectionConnector, Fault, FaultHarness, FaultVerdict, ServerHarness,
 };
 use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{Provider, ServerControl, ServerError};
@@ -20,6 +20,16 @@ fn connector() -> UrlConnector {
         Box::pin(async move {
             let lock = RedisLock::connect(&url).await?;
             Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+        })
+    })
+}
+
+/// Election clients by URL; Redlock refuses them, so its clients get none.
+fn election_connector() -> ElectionConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let election = RedisLock::connect(&url).await?.election()?;
+            Ok(Arc::new(election) as Arc<dyn LeaderElection>)
         })
     })
 }
@@ -60,6 +70,7 @@ async fn harness(nodes: usize) -> Arc<dyn FaultHarness> {
     let harness = ServerHarness::new(servers, template, connector())
         .with_claims(claims(nodes))
         .with_timing(ttl, ttl)
+        .with_election(election_connector())
         // A killed FIFO waiter's queue entry lives until its entry TTL runs out.
         .with_dead_waiter_bound(RedisConfig::default().fifo_entry_ttl);
     Arc::new(harness)
@@ -71,6 +82,7 @@ mod single_node {
         must_pass = [
             partitioned_holder_is_fenced_off,
             paused_holder_wakes_to_a_refused_write,
+            paused_leader_wakes_to_a_refused_write,
             server_paused_during_acquire,
             lost_reply_after_applied_acquire,
             crashed_clients_do_not_stall_the_fifo_queue,
