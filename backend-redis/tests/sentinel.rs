@@ -1,5 +1,6 @@
 //! Redis behind Sentinel (a master, a replica, three Sentinels): the conformance kit,
-//! a failover while a lock is held and waited for, and bad input.
+//! a failover while a lock is held and waited for, an election through a failover,
+//! and bad input.
 
 mod common;
 
