@@ -177,6 +177,7 @@
 
 mod client;
 mod config;
+mod election;
 mod error;
 mod keys;
 mod lock;
@@ -189,6 +190,7 @@ mod tls;
 mod xact;
 
 pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
+pub use election::PostgresElection;
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;
