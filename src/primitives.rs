@@ -145,7 +145,11 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
         #[cfg(feature = "redis")]
         Backend::Redis => Err(no_election_yet("redis")),
         #[cfg(feature = "postgres")]
-        Backend::Postgres => Err(no_election_yet("postgres")),
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .election(),
+        )),
         #[cfg(feature = "zookeeper")]
         Backend::ZooKeeper => Err(no_election_yet("zookeeper")),
         #[allow(unreachable_patterns)] // every feature on

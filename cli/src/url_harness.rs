@@ -56,6 +56,9 @@ impl Harness for UrlHarness {
         if offers.rw_lock.is_supported() {
             client = client.with_rw_lock(distlock::connect_rw(&self.url).await?);
         }
+        if offers.election.is_supported() {
+            client = client.with_election(distlock::connect_election(&self.url).await?);
+        }
         Ok(client)
     }
 
