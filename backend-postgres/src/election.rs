@@ -164,10 +164,7 @@ impl LeaderElection for PostgresElection {
         self.ready().await?;
         let plan = Self::plan(name, candidate);
         let hash = election_advisory_key(name);
-        let (grant, _contended) = self
-            .locks
-            .acquire_grant(name, hash, &plan, options)
-            .await?;
+        let (grant, _contended) = self.locks.acquire_grant(name, hash, &plan, options).await?;
         self.leadership(name, grant, candidate, options)
     }
 
@@ -196,7 +193,10 @@ impl LeaderElection for PostgresElection {
                     format!("the leader row of election {name} holds no valid identity: {e}"),
                 )
             })?;
-            Ok(Leader::new(candidate, FencingToken::new(term.unsigned_abs())))
+            Ok(Leader::new(
+                candidate,
+                FencingToken::new(term.unsigned_abs()),
+            ))
         })
         .transpose()
     }

@@ -764,10 +764,7 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(
-            POSTGRES_BACKEND,
-            Capabilities::all_supported(),
-        )
+        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
     }
 
     async fn try_acquire(
