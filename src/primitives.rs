@@ -141,7 +141,9 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
     match backend {
         Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.election())),
         #[cfg(feature = "file")]
-        Backend::File => Err(no_election_yet("file")),
+        Backend::File => Ok(Arc::new(
+            distlock_file::FileLock::connect(url).await?.election(),
+        )),
         #[cfg(feature = "redis")]
         Backend::Redis => Err(no_election_yet("redis")),
         #[cfg(feature = "postgres")]

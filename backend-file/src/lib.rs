@@ -62,6 +62,7 @@
 //! are still the ones at their paths, as the mutex's do.
 
 mod config;
+mod election;
 mod error;
 mod held;
 mod keys;
@@ -72,6 +73,7 @@ mod semaphore;
 mod waiter;
 
 pub use config::{default_dir, parse_url, FileUrl};
+pub use election::FileElection;
 pub use lock::FileLock;
 pub use rw::FileRwLock;
 pub use semaphore::FileSemaphore;
