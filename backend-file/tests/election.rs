@@ -85,7 +85,8 @@ fn spawn_leader(dir: &Path, name: &LockKey) -> (Child, u64) {
             return (child, term.trim().parse().expect("a term"));
         }
     }
-    panic!("the leader process ended without leading");
+    let status = child.wait().expect("reaps the leader");
+    panic!("the leader process ended ({status}) without leading");
 }
 
 #[allow(unsafe_code)] // FFI: see the SAFETY note
