@@ -141,13 +141,19 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
     match backend {
         Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.election())),
         #[cfg(feature = "file")]
-        Backend::File => Err(no_election_yet("file")),
+        Backend::File => Ok(Arc::new(
+            distlock_file::FileLock::connect(url).await?.election(),
+        )),
         #[cfg(feature = "redis")]
         Backend::Redis => Ok(Arc::new(
             distlock_redis::RedisLock::connect(url).await?.election()?,
         )),
         #[cfg(feature = "postgres")]
-        Backend::Postgres => Err(no_election_yet("postgres")),
+        Backend::Postgres => Ok(Arc::new(
+            distlock_postgres::PostgresLock::connect(url)
+                .await?
+                .election(),
+        )),
         #[cfg(feature = "zookeeper")]
         Backend::ZooKeeper => Err(no_election_yet("zookeeper")),
         #[allow(unreachable_patterns)] // every feature on
@@ -156,6 +162,7 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
 }
 
 /// The refusal of a backend whose election is not built yet.
+#[cfg(any(feature = "redis", feature = "zookeeper"))]
 fn no_election_yet(backend: &'static str) -> LockError {
     LockError::Unsupported {
         backend,

@@ -60,8 +60,18 @@
 //! poll at the options' backoff rather than block in the kernel. Their files, too, must
 //! not be deleted while in use: release and extend do not check that the locked files
 //! are still the ones at their paths, as the mutex's do.
+//!
+//! # Leader election
+//! [`FileLock::election`] gives a [`FileElection`]: the leadership of a name is the
+//! exclusive `flock` of its election file `k-NAME.election` (a lock file like the
+//! mutex's, whose counter gives the term), and the leader's identity and term are in
+//! the leader file `k-NAME.leader`, which the leader keeps locked exclusive and
+//! deletes when it resigns. `leader()` reads that record only while its lock is held,
+//! so a dead leader's record never reads as leader. Campaigns wait in the kernel as
+//! the mutex's acquires do; observers poll. No TTL expiry, as for the mutex.
 
 mod config;
+mod election;
 mod error;
 mod held;
 mod keys;
@@ -72,6 +82,7 @@ mod semaphore;
 mod waiter;
 
 pub use config::{default_dir, parse_url, FileUrl};
+pub use election::FileElection;
 pub use lock::FileLock;
 pub use rw::FileRwLock;
 pub use semaphore::FileSemaphore;

@@ -96,6 +96,17 @@ impl FileLock {
         crate::FileRwLock::new(self.clone())
     }
 
+    /// A leader-election client on the same directory; see
+    /// [`FileElection`](crate::FileElection).
+    pub fn election(&self) -> crate::FileElection {
+        crate::FileElection::new(self.clone())
+    }
+
+    /// The client's blocked-`flock` waiters, shared by its mutex and elections.
+    pub(crate) fn waiters(&self) -> &Arc<Waiters> {
+        &self.inner.waiters
+    }
+
     /// The lock directory.
     pub fn dir(&self) -> &Path {
         &self.inner.dir
@@ -199,7 +210,6 @@ impl DistributedLock for FileLock {
         let mut capabilities = Capabilities::all_supported();
         capabilities.ttl_expiry = Capability::Unsupported(NO_TTL);
         capabilities.fifo = Capability::Unsupported(NOT_FIFO);
-        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         BackendInfo::new(FILE_BACKEND, capabilities)
     }
 

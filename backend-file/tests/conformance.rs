@@ -22,7 +22,8 @@ impl Harness for FileHarness {
         let lock = FileLock::open(self.dir.path())?;
         Ok(Client::new(Arc::new(lock.clone()))
             .with_semaphore(Arc::new(lock.semaphore()))
-            .with_rw_lock(Arc::new(lock.rw_lock())))
+            .with_rw_lock(Arc::new(lock.rw_lock()))
+            .with_election(Arc::new(lock.election())))
     }
 }
 

@@ -31,9 +31,9 @@ pub fn advisory_key(key: &LockKey) -> i64 {
     i64::from_be_bytes(first)
 }
 
-/// The digest of `key` in the namespace `namespace` (a semaphore's or read-write
-/// lock's advisory ids): SHA-256 of `namespace`, a zero byte, then the key's UTF-8
-/// bytes. The prefix keeps a semaphore's and a read-write lock's ids apart from the
+/// The digest of `key` in the namespace `namespace` (a semaphore's, read-write
+/// lock's or election's advisory ids): SHA-256 of `namespace`, a zero byte, then the
+/// key's UTF-8 bytes. The prefix keeps these ids apart from the
 /// mutex's ([`advisory_key`] hashes the key alone) and from each other: they meet only
 /// by a hash collision, as two mutex keys can.
 fn namespaced(namespace: &str, key: &LockKey) -> [u8; 32] {
@@ -55,6 +55,12 @@ fn first_i64(digest: &[u8; 32]) -> i64 {
 /// the key, big-endian, as [`advisory_key`] does.
 pub(crate) fn rw_advisory_key(key: &LockKey) -> i64 {
     first_i64(&namespaced("distlock-rw", key))
+}
+
+/// The advisory key (`bigint`) of the election `name`, held exclusive by its leader:
+/// SHA-256 of `"distlock-election"`, a zero byte and the name, as [`rw_advisory_key`].
+pub(crate) fn election_advisory_key(name: &LockKey) -> i64 {
+    first_i64(&namespaced("distlock-election", name))
 }
 
 /// The advisory key (`bigint`) of permit slot `slot` of the semaphore `key`: SHA-256
@@ -115,6 +121,7 @@ mod tests {
         let ids = [
             advisory_key(&k),
             rw_advisory_key(&k),
+            election_advisory_key(&k),
             permit_slot_key(&k, 0),
             permit_slot_key(&k, 1),
         ];

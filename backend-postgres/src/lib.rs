@@ -126,6 +126,20 @@
 //! `pg_advisory_unlock_all` on it: a client holds at most that many at once (further
 //! acquires wait for a session within their wait policy).
 //!
+//! # Leader election
+//! [`PostgresLock::election`] gives a [`PostgresElection`] over the same sessions: the
+//! leadership of a name is a session advisory lock on its election id (SHA-256 of
+//! `"distlock-election"`, a zero byte and the name), granted as the mutex's lock is
+//! (candidates wait in the server's queue and the first is handed the lock on a
+//! resign); its term is the grant's token from the fencing sequence. Before the
+//! campaign returns, the granting session writes the row `(name, candidate, term,
+//! pid)` of the table `distlock.election` (created on first use if missing, as the
+//! sequence is); `leader()` returns the row only while the session `pid` holds the
+//! election's lock (per `pg_locks`), so a dead leader's row never reads as leader. A
+//! resign deletes the row, and a stale one is overwritten by the next leader: at most
+//! one row per election name. Observers poll (`wait_change`'s default). Leases, loss
+//! and crash bounds are the mutex's.
+//!
 //! # Transaction-scoped mode
 //! [`PostgresXactLock`] takes `pg_advisory_xact_lock` inside a transaction and runs the
 //! caller's work in the same transaction; the lock ends with it. It uses unnamed
@@ -177,6 +191,7 @@
 
 mod client;
 mod config;
+mod election;
 mod error;
 mod keys;
 mod lock;
@@ -189,6 +204,7 @@ mod tls;
 mod xact;
 
 pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
+pub use election::PostgresElection;
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;

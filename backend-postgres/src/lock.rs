@@ -21,10 +21,10 @@ use crate::client::{locked, ClientState, Settings};
 use crate::config::{parse_url, session_options, PostgresConfig};
 use crate::error;
 use crate::keys::advisory_key;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
-use crate::{PostgresRwLock, PostgresSemaphore, POSTGRES_BACKEND};
+use crate::{PostgresElection, PostgresRwLock, PostgresSemaphore, POSTGRES_BACKEND};
 
 /// How long an `acquire` that waits forever keeps retrying while the server is down.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -176,6 +176,11 @@ impl PostgresLock {
         PostgresRwLock::new(self.clone())
     }
 
+    /// An election client sharing this client's sessions (see [`PostgresElection`]).
+    pub fn election(&self) -> PostgresElection {
+        PostgresElection::new(self.clone())
+    }
+
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
         (
@@ -288,6 +293,7 @@ impl PostgresLock {
         &self,
         hash: i64,
         options: &LockOptions,
+        seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         let mut retried_broken = false;
         for _ in 0..SESSION_ATTEMPTS {
@@ -311,6 +317,7 @@ impl PostgresLock {
                 owner: owner_bits,
                 ttl: options.ttl(),
                 requested_at: Instant::now(),
+                seat: seat.cloned(),
                 reply: tx,
             };
             if session.send(command).is_err() {
@@ -359,6 +366,7 @@ impl PostgresLock {
         grab: &Grab,
         options: &LockOptions,
         deadline: Option<Instant>,
+        seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
             let slots = self.state.wait_slots.clone();
@@ -392,6 +400,7 @@ impl PostgresLock {
                 ttl: options.ttl(),
                 lock_timeout_ms,
                 slot,
+                seat: seat.cloned(),
                 reply: tx,
             };
             if session.send(command).is_err() {
@@ -439,14 +448,15 @@ impl PostgresLock {
         options: &LockOptions,
     ) -> Result<Option<Grant>, LockError> {
         let grab = match plan {
-            Plan::Exclusive => return self.try_shared(hash, options).await,
+            Plan::Exclusive => return self.try_shared(hash, options, None).await,
+            Plan::Lead(seat) => return self.try_shared(hash, options, Some(seat)).await,
             Plan::Shared => Grab::SharedTry,
             Plan::Permit(grab) => grab.clone(),
         };
         // A try does not wait in the server; it waits for a dedicated session only
         // as long as a request may take.
         let patience = Instant::now() + self.state.settings.config.request_timeout;
-        self.wait_dedicated(key, hash, &grab, options, Some(patience))
+        self.wait_dedicated(key, hash, &grab, options, Some(patience), None)
             .await
     }
 
@@ -462,7 +472,7 @@ impl PostgresLock {
         polls: &mut BackoffDelays,
     ) -> Result<Option<Grant>, LockError> {
         let grab = match plan {
-            Plan::Exclusive => Grab::Exclusive,
+            Plan::Exclusive | Plan::Lead(_) => Grab::Exclusive,
             Plan::Shared => Grab::SharedWait,
             Plan::Permit(_) => {
                 let mut nap = polls.next_delay();
@@ -473,7 +483,11 @@ impl PostgresLock {
                 return Ok(None);
             }
         };
-        self.wait_dedicated(key, hash, &grab, options, deadline)
+        let seat = match plan {
+            Plan::Lead(seat) => Some(seat),
+            _ => None,
+        };
+        self.wait_dedicated(key, hash, &grab, options, deadline, seat)
             .await
     }
 
@@ -502,6 +516,42 @@ impl PostgresLock {
             ))
         })
         .await
+    }
+
+    /// [`PostgresLock::acquire_plan`] for a grant that is not handed out as a plain
+    /// guard (an election's): the grant itself, under the same bound, and whether the
+    /// key was found held on the way.
+    pub(crate) async fn acquire_grant(
+        &self,
+        key: &LockKey,
+        hash: i64,
+        plan: &Plan,
+        options: &LockOptions,
+    ) -> Result<(Grant, bool), LockError> {
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let report = WaitReport::new();
+        let attempts = self.acquire_until(key, hash, plan, options, bound, &report);
+        // The cut of `bounded_wait`, which only hands out guards.
+        let cut = bound
+            .deadline
+            .filter(|d| *d > bound.started)
+            .and_then(|d| Some((d - bound.started, d.checked_add(bound.grace)?)));
+        let grant = match cut {
+            None => attempts.await,
+            Some((wait, cut)) => match timeout_at(cut, attempts).await {
+                Ok(result) => result,
+                Err(_) if report.held_seen() => Err(LockError::Timeout {
+                    backend: POSTGRES_BACKEND,
+                    key: key.clone(),
+                    waited: bound.started.elapsed(),
+                }),
+                Err(_) => Err(self.state.settings.connection_error(format!(
+                    "the server did not answer within the wait of {wait:?}; whether the lock \
+                     was granted is unknown (a late grant is released)"
+                ))),
+            },
+        }?;
+        Ok((grant, report.held_seen()))
     }
 
     /// The body of `acquire`, unbounded by the wait when the server
@@ -643,6 +693,47 @@ impl PostgresLock {
             .connection_error("no usable session: every one tried closed"))
     }
 
+    /// The leader row `(candidate, term)` of the election `name` (advisory key `hash`),
+    /// if the session that wrote it holds the election's lock (per `pg_locks`).
+    pub(crate) async fn leader_row(
+        &self,
+        name: &LockKey,
+        hash: i64,
+    ) -> Result<Option<(Vec<u8>, i64)>, LockError> {
+        for _ in 0..SESSION_ATTEMPTS {
+            let session = self.shared_session().await?;
+            let (tx, rx) = oneshot::channel();
+            let command = Command::Leader {
+                name: name.as_str().to_owned(),
+                hash,
+                reply: tx,
+            };
+            if session.send(command).is_err() {
+                continue;
+            }
+            match rx.await {
+                Ok(Ok(row)) => return Ok(row),
+                Ok(Err(Failure::Closed)) | Err(_) => continue,
+                Ok(Err(Failure::Lock(e))) => return Err(e),
+                Ok(Err(Failure::Mismatch(_))) => {
+                    return Err(LockError::backend_error(
+                        POSTGRES_BACKEND,
+                        "a permit count answer to a leader look-up",
+                    ))
+                }
+            }
+        }
+        Err(self
+            .state
+            .settings
+            .connection_error("no usable session: every one tried closed"))
+    }
+
+    /// The settings every session of this client runs with.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.state.settings
+    }
+
     /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
     /// this client holds it (any more).
     async fn to_holder<T>(
@@ -673,10 +764,7 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(
-            POSTGRES_BACKEND,
-            Capabilities::all_supported().without_election(distlock_api::NOT_YET),
-        )
+        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
     }
 
     async fn try_acquire(
@@ -743,6 +831,9 @@ pub(crate) enum Plan {
     /// A semaphore permit: this permit try on a dedicated session, polled at the
     /// options' backoff.
     Permit(Grab),
+    /// An election's leadership: taken as [`Plan::Exclusive`], and recorded as the
+    /// leader by the granting session before it is handed out.
+    Lead(Arc<Seat>),
 }
 
 /// The lease and monitor of `grant` on `key`, for the guard of any primitive.

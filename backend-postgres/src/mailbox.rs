@@ -2,6 +2,7 @@
 //! commands a task takes, their replies, and the client's handle on a task.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{LeaseMonitor, LockError};
@@ -55,6 +56,16 @@ impl Grab {
     }
 }
 
+/// An election candidacy: what a grant of the election's lock records as the leader,
+/// in the same session, before it is handed out.
+#[derive(Debug)]
+pub(crate) struct Seat {
+    /// The election's name (the table's key).
+    pub name: String,
+    /// The candidate's identity.
+    pub candidate: Vec<u8>,
+}
+
 pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
 
 /// A lock granted to a session.
@@ -106,6 +117,8 @@ pub(crate) enum Command {
         owner: u128,
         ttl: Duration,
         requested_at: Instant,
+        /// An election's grant: recorded as the leader before the reply.
+        seat: Option<Arc<Seat>>,
         reply: Reply<Option<Granted>>,
     },
     /// `grab` on `hash` (a waiting grab under `lock_timeout`, ms, 0 for none) on a
@@ -117,6 +130,8 @@ pub(crate) enum Command {
         ttl: Duration,
         lock_timeout_ms: u64,
         slot: OwnedSemaphorePermit,
+        /// An election's grant: recorded as the leader before the reply.
+        seat: Option<Arc<Seat>>,
         reply: Reply<Option<Granted>>,
     },
     /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
@@ -134,6 +149,13 @@ pub(crate) enum Command {
     },
     /// Whether any session of the database holds an advisory lock matching `probe`.
     HeldByAnyone { probe: Probe, reply: Reply<bool> },
+    /// The leader's `(candidate, term)` of the election `name` (advisory key `hash`),
+    /// if the session that recorded it holds the election's lock.
+    Leader {
+        name: String,
+        hash: i64,
+        reply: Reply<Option<(Vec<u8>, i64)>>,
+    },
 }
 
 impl Command {
@@ -152,6 +174,9 @@ impl Command {
                 let _ = reply.send(Err(failure));
             }
             Command::HeldByAnyone { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+            Command::Leader { reply, .. } => {
                 let _ = reply.send(Err(failure));
             }
         }

@@ -30,7 +30,7 @@ use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::keys::pg_locks_ids;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
 use crate::POSTGRES_BACKEND;
 
 /// The most commands of one kind sent as one statement.
@@ -67,6 +67,9 @@ struct Held {
     /// The session's only grant, released with `pg_advisory_unlock_all` (a read, a
     /// permit): see [`Task::unlock`].
     unlock_all: bool,
+    /// An election's leadership, once its row is written: the candidacy and its term,
+    /// whose row is deleted before the lock is unlocked.
+    seat: Option<(Arc<Seat>, i64)>,
 }
 
 /// A grant the server just made, for [`Task::grant`].
@@ -81,6 +84,8 @@ struct NewGrant {
     slot: Option<OwnedSemaphorePermit>,
     /// Whether it is released with `pg_advisory_unlock_all` (see [`Held::unlock_all`]).
     unlock_all: bool,
+    /// An election's grant: its leader's row is written before the reply.
+    seat: Option<Arc<Seat>>,
 }
 
 /// Why a session task stops.
@@ -465,6 +470,9 @@ impl Task {
                     Command::HeldByAnyone { probe, reply } => {
                         self.held_by_anyone(probe, reply).await
                     }
+                    Command::Leader { name, hash, reply } => {
+                        self.read_leader(name, hash, reply).await
+                    }
                     command => self.wait(command).await,
                 }
             } else {
@@ -507,6 +515,7 @@ impl Task {
             ttl,
             slot,
             unlock_all,
+            seat,
         } = grant;
         let ttl_deadline = lease_start
             .checked_add(ttl)
@@ -529,9 +538,28 @@ impl Task {
                 monitor: monitor.clone(),
                 _slot: slot,
                 unlock_all,
+                seat: None,
             },
         );
         self.expiries.insert((ttl_deadline, owner));
+        if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
+            // The leader's row, in this session, before anyone is told it leads.
+            match self.seat(&seat, token).await {
+                Trip::Done(()) => {
+                    if let Some(held) = self.held.get_mut(&owner) {
+                        held.seat = Some((seat, token));
+                    }
+                }
+                Trip::Refused(e) => {
+                    let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                    return self.unlock(vec![owner], Vec::new()).await;
+                }
+                Trip::Broken(why) => {
+                    let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
+                    return Err(End::Broken(why));
+                }
+            }
+        }
         let granted = Granted {
             token,
             acquired_at: lease_start,
@@ -607,6 +635,7 @@ impl Task {
                 owner,
                 ttl,
                 requested_at,
+                seat,
                 reply,
             } = command
             else {
@@ -623,6 +652,7 @@ impl Task {
                             ttl,
                             slot: None,
                             unlock_all: false,
+                            seat,
                         },
                         reply,
                     )
@@ -706,12 +736,12 @@ impl Task {
             .into_iter()
             .filter(|o| self.held.contains_key(o))
             .partition(|o| self.held.get(o).is_some_and(|h| h.unlock_all));
+        // Leaders' rows go first, while their locks still hold.
+        let mut result = self.unseat(owners.iter().chain(&whole)).await;
         // A dedicated session's only grant: everything the session holds is that grant.
-        let mut result = if whole.is_empty() {
-            Ok(())
-        } else {
-            self.unlock_everything().await
-        };
+        if result.is_ok() && !whole.is_empty() {
+            result = self.unlock_everything().await;
+        }
         let hashes: Vec<i64> = owners
             .iter()
             .filter_map(|o| self.held.get(o))
@@ -898,6 +928,93 @@ impl Task {
         Ok(())
     }
 
+    /// Writes `seat` as its election's leader in `term`, as this session.
+    async fn seat(&mut self, seat: &Arc<Seat>, term: i64) -> Trip<()> {
+        let seat = seat.clone();
+        let settings = self.settings.clone();
+        self.trip(move |c| {
+            Box::pin(async move {
+                sqlx::query(&settings.sql.seat)
+                    .bind(seat.name.as_str())
+                    .bind(seat.candidate.as_slice())
+                    .bind(term)
+                    .execute(c)
+                    .await
+                    .map(|_| ())
+            })
+        })
+        .await
+    }
+
+    /// Deletes the leader rows of those of `owners` that lead an election. A row that
+    /// cannot be deleted ends the session: a row of this session must never outlive
+    /// its leadership while the session lives (see `Statements::leader`).
+    async fn unseat(&mut self, owners: impl Iterator<Item = &u128>) -> Result<(), End> {
+        let (names, terms): (Vec<String>, Vec<i64>) = owners
+            .filter_map(|o| self.held.get(o)?.seat.as_ref())
+            .map(|(seat, term)| (seat.name.clone(), *term))
+            .unzip();
+        if names.is_empty() {
+            return Ok(());
+        }
+        let settings = self.settings.clone();
+        match self
+            .trip(move |c| {
+                Box::pin(async move {
+                    sqlx::query(&settings.sql.unseat)
+                        .bind(names)
+                        .bind(terms)
+                        .execute(c)
+                        .await
+                        .map(|_| ())
+                })
+            })
+            .await
+        {
+            Trip::Done(()) => Ok(()),
+            Trip::Refused(e) => Err(End::Broken(format!(
+                "could not delete an election's leader row: {e}"
+            ))),
+            Trip::Broken(why) => Err(End::Broken(why)),
+        }
+    }
+
+    async fn read_leader(
+        &mut self,
+        name: String,
+        hash: i64,
+        reply: Reply<Option<(Vec<u8>, i64)>>,
+    ) -> Result<(), End> {
+        let (high, low) = pg_locks_ids(hash);
+        let settings = self.settings.clone();
+        match self
+            .trip(move |c| {
+                Box::pin(async move {
+                    sqlx::query_as::<_, (Vec<u8>, i64)>(&settings.sql.leader)
+                        .bind(name)
+                        .bind(high)
+                        .bind(low)
+                        .fetch_optional(c)
+                        .await
+                })
+            })
+            .await
+        {
+            Trip::Done(row) => {
+                let _ = reply.send(Ok(row));
+                Ok(())
+            }
+            Trip::Refused(e) => {
+                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
+                Ok(())
+            }
+            Trip::Broken(why) => {
+                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
+                Err(End::Broken(why))
+            }
+        }
+    }
+
     async fn held_by_anyone(&mut self, probe: Probe, reply: Reply<bool>) -> Result<(), End> {
         let sql = self.settings.sql.held_by_anyone;
         match self
@@ -938,6 +1055,7 @@ impl Task {
             ttl,
             lock_timeout_ms,
             slot,
+            seat,
             mut reply,
         } = command
         else {
@@ -1009,6 +1127,7 @@ impl Task {
                         ttl,
                         slot: Some(slot),
                         unlock_all,
+                        seat,
                     },
                     reply,
                 )
@@ -1040,6 +1159,7 @@ impl Task {
                                 ttl,
                                 slot: Some(slot),
                                 unlock_all,
+                                seat,
                             },
                             reply,
                         )

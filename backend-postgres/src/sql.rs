@@ -59,6 +59,18 @@ pub(crate) struct Statements {
     /// `$1 int8, $2 text` (lock_timeout in ms, `0` for none): transaction-scoped wait;
     /// the token.
     pub xact_wait: String,
+    /// The schema-qualified table of election leaders: one row per election name.
+    pub election_table: String,
+    /// `$1 text` name, `$2 bytea` candidate, `$3 int8` term: records this session as the
+    /// name's leader (run by the session that was just granted the election's lock);
+    /// overwrites a stale row of a lower term.
+    pub seat: String,
+    /// `$1 text[]` names, `$2 int8[]` terms: deletes those leaders' rows (each only in
+    /// its own term).
+    pub unseat: String,
+    /// `$1 text` name, `$2, $3` (`pg_locks` ids of its advisory key): the row's
+    /// `(candidate, term)` if the session that wrote it holds the election's lock now.
+    pub leader: String,
 }
 
 impl Statements {
@@ -131,6 +143,24 @@ impl Statements {
                 "WITH cfg AS MATERIALIZED (SELECT set_config('lock_timeout', $2, true) AS v), \
                  lk AS MATERIALIZED (SELECT pg_advisory_xact_lock($1) AS l FROM cfg) \
                  SELECT nextval('{sequence}') FROM lk"
+            ),
+            election_table: format!("{schema}.election"),
+            seat: format!(
+                "INSERT INTO {schema}.election AS e (name, candidate, term, pid) \
+                 VALUES ($1, $2, $3, pg_backend_pid()) ON CONFLICT (name) DO UPDATE \
+                 SET candidate = EXCLUDED.candidate, term = EXCLUDED.term, pid = EXCLUDED.pid \
+                 WHERE e.term < EXCLUDED.term"
+            ),
+            unseat: format!(
+                "DELETE FROM {schema}.election e USING unnest($1::text[], $2::int8[]) AS u(n, t) \
+                 WHERE e.name = u.n AND e.term = u.t"
+            ),
+            leader: format!(
+                "SELECT e.candidate, e.term FROM {schema}.election e WHERE e.name = $1 \
+                 AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' \
+                 AND l.granted AND l.objsubid = 1 AND l.pid = e.pid \
+                 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+                 AND l.classid = $2::int8::oid AND l.objid = $3::int8::oid)"
             ),
             sequence,
         }
@@ -243,4 +273,72 @@ async fn create_schema(
             .map_err(lock_error)?;
     }
     tx.commit().await.map_err(lock_error)
+}
+
+/// Creates the election table if missing: `(name text PRIMARY KEY, candidate bytea,
+/// term bigint, pid int4)`, serialised as [`ensure_schema`]'s creation is. Run on the
+/// first use of an election handle, so that clients that never elect need no right to
+/// create it.
+///
+/// # Errors
+/// [`LockError::Config`] when the table is missing and this user may not create it;
+/// connection errors otherwise.
+pub(crate) fn ensure_election_table<'a>(
+    conn: &'a mut PgConnection,
+    schema: &'a str,
+    statements: &'a Statements,
+) -> Pin<Box<dyn Future<Output = Result<(), LockError>> + Send + 'a>> {
+    Box::pin(async move {
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+            .bind(statements.election_table.clone())
+            .persistent(false)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(lock_error)?;
+        if exists {
+            return Ok(());
+        }
+        let ddl = format!(
+            "CREATE TABLE IF NOT EXISTS {} (name text PRIMARY KEY, candidate bytea NOT NULL, \
+             term bigint NOT NULL, pid int4 NOT NULL)",
+            statements.election_table
+        );
+        let create = async {
+            let mut tx = conn.begin().await.map_err(lock_error)?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1, $2)")
+                .bind(SETUP_LOCK.0)
+                .bind(SETUP_LOCK.1)
+                .persistent(false)
+                .execute(&mut *tx)
+                .await
+                .map_err(lock_error)?;
+            for statement in [
+                ddl.clone(),
+                format!(
+                    "COMMENT ON TABLE {} IS 'distlock election leaders: a row counts only while \
+                     its pid holds the election''s advisory lock'",
+                    statements.election_table
+                ),
+            ] {
+                sqlx::query(&statement)
+                    .persistent(false)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(lock_error)?;
+            }
+            tx.commit().await.map_err(lock_error)
+        };
+        create.await.map_err(|e| match e {
+            LockError::Backend { source, .. } => LockError::Config {
+                backend: POSTGRES_BACKEND,
+                message: format!(
+                    "could not create the election table {}; have an owner run once: \
+                     CREATE SCHEMA IF NOT EXISTS {schema}; {ddl}",
+                    statements.election_table
+                ),
+                source: Some(source),
+            },
+            other => other,
+        })
+    })
 }

@@ -164,13 +164,14 @@ impl ClientFaults for SilentCrash {
     }
 }
 
-/// A kit client of `lock`, with its semaphore and read-write lock handles.
+/// A kit client of `lock`, with its semaphore, read-write lock and election handles.
 fn with_primitives(lock: PostgresLock) -> Client {
-    let (semaphore, rw_lock) = (lock.semaphore(), lock.rw_lock());
+    let (semaphore, rw_lock, election) = (lock.semaphore(), lock.rw_lock(), lock.election());
     let lock: Arc<dyn DistributedLock> = Arc::new(lock);
     Client::new(lock)
         .with_semaphore(Arc::new(semaphore))
         .with_rw_lock(Arc::new(rw_lock))
+        .with_election(Arc::new(election))
 }
 
 #[async_trait]
