@@ -301,8 +301,8 @@ impl LeaderElection for FileElection {
     }
 
     /// A campaign that finds a leader waits in a thread blocked in `flock`, as the
-    /// mutex's acquire does (see the crate's caveats). It is not marked
-    /// [`Leadership::contended`] (the API gives backends no way to mark it).
+    /// mutex's acquire does (see the crate's caveats), and is marked
+    /// [`Leadership::contended`].
     async fn campaign(
         &self,
         name: &LockKey,
@@ -343,14 +343,15 @@ impl LeaderElection for FileElection {
         let granted_at = Instant::now();
         let (leader_path, record) = (self.leader_file_path(name), candidate.as_bytes().to_vec());
         let leader = blocking(move || take_seat(&leader_path, term, &record)).await?;
-        self.leadership(
+        let won = self.leadership(
             name,
             candidate,
             options,
             Seat { leader, election },
             term,
             granted_at,
-        )
+        )?;
+        Ok(distlock_api::backend::mark_contended(won, true))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

@@ -151,9 +151,8 @@ impl LeaderElection for PostgresElection {
             .transpose()
     }
 
-    /// Bounded by the options' wait as the mutex's `acquire` is. A campaign found
-    /// waiting is not marked [`Leadership::contended`] (the API gives backends no way
-    /// to mark it).
+    /// Bounded by the options' wait as the mutex's `acquire` is; a campaign that found
+    /// another leader first is marked [`Leadership::contended`].
     async fn campaign(
         &self,
         name: &LockKey,
@@ -164,8 +163,9 @@ impl LeaderElection for PostgresElection {
         self.ready().await?;
         let plan = Self::plan(name, candidate);
         let hash = election_advisory_key(name);
-        let (grant, _contended) = self.locks.acquire_grant(name, hash, &plan, options).await?;
-        self.leadership(name, grant, candidate, options)
+        let (grant, contended) = self.locks.acquire_grant(name, hash, &plan, options).await?;
+        let won = self.leadership(name, grant, candidate, options)?;
+        Ok(distlock_api::backend::mark_contended(won, contended))
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
