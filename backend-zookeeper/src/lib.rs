@@ -203,6 +203,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod election;
 mod error;
 mod keys;
 mod lock;
@@ -217,9 +218,10 @@ pub use config::{
     parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT,
     MIN_SESSION_TIMEOUT,
 };
+pub use election::ZooKeeperElection;
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LEASE_NAME,
-    LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LATCH_NAME,
+    LEASE_NAME, LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
 };
 pub use lock::ZooKeeperLock;
 pub use rw::ZooKeeperRwLock;

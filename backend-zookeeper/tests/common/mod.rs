@@ -173,13 +173,16 @@ pub async fn wait_children(raw: &zk::Client, dir: &str, n: usize, limit: Duratio
         .unwrap_or_else(|_| panic!("{dir} did not get {n} children within {limit:?}"))
 }
 
-/// A kit client of `lock`, with its semaphore and read-write lock on the same session.
+/// A kit client of `lock`, with its semaphore, read-write lock and election on the
+/// same session.
 pub fn with_primitives(lock: ZooKeeperLock) -> Client {
     let semaphore = Arc::new(lock.semaphore());
     let rw_lock = Arc::new(lock.rw_lock());
+    let election = Arc::new(lock.election());
     Client::new(Arc::new(lock))
         .with_semaphore(semaphore)
         .with_rw_lock(rw_lock)
+        .with_election(election)
 }
 
 /// The standalone harness: one shared server, every client behind its own proxy.
