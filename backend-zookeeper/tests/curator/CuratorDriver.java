@@ -1,10 +1,15 @@
-// Drives Apache Curator's InterProcessReadWriteLock and InterProcessSemaphoreV2 over
-// stdin/stdout for backend-zookeeper/tests/curator.rs. Each command takes a new recipe
-// instance (so no Curator re-entrancy) and answers one line:
+// Drives Apache Curator's InterProcessReadWriteLock, InterProcessSemaphoreV2 and
+// LeaderLatch over stdin/stdout for backend-zookeeper/tests/curator.rs. Each command
+// takes a new recipe instance (so no Curator re-entrancy) and answers one line:
 //   read PATH WAIT_MS | write PATH WAIT_MS | sem PATH MAX WAIT_MS  ->  held | busy
 //   release                                                        ->  released
 //   churn PATH MAX ROUNDS INSIDE  -> done: two threads each take a lease ROUNDS times,
 //     marking their time inside with an ephemeral node in INSIDE
+//   latch PATH [ID]  -> started: starts a LeaderLatch (id "" without ID), the current one
+//   await WAIT_MS    -> leader | follower: the current latch's await
+//   leads            -> leader | follower: the current latch's hasLeadership()
+//   leader           -> id=ID | none: the current latch's getLeader()
+//   close            -> closed: closes the current latch (resigning if it leads)
 // (release returns the most recent grant still held). Errors answer "error ...".
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -14,6 +19,8 @@ import java.util.concurrent.TimeUnit;
 
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.Participant;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
 import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
@@ -28,6 +35,7 @@ public class CuratorDriver {
         client.start();
         client.blockUntilConnected();
         Deque<AutoCloseable> held = new ArrayDeque<>();
+        LeaderLatch latch = null;
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         say("ready");
         String line;
@@ -96,6 +104,28 @@ public class CuratorDriver {
                         say(failure[0] == null ? "done" : "error " + failure[0]);
                         break;
                     }
+                    case "latch": {
+                        latch = new LeaderLatch(client, words[1], words.length > 2 ? words[2] : "");
+                        latch.start();
+                        say("started");
+                        break;
+                    }
+                    case "await":
+                        say(latch.await(Long.parseLong(words[1]), TimeUnit.MILLISECONDS) ? "leader" : "follower");
+                        break;
+                    case "leads":
+                        say(latch.hasLeadership() ? "leader" : "follower");
+                        break;
+                    case "leader": {
+                        Participant leader = latch.getLeader();
+                        say(leader.isLeader() ? "id=" + leader.getId() : "none");
+                        break;
+                    }
+                    case "close":
+                        latch.close();
+                        latch = null;
+                        say("closed");
+                        break;
                     case "release":
                         held.pop().close();
                         say("released");
