@@ -155,7 +155,9 @@ impl ZooKeeperElection {
                 return Ok((None, watcher));
             };
             match within(limit, session.client.get_data(&format!("{dir}/{first}"))).await {
-                Ok((data, stat)) => return Ok((Some(leader_of(first, data, stat.czxid)?), watcher)),
+                Ok((data, stat)) => {
+                    return Ok((Some(leader_of(first, data, stat.czxid)?), watcher))
+                }
                 // The leader left since the listing: look again.
                 Err(f) if f.is_no_node() => continue,
                 Err(f) => return Err(f.into()),

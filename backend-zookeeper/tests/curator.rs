@@ -485,13 +485,23 @@ async fn curator_leader_latch_and_ours_elect_one_leader() {
     assert_eq!(answer, "started");
     let (curator, answer) = ask(curator, "await 10000".into()).await;
     assert_eq!(answer, "leader");
-    assert!(ours.try_campaign(&k, &rust, &no_wait()).await.unwrap().is_none());
+    assert!(ours
+        .try_campaign(&k, &rust, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     let read = ours.leader(&k).await.unwrap().expect("Curator leads");
     assert_eq!(read.candidate.as_bytes(), b"java-1");
     let children = raw.list_children(&path).await.unwrap();
     assert_eq!(children.len(), 1, "{children:?}");
-    assert!(children[0].contains(&format!("-{LATCH_NAME}")), "{children:?}");
-    let (_, stat) = raw.get_data(&format!("{path}/{}", children[0])).await.unwrap();
+    assert!(
+        children[0].contains(&format!("-{LATCH_NAME}")),
+        "{children:?}"
+    );
+    let (_, stat) = raw
+        .get_data(&format!("{path}/{}", children[0]))
+        .await
+        .unwrap();
     assert_eq!(read.term.get(), u64::try_from(stat.czxid).unwrap());
 
     // Our candidate queues behind Curator's and leads once Curator closes its latch.
@@ -502,7 +512,10 @@ async fn curator_leader_latch_and_ours_elect_one_leader() {
     common::wait_children(&raw, &path, 2, Duration::from_secs(10)).await;
     assert!(!standby.is_finished(), "we wait while Curator leads");
     let (curator, answer) = ask(curator, "leads".into()).await;
-    assert_eq!(answer, "leader", "Curator still leads with our candidate queued");
+    assert_eq!(
+        answer, "leader",
+        "Curator still leads with our candidate queued"
+    );
     let (curator, answer) = ask(curator, "close".into()).await;
     assert_eq!(answer, "closed");
     let leading = tokio::time::timeout(Duration::from_secs(10), standby)

@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use distlock_api::{
-    Candidate, DistributedLock, LeaderElection, LeaseState, LockKey, LockOptions,
-    ReleaseOutcome, WaitPolicy,
+    Candidate, DistributedLock, LeaderElection, LeaseState, LockKey, LockOptions, ReleaseOutcome,
+    WaitPolicy,
 };
 use distlock_zookeeper::{encode_key, owner_guid, ZooKeeperLock, LATCH_NAME};
 use tokio::time::{timeout, Instant};
@@ -147,7 +147,11 @@ async fn each_resignation_wakes_one_candidate_and_candidates_lead_in_arrival_ord
         let k = k.clone();
         standbys.push(tokio::spawn(async move {
             let won = election
-                .campaign(&k, &me(&format!("standby-{i}")), &waiting(Duration::from_secs(60)))
+                .campaign(
+                    &k,
+                    &me(&format!("standby-{i}")),
+                    &waiting(Duration::from_secs(60)),
+                )
                 .await?;
             let term = won.term();
             won.resign().await?;
@@ -208,7 +212,11 @@ async fn an_observer_waits_on_a_watch_of_the_election() {
     let dir = candidate.election_path(&k);
     let watching = {
         let (observer, k) = (observer.election(), k.clone());
-        tokio::spawn(async move { observer.wait_change(&k, None, Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            observer
+                .wait_change(&k, None, Duration::from_secs(60))
+                .await
+        })
     };
     // Nobody leads and the directory does not exist: the observer watches for it.
     let settle = Instant::now();
