@@ -220,7 +220,7 @@ async fn an_observer_waits_on_a_watch_of_the_election() {
     };
     // Nobody leads and the directory does not exist: the observer watches for it.
     let settle = Instant::now();
-    while watches_by_path(port).await.get(&dir).is_none() {
+    while !watches_by_path(port).await.contains_key(&dir) {
         assert!(
             settle.elapsed() < Duration::from_secs(10),
             "the observer set no watch on {dir}"
