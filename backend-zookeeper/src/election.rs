@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::backend::{check_campaign_request, leadership, WaitReport};
+use distlock_api::backend::{
+    bounded_wait, check_campaign_request, leadership, WaitBound, WaitReport,
+};
 use distlock_api::{
     BackendInfo, Candidate, Capability, DistributedLock, ExtendOutcome, FencingToken, Leader,
     LeaderElection, Leadership, Lease, LockError, LockKey, LockOptions, ReleaseOutcome,
 };
-use tokio::time::{sleep_until, timeout_at, Instant};
+use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::error::within;
@@ -234,8 +236,7 @@ impl LeaderElection for ZooKeeperElection {
         let recipe = Recipe::Lead {
             identity: candidate.as_bytes(),
         };
-        let started = Instant::now();
-        let deadline = options.wait().deadline_from(started);
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
         let report = WaitReport::new();
         let attempts = async {
             let won = self
@@ -245,32 +246,20 @@ impl LeaderElection for ZooKeeperElection {
                 .ok_or_else(|| LockError::Timeout {
                     backend: ZOOKEEPER_BACKEND,
                     key: name.clone(),
-                    waited: started.elapsed(),
+                    waited: bound.started.elapsed(),
                 })?;
             self.lead(name, candidate, options, won).await
         };
-        // As `distlock_api::backend::bounded_wait`, which only makes lock guards.
-        let cut = deadline
-            .filter(|d| *d > started)
-            .and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?)));
-        let result = match cut {
-            None => attempts.await,
-            Some((wait, cut)) => match timeout_at(cut, attempts).await {
-                Ok(result) => result,
-                Err(_) if report.held_seen() => Err(LockError::Timeout {
-                    backend: ZOOKEEPER_BACKEND,
-                    key: name.clone(),
-                    waited: started.elapsed(),
-                }),
-                Err(_) => Err(LockError::connection(
-                    ZOOKEEPER_BACKEND,
-                    format!(
-                        "ZooKeeper did not answer within the wait of {wait:?}; whether the \
-                         campaign won is unknown (a late candidate node is removed)"
-                    ),
-                )),
-            },
-        };
+        let result = bounded_wait(ZOOKEEPER_BACKEND, name, bound, &report, attempts, |wait| {
+            LockError::connection(
+                ZOOKEEPER_BACKEND,
+                format!(
+                    "ZooKeeper did not answer within the wait of {wait:?}; whether the \
+                     campaign won is unknown (a late candidate node is removed)"
+                ),
+            )
+        })
+        .await;
         result.map_err(|e| self.lock.located(e))
     }
 

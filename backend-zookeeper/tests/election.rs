@@ -153,9 +153,9 @@ async fn each_resignation_wakes_one_candidate_and_candidates_lead_in_arrival_ord
                     &waiting(Duration::from_secs(60)),
                 )
                 .await?;
-            let term = won.term();
+            let (term, contended) = (won.term(), won.contended());
             won.resign().await?;
-            Ok::<_, distlock_api::LockError>(term)
+            Ok::<_, distlock_api::LockError>((term, contended))
         }));
         // Standby i has queued before standby i + 1 campaigns.
         wait_children(&zk_raw, &dir, i + 2, Duration::from_secs(10)).await;
@@ -182,14 +182,16 @@ async fn each_resignation_wakes_one_candidate_and_candidates_lead_in_arrival_ord
     let woken: u64 = clients.iter().map(ZooKeeperLock::wakeups).sum();
     assert_eq!(woken, 0, "candidates were woken while the leader led");
 
+    assert!(!first.contended(), "the first campaign met nobody");
     let mut terms = vec![first.term()];
     first.resign().await.unwrap();
     for standby in standbys {
-        let term = timeout(Duration::from_secs(30), standby)
+        let (term, contended) = timeout(Duration::from_secs(30), standby)
             .await
             .expect("each standby leads in turn")
             .unwrap()
             .expect("campaigns");
+        assert!(contended, "a standby that waited reads uncontended");
         terms.push(term);
     }
     assert!(

@@ -268,10 +268,30 @@ impl WaitBound {
     }
 }
 
-/// Marks `guard` as granted after its acquire met the key held (or not): what
-/// [`LockGuard::contended`] reports. [`bounded_wait`] does this itself.
-pub fn mark_contended(guard: LockGuard, contended: bool) -> LockGuard {
-    guard.with_contended(contended)
+/// Marks `guard` (a [`LockGuard`] or a [`Leadership`]) as granted after its acquire met
+/// the key held (or not): what [`LockGuard::contended`] and [`Leadership::contended`]
+/// report. [`bounded_wait`] does this itself.
+pub fn mark_contended<G: Granted>(guard: G, contended: bool) -> G {
+    guard.marked_contended(contended)
+}
+
+/// What a waiting acquire hands out: a [`LockGuard`], or a [`Leadership`] for a
+/// campaign. Lets [`bounded_wait`] and [`mark_contended`] serve both.
+pub trait Granted: Sized {
+    /// This grant, recording whether its acquire met the key held first.
+    fn marked_contended(self, contended: bool) -> Self;
+}
+
+impl Granted for LockGuard {
+    fn marked_contended(self, contended: bool) -> Self {
+        self.with_contended(contended)
+    }
+}
+
+impl Granted for Leadership {
+    fn marked_contended(self, contended: bool) -> Self {
+        self.with_contended(contended)
+    }
 }
 
 /// What the attempts of one acquire learned, shared with [`bounded_wait`].
@@ -307,21 +327,22 @@ impl WaitReport {
 /// backend's connection error saying the server did not answer within the wait. With
 /// no deadline, or one at `started` (no wait), `attempts` bounds itself.
 ///
-/// A guard granted after `report` saw the key held is marked
+/// A guard (or leadership) granted after `report` saw the key held is marked
 /// [contended](LockGuard::contended).
 ///
 /// # Errors
 /// Whatever `attempts` returns, or the two above when the deadline passes first.
-pub async fn bounded_wait<F>(
+pub async fn bounded_wait<F, G>(
     backend: &'static str,
     key: &LockKey,
     bound: WaitBound,
     report: &WaitReport,
     attempts: F,
     no_answer: impl FnOnce(Duration) -> LockError,
-) -> Result<LockGuard, LockError>
+) -> Result<G, LockError>
 where
-    F: Future<Output = Result<LockGuard, LockError>>,
+    F: Future<Output = Result<G, LockError>>,
+    G: Granted,
 {
     let WaitBound {
         started,
@@ -343,5 +364,5 @@ where
             Err(_) => Err(no_answer(wait)),
         },
     };
-    result.map(|guard| guard.with_contended(report.held_seen()))
+    result.map(|guard| guard.marked_contended(report.held_seen()))
 }
