@@ -560,3 +560,88 @@ async fn curator_leader_latch_and_ours_elect_one_leader() {
     assert_eq!(answer, "closed");
     wait_gone(&raw, &path).await;
 }
+
+/// Curator's latches and our candidates churn through one election at once; each
+/// leader marks its time leading with an ephemeral node, and a watcher of the marks
+/// never sees two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_our_leaders_churning_together_never_overlap() {
+    const ROUNDS: usize = 15;
+    let port = common::shared_port();
+    let locks = client(port).await;
+    let k = key("curator-election-churn");
+    let path = locks.election_path(&k);
+    let raw = common::raw(port).await;
+    let inside = "/curator-election-churn-inside";
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(inside, &[], &persistent)
+        .await
+        .expect("creates the marks' directory");
+    let Some(curator) = Curator::start(port) else {
+        return;
+    };
+
+    let most_inside = {
+        let raw = common::raw(port).await;
+        tokio::spawn(async move {
+            let mut most = 0;
+            loop {
+                match raw.get_and_watch_children(inside).await {
+                    Ok((marks, _, watcher)) => {
+                        most = most.max(marks.len());
+                        watcher.changed().await;
+                    }
+                    Err(_) => return most,
+                }
+            }
+        })
+    };
+    let theirs = tokio::spawn(ask(curator, format!("latchchurn {path} {ROUNDS} {inside}")));
+    let mut ours = Vec::new();
+    for n in 0..2 {
+        let (election, k) = (locks.election(), k.clone());
+        let raw = common::raw(port).await;
+        ours.push(tokio::spawn(async move {
+            let me = Candidate::new(format!("rust-{n}")).unwrap();
+            let mark_mode = zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            for _ in 0..ROUNDS {
+                let leading = election
+                    .campaign(&k, &me, &waiting())
+                    .await
+                    .expect("campaigns");
+                let (_, sequence) = raw
+                    .create(&format!("{inside}/ours-"), &[], &mark_mode)
+                    .await
+                    .expect("marks");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                raw.delete(&format!("{inside}/ours-{sequence}"), None)
+                    .await
+                    .expect("unmarks");
+                leading.resign().await.expect("resigns");
+            }
+        }));
+    }
+    for task in ours {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("our candidates finish")
+            .expect("our candidate does not panic");
+    }
+    let (_curator, answer) = tokio::time::timeout(Duration::from_secs(120), theirs)
+        .await
+        .expect("Curator's candidates finish")
+        .unwrap();
+    assert_eq!(answer, "done");
+    raw.delete(inside, None)
+        .await
+        .expect("removes the marks' directory");
+    let most = tokio::time::timeout(Duration::from_secs(10), most_inside)
+        .await
+        .expect("the watcher ends with the directory")
+        .unwrap();
+    assert!(most >= 1, "the watcher saw leaders");
+    assert_eq!(most, 1, "{most} leaders at once");
+    wait_gone(&raw, &path).await;
+}

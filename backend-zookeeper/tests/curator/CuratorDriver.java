@@ -10,6 +10,8 @@
 //   leads            -> leader | follower: the current latch's hasLeadership()
 //   leader           -> id=ID | none: the current latch's getLeader()
 //   close            -> closed: closes the current latch (resigning if it leads)
+//   latchchurn PATH ROUNDS INSIDE -> done: two threads each lead ROUNDS times through a
+//     new LeaderLatch, marking their time as leader with an ephemeral node in INSIDE
 // (release returns the most recent grant still held). Errors answer "error ...".
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
@@ -89,6 +91,43 @@ public class CuratorDriver {
                                         Thread.sleep(5);
                                         client.delete().forPath(mark);
                                         lease.close();
+                                    }
+                                } catch (Exception e) {
+                                    synchronized (failure) {
+                                        failure[0] = e;
+                                    }
+                                }
+                            });
+                            threads[t].start();
+                        }
+                        for (Thread thread : threads) {
+                            thread.join();
+                        }
+                        say(failure[0] == null ? "done" : "error " + failure[0]);
+                        break;
+                    }
+                    case "latchchurn": {
+                        String path = words[1];
+                        int rounds = Integer.parseInt(words[2]);
+                        String inside = words[3];
+                        Exception[] failure = new Exception[1];
+                        Thread[] threads = new Thread[2];
+                        for (int t = 0; t < threads.length; t++) {
+                            String id = "java-" + t;
+                            threads[t] = new Thread(() -> {
+                                try {
+                                    for (int round = 0; round < rounds; round++) {
+                                        try (LeaderLatch churning = new LeaderLatch(client, path, id)) {
+                                            churning.start();
+                                            if (!churning.await(30, TimeUnit.SECONDS)) {
+                                                throw new IllegalStateException("no leadership within 30 s");
+                                            }
+                                            String mark = client.create()
+                                                    .withMode(CreateMode.EPHEMERAL_SEQUENTIAL)
+                                                    .forPath(inside + "/curator-");
+                                            Thread.sleep(5);
+                                            client.delete().forPath(mark);
+                                        }
                                     }
                                 } catch (Exception e) {
                                     synchronized (failure) {
