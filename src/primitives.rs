@@ -155,7 +155,11 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
                 .election(),
         )),
         #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Err(no_election_yet("zookeeper")),
+        Backend::ZooKeeper => Ok(Arc::new(
+            distlock_zookeeper::ZooKeeperLock::connect(url)
+                .await?
+                .election(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }

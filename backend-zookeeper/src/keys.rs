@@ -119,6 +119,9 @@ pub const READ_NAME: &str = "__READ__";
 /// Curator's `InterProcessReadWriteLock` write contenders: `_c_<guid>-__WRIT__<sequence>`.
 pub const WRITE_NAME: &str = "__WRIT__";
 
+/// Curator's `LeaderLatch` candidates: `_c_<guid>-latch-<sequence>`.
+pub const LATCH_NAME: &str = "latch-";
+
 /// What one sequential node of ours stands for, by the Curator recipe it follows.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum NodeKind {
@@ -130,6 +133,8 @@ pub(crate) enum NodeKind {
     Read,
     /// An `InterProcessReadWriteLock` writer.
     Write,
+    /// A `LeaderLatch` candidate.
+    Latch,
 }
 
 impl NodeKind {
@@ -140,6 +145,7 @@ impl NodeKind {
             NodeKind::Lease => LEASE_NAME,
             NodeKind::Read => READ_NAME,
             NodeKind::Write => WRITE_NAME,
+            NodeKind::Latch => LATCH_NAME,
         }
     }
 
@@ -150,6 +156,7 @@ impl NodeKind {
             NodeKind::Lock => lock_sequence(name),
             NodeKind::Lease => sequence_after(name, &[LEASE_NAME]),
             NodeKind::Read | NodeKind::Write => sequence_after(name, &[READ_NAME, WRITE_NAME]),
+            NodeKind::Latch => sequence_after(name, &[LATCH_NAME]),
         }
     }
 }
@@ -335,6 +342,10 @@ mod tests {
         let lease = format!("{}0000000007", contender_prefix(owner, NodeKind::Lease));
         assert_eq!(NodeKind::Lease.sequence(&lease), Some(7));
         assert_eq!(NodeKind::Lock.sequence(&lease), None);
+        let latch = format!("{}0000000003", contender_prefix(owner, NodeKind::Latch));
+        assert!(latch.ends_with("-latch-0000000003"), "{latch}");
+        assert_eq!(NodeKind::Latch.sequence(&latch), Some(3));
+        assert_eq!(NodeKind::Latch.sequence(&lease), None);
     }
 
     #[test]

@@ -82,6 +82,17 @@
 //! [`ZooKeeperSemaphore`] and [`ZooKeeperRwLock`] for what they mean there and how a
 //! mismatched permit count is detected.
 //!
+//! # Leader election
+//! [`ZooKeeperLock::election`] gives a [`distlock_api::LeaderElection`] on the client's
+//! session, in the node layout of Curator's `LeaderLatch` (at
+//! [`ZooKeeperLock::election_path`], `[chroot]{base_path}/.election/{encode_key(name)}`):
+//! candidates are ephemeral-sequential `_c_<guid>-latch-<seq>` nodes whose data is the
+//! candidate's identity; the lowest sequence leads, each other candidate watches the next
+//! lower node. A Java `new LeaderLatch(client, path, id)` on that path campaigns with us,
+//! and each side reads the other's identity. The term is the leader node's `czxid`; the
+//! lease is the session (crash failover: the session timeout, rounded up to the server's
+//! tick); observers wait on a child watch. See [`ZooKeeperElection`].
+//!
 //! # Security
 //! - **TLS**: `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]` (feature `tls`) connects
 //!   to the servers' `secureClientPort` through rustls, trusting the CAs in the PEM file
@@ -203,6 +214,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod election;
 mod error;
 mod keys;
 mod lock;
@@ -217,9 +229,10 @@ pub use config::{
     parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT,
     MIN_SESSION_TIMEOUT,
 };
+pub use election::ZooKeeperElection;
 pub use keys::{
-    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LEASE_NAME,
-    LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
+    decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LATCH_NAME,
+    LEASE_NAME, LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
 };
 pub use lock::ZooKeeperLock;
 pub use rw::ZooKeeperRwLock;

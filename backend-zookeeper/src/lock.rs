@@ -28,7 +28,7 @@ use crate::ZOOKEEPER_BACKEND;
 /// How long past a wait's deadline an acquire still waits for answers on their way (the
 /// last look at the contenders and the removal of our node) before it gives up on the
 /// server.
-const ANSWER_GRACE: Duration = Duration::from_millis(50);
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 
 /// How long an acquire that waits forever keeps retrying while ZooKeeper is unreachable.
 const ERROR_PATIENCE: Duration = Duration::from_secs(30);
@@ -63,7 +63,7 @@ struct Inner {
 
 /// What one acquire contends for; each follows a Curator recipe's node layout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Recipe {
+pub(crate) enum Recipe<'a> {
     /// `InterProcessMutex`: the lowest `lock-` node holds.
     Mutex,
     /// `InterProcessReadWriteLock`'s read lock: held while no writer is ahead.
@@ -72,9 +72,12 @@ pub(crate) enum Recipe {
     Write,
     /// `InterProcessSemaphoreV2` with `max` leases (see `semaphore.rs`).
     Permit { max: u32 },
+    /// `LeaderLatch`: the lowest `latch-` node leads; it holds the candidate's
+    /// `identity` (see `election.rs`).
+    Lead { identity: &'a [u8] },
 }
 
-impl Recipe {
+impl Recipe<'_> {
     /// The kind of node this recipe holds with.
     pub(crate) fn kind(self) -> NodeKind {
         match self {
@@ -82,6 +85,16 @@ impl Recipe {
             Recipe::Read => NodeKind::Read,
             Recipe::Write => NodeKind::Write,
             Recipe::Permit { .. } => NodeKind::Lease,
+            Recipe::Lead { .. } => NodeKind::Latch,
+        }
+    }
+
+    /// What the contender node holds: the leader's identity for an election, else
+    /// nothing (semaphore leases write theirs themselves).
+    fn data(&self) -> &[u8] {
+        match self {
+            Recipe::Lead { identity } => identity,
+            _ => &[],
         }
     }
 }
@@ -236,7 +249,7 @@ impl ZooKeeperLock {
     }
 
     /// The live session, opening a new one if the last has ended.
-    async fn session(&self) -> Result<Arc<Session>, LockError> {
+    pub(crate) async fn session(&self) -> Result<Arc<Session>, LockError> {
         if let Some(session) = self.current() {
             return Ok(session);
         }
@@ -283,7 +296,7 @@ impl ZooKeeperLock {
     pub(crate) async fn obtain(
         &self,
         dir: &str,
-        recipe: Recipe,
+        recipe: Recipe<'_>,
         key: &LockKey,
         options: &LockOptions,
         waits: bool,
@@ -307,7 +320,8 @@ impl ZooKeeperLock {
                         .await
                 }
                 (Ok(session), _) => {
-                    self.contend(&session, dir, recipe.kind(), &[], deadline, waits, report)
+                    let data = recipe.data();
+                    self.contend(&session, dir, recipe.kind(), data, deadline, waits, report)
                         .await
                 }
                 (Err(error), _) => Err(error),
@@ -516,7 +530,6 @@ impl DistributedLock for ZooKeeperLock {
         capabilities.ttl_expiry = Capability::Unsupported(
             "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
         );
-        capabilities = capabilities.without_election(distlock_api::NOT_YET);
         BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
     }
 
@@ -572,7 +585,7 @@ impl ZooKeeperLock {
     pub(crate) async fn try_within(
         &self,
         dir: &str,
-        recipe: Recipe,
+        recipe: Recipe<'_>,
         key: &LockKey,
         options: &LockOptions,
         grant: impl FnOnce(Won) -> LockGuard + Send,
@@ -589,7 +602,7 @@ impl ZooKeeperLock {
     pub(crate) async fn acquire_within_wait(
         &self,
         dir: &str,
-        recipe: Recipe,
+        recipe: Recipe<'_>,
         key: &LockKey,
         options: &LockOptions,
         grant: impl FnOnce(Won) -> LockGuard + Send,

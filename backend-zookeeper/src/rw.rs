@@ -67,7 +67,7 @@ impl ZooKeeperRwLock {
     }
 }
 
-fn recipe(mode: RwMode) -> Recipe {
+fn recipe(mode: RwMode) -> Recipe<'static> {
     match mode {
         RwMode::Read => Recipe::Read,
         RwMode::Write => Recipe::Write,

@@ -1,6 +1,7 @@
 //! Interoperability with the real Apache Curator (Debian's jars): its
 //! `InterProcessReadWriteLock` and `InterProcessSemaphoreV2` on the paths of our
-//! read-write lock and semaphore exclude and count together with ours.
+//! read-write lock and semaphore exclude and count together with ours, and its
+//! `LeaderLatch` on the path of our election elects one leader with ours.
 //!
 //! A small Java driver (tests/curator/CuratorDriver.java) is compiled with `javac` into
 //! a temporary directory at test time and driven over stdin/stdout.
@@ -13,10 +14,11 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
 use distlock_api::{
-    DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions, RwMode, WaitPolicy,
+    Candidate, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError, LockKey,
+    LockOptions, RwMode, WaitPolicy,
 };
 use distlock_test_servers::{skip_or_panic, ServerError};
-use distlock_zookeeper::{ZooKeeperLock, LEASE_NAME, PERMITS_DATA_PREFIX};
+use distlock_zookeeper::{ZooKeeperLock, LATCH_NAME, LEASE_NAME, PERMITS_DATA_PREFIX};
 
 const JAVA_DIR: &str = "/usr/share/java";
 
@@ -459,5 +461,187 @@ async fn curator_and_our_holders_churning_together_stay_within_max() {
         .unwrap();
     assert!(most >= 1, "the watcher saw holders");
     assert!(most <= MAX as usize, "{most} holders inside at once");
+    wait_gone(&raw, &path).await;
+}
+
+/// A Curator `LeaderLatch` and our candidates on one election path: exactly one leads,
+/// each side reads the other's identity, and a resignation on either side hands the
+/// leadership to the other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_latch_and_ours_elect_one_leader() {
+    let port = common::shared_port();
+    let locks = client(port).await;
+    let ours = locks.election();
+    let k = key("curator-election");
+    let path = locks.election_path(&k);
+    let raw = common::raw(port).await;
+    let rust = Candidate::new("rust-1").unwrap();
+    let Some(curator) = Curator::start(port) else {
+        return;
+    };
+
+    // Curator leads first: we cannot, and we read its id and its node's czxid.
+    let (curator, answer) = ask(curator, format!("latch {path} java-1")).await;
+    assert_eq!(answer, "started");
+    let (curator, answer) = ask(curator, "await 10000".into()).await;
+    assert_eq!(answer, "leader");
+    assert!(ours
+        .try_campaign(&k, &rust, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
+    let read = ours.leader(&k).await.unwrap().expect("Curator leads");
+    assert_eq!(read.candidate.as_bytes(), b"java-1");
+    let children = raw.list_children(&path).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert!(
+        children[0].contains(&format!("-{LATCH_NAME}")),
+        "{children:?}"
+    );
+    let (_, stat) = raw
+        .get_data(&format!("{path}/{}", children[0]))
+        .await
+        .unwrap();
+    assert_eq!(read.term.get(), u64::try_from(stat.czxid).unwrap());
+
+    // Our candidate queues behind Curator's and leads once Curator closes its latch.
+    let standby = {
+        let (ours, k, rust) = (ours.clone(), k.clone(), rust.clone());
+        tokio::spawn(async move { ours.campaign(&k, &rust, &waiting()).await })
+    };
+    common::wait_children(&raw, &path, 2, Duration::from_secs(10)).await;
+    assert!(!standby.is_finished(), "we wait while Curator leads");
+    let (curator, answer) = ask(curator, "leads".into()).await;
+    assert_eq!(
+        answer, "leader",
+        "Curator still leads with our candidate queued"
+    );
+    let (curator, answer) = ask(curator, "close".into()).await;
+    assert_eq!(answer, "closed");
+    let leading = tokio::time::timeout(Duration::from_secs(10), standby)
+        .await
+        .expect("we lead once Curator's latch closed")
+        .unwrap()
+        .expect("campaigns");
+    assert!(leading.term() > read.term);
+
+    // A new Curator latch follows us and reads our identity.
+    let (curator, answer) = ask(curator, format!("latch {path} java-2")).await;
+    assert_eq!(answer, "started");
+    common::wait_children(&raw, &path, 2, Duration::from_secs(10)).await;
+    let (curator, answer) = ask(curator, "await 300".into()).await;
+    assert_eq!(answer, "follower", "Curator leads beside us");
+    let (curator, answer) = ask(curator, "leader".into()).await;
+    assert_eq!(answer, "id=rust-1");
+
+    // We resign: Curator leads, and we read it.
+    let term = leading.term();
+    leading.resign().await.unwrap();
+    let (curator, answer) = ask(curator, "await 10000".into()).await;
+    assert_eq!(answer, "leader");
+    let read = ours.leader(&k).await.unwrap().expect("Curator leads");
+    assert_eq!(read.candidate.as_bytes(), b"java-2");
+    assert!(read.term > term);
+    let (curator, answer) = ask(curator, "close".into()).await;
+    assert_eq!(answer, "closed");
+
+    // A Curator latch without an id (its default) reads as its node's name.
+    let (curator, answer) = ask(curator, format!("latch {path}")).await;
+    assert_eq!(answer, "started");
+    let (curator, answer) = ask(curator, "await 10000".into()).await;
+    assert_eq!(answer, "leader");
+    let read = ours.leader(&k).await.unwrap().expect("Curator leads");
+    let node = read.candidate.to_text().into_owned();
+    assert!(
+        node.starts_with("_c_") && node.contains(&format!("-{LATCH_NAME}")),
+        "{node}"
+    );
+    let (_curator, answer) = ask(curator, "close".into()).await;
+    assert_eq!(answer, "closed");
+    wait_gone(&raw, &path).await;
+}
+
+/// Curator's latches and our candidates churn through one election at once; each
+/// leader marks its time leading with an ephemeral node, and a watcher of the marks
+/// never sees two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_and_our_leaders_churning_together_never_overlap() {
+    const ROUNDS: usize = 15;
+    let port = common::shared_port();
+    let locks = client(port).await;
+    let k = key("curator-election-churn");
+    let path = locks.election_path(&k);
+    let raw = common::raw(port).await;
+    let inside = "/curator-election-churn-inside";
+    let persistent =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    raw.create(inside, &[], &persistent)
+        .await
+        .expect("creates the marks' directory");
+    let Some(curator) = Curator::start(port) else {
+        return;
+    };
+
+    let most_inside = {
+        let raw = common::raw(port).await;
+        tokio::spawn(async move {
+            let mut most = 0;
+            loop {
+                match raw.get_and_watch_children(inside).await {
+                    Ok((marks, _, watcher)) => {
+                        most = most.max(marks.len());
+                        watcher.changed().await;
+                    }
+                    Err(_) => return most,
+                }
+            }
+        })
+    };
+    let theirs = tokio::spawn(ask(curator, format!("latchchurn {path} {ROUNDS} {inside}")));
+    let mut ours = Vec::new();
+    for n in 0..2 {
+        let (election, k) = (locks.election(), k.clone());
+        let raw = common::raw(port).await;
+        ours.push(tokio::spawn(async move {
+            let me = Candidate::new(format!("rust-{n}")).unwrap();
+            let mark_mode = zookeeper_client::CreateMode::EphemeralSequential
+                .with_acls(zookeeper_client::Acls::anyone_all());
+            for _ in 0..ROUNDS {
+                let leading = election
+                    .campaign(&k, &me, &waiting())
+                    .await
+                    .expect("campaigns");
+                let (_, sequence) = raw
+                    .create(&format!("{inside}/ours-"), &[], &mark_mode)
+                    .await
+                    .expect("marks");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                raw.delete(&format!("{inside}/ours-{sequence}"), None)
+                    .await
+                    .expect("unmarks");
+                leading.resign().await.expect("resigns");
+            }
+        }));
+    }
+    for task in ours {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("our candidates finish")
+            .expect("our candidate does not panic");
+    }
+    let (_curator, answer) = tokio::time::timeout(Duration::from_secs(120), theirs)
+        .await
+        .expect("Curator's candidates finish")
+        .unwrap();
+    assert_eq!(answer, "done");
+    raw.delete(inside, None)
+        .await
+        .expect("removes the marks' directory");
+    let most = tokio::time::timeout(Duration::from_secs(10), most_inside)
+        .await
+        .expect("the watcher ends with the directory")
+        .unwrap();
+    assert!(most >= 1, "the watcher saw leaders");
+    assert_eq!(most, 1, "{most} leaders at once");
     wait_gone(&raw, &path).await;
 }

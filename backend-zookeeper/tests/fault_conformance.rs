@@ -10,9 +10,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::DistributedLock;
+use distlock_api::{DistributedLock, LeaderElection};
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{run_selected_faults, FaultHarness, FaultVerdict, ServerHarness};
+use distlock_conformance_faults::{
+    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, ServerHarness,
+};
 use distlock_test_servers::{Provider, ZooKeeperEnsemble};
 use distlock_zookeeper::ZooKeeperLock;
 
@@ -24,6 +26,17 @@ fn connector() -> UrlConnector {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
             Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+        })
+    })
+}
+
+/// Election clients of the same session settings, for the election fault scenarios.
+fn election_connector() -> ElectionConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock =
+                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
+            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
         })
     })
 }
@@ -45,7 +58,10 @@ async fn standalone() -> Arc<dyn FaultHarness> {
         .zookeeper()
         .await
         .unwrap_or_else(|e| cannot_start(e));
-    timed(ServerHarness::new(vec![server], URL_TEMPLATE, connector()))
+    timed(
+        ServerHarness::new(vec![server], URL_TEMPLATE, connector())
+            .with_election(election_connector()),
+    )
 }
 
 distlock_conformance_faults::fault_conformance_tests!(
@@ -57,6 +73,7 @@ distlock_conformance_faults::fault_conformance_tests!(
         lost_reply_after_applied_acquire,
         server_restart_while_held_and_waited,
         contention_under_random_faults,
+        paused_leader_wakes_to_a_refused_write,
     ]
 );
 

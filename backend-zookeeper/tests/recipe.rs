@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use distlock_zookeeper::{lock_sequence, owner_guid, owner_of, ZooKeeperLock};
 use tokio::time::timeout;
 use zookeeper_client as zk;
 
-use common::{direct, raw, shared_port, wait_children};
+use common::{direct, raw, shared_port, wait_children, watches_by_path};
 
 const SESSION: Duration = Duration::from_secs(10);
 
@@ -27,33 +26,6 @@ fn key(name: &str) -> LockKey {
 
 fn waiting(wait: Duration) -> LockOptions {
     LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::Timeout(wait))
-}
-
-/// Watches per watched path, from the server's `wchp` four-letter word.
-async fn watches_by_path(port: u16) -> HashMap<String, usize> {
-    let reply = tokio::task::spawn_blocking(move || {
-        use std::io::{Read, Write};
-        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("4lw connect");
-        stream.write_all(b"wchp").expect("4lw write");
-        let mut reply = String::new();
-        stream.read_to_string(&mut reply).expect("4lw read");
-        reply
-    })
-    .await
-    .expect("4lw task");
-    let mut watches = HashMap::new();
-    let mut current = None;
-    for line in reply.lines() {
-        if line.starts_with('/') {
-            current = Some(line.trim().to_owned());
-            watches.entry(line.trim().to_owned()).or_insert(0);
-        } else if line.trim().starts_with("0x") {
-            if let Some(path) = &current {
-                *watches.entry(path.clone()).or_insert(0) += 1;
-            }
-        }
-    }
-    watches
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

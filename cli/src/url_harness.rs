@@ -5,9 +5,10 @@ use std::sync::Arc;
 use distlock::{async_trait, LockError};
 use distlock_conformance::{Client, Harness, UrlConnector};
 
-/// Each client is a fresh [`distlock::connect`] of one URL, with a semaphore and a
-/// read-write lock connected by the same URL where the backend offers them. It has no
-/// fault hooks, so the scenarios that need to crash a client are skipped.
+/// Each client is a fresh [`distlock::connect`] of one URL, with a semaphore, a
+/// read-write lock and an election connected by the same URL where the backend offers
+/// them. It has no fault hooks, so the scenarios that need to crash a client are
+/// skipped.
 pub struct UrlHarness {
     url: String,
 }

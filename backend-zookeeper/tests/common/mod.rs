@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -173,13 +174,43 @@ pub async fn wait_children(raw: &zk::Client, dir: &str, n: usize, limit: Duratio
         .unwrap_or_else(|_| panic!("{dir} did not get {n} children within {limit:?}"))
 }
 
-/// A kit client of `lock`, with its semaphore and read-write lock on the same session.
+/// Watches per watched path, from the server's `wchp` four-letter word.
+pub async fn watches_by_path(port: u16) -> HashMap<String, usize> {
+    let reply = tokio::task::spawn_blocking(move || {
+        use std::io::{Read, Write};
+        let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("4lw connect");
+        stream.write_all(b"wchp").expect("4lw write");
+        let mut reply = String::new();
+        stream.read_to_string(&mut reply).expect("4lw read");
+        reply
+    })
+    .await
+    .expect("4lw task");
+    let mut watches = HashMap::new();
+    let mut current = None;
+    for line in reply.lines() {
+        if line.starts_with('/') {
+            current = Some(line.trim().to_owned());
+            watches.entry(line.trim().to_owned()).or_insert(0);
+        } else if line.trim().starts_with("0x") {
+            if let Some(path) = &current {
+                *watches.entry(path.clone()).or_insert(0) += 1;
+            }
+        }
+    }
+    watches
+}
+
+/// A kit client of `lock`, with its semaphore, read-write lock and election on the
+/// same session.
 pub fn with_primitives(lock: ZooKeeperLock) -> Client {
     let semaphore = Arc::new(lock.semaphore());
     let rw_lock = Arc::new(lock.rw_lock());
+    let election = Arc::new(lock.election());
     Client::new(Arc::new(lock))
         .with_semaphore(semaphore)
         .with_rw_lock(rw_lock)
+        .with_election(election)
 }
 
 /// The standalone harness: one shared server, every client behind its own proxy.
