@@ -165,16 +165,6 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
     }
 }
 
-/// The refusal of a backend whose election is not built yet.
-#[cfg(any(feature = "redis", feature = "zookeeper"))]
-fn no_election_yet(backend: &'static str) -> LockError {
-    LockError::Unsupported {
-        backend,
-        operation: "election",
-        reason: distlock_api::NOT_YET,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

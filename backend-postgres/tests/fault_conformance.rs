@@ -9,9 +9,9 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::DistributedLock;
+use distlock_api::{DistributedLock, LeaderElection};
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{Claim, Fault, FaultHarness, ServerHarness};
+use distlock_conformance_faults::{Claim, ElectionConnector, Fault, FaultHarness, ServerHarness};
 use distlock_postgres::PostgresLock;
 use distlock_test_servers::{terminate_sessions_at, PostgresServerOptions, Provider, ServerError};
 
@@ -33,11 +33,22 @@ async fn harness() -> Arc<dyn FaultHarness> {
     let config = common::test_config();
     let ttl = Duration::from_millis(500);
     let crash_bound = ttl.max(config.dead_holder_bound()) + config.heartbeat();
-    let connector: UrlConnector = Arc::new(move |url: String| {
+    let connector: UrlConnector = {
+        let config = config.clone();
+        Arc::new(move |url: String| {
+            let config = config.clone();
+            Box::pin(async move {
+                let lock = PostgresLock::connect_with(&url, config).await?;
+                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            })
+        })
+    };
+    // The election of a client of its own, through the same proxy.
+    let elections: ElectionConnector = Arc::new(move |url: String| {
         let config = config.clone();
         Box::pin(async move {
             let lock = PostgresLock::connect_with(&url, config).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
         })
     });
     // 16 contending clients with a few sessions each, and the waits'.
@@ -59,7 +70,8 @@ async fn harness() -> Arc<dyn FaultHarness> {
                     .map_err(|e| e.to_string())
             })
         }))
-        .with_timing(ttl, crash_bound);
+        .with_timing(ttl, crash_bound)
+        .with_election(elections);
     Arc::new(harness)
 }
 
@@ -68,6 +80,7 @@ distlock_conformance_faults::fault_conformance_tests!(
     must_pass = [
         partitioned_holder_is_fenced_off,
         paused_holder_wakes_to_a_refused_write,
+        paused_leader_wakes_to_a_refused_write,
         server_paused_during_acquire,
         lost_reply_after_applied_acquire,
         terminated_session_fires_lost,
