@@ -196,10 +196,10 @@ pub async fn run(args: ElectArgs) -> Result<(), CliError> {
     }
 }
 
-/// Whether a standby should shrug `error` off and campaign again: the backend failed,
-/// as opposed to the request being wrong.
+/// Whether a standby should shrug `error` off and campaign again: the backend failed
+/// (retryable), as opposed to the request being wrong or `--wait` running out.
 fn is_passing(error: &LockError) -> bool {
-    error.is_retryable()
+    error.is_retryable() && !matches!(error, LockError::Timeout { .. })
 }
 
 /// Sleeps `pause`, unless a signal that ends distlock comes first.
