@@ -26,8 +26,10 @@
 //!   later; Redlock skips the counter and hands out no token); when the key is held
 //!   it returns the holder's `PTTL` instead, the longest a waiter has to wait, and a
 //!   waiter listening for wake-ups marks the key `{K}:waiting` (with an expiry);
-//! - **release** is an owner-checked `DEL` in Lua that `PUBLISH`es on `{K}:released`
-//!   only when the key is marked waited on (or has a FIFO queue); **extend** is an
+//! - **release** is an owner-checked `DEL` in Lua, of the lock and its `{K}:waiting`
+//!   marker together, that `PUBLISH`es on `{K}:released` only when the marker was
+//!   there (FIFO waiters mark it too while queued; woken waiters that find the key held
+//!   again mark it again); **extend** is an
 //!   owner-checked `PEXPIRE` in Lua. Both tell "gone" apart from "held by another
 //!   owner".
 //!
