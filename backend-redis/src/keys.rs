@@ -23,8 +23,9 @@ pub struct KeyNames {
     /// that (then the clock seeds a new one, see the README's trust model). Redlock
     /// does not use it.
     pub fence: String,
-    /// `{K}:waiting`: set (with an expiry) by waiters that find the key held, so that
-    /// a release publishes a wake-up only when someone waits.
+    /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by
+    /// FIFO waiters while queued, and deleted by the release, which publishes a
+    /// wake-up only when it was there, so only when someone waits.
     pub waiting: String,
     /// `{K}:released`: the pub/sub channel a release publishes on.
     pub channel: String,

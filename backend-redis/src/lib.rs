@@ -26,8 +26,10 @@
 //!   later; Redlock skips the counter and hands out no token); when the key is held
 //!   it returns the holder's `PTTL` instead, the longest a waiter has to wait, and a
 //!   waiter listening for wake-ups marks the key `{K}:waiting` (with an expiry);
-//! - **release** is an owner-checked `DEL` in Lua that `PUBLISH`es on `{K}:released`
-//!   only when the key is marked waited on (or has a FIFO queue); **extend** is an
+//! - **release** is an owner-checked `DEL` in Lua, of the lock and its `{K}:waiting`
+//!   marker together, that `PUBLISH`es on `{K}:released` only when the marker was
+//!   there (FIFO waiters mark it too while queued; woken waiters that find the key held
+//!   again mark it again); **extend** is an
 //!   owner-checked `PEXPIRE` in Lua. Both tell "gone" apart from "held by another
 //!   owner".
 //!
@@ -59,7 +61,9 @@
 //! scored by the server time at which each entry expires). The FIFO acquire script
 //! drops expired entries, grants the lock only to the head of the queue and only when
 //! the lock key is free, and otherwise queues the waiter (or refreshes its entry for
-//! [`RedisConfig::fifo_entry_ttl`]). The release script drops expired entries too and
+//! [`RedisConfig::fifo_entry_ttl`]); while anyone is queued it keeps `{K}:waiting`
+//! marked, for as long as the queue lives (a grant that leaves others queued marks it
+//! again). The release script, finding the mark, drops expired entries too and
 //! publishes the head's id on `{K}:released`, and a client wakes only the waiter of that
 //! id. A waiter refreshes its entry at least every third of the entry TTL; one that
 //! gives up (timeout, error) removes it before its call returns and wakes the next (so

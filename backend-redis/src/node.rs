@@ -364,15 +364,12 @@ impl Node {
             &[&names.lock]
         };
         let mut cmd = evalsha(script, keys);
-        cmd.arg(&hex(owner)[..])
-            .arg(ttl_millis(ttl))
-            .arg(waiting.map_or(0, ttl_millis))
-            .arg(fence_keep_millis(ttl));
-        let (granted, value): (i64, i64) = self.run(script, &cmd).await?;
-        Ok(match granted {
-            1 => NodeGrant::Granted(fenced.then(|| FencingToken::new(value.max(0) as u64))),
-            _ => NodeGrant::Held(u64::try_from(value).ok().map(Duration::from_millis)),
-        })
+        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
+        if let Some(waiting) = waiting {
+            cmd.arg(ttl_millis(waiting));
+        }
+        let answer: i64 = self.run(script, &cmd).await?;
+        Ok(grant_of(answer, fenced))
     }
 
     /// Runs the FIFO acquire script for the queued waiter `waiter`: joins the queue
@@ -565,6 +562,18 @@ impl Node {
     }
 }
 
+/// What the acquire script's answer says (see [`crate::scripts::ACQUIRE`]): a grant
+/// when positive (the fencing token when `fenced`), else held, for `-1 - answer` ms
+/// when that is not negative.
+fn grant_of(answer: i64, fenced: bool) -> NodeGrant {
+    if answer > 0 {
+        NodeGrant::Granted(fenced.then(|| FencingToken::new(answer.unsigned_abs())))
+    } else {
+        let pttl = answer.saturating_neg().saturating_sub(1);
+        NodeGrant::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
+    }
+}
+
 /// `EVALSHA <sha> <keys…>`, ready for the script's arguments. One command built in
 /// place and sized once for the hot path's (at most two) arguments: redis-rs'
 /// `ScriptInvocation` copies every key and argument into vectors first, and a growing
@@ -608,6 +617,34 @@ mod tests {
     use distlock_api::backend::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn acquire_answers() {
+        assert_eq!(
+            grant_of(1_700_000_000_000_000, true),
+            NodeGrant::Granted(Some(FencingToken::new(1_700_000_000_000_000)))
+        );
+        assert_eq!(grant_of(1, false), NodeGrant::Granted(None));
+        // -1 - PTTL: 1234 ms left, none (no expiry).
+        assert_eq!(
+            grant_of(-1235, true),
+            NodeGrant::Held(Some(Duration::from_millis(1234)))
+        );
+        assert_eq!(grant_of(-1, true), NodeGrant::Held(Some(Duration::ZERO)));
+        assert_eq!(grant_of(0, true), NodeGrant::Held(None));
+        assert!(matches!(
+            grant_of(i64::MIN, false),
+            NodeGrant::Held(Some(_))
+        ));
+    }
+
+    #[test]
+    fn fence_margin_in_the_script_matches() {
+        assert_eq!(
+            crate::scripts::FENCE_MARGIN_MS.parse::<u128>().ok(),
+            Some(crate::scripts::FENCE_MARGIN.as_millis())
+        );
+    }
 
     #[test]
     fn hex_matches_display() {

@@ -5,36 +5,48 @@ use std::sync::LazyLock;
 use redis::Script;
 
 /// `KEYS = [lock, fence]` (fenced) or `[lock]` (Redlock, which keeps no counter),
-/// `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms]`.
-/// Returns `{1, fencing_token}` when granted (`{1, 0}` without a fence key), else
-/// `{0, pttl_ms}` of the holder (`-1` when the holder's key has no expiry). A held key
-/// with `waiting_ms` other than `0` marks `{K}:waiting` for that long, so that a
-/// release knows to publish a wake-up. Names used only off the hot path are derived
-/// from the lock's name (see [`KeyNames`](crate::KeyNames)): every key passed costs
-/// the server about 0.25 µs per call.
+/// `ARGV = [token, ttl_ms]`, and `waiting_ms` third for a waiter listening for wake-ups.
+/// Returns the fencing token (at least 10^15, see [`NEXT_TOKEN`]) when granted, `1`
+/// without a fence key; else `-1 - PTTL` of the holder, so `0` or less: `0` when the
+/// holder's key has no expiry. A held key with `waiting_ms` marks `{K}:waiting` for
+/// that long, so that a release knows to publish a wake-up.
+///
+/// Every part of it is paid on each grant, so it is as lean as the guarantees allow
+/// (measured as server instructions per cycle, see docs/benchmarks.md): one integer
+/// answer rather than a table, the token's code inline rather than a function made
+/// on each run, and no argument that the uncontended path does not read (the
+/// counter's expiry is derived from the TTL); every key or argument passed costs the
+/// server on every call. Names used only off the hot path are derived from the lock's
+/// name (see [`KeyNames`](crate::KeyNames)).
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
-            NEXT_TOKEN,
             r"
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if KEYS[2] then
-    return {1, next_token(KEYS[2], ARGV[4])}
+  if not KEYS[2] then
+    return 1
   end
-  return {1, 0}
+  local fence, keep_ms = KEYS[2], ARGV[2] + ",
+            FENCE_MARGIN_MS,
+            r"
+",
+            NEXT_TOKEN,
+            r"
+  return token
 end
-if ARGV[3] ~= '0' then
+if ARGV[3] then
   redis.call('SET', KEYS[1] .. ':waiting', '1', 'PX', ARGV[3])
 end
-return {0, redis.call('PTTL', KEYS[1])}
+return -1 - redis.call('PTTL', KEYS[1])
 ",
         ]
         .concat(),
     )
 });
 
-/// Defines `next_token(fence, keep_ms)`: the fencing token of a grant.
+/// Sets `token`, the fencing token of a grant, from the locals `fence` (the counter's
+/// name) and `keep_ms`.
 ///
 /// `fence` is a counter that starts at the server's clock: `INCR` gives the next token
 /// while it lives (one command, as cheap as the plain counter it replaces); a fresh one
@@ -50,27 +62,38 @@ return {0, redis.call('PTTL', KEYS[1])}
 /// reading of 2001) is a fresh counter (`INCR` made it 1) or one of the older layout
 /// (small numbers, no expiry): both are reseeded, so the old ones get an expiry too.
 const NEXT_TOKEN: &str = r"
-local function next_token(fence, keep_ms)
-  local token = redis.call('INCR', fence)
-  if token < 1000000000000000 then
-    local t = redis.call('TIME')
-    token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    redis.call('SET', fence, string.format('%.0f', token), 'PX', keep_ms)
-  end
-  return token
+local token = redis.call('INCR', fence)
+if token < 1000000000000000 then
+  local t = redis.call('TIME')
+  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', fence, string.format('%.0f', token), 'PX', keep_ms)
 end
 ";
+
+/// With [`NEXT_TOKEN`] and [`NEXT_TOKEN_CLOSE`] after it, defines the function
+/// `next_token(fence, keep_ms)`, for the scripts that grant in more than one place or
+/// off the hot path (the FIFO acquire, the primitives).
+const NEXT_TOKEN_OPEN: &str = "local function next_token(fence, keep_ms)\n";
+
+/// Ends the function [`NEXT_TOKEN_OPEN`] starts.
+const NEXT_TOKEN_CLOSE: &str = "return token\nend\n";
 
 /// How long `{K}:fence` lives beyond the TTL of the grant that seeded it (see
 /// [`NEXT_TOKEN`]).
 pub(crate) const FENCE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// [`FENCE_MARGIN`] in ms, as the acquire script adds it to the TTL.
+pub(crate) const FENCE_MARGIN_MS: &str = "10000";
+
 /// `KEYS = [lock]`, `ARGV = [token]`; the other names are derived from the lock's.
 /// Returns 1 when released, 2 when another owner holds the key (or a key of another
 /// type is there), 0 when the key is gone. A wake-up is published only when someone
-/// waits (`{K}:waiting` marked by an unordered waiter, or a FIFO queue), so an
-/// uncontended release costs no `PUBLISH`. The wake-up names the head of the FIFO
-/// queue, so only that queued waiter wakes (empty when nobody is queued: every
+/// waits: the release deletes `{K}:waiting` with the lock, in the same `DEL`, and a
+/// count of 2 says a waiter had marked it (unordered waiters mark it when they find the
+/// key held, FIFO waiters while they are queued, see [`QUEUED_ACQUIRE`]); so an
+/// uncontended release is `GET` and `DEL`, as a plain compare-and-delete. The woken
+/// waiters mark the key again if they find it held. The wake-up names the head of the
+/// FIFO queue, so only that queued waiter wakes (empty when nobody is queued: every
 /// unordered waiter wakes); expired entries are dropped first, so it never names a
 /// dead waiter.
 pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
@@ -80,9 +103,8 @@ pub(crate) static RELEASE: LazyLock<Script> = LazyLock::new(|| {
             r"
 local holder = redis.pcall('GET', KEYS[1])
 if holder == ARGV[1] then
-  redis.call('DEL', KEYS[1])
-  local queue = KEYS[1] .. ':queue'
-  if redis.call('EXISTS', KEYS[1] .. ':waiting', queue) > 0 then
+  if redis.call('DEL', KEYS[1], KEYS[1] .. ':waiting') > 1 then
+    local queue = KEYS[1] .. ':queue'
     local deadlines = queue .. ':deadlines'
     local head = redis.call('ZRANGE', queue, 0, 0)[1]
     if head then
@@ -183,7 +205,10 @@ const QUEUE_NAMES: &str = "local queue, deadlines = KEYS[3], KEYS[4]\n";
 /// by this waiter. Otherwise, with `join` = `1`, the waiter is queued at the tail (or
 /// keeps its place) and its entry's deadline is pushed to now + `entry_ttl_ms`; both
 /// queue keys then expire with their longest-lived entry. A free lock whose head is
-/// another waiter gets that head woken, in case its wake-up went astray.
+/// another waiter gets that head woken, in case its wake-up went astray. While anyone
+/// is queued, `{K}:waiting` is marked for as long as the queue lives, so that a release
+/// wakes the head (see [`RELEASE`], which deletes the mark): each queued attempt marks
+/// it, and so does a grant that leaves others queued.
 ///
 /// Returns `{1, fencing_token}` when granted, else `{0, holder PTTL (negative when
 /// free or without expiry), ms until the queue's earliest entry deadline (-1: none),
@@ -192,7 +217,9 @@ pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
+            NEXT_TOKEN_OPEN,
             NEXT_TOKEN,
+            NEXT_TOKEN_CLOSE,
             QUEUE_NAMES,
             // Nobody queued (the queue key is deleted when it empties): the plain
             // acquire, without reading the clock.
@@ -208,6 +235,13 @@ end
 ",
             PURGE_EXPIRED,
             r"
+-- Never shortens a mark an unordered waiter set for longer.
+local function mark_waiting(keep)
+  local waiting = KEYS[1] .. ':waiting'
+  if redis.call('PTTL', waiting) < keep then
+    redis.call('SET', waiting, '1', 'PX', keep)
+  end
+end
 local head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 local free = redis.call('EXISTS', KEYS[1]) == 0
 if free and (not head or head == ARGV[3]) then
@@ -215,6 +249,11 @@ if free and (not head or head == ARGV[3]) then
   if head then
     redis.call('ZREM', KEYS[3], head)
     redis.call('ZREM', KEYS[4], head)
+    -- Others still queued: the holder's release must wake the next head.
+    local latest = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+    if latest then
+      mark_waiting(tonumber(latest) - now + 1)
+    end
   end
   return {1, next_token(KEYS[2], ARGV[6])}
 end
@@ -228,6 +267,7 @@ if ARGV[5] == '1' then
   local keep = tonumber(latest) - now + 1
   redis.call('PEXPIRE', KEYS[3], keep)
   redis.call('PEXPIRE', KEYS[4], keep)
+  mark_waiting(keep)
   head = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
 end
 if free and head and head ~= ARGV[3] then

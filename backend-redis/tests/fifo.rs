@@ -136,6 +136,45 @@ async fn waiters_of_different_clients_are_granted_in_arrival_order() {
     assert_eq!(*granted.lock().unwrap(), (0..8).collect::<Vec<_>>());
 }
 
+/// A release wakes the head only while the key is marked waited on, and deletes the
+/// mark: the grant that leaves others queued must mark it again, or the next release
+/// would wake nobody and the lock would pass on only at the waiters' refresh (20 s
+/// here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_release_of_a_queue_wakes_the_next_head() {
+    let h = common::start(1).await;
+    let k = key("chain");
+    let entry_ttl = Duration::from_secs(60);
+    let observer = RedisLock::connect(&h.url()).await.unwrap();
+    let holder = fifo_client(&h.url(), entry_ttl).await;
+    let guard = holder
+        .acquire(&k, &LockOptions::new(LONG_TTL))
+        .await
+        .unwrap();
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        // A client each, so they wait on the server, not in one client's line.
+        let lock = fifo_client(&h.url(), entry_ttl).await;
+        let waited_key = k.clone();
+        waiters.push(tokio::spawn(async move {
+            lock.acquire(&waited_key, &LockOptions::new(LONG_TTL))
+                .await?
+                .release()
+                .await
+        }));
+        until_queued(&observer, &k, i + 1).await;
+    }
+    guard.release().await.unwrap();
+    let bound = Instant::now() + Duration::from_secs(15);
+    for waiter in waiters {
+        timeout(bound.saturating_duration_since(Instant::now()), waiter)
+            .await
+            .expect("a queued waiter was not woken by the release before it")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_try_does_not_overtake_queued_waiters() {
     let h = common::start(1).await;

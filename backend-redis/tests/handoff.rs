@@ -82,7 +82,15 @@ async fn an_uncontended_release_publishes_nothing() {
         .expect("the waiter was woken")
         .unwrap()
         .unwrap();
-    assert_eq!(calls(&mut raw, "publish").await, 2);
+    // Only the release someone waited for published: it deleted the mark with the
+    // lock, so the waiter's own release, which nobody waited for, did not.
+    assert_eq!(calls(&mut raw, "publish").await, 1);
+    let marked: bool = redis::cmd("EXISTS")
+        .arg(&names.waiting)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(!marked, "the release left the mark behind");
 }
 
 /// Before: a release woke every waiter of the client on the key and they raced, so

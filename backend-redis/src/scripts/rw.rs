@@ -8,7 +8,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NOT_OURS};
+use super::{
+    EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN, NOT_OURS,
+};
 
 /// Defines `writer` and `intent` (their names) and drops the lapsed intents. Follows
 /// [`HOLDERS`].
@@ -30,7 +32,9 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
+            NEXT_TOKEN_OPEN,
             NEXT_TOKEN,
+            NEXT_TOKEN_CLOSE,
             HOLDERS,
             RW_NAMES,
             r"

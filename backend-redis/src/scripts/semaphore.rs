@@ -6,7 +6,9 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NOT_OURS};
+use super::{
+    EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN, NOT_OURS,
+};
 
 /// `KEYS = [holders, fence]`, `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms, max]`.
 ///
@@ -18,7 +20,9 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
+            NEXT_TOKEN_OPEN,
             NEXT_TOKEN,
+            NEXT_TOKEN_CLOSE,
             HOLDERS,
             r"
 local permits = KEYS[1] .. ':permits'
