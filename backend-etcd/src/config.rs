@@ -307,7 +307,7 @@ mod tests {
         assert!(!format!("{url:?}").contains("p@ss"));
 
         let url = parse_url("etcd+tls://h:1?ca=/ca.pem&cert=/c.pem&key=/k.pem").unwrap();
-        let tls = url.tls.unwrap();
+        let tls = url.tls.clone().unwrap();
         assert_eq!(tls.ca, PathBuf::from("/ca.pem"));
         assert_eq!(tls.key, Some(PathBuf::from("/k.pem")));
         assert_eq!(url.uris_for_test(), vec!["https://h:1".to_owned()]);

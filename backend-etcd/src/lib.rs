@@ -38,7 +38,7 @@
 //! - **release** deletes the key if its create revision is still the lease's fencing
 //!   token (one transaction), then revokes the lease. A key that is gone reads
 //!   `Expired`, or `HeldByOther` while another contender is in the range.
-//! - **extend** by the lease's own TTL is a lease keep-alive (with a check, in the
+//! - **extend** by up to the lease's own TTL is a lease keep-alive (with a check, in the
 //!   same round trip, that the key is still ours); by another TTL it grants a lease of
 //!   that TTL, moves the key to it in a transaction guarded by the create revision (the
 //!   revision, hence the token and the queue place, stays), and revokes the old lease.

@@ -1,6 +1,7 @@
 //! [`EtcdLock`]: the mutex on etcd's `concurrency.Mutex` recipe.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -48,8 +49,9 @@ struct Inner {
 
 /// A lock this client holds.
 struct Held {
-    /// The lease its key is attached to now (an extend to another TTL moves it).
-    lease: i64,
+    /// The lease its key is attached to now (an extend to a longer TTL moves it),
+    /// shared with the loss watch, which revokes it once the lock is lost.
+    lease: Arc<AtomicI64>,
     /// That lease's TTL in whole seconds.
     ttl_secs: i64,
     /// The task that marks the lease lost when the key is deleted.
@@ -193,8 +195,11 @@ impl EtcdLock {
         let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
         let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
-        let watch = tokio::spawn(watch_loss(
-            self.inner.requests.client.clone(),
+        let current = Arc::new(AtomicI64::new(lease));
+        let watch = tokio::spawn(end_with_loss(
+            self.requests().clone(),
+            self.live().clone(),
+            current.clone(),
             own,
             placed.revision + 1,
             monitor.clone(),
@@ -203,7 +208,7 @@ impl EtcdLock {
         self.held().insert(
             owner.as_u128(),
             Held {
-                lease,
+                lease: current,
                 ttl_secs,
                 watch,
             },
@@ -293,7 +298,7 @@ impl EtcdLock {
         revision: i64,
     ) -> Result<Result<(i64, i64), bool>, LockError> {
         if let Some(held) = self.held().get(&lease.owner().as_u128()) {
-            return Ok(Ok((held.lease, held.ttl_secs)));
+            return Ok(Ok((held.lease.load(Ordering::Acquire), held.ttl_secs)));
         }
         match self
             .requests()
@@ -375,7 +380,9 @@ impl DistributedLock for EtcdLock {
             .map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
             Ok(attached) => {
-                let lease_id = held.as_ref().map_or(attached, |h| h.lease);
+                let lease_id = held
+                    .as_ref()
+                    .map_or(attached, |h| h.lease.load(Ordering::Acquire));
                 if lease_id != 0 {
                     // The key is gone already; an empty lease would only run out.
                     if let Err(fail) = self.requests().revoke(lease_id).await {
@@ -387,8 +394,9 @@ impl DistributedLock for EtcdLock {
             }
             Err(other) => {
                 if let Some(held) = &held {
-                    let _ = self.requests().revoke(held.lease).await;
-                    self.live().remove(held.lease);
+                    let lease_id = held.lease.load(Ordering::Acquire);
+                    let _ = self.requests().revoke(lease_id).await;
+                    self.live().remove(lease_id);
                 }
                 Self::not_ours(other, ReleaseOutcome::HeldByOther, ReleaseOutcome::Expired)
             }
@@ -410,8 +418,10 @@ impl DistributedLock for EtcdLock {
             }
         };
         let sent = Instant::now();
-        let wanted = ttl_seconds(ttl);
-        if wanted == secs {
+        // A TTL up to the lease's own is a keep-alive (etcd then holds the key up to
+        // the lease's TTL, the validity deadline says `ttl`); a longer one needs a
+        // longer lease.
+        if ttl_seconds(ttl) <= secs {
             let (alive, key) = tokio::join!(
                 self.requests().keep_alive(current),
                 self.requests().own_key(&prefix, &own, revision)
@@ -450,7 +460,7 @@ impl DistributedLock for EtcdLock {
             }
             undo.disarm();
             if let Some(held) = self.held().get_mut(&lease.owner().as_u128()) {
-                held.lease = fresh;
+                held.lease.store(fresh, Ordering::Release);
                 held.ttl_secs = fresh_secs;
             }
             if let Err(fail) = self.requests().revoke(current).await {
@@ -544,9 +554,35 @@ impl Drop for Undo {
     }
 }
 
+/// Ends a held lock on either side once it is lost: marks `monitor` lost when `key` is
+/// deleted (see [`watch_loss`]), and revokes the lease (`lease`, the current one) once
+/// the monitor reads lost, by its deadline passing unrenewed or by a refused renewal,
+/// so that etcd does not keep the key for the rest of its (whole-second) TTL. Runs
+/// until aborted, which the release does.
+async fn end_with_loss(
+    requests: Requests,
+    live: Arc<LiveLeases>,
+    lease: Arc<AtomicI64>,
+    key: String,
+    from: i64,
+    monitor: LeaseMonitor,
+) {
+    tokio::select! {
+        () = monitor.lost() => {}
+        () = watch_loss(requests.client.clone(), key, from, monitor.clone()) => {}
+    }
+    let id = lease.load(Ordering::Acquire);
+    match requests.revoke(id).await {
+        Ok(_) => live.remove(id),
+        Err(fail) => {
+            tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
+        }
+    }
+}
+
 /// Marks `monitor` lost once `key` is deleted (lease expired or revoked, or the key
-/// deleted from outside), watching from revision `from`. Runs until aborted (on
-/// release) or the loss; a broken watch is made again from where it left off.
+/// deleted from outside), watching from revision `from`. A broken watch is made again
+/// from where it left off.
 async fn watch_loss(client: Client, key: String, mut from: i64, monitor: LeaseMonitor) {
     let mut pause = Duration::from_millis(100);
     loop {
