@@ -77,5 +77,8 @@ pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT
 pub use keys::{encode_key, lock_prefix};
 pub use lock::{EtcdLock, ETCD_CAPABILITIES};
 
+/// The driver this backend is built on.
+pub use etcd_client;
+
 /// The backend's name in errors and reports.
 pub const ETCD_BACKEND: &str = "etcd";
