@@ -103,6 +103,40 @@ pub(crate) async fn within<T>(
     }
 }
 
+/// Sends a request (made afresh by `request` for each try) and awaits its reply, all
+/// within `limit`. A try that failed before the request left (the balanced channel
+/// picked an endpoint it could not connect to, such as a killed member) is repeated,
+/// so that the other endpoints serve it.
+pub(crate) async fn sent<T, F, Fut>(limit: Duration, mut request: F) -> Result<T, Fail>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut tries: u32 = 0;
+    loop {
+        match tokio::time::timeout_at(deadline, request()).await {
+            Ok(Ok(reply)) => return Ok(reply),
+            Ok(Err(error)) if never_sent(&error) && tries < 20 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(u64::from(tries.min(10)) * 5)).await;
+            }
+            Ok(Err(error)) => return Err(Fail::Etcd(error)),
+            Err(_) => return Err(Fail::TimedOut(limit)),
+        }
+    }
+}
+
+/// The request failed while connecting, before it was sent.
+fn never_sent(error: &EtcdError) -> bool {
+    match error {
+        EtcdError::GRpcStatus(status) => {
+            status.code() == Code::Unavailable && status.message().contains("connect error")
+        }
+        _ => false,
+    }
+}
+
 /// A connection error that names the endpoints it concerns.
 #[derive(Debug)]
 struct AtServers {

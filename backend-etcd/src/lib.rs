@@ -46,9 +46,10 @@
 //!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
-//! answered before the grant) plus the TTL less a margin (1 % + 2 ms). A watch on the
-//! holder's key marks the lease lost as soon as the key is deleted: the lease expired,
-//! was revoked (`etcdctl lease revoke`), or the key was deleted from outside. The
+//! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
+//! client over the prefix marks a held lock lost as soon as its key is deleted: the
+//! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
+//! outside; a lock lost by its deadline has its lease revoked at once. The
 //! fencing token is the key's create revision: etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
 //! of them.
@@ -70,6 +71,7 @@ mod config;
 mod error;
 mod keys;
 mod lock;
+mod loss;
 mod recipe;
 mod session;
 

@@ -13,19 +13,23 @@ use distlock_api::{
     LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
     ReleaseOutcome, NOT_YET,
 };
-use etcd_client::{Client, EventType, WatchFilterType, WatchOptions};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
 use crate::keys::{contender_key, lock_prefix};
+use crate::loss::LossWatch;
 use crate::recipe::{Requests, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
 /// What the etcd backend promises.
 pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported().mutex_only(NOT_YET);
+
+/// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
+/// how long a waiter whose process died (without revoking) holds up the queue behind it.
+pub(crate) const WAITER_TTL_SECS: i64 = 3;
 
 /// How long an answer on its way is still awaited past a wait's deadline.
 const WAIT_GRACE: Duration = Duration::from_millis(50);
@@ -45,6 +49,8 @@ struct Inner {
     prefix: String,
     /// The held locks of this client, by owner token.
     held: Mutex<HashMap<u128, Held>>,
+    /// The watch that marks held locks lost when their keys go.
+    loss: LossWatch,
 }
 
 /// A lock this client holds.
@@ -54,7 +60,7 @@ struct Held {
     lease: Arc<AtomicI64>,
     /// That lease's TTL in whole seconds.
     ttl_secs: i64,
-    /// The task that marks the lease lost when the key is deleted.
+    /// The task that revokes the lease once the lock is lost.
     watch: AbortHandle,
 }
 
@@ -98,12 +104,14 @@ impl EtcdLock {
             client: session.client.clone(),
             timeout: config.request_timeout,
         };
+        let loss = LossWatch::spawn(session.client.clone(), &url.prefix, config.request_timeout);
         Ok(EtcdLock {
             inner: Arc::new(Inner {
                 session,
                 requests,
                 prefix: url.prefix.clone(),
                 held: Mutex::new(HashMap::new()),
+                loss,
             }),
         })
     }
@@ -137,13 +145,7 @@ impl EtcdLock {
     /// shutdown revokes it); returns its id and TTL in seconds.
     async fn fresh_lease(&self, ttl: Duration, undo: &mut Undo) -> Result<(i64, i64), LockError> {
         let ttl_secs = ttl_seconds(ttl);
-        let id = new_lease_id();
-        undo.arm(id);
-        let granted = self
-            .requests()
-            .grant(id, ttl_secs)
-            .await
-            .map_err(|f| self.connection_error(f))?;
+        let (id, granted) = self.grant_lease(ttl_secs, undo).await?;
         if granted > ttl_secs {
             undo.revoke_now().await;
             return Err(LockError::invalid_options(
@@ -157,6 +159,41 @@ impl EtcdLock {
         Ok((id, ttl_secs))
     }
 
+    /// Grants a fresh lease of `secs` (listed as live first); returns its id and the
+    /// TTL etcd granted.
+    async fn grant_lease(&self, secs: i64, undo: &mut Undo) -> Result<(i64, i64), LockError> {
+        let id = new_lease_id();
+        undo.arm(id);
+        let granted = self
+            .requests()
+            .grant(id, secs)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        Ok((id, granted))
+    }
+
+    /// Moves our contender key (create revision `revision`) to `lease`.
+    async fn rehome(
+        &self,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+        lease: i64,
+    ) -> Result<(), LockError> {
+        match self
+            .requests()
+            .move_to_lease(prefix, own, revision, lease)
+            .await
+            .map_err(|f| self.connection_error(f))?
+        {
+            Ok(()) => Ok(()),
+            Err(_) => Err(LockError::connection(
+                ETCD_BACKEND,
+                "the waiting contender's key vanished (its lease expired or was revoked)",
+            )),
+        }
+    }
+
     /// One acquire: returns `Ok(None)` for a held key when `wait` is false.
     async fn contend(
         &self,
@@ -167,41 +204,59 @@ impl EtcdLock {
     ) -> Result<Option<LockGuard>, LockError> {
         let ttl = options.ttl();
         let mut undo = Undo::new(self.clone());
-        let sent = Instant::now();
-        let (lease, ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
+        let mut sent = Instant::now();
+        let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
         let prefix = self.lock_prefix(key);
-        let own = contender_key(&prefix, lease);
+        // The key keeps the first lease's id as its name when it moves to others.
+        let named = lease;
+        let own = contender_key(&prefix, named);
         let placed = self
             .requests()
             .place(&prefix, &own, lease)
             .await
             .map_err(|f| self.connection_error(f))?;
-        let alive_since = Mutex::new(sent);
         if !placed.first {
             report.saw_held();
             if !wait {
                 undo.revoke_now().await;
                 return Ok(None);
             }
+            // Wait under a short lease, so that a waiter whose process dies holds up
+            // the queue behind it for seconds, not for the lock's TTL.
+            if ttl_secs > WAITER_TTL_SECS {
+                let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
+                self.rehome(&prefix, &own, placed.revision, short).await?;
+                undo.let_go(lease);
+                (lease, ttl_secs) = (short, short_secs);
+            }
+            let alive_since = Mutex::new(sent);
             tokio::select! {
                 turn = self.wait_turn(&prefix, &own, placed.revision) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
             }
+            sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
+            if ttl_seconds(ttl) != ttl_secs {
+                // Granted: move to a lease of the lock's TTL.
+                sent = Instant::now();
+                let (full, full_secs) = self.fresh_lease(ttl, &mut undo).await?;
+                self.rehome(&prefix, &own, placed.revision, full).await?;
+                undo.let_go(lease);
+                (lease, ttl_secs) = (full, full_secs);
+            }
         }
-        let valid_from = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
+        let valid_from = sent;
         let owner = OwnerToken::from_u128(
-            (u128::from(lease as u64) << 64) | u128::from(rand::random::<u64>()),
+            (u128::from(named as u64) << 64) | u128::from(rand::random::<u64>()),
         );
         let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
         let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
         let current = Arc::new(AtomicI64::new(lease));
-        let watch = tokio::spawn(end_with_loss(
+        self.inner.loss.watched.watch(&own, monitor.clone());
+        let watch = tokio::spawn(revoke_when_lost(
             self.requests().clone(),
             self.live().clone(),
             current.clone(),
-            own,
-            placed.revision + 1,
             monitor.clone(),
         ))
         .abort_handle();
@@ -234,7 +289,7 @@ impl EtcdLock {
                         ETCD_BACKEND,
                         "the waiting contender's key vanished (its lease expired or was revoked)",
                     )),
-                    Ok(Turn::After(older, from)) => self.requests().deleted(older, from).await,
+                    Ok(Turn::After(older)) => self.requests().deleted(older).await,
                     Err(fail) => Err(fail),
                 };
             match outcome {
@@ -347,13 +402,26 @@ impl DistributedLock for EtcdLock {
         let wait = bound.deadline != Some(bound.started);
         let report = WaitReport::new();
         let attempts = async {
-            match self.contend(key, options, &report, wait).await? {
-                Some(guard) => Ok(guard),
-                None => Err(LockError::Timeout {
-                    backend: ETCD_BACKEND,
-                    key: key.clone(),
-                    waited: bound.started.elapsed(),
-                }),
+            // Retryable errors (a member going away mid-request, a leader election) are
+            // retried with backoff while the acquire may wait; each failed attempt's
+            // lease is revoked by its `Undo`.
+            let mut delays = options.backoff().delays();
+            loop {
+                match self.contend(key, options, &report, wait).await {
+                    Ok(Some(guard)) => return Ok(guard),
+                    Ok(None) => {
+                        return Err(LockError::Timeout {
+                            backend: ETCD_BACKEND,
+                            key: key.clone(),
+                            waited: bound.started.elapsed(),
+                        })
+                    }
+                    Err(error) if wait && error.is_retryable() => {
+                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
+                        tokio::time::sleep(delays.next_delay()).await;
+                    }
+                    Err(error) => return Err(error),
+                }
             }
         };
         let hosts = self.inner.session.hosts.clone();
@@ -372,6 +440,7 @@ impl DistributedLock for EtcdLock {
         let held = self.held().remove(&lease.owner().as_u128());
         if let Some(held) = &held {
             held.watch.abort();
+            self.inner.loss.watched.forget(&own);
         }
         let deleted = self
             .requests()
@@ -499,130 +568,91 @@ impl DistributedLock for EtcdLock {
     }
 }
 
-/// Revokes a contender's lease unless disarmed: on a failed or dropped acquire, at
+/// Revokes a contender's leases unless disarmed: on a failed or dropped acquire, at
 /// once when awaited ([`Undo::revoke_now`]), else in the background on drop.
 struct Undo {
     lock: EtcdLock,
-    lease: Option<i64>,
+    leases: Vec<i64>,
 }
 
 impl Undo {
     fn new(lock: EtcdLock) -> Self {
-        Undo { lock, lease: None }
+        Undo {
+            lock,
+            leases: Vec::new(),
+        }
     }
 
     /// Lists `lease` as live before it is granted, and takes charge of it.
     fn arm(&mut self, lease: i64) {
         self.lock.live().add(lease);
-        self.lease = Some(lease);
+        self.leases.push(lease);
     }
 
-    /// The grant succeeded: the lease now belongs to the guard.
+    /// The acquire succeeded: its lease now belongs to the guard.
     fn disarm(&mut self) {
-        self.lease = None;
+        self.leases.clear();
     }
 
+    /// Revokes every lease in charge now.
     async fn revoke_now(&mut self) {
-        if let Some(lease) = self.lease.take() {
+        for lease in std::mem::take(&mut self.leases) {
             if self.lock.requests().revoke(lease).await.is_ok() {
                 self.lock.live().remove(lease);
             } else {
-                // Leave it to the background, which retries once more.
-                self.lease = Some(lease);
+                // Leave it to the background, which tries once more.
+                self.leases.push(lease);
             }
         }
+    }
+
+    /// Revokes `lease` (no longer needed) in the background.
+    fn let_go(&mut self, lease: i64) {
+        self.leases.retain(|l| *l != lease);
+        revoke_in_background(self.lock.clone(), lease);
     }
 }
 
 impl Drop for Undo {
     fn drop(&mut self) {
-        let Some(lease) = self.lease.take() else {
-            return;
-        };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let lock = self.lock.clone();
-        spawn_cleanup(&runtime, async move {
-            match lock.requests().revoke(lease).await {
-                Ok(_) => lock.live().remove(lease),
-                Err(fail) => {
-                    tracing::warn!(error = %LockError::from(fail), "revoking an abandoned contender's lease failed; it runs out")
-                }
-            }
-        });
+        for lease in std::mem::take(&mut self.leases) {
+            revoke_in_background(self.lock.clone(), lease);
+        }
     }
 }
 
-/// Ends a held lock on either side once it is lost: marks `monitor` lost when `key` is
-/// deleted (see [`watch_loss`]), and revokes the lease (`lease`, the current one) once
-/// the monitor reads lost, by its deadline passing unrenewed or by a refused renewal,
-/// so that etcd does not keep the key for the rest of its (whole-second) TTL. Runs
-/// until aborted, which the release does.
-async fn end_with_loss(
+/// Revokes `lease` in a background clean-up on the current runtime (if any).
+fn revoke_in_background(lock: EtcdLock, lease: i64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    spawn_cleanup(&runtime, async move {
+        match lock.requests().revoke(lease).await {
+            Ok(_) => lock.live().remove(lease),
+            Err(fail) => {
+                tracing::warn!(error = %LockError::from(fail), "revoking an abandoned contender's lease failed; it runs out")
+            }
+        }
+    });
+}
+
+/// Revokes a lost lock's lease (`lease`, the current one) once `monitor` reads lost,
+/// by its deadline passing unrenewed, a refused renewal, or the key's deletion (see
+/// [`crate::loss`]), so that etcd does not keep the key for the rest of its
+/// (whole-second) TTL. Runs until aborted, which the release does.
+async fn revoke_when_lost(
     requests: Requests,
     live: Arc<LiveLeases>,
     lease: Arc<AtomicI64>,
-    key: String,
-    from: i64,
     monitor: LeaseMonitor,
 ) {
-    tokio::select! {
-        () = monitor.lost() => {}
-        () = watch_loss(requests.client.clone(), key, from, monitor.clone()) => {}
-    }
+    monitor.lost().await;
     let id = lease.load(Ordering::Acquire);
     match requests.revoke(id).await {
         Ok(_) => live.remove(id),
         Err(fail) => {
             tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
         }
-    }
-}
-
-/// Marks `monitor` lost once `key` is deleted (lease expired or revoked, or the key
-/// deleted from outside), watching from revision `from`. A broken watch is made again
-/// from where it left off.
-async fn watch_loss(client: Client, key: String, mut from: i64, monitor: LeaseMonitor) {
-    let mut pause = Duration::from_millis(100);
-    loop {
-        let mut watch = client.watch_client();
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        if let Ok(mut stream) = watch.watch(key.as_bytes(), Some(options)).await {
-            while let Ok(Some(response)) = stream.message().await {
-                if response
-                    .events()
-                    .iter()
-                    .any(|e| e.event_type() == EventType::Delete)
-                {
-                    monitor.mark_lost();
-                    return;
-                }
-                if response.compact_revision() > 0 {
-                    // History compacted past `from`: look at the key itself.
-                    from = response.compact_revision();
-                    let mut kv = client.kv_client();
-                    if let Ok(found) = kv.get(key.as_bytes(), None).await {
-                        if found.kvs().is_empty() {
-                            monitor.mark_lost();
-                            return;
-                        }
-                    }
-                    break;
-                }
-                if response.canceled() {
-                    break;
-                }
-                if let Some(header) = response.header() {
-                    from = from.max(header.revision() + 1);
-                }
-                pause = Duration::from_millis(100);
-            }
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_secs(2));
     }
 }
 

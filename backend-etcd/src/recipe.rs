@@ -9,7 +9,7 @@ use etcd_client::{
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 
-use crate::error::{within, Fail};
+use crate::error::{sent, within, Fail};
 use crate::keys::prefix_end;
 
 /// The etcd requests of one client.
@@ -33,29 +33,44 @@ pub(crate) struct Placed {
 pub(crate) enum Turn {
     /// No older contender: ours holds the lock.
     Ours,
-    /// The youngest older contender's key, and the revision to watch it from.
-    After(Vec<u8>, i64),
+    /// The youngest older contender's key.
+    After(Vec<u8>),
     /// Our own key is gone (its lease expired or was revoked, or it was deleted).
     Gone,
 }
 
 impl Requests {
+    /// Runs one transaction.
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse, Fail> {
+        sent(self.timeout, || {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
+    }
+
     /// Grants lease `id` for `ttl_secs`; returns the TTL the server granted (which may
     /// be longer: etcd raises TTLs below its minimum).
     pub(crate) async fn grant(&self, id: i64, ttl_secs: i64) -> Result<i64, Fail> {
-        let mut lease = self.client.lease_client();
-        let granted = within(
-            self.timeout,
-            lease.grant(ttl_secs, Some(LeaseGrantOptions::new().with_id(id))),
-        )
+        let granted = sent(self.timeout, || {
+            let mut lease = self.client.lease_client();
+            async move {
+                lease
+                    .grant(ttl_secs, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+            }
+        })
         .await?;
         Ok(granted.ttl())
     }
 
     /// Revokes lease `id` (its keys go with it); `Ok(false)` if it did not exist.
     pub(crate) async fn revoke(&self, id: i64) -> Result<bool, Fail> {
-        let mut lease = self.client.lease_client();
-        match within(self.timeout, lease.revoke(id)).await {
+        let revoked = sent(self.timeout, || {
+            let mut lease = self.client.lease_client();
+            async move { lease.revoke(id).await }
+        });
+        match revoked.await {
             Ok(_) => Ok(true),
             Err(fail) if fail.is_lease_not_found() => Ok(false),
             Err(fail) => Err(fail),
@@ -64,8 +79,12 @@ impl Requests {
 
     /// One keep-alive of lease `id`; [`Fail::is_lease_not_found`] when it is gone.
     pub(crate) async fn keep_alive(&self, id: i64) -> Result<(), Fail> {
-        let mut lease = self.client.lease_client();
-        within(self.timeout, lease.keep_alive(id)).await.map(drop)
+        sent(self.timeout, || {
+            let mut lease = self.client.lease_client();
+            async move { lease.keep_alive(id).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// Puts `key` (empty value) under `lease` unless it exists, and in the same
@@ -88,8 +107,7 @@ impl Requests {
                 TxnOp::get(lock_prefix, Some(oldest.clone())),
             ])
             .or_else([TxnOp::get(key, None), TxnOp::get(lock_prefix, Some(oldest))]);
-        let mut kv = self.client.kv_client();
-        let response = within(self.timeout, kv.txn(txn)).await?;
+        let response = self.txn(txn).await?;
         let responses = response.op_responses();
         let revision = if response.succeeded() {
             response.header().map_or(0, |h| h.revision())
@@ -127,50 +145,70 @@ impl Requests {
             TxnOp::get(lock_prefix, Some(before)),
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
         ]);
-        let mut kv = self.client.kv_client();
-        let response = within(self.timeout, kv.txn(txn)).await?;
-        let at = response.header().map_or(0, |h| h.revision());
+        let response = self.txn(txn).await?;
         let responses = response.op_responses();
         if first_kv(responses.get(1)).is_none_or(|kv| kv.create_revision() != revision) {
             return Ok(Turn::Gone);
         }
         Ok(match first_kv(responses.first()) {
             None => Turn::Ours,
-            Some(older) => Turn::After(older.key().to_vec(), at + 1),
+            Some(older) => Turn::After(older.key().to_vec()),
         })
     }
 
-    /// Resolves once `key` is deleted at or after revision `from` (at once if it was
-    /// deleted in between). Not bounded by the request timeout: it waits for as long
-    /// as the key lives. Errors when the watch cannot be made or breaks.
-    pub(crate) async fn deleted(&self, key: Vec<u8>, from: i64) -> Result<(), Fail> {
-        let mut watch = self.client.watch_client();
-        let options = WatchOptions::new()
-            .with_start_revision(from)
-            .with_filters([WatchFilterType::NoPut]);
-        let mut stream = within(self.timeout, watch.watch(key, Some(options))).await?;
+    /// Resolves once `key` is deleted (at once if it is gone already). Not bounded by
+    /// the request timeout: it waits for as long as the key lives. Errors when the watch
+    /// cannot be made or breaks.
+    ///
+    /// The watch starts at the current revision, and the key is looked at once the
+    /// watch is in place, so a deletion in between is not missed. (A watch from an
+    /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
+    /// under contention most hand-offs would wait for it.)
+    pub(crate) async fn deleted(&self, key: Vec<u8>) -> Result<(), Fail> {
+        let watch = self.client.watch_client();
+        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let mut stream = sent(self.timeout, || {
+            let (mut watch, key, options) = (watch.clone(), key.clone(), options.clone());
+            async move { watch.watch(key, Some(options)).await }
+        })
+        .await?;
+        let mut looked = false;
         loop {
-            match stream.message().await {
-                Ok(Some(response)) => {
-                    // A compacted start revision: the deletion may be in the lost part
-                    // of the history, so let the caller look again.
-                    if response.compact_revision() > 0 || response.canceled() {
-                        return Ok(());
-                    }
-                    if response
-                        .events()
-                        .iter()
-                        .any(|e| e.event_type() == EventType::Delete)
+            let message = if looked {
+                stream.message().await.map_err(Fail::Etcd)
+            } else {
+                within(self.timeout, stream.message()).await
+            };
+            match message? {
+                Some(response) => {
+                    if response.canceled()
+                        || response
+                            .events()
+                            .iter()
+                            .any(|e| e.event_type() == EventType::Delete)
                     {
                         return Ok(());
                     }
+                    if response.created() && !looked {
+                        looked = true;
+                        let found =
+                            sent(self.timeout, || {
+                                let (mut kv, key) = (self.client.kv_client(), key.clone());
+                                async move {
+                                    kv.get(key, Some(GetOptions::new().with_count_only())).await
+                                }
+                            })
+                            .await?;
+                        if found.count() == 0 {
+                            return Ok(());
+                        }
+                    }
                 }
-                Ok(None) => {
+                None => {
                     return Err(Fail::Etcd(etcd_client::Error::WatchError(
                         "the watch stream ended".into(),
                     )))
                 }
-                Err(error) => return Err(Fail::Etcd(error)),
             }
         }
     }
@@ -198,8 +236,7 @@ impl Requests {
                         .with_keys_only(),
                 ),
             )]);
-        let mut kv = self.client.kv_client();
-        let response = within(self.timeout, kv.txn(txn)).await?;
+        let response = self.txn(txn).await?;
         let responses = response.op_responses();
         if response.succeeded() {
             let lease = match responses.first() {
@@ -234,8 +271,7 @@ impl Requests {
                         .with_keys_only(),
                 ),
             )]);
-        let mut kv = self.client.kv_client();
-        let response = within(self.timeout, kv.txn(txn)).await?;
+        let response = self.txn(txn).await?;
         let responses = response.op_responses();
         match (response.succeeded(), first_kv(responses.first())) {
             (true, Some(kv)) => Ok(Ok(kv.clone())),
@@ -269,8 +305,7 @@ impl Requests {
                         .with_keys_only(),
                 ),
             )]);
-        let mut kv = self.client.kv_client();
-        let response = within(self.timeout, kv.txn(txn)).await?;
+        let response = self.txn(txn).await?;
         if response.succeeded() {
             Ok(Ok(()))
         } else {
@@ -284,12 +319,15 @@ impl Requests {
         &self,
         lock_prefix: &str,
     ) -> Result<Option<(KeyValue, i64, Option<i64>)>, Fail> {
-        let mut kv = self.client.kv_client();
         let options = GetOptions::new()
             .with_range(prefix_end(lock_prefix))
             .with_sort(SortTarget::Create, SortOrder::Ascend)
             .with_limit(1);
-        let response = within(self.timeout, kv.get(lock_prefix, Some(options))).await?;
+        let response = sent(self.timeout, || {
+            let (mut kv, options) = (self.client.kv_client(), options.clone());
+            async move { kv.get(lock_prefix, Some(options)).await }
+        })
+        .await?;
         let Some(oldest) = response.kvs().first().cloned() else {
             return Ok(None);
         };

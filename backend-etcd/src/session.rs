@@ -21,7 +21,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions};
 use tokio::sync::oneshot;
 
 use crate::config::{EtcdConfig, EtcdUrl};
-use crate::error::{at_servers, within};
+use crate::error::{at_servers, sent, within};
 use crate::ETCD_BACKEND;
 
 /// How long a runtime shutdown may wait for this client's leases to be revoked.
@@ -88,14 +88,18 @@ impl Session {
         )
         .await
         .map_err(|fail| at_servers(&hosts, fail.into()))?;
-        let mut probe = client.kv_client();
-        within(
-            config.request_timeout,
-            probe.get(
-                url.prefix.as_bytes(),
-                Some(GetOptions::new().with_limit(1).with_keys_only()),
-            ),
-        )
+        let prefix = url.prefix.clone();
+        sent(config.request_timeout, || {
+            let (mut probe, prefix) = (client.kv_client(), prefix.clone());
+            async move {
+                probe
+                    .get(
+                        prefix,
+                        Some(GetOptions::new().with_limit(1).with_keys_only()),
+                    )
+                    .await
+            }
+        })
         .await
         .map_err(|fail| at_servers(&hosts, fail.into()))?;
         let live = Arc::new(LiveLeases::default());

@@ -19,6 +19,9 @@ use distlock_test_servers::{EtcdServer, FaultProxy};
 /// election timeout.
 pub const TTL: Duration = Duration::from_secs(2);
 
+/// The lease a waiter waits under when the lock's TTL is longer.
+pub const WAITER_TTL: Duration = Duration::from_secs(3);
+
 /// Starts a single node of our own; one that cannot start fails the test.
 pub async fn start_server() -> EtcdServer {
     EtcdServer::start().await.unwrap_or_else(|e| {
@@ -170,6 +173,12 @@ impl Harness for EtcdHarness {
     fn crash_bound(&self, ttl: Duration) -> Duration {
         Duration::from_secs(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
             + Duration::from_millis(600)
+    }
+
+    /// A waiter waits under a 3 s lease (when the lock's TTL is longer): a waiter
+    /// whose process died holds up the queue until that lease runs out.
+    fn dead_waiter_bound(&self) -> Duration {
+        WAITER_TTL + Duration::from_millis(600)
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {
