@@ -33,8 +33,12 @@
 //!   exactly `concurrency.Mutex`, so foreign contenders in the range (an `etcdctl lock`,
 //!   a Go service) count, and ours count for them.
 //! - A waiter watches only the youngest contender older than itself for deletion (no
-//!   herd), then looks again: the lock passes on in FIFO order of arrival. While it
-//!   waits it keeps its lease alive every third of the TTL.
+//!   herd), then looks again: the lock passes on in FIFO order of arrival. It waits
+//!   under a lease of its own of 3 s (when the lock's TTL is longer; its key moves
+//!   there, keeping its create revision) kept alive every second, so a waiter whose
+//!   process dies holds up the queue for seconds, not for the lock's TTL; once granted,
+//!   its key moves to a lease of the lock's TTL. Retryable errors (a member going away,
+//!   a leader election) are retried within the wait.
 //! - **release** deletes the key if its create revision is still the lease's fencing
 //!   token (one transaction), then revokes the lease. A key that is gone reads
 //!   `Expired`, or `HeldByOther` while another contender is in the range.
