@@ -222,11 +222,13 @@ impl EtcdLock {
                 return Ok(None);
             }
             // Wait under a short lease, so that a waiter whose process dies holds up
-            // the queue behind it for seconds, not for the lock's TTL.
+            // the queue behind it for seconds, not for the lock's TTL. The lock's own
+            // lease is kept (not renewed) to move back to when the wait was short.
+            let mut parked = None;
             if ttl_secs > WAITER_TTL_SECS {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
                 self.rehome(&prefix, &own, placed.revision, short).await?;
-                undo.let_go(lease);
+                parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
             }
             let alive_since = Mutex::new(sent);
@@ -235,13 +237,29 @@ impl EtcdLock {
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
             }
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
-            if ttl_seconds(ttl) != ttl_secs {
-                // Granted: move to a lease of the lock's TTL.
-                sent = Instant::now();
-                let (full, full_secs) = self.fresh_lease(ttl, &mut undo).await?;
-                self.rehome(&prefix, &own, placed.revision, full).await?;
-                undo.let_go(lease);
-                (lease, ttl_secs) = (full, full_secs);
+            if let Some((full, full_secs, granted_at)) = parked {
+                // Granted: back to the lock's lease while two thirds of its TTL are
+                // left (the watchdog's first renewal comes at a third), else to a
+                // fresh one.
+                let back = granted_at.elapsed() < ttl / 3
+                    && self
+                        .rehome(&prefix, &own, placed.revision, full)
+                        .await
+                        .is_ok();
+                // The short lease goes only once the key has left it: revoking it
+                // would delete the key.
+                if back {
+                    undo.let_go(lease);
+                    sent = granted_at;
+                    (lease, ttl_secs) = (full, full_secs);
+                } else {
+                    undo.let_go(full);
+                    sent = Instant::now();
+                    let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
+                    self.rehome(&prefix, &own, placed.revision, fresh).await?;
+                    undo.let_go(lease);
+                    (lease, ttl_secs) = (fresh, fresh_secs);
+                }
             }
         }
         let valid_from = sent;
