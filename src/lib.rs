@@ -15,6 +15,8 @@
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
 //! | `zookeeper://[USER:PASS@]H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //! | `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]`, `zk+tls://…` | ZooKeeper over TLS (feature `zookeeper-tls`) |
+//! | `etcd://[USER:PASS@]H1:P1[,H2:P2…][/prefix]` | etcd, `concurrency.Mutex`-compatible (feature `etcd`) |
+//! | `etcd+tls://…?ca=PATH[&cert=PATH&key=PATH]` | etcd over TLS (feature `etcd-tls`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported
 //! as a module (`distlock::redis`). A scheme whose feature is off is refused with a
@@ -61,6 +63,10 @@ pub use distlock_postgres as postgres;
 #[cfg(feature = "redis")]
 pub use distlock_redis as redis;
 
+/// The etcd backend (feature `etcd`).
+#[cfg(feature = "etcd")]
+pub use distlock_etcd as etcd;
+
 /// The ZooKeeper backend (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
 pub use distlock_zookeeper as zookeeper;
@@ -79,6 +85,7 @@ enum Backend {
     Redis,
     Postgres,
     ZooKeeper,
+    Etcd,
 }
 
 impl Backend {
@@ -91,6 +98,7 @@ impl Backend {
             Backend::Redis => "redis",
             Backend::Postgres => "postgres",
             Backend::ZooKeeper => "zookeeper",
+            Backend::Etcd => "etcd",
         }
     }
 
@@ -102,6 +110,7 @@ impl Backend {
             Backend::Redis => "Redis",
             Backend::Postgres => "Postgres",
             Backend::ZooKeeper => "ZooKeeper",
+            Backend::Etcd => "etcd",
         }
     }
 }
@@ -123,6 +132,8 @@ const SCHEMES: &[(&str, Backend)] = &[
     ("zk", Backend::ZooKeeper),
     ("zookeeper+tls", Backend::ZooKeeper),
     ("zk+tls", Backend::ZooKeeper),
+    ("etcd", Backend::Etcd),
+    ("etcd+tls", Backend::Etcd),
 ];
 
 /// Connects to the lock backend named by `url`, choosing it by the URL's scheme.
@@ -144,6 +155,8 @@ const SCHEMES: &[(&str, Backend)] = &[
 ///   `zookeeper+tls://` and `zk+tls://` over TLS (feature `zookeeper-tls`).
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`),
 ///   over TLS as libpq's `sslmode` says (feature `postgres-tls`).
+/// - `etcd://` connects to etcd (feature `etcd`), and `etcd+tls://` over TLS
+///   (feature `etcd-tls`).
 ///
 /// Every backend crate parses its URLs with `parse_url` (for example
 /// `distlock_redis::parse_url`), whose docs give the forms and options.
@@ -186,6 +199,10 @@ async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockErro
         )),
         #[cfg(not(feature = "postgres"))]
         Backend::Postgres => Err(feature_off(url, backend)),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => Ok(Arc::new(distlock_etcd::EtcdLock::connect(url).await?)),
+        #[cfg(not(feature = "etcd"))]
+        Backend::Etcd => Err(feature_off(url, backend)),
     }
 }
 
@@ -380,6 +397,7 @@ mod tests {
             "zk://",
             "zookeeper+tls://",
             "zk+tls://",
+            "etcd://",
         ] {
             assert!(message.contains(scheme), "{scheme} missing from {message}");
         }
@@ -401,6 +419,12 @@ mod tests {
             cases.extend([
                 ("zookeeper://h:2181", "zookeeper", "ZooKeeper"),
                 ("zk://h", "zookeeper", "ZooKeeper"),
+            ]);
+        }
+        if cfg!(not(feature = "etcd")) {
+            cases.extend([
+                ("etcd://user:secret@h:2379", "etcd", "etcd"),
+                ("etcd+tls://h?ca=/x", "etcd", "etcd"),
             ]);
         }
         if cfg!(not(feature = "file")) {

@@ -53,6 +53,8 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
                 .await?
                 .semaphore(),
         )),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => Err(etcd_not_yet("semaphore")),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -106,6 +108,8 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
                 .await?
                 .rw_lock(),
         )),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => Err(etcd_not_yet("read-write lock")),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -160,8 +164,20 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
                 .await?
                 .election(),
         )),
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => Err(etcd_not_yet("election")),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
+    }
+}
+
+/// The etcd backend offers the mutex only so far.
+#[cfg(feature = "etcd")]
+fn etcd_not_yet(operation: &'static str) -> LockError {
+    LockError::Unsupported {
+        backend: distlock_etcd::ETCD_BACKEND,
+        operation,
+        reason: crate::NOT_YET,
     }
 }
 

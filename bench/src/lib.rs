@@ -6,6 +6,8 @@
 //! round and reported as the median over rounds, with their spread. See
 //! `docs/benchmarks.md` for the method and a reference run.
 
+#[cfg(feature = "etcd")]
+mod etcd;
 mod holding;
 mod measure;
 mod plot;
@@ -120,6 +122,8 @@ enum Backend {
     RedisTopology,
     Postgres,
     ZooKeeper,
+    /// `etcd://` (feature `etcd`).
+    Etcd,
     /// `file://`: distlock only (no server, no comparators), for its own rows and the
     /// semaphore and read-write rows beside the mutex.
     File,
@@ -137,11 +141,12 @@ impl Backend {
             }
             "postgres" | "postgresql" => Ok(Backend::Postgres),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
+            "etcd" if cfg!(feature = "etcd") => Ok(Backend::Etcd),
             "file" => Ok(Backend::File),
             "memory" => Ok(Backend::Memory),
             _ => Err(BenchError {
                 message: format!(
-                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres://, zookeeper://, file:// and memory:// URLs, not {scheme}://"
+                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres://, zookeeper://, etcd:// (feature `etcd`), file:// and memory:// URLs, not {scheme}://"
                 ),
                 usage: true,
             }),
@@ -154,6 +159,7 @@ impl Backend {
             Backend::RedisTopology => "Redis (Sentinel/Cluster)",
             Backend::Postgres => "Postgres",
             Backend::ZooKeeper => "ZooKeeper",
+            Backend::Etcd => "etcd",
             Backend::File => "file",
             Backend::Memory => "memory",
         }
@@ -163,7 +169,7 @@ impl Backend {
     fn has_server(self) -> bool {
         !matches!(
             self,
-            Backend::RedisTopology | Backend::File | Backend::Memory
+            Backend::RedisTopology | Backend::Etcd | Backend::File | Backend::Memory
         )
     }
 
@@ -253,6 +259,16 @@ async fn connect_sides(
                 boxed(zookeeper::Recipe::connect(url).await),
             );
         }
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => {
+            add("raw", boxed(etcd::Raw::connect(url).await));
+            add(
+                "etcd-client lock",
+                boxed(etcd::Recipe::connect(url).await),
+            );
+        }
+        #[cfg(not(feature = "etcd"))]
+        Backend::Etcd => {}
     }
     Ok(sides)
 }
@@ -267,6 +283,10 @@ async fn server_version(backend: Backend, url: &str) -> String {
         Backend::RedisTopology => Ok("Redis through Sentinel or Cluster".to_owned()),
         Backend::Postgres => postgres::server_version(url).await,
         Backend::ZooKeeper => zookeeper::server_version(url).await,
+        #[cfg(feature = "etcd")]
+        Backend::Etcd => etcd::server_version(url).await,
+        #[cfg(not(feature = "etcd"))]
+        Backend::Etcd => Err("built without the `etcd` feature".into()),
         Backend::File => Ok("no server: flock(2) on the local file system".to_owned()),
         Backend::Memory => Ok("no server: this process's memory".to_owned()),
     };
@@ -363,7 +383,7 @@ async fn holding_cost(
         async move {
             match backend {
                 Backend::Redis => redis::connected_clients(&url).await,
-                Backend::RedisTopology | Backend::File | Backend::Memory => {
+                Backend::RedisTopology | Backend::Etcd | Backend::File | Backend::Memory => {
                     Err("connections are not counted on this backend".into())
                 }
                 Backend::Postgres => postgres::client_connections(&url).await,

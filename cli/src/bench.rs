@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 use distlock_bench::{BenchConfig, BenchError};
-use distlock_test_servers::{PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer};
+use distlock_test_servers::{
+    EtcdServer, PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer,
+};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -16,7 +18,8 @@ use crate::print_out;
 pub struct BenchArgs {
     /// Also measure the raw bound (bare driver, same round trips) and the peer crates
     /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock,
-    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe). rslock and
+    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe; etcd: etcd-client's
+    /// lock()/unlock()). rslock and
     /// distributed-lock need a build with the `compare` feature; without it they are
     /// left out with a note.
     #[arg(long)]
@@ -63,6 +66,8 @@ enum Spawn {
     Redis,
     Postgres,
     Zookeeper,
+    /// etcd (the CLI's `etcd` feature).
+    Etcd,
 }
 
 /// A spawned server, kept alive for the run.
@@ -70,6 +75,7 @@ enum Spawned {
     Redis(RedisServer),
     Postgres(PostgresServer),
     ZooKeeper(ZooKeeperServer),
+    Etcd(EtcdServer),
 }
 
 impl Spawned {
@@ -78,6 +84,7 @@ impl Spawned {
             Spawned::Redis(s) => s.url(),
             Spawned::Postgres(s) => s.url(),
             Spawned::ZooKeeper(s) => s.url(),
+            Spawned::Etcd(s) => s.url(),
         }
     }
 }
@@ -103,6 +110,7 @@ async fn spawn(kind: Spawn) -> Result<Spawned, CliError> {
         Spawn::Zookeeper => {
             Spawned::ZooKeeper(ZooKeeperServer::start().await.map_err(|e| failed(&e))?)
         }
+        Spawn::Etcd => Spawned::Etcd(EtcdServer::start().await.map_err(|e| failed(&e))?),
     })
 }
 

@@ -18,6 +18,7 @@ fn default_port(scheme: &str) -> Option<u16> {
         "redis" | "rediss" | "redis+redlock" => Some(6379),
         "postgres" | "postgresql" => Some(5432),
         "zk" | "zookeeper" => Some(2181),
+        "etcd" | "etcd+tls" => Some(2379),
         _ => None,
     }
 }

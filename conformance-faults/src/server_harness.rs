@@ -16,7 +16,9 @@ use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use distlock_conformance::{Client, Harness, UrlConnector};
-use distlock_test_servers::{FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble};
+use distlock_test_servers::{
+    EtcdCluster, FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble,
+};
 
 /// Connects a semaphore client by URL (the facade's `connect_semaphore`), for
 /// [`ServerHarness::with_primitives`].
@@ -61,6 +63,8 @@ enum Servers {
     Nodes(Vec<Box<dyn ServerControl>>),
     /// A replicated ensemble with an elected leader.
     Ensemble(ZooKeeperEnsemble),
+    /// An etcd cluster: raft, with an elected leader.
+    Etcd(EtcdCluster),
 }
 
 /// Throwaway servers handed over by the test, and clients made by a connector from
@@ -130,6 +134,22 @@ impl ServerHarness {
         )
     }
 
+    /// A harness over an etcd `cluster` (leader election and leader loss apply, as
+    /// for a ZooKeeper ensemble); `url_template` as in [`new`](Self::new).
+    pub fn over_etcd_cluster(
+        cluster: EtcdCluster,
+        url_template: impl Into<String>,
+        connector: UrlConnector,
+    ) -> Self {
+        let ports = cluster.nodes().iter().map(|n| n.port()).collect();
+        Self::with_servers(
+            Servers::Etcd(cluster),
+            ports,
+            url_template.into(),
+            connector,
+        )
+    }
+
     fn with_servers(
         servers: Servers,
         ports: Vec<u16>,
@@ -137,7 +157,7 @@ impl ServerHarness {
         connector: UrlConnector,
     ) -> Self {
         ServerHarness {
-            ensemble: matches!(servers, Servers::Ensemble(_)),
+            ensemble: matches!(servers, Servers::Ensemble(_) | Servers::Etcd(_)),
             servers: AsyncMutex::new(servers),
             ports,
             url_template,
@@ -336,6 +356,12 @@ impl FaultHarness for ServerHarness {
                 ServerAction::Pause => ensemble.pause_node(node).map_err(err),
                 ServerAction::Resume => ensemble.resume_node(node).map_err(err),
             },
+            Servers::Etcd(cluster) => match action {
+                ServerAction::Kill => cluster.kill_node(node).map_err(err),
+                ServerAction::Restart => cluster.restart_node(node).await.map_err(err),
+                ServerAction::Pause => cluster.pause_node(node).map_err(err),
+                ServerAction::Resume => cluster.resume_node(node).map_err(err),
+            },
         }
     }
 
@@ -351,6 +377,7 @@ impl FaultHarness for ServerHarness {
     async fn leader(&self) -> Option<usize> {
         match &*self.servers.lock().await {
             Servers::Ensemble(ensemble) => ensemble.leader().await,
+            Servers::Etcd(cluster) => cluster.leader().await,
             Servers::Nodes(_) => None,
         }
     }

@@ -1,5 +1,5 @@
-//! Throwaway real servers for integration tests: redis-server, PostgreSQL and
-//! ZooKeeper on free loopback ports, controlled through [`ServerControl`] (url, kill,
+//! Throwaway real servers for integration tests: redis-server, PostgreSQL,
+//! ZooKeeper and etcd on free loopback ports, controlled through [`ServerControl`] (url, kill,
 //! restart, pause, resume, logs), and [`FaultProxy`], a TCP fault-injection proxy.
 //!
 //! **Not API-stable**: like other test-fixture crates, this one changes whenever the
@@ -24,7 +24,7 @@
 //! directory), `pause` (SIGSTOP) and `resume` (SIGCONT).
 //!
 //! The default provider uses no Docker (see [`Provider`]); the server binaries come from the Debian packages
-//! `redis-server`, `postgresql` and `zookeeper` (`scripts/test.sh` installs
+//! `redis-server`, `postgresql`, `zookeeper` and `etcd-server` (`scripts/test.sh` installs
 //! them); TLS servers get throwaway certificates from the `openssl` tool, and
 //! [`ZooKeeperTlsServer`] needs Debian's netty jars (a dependency of `zookeeper`) for
 //! its TLS port. Where a binary lives can be overridden with environment variables:
@@ -35,6 +35,7 @@
 //! | `DISTLOCK_PG_BIN` | directory holding `initdb` and `postgres` |
 //! | `DISTLOCK_JAVA` | path of the `java` binary (else `$JAVA_HOME/bin/java`, else `java` on `PATH`) |
 //! | `DISTLOCK_ZK_CLASSPATH` | the full Java class path for the ZooKeeper server |
+//! | `DISTLOCK_ETCD` | path of the `etcd` binary |
 //!
 //! Whether a server that cannot be started is a test failure or a skip is
 //! decided by [`require_servers`]; [`skip_or_panic`] implements that policy.
@@ -46,6 +47,7 @@
 #[cfg(feature = "testcontainers")]
 mod container;
 mod control;
+mod etcd;
 pub mod fault_proxy;
 mod openssl_ca;
 mod postgres;
@@ -66,6 +68,7 @@ use std::time::Duration;
 #[cfg(feature = "testcontainers")]
 pub use container::{docker_engine, ContainerServer};
 pub use control::ServerControl;
+pub use etcd::{EtcdCluster, EtcdServer, EtcdServerOptions};
 pub use fault_proxy::FaultProxy;
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};

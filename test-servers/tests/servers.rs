@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use distlock_test_servers::ServerControl;
 use distlock_test_servers::{
-    PostgresServer, RedisServer, RedisServerOptions, ServerError, ZooKeeperEnsemble, ZooKeeperMode,
-    ZooKeeperServer,
+    EtcdCluster, EtcdServer, PostgresServer, RedisServer, RedisServerOptions, ServerError,
+    ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer,
 };
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
@@ -252,6 +252,110 @@ async fn zookeeper_ensemble_reelects_after_leader_kill() {
         .map(|n| (n.pid().expect("pid"), n.port(), n.dir().to_path_buf()))
         .collect();
     drop(ensemble);
+    for (pid, port, dir) in leftovers {
+        assert_gone(test, pid, port, dir).await;
+    }
+}
+
+/// Runs `etcdctl` (API v3) against `endpoints`; its stdout, or panics with stderr.
+fn etcdctl(endpoints: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg("--endpoints")
+        .arg(endpoints)
+        .arg("--dial-timeout=2s")
+        .arg("--command-timeout=5s")
+        .args(args)
+        .output()
+        .expect("run etcdctl (Debian package etcd-client)");
+    assert!(
+        out.status.success(),
+        "etcdctl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_server_lifecycle() {
+    let test = "etcd_server_lifecycle";
+    let mut etcd = start_or_skip!(test, EtcdServer::start().await);
+    let port = etcd.port();
+    assert_eq!(etcd.url(), format!("etcd://127.0.0.1:{port}"));
+    etcd.ping(NORMAL).await.expect("health after start");
+    etcdctl(&etcd.endpoint(), &["put", "k", "v"]);
+    assert_eq!(
+        etcdctl(&etcd.endpoint(), &["get", "--print-value-only", "k"]).trim(),
+        "v"
+    );
+
+    etcd.pause().expect("pause");
+    assert!(etcd.ping(SHORT).await.is_err(), "healthy while paused");
+    etcd.resume().expect("resume");
+    etcd.ping(NORMAL).await.expect("health after resume");
+
+    let old_pid = etcd.pid().expect("pid");
+    etcd.kill();
+    assert!(!pid_alive(old_pid));
+    assert!(etcd.ping(SHORT).await.is_err(), "healthy after kill");
+    etcd.restart().await.expect("restart");
+    assert_eq!(etcd.port(), port);
+    assert_eq!(
+        etcdctl(&etcd.endpoint(), &["get", "--print-value-only", "k"]).trim(),
+        "v",
+        "data survives a restart"
+    );
+
+    let pid = etcd.pid().expect("pid");
+    let dir = etcd.dir().to_path_buf();
+    drop(etcd);
+    assert_gone(test, pid, port, dir).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_cluster_reelects_after_leader_kill() {
+    let test = "etcd_cluster_reelects_after_leader_kill";
+    let started = Instant::now();
+    let mut cluster = start_or_skip!(test, EtcdCluster::start(3).await);
+    eprintln!("{test}: 3 members serving after {:?}", started.elapsed());
+    assert_eq!(cluster.len(), 3);
+    assert_eq!(cluster.url().matches("127.0.0.1:").count(), 3);
+    etcdctl(&cluster.endpoints(), &["put", "k", "v"]);
+
+    let old = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .expect("initial leader");
+    cluster.kill_node(old).expect("kill leader");
+    let killed_at = Instant::now();
+    let new = cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a new leader after killing the old one");
+    eprintln!(
+        "{test}: member {new} took over from member {old} after {:?}",
+        killed_at.elapsed()
+    );
+    assert_ne!(new, old);
+
+    cluster.restart_node(old).await.expect("restart old leader");
+    let back = cluster.nodes()[old].endpoint();
+    assert_eq!(
+        etcdctl(&back, &["get", "--print-value-only", "k"]).trim(),
+        "v"
+    );
+    cluster.restart_all().await.expect("whole-cluster restart");
+    assert_eq!(
+        etcdctl(&cluster.endpoints(), &["get", "--print-value-only", "k"]).trim(),
+        "v"
+    );
+
+    let leftovers: Vec<(u32, u16, PathBuf)> = cluster
+        .nodes()
+        .iter()
+        .map(|n| (n.pid().expect("pid"), n.port(), n.dir().to_path_buf()))
+        .collect();
+    drop(cluster);
     for (pid, port, dir) in leftovers {
         assert_gone(test, pid, port, dir).await;
     }

@@ -1,0 +1,90 @@
+//! The etcd backend of distlock: etcd's own `concurrency.Mutex` recipe, so that
+//! distlock, `etcdctl lock NAME` and Go services locking with `concurrency.NewMutex`
+//! exclude each other on one name; lease TTLs kept alive by the guard's watchdog; the
+//! holder key's create revision as fencing token.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), distlock_api::LockError> {
+//! use std::time::Duration;
+//! use distlock_api::{AutoRenew, DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_etcd::EtcdLock;
+//!
+//! let locks = EtcdLock::connect("etcd://etcd1:2379,etcd2:2379,etcd3:2379/app").await?;
+//! let key = LockKey::new("invoices-2026-11")?;
+//! let options = LockOptions::new(Duration::from_secs(10))
+//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)))
+//!     .with_auto_renew(AutoRenew::new());
+//! let guard = locks.acquire(&key, &options).await?;
+//! // Send guard.fencing_token() (the key's create revision) with every protected write.
+//! guard.release().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Protocol
+//! Lock `K` under the URL's prefix `P` (default [`DEFAULT_PREFIX`]) is the key range
+//! `P/<encode_key(K)>/` ([`encode_key`] keeps plain names as they are, so `etcdctl
+//! lock P/orders` is the lock of key `orders`).
+//!
+//! - **acquire** grants a lease of the options' TTL (rounded up to whole seconds; the
+//!   id is chosen by the client, so a dropped acquire can always revoke it), then puts
+//!   `P/<K>/<lease id in hex>` under that lease in a transaction that creates it only if
+//!   absent (`CreateRevision == 0`) and reads the oldest contender in the same round
+//!   trip. Contenders are ranked by create revision; the oldest holds the lock. That is
+//!   exactly `concurrency.Mutex`, so foreign contenders in the range (an `etcdctl lock`,
+//!   a Go service) count, and ours count for them.
+//! - A waiter watches only the youngest contender older than itself for deletion (no
+//!   herd), then looks again: the lock passes on in FIFO order of arrival. It waits
+//!   under a lease of its own of 3 s (when the lock's TTL is longer; its key moves
+//!   there, keeping its create revision) kept alive every second, so a waiter whose
+//!   process dies holds up the queue for seconds, not for the lock's TTL; once granted,
+//!   its key moves to a lease of the lock's TTL. Retryable errors (a member going away,
+//!   a leader election) are retried within the wait.
+//! - **release** deletes the key if its create revision is still the lease's fencing
+//!   token (one transaction), then revokes the lease. A key that is gone reads
+//!   `Expired`, or `HeldByOther` while another contender is in the range.
+//! - **extend** by up to the lease's own TTL is a lease keep-alive (with a check, in the
+//!   same round trip, that the key is still ours); by another TTL it grants a lease of
+//!   that TTL, moves the key to it in a transaction guarded by the create revision (the
+//!   revision, hence the token and the queue place, stays), and revokes the old lease.
+//! - **try-acquire** (and `NoWait`) revoke their lease again when they do not hold.
+//!
+//! # Leases and fencing
+//! The validity deadline is the send time of the lease grant (or of the last keep-alive
+//! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
+//! client over the prefix marks a held lock lost as soon as its key is deleted: the
+//! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
+//! outside; a lock lost by its deadline has its lease revoked at once. The
+//! fencing token is the key's create revision: etcd's revision is one counter for the
+//! whole cluster, kept through leader elections and restarts, so tokens rise across all
+//! of them.
+//!
+//! etcd grants no lease shorter than 1.5 × its election timeout, rounded up to whole
+//! seconds (2 s with the default 1 s election timeout); asking for less is
+//! [`distlock_api::LockError::InvalidOptions`] and leaves nothing behind. A TTL that is
+//! not a whole number of seconds is rounded up on the server (the lock may outlive an
+//! unrenewed lease by under a second; the validity deadline uses the TTL asked for).
+//!
+//! # Leaving nothing behind
+//! Every lease this client grants is listed until revoked. A dropped acquire revokes
+//! its lease (and with it its key) in the background; so does a dropped guard. If the
+//! runtime shuts down first (a program exiting while it waits), a task spawned at
+//! connect revokes every listed lease from a fresh connection as the runtime drops it,
+//! within a second. A process killed outright leaves its keys until their lease's TTL.
+
+mod config;
+mod error;
+mod keys;
+mod lock;
+mod loss;
+mod recipe;
+mod session;
+
+pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use keys::{encode_key, lock_prefix};
+pub use lock::{EtcdLock, ETCD_CAPABILITIES};
+
+/// The driver this backend is built on.
+pub use etcd_client;
+
+/// The backend's name in errors and reports.
+pub const ETCD_BACKEND: &str = "etcd";

@@ -1,0 +1,706 @@
+//! [`EtcdLock`]: the mutex on etcd's `concurrency.Mutex` recipe.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::{bounded_wait, spawn_cleanup, WaitBound, WaitReport};
+use distlock_api::{
+    BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus, Lease,
+    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
+    ReleaseOutcome, NOT_YET,
+};
+use tokio::task::AbortHandle;
+use tokio::time::Instant;
+
+use crate::config::{parse_url, EtcdConfig, EtcdUrl};
+use crate::error::{at_servers, Fail};
+use crate::keys::{contender_key, lock_prefix};
+use crate::loss::LossWatch;
+use crate::recipe::{Requests, Turn};
+use crate::session::{LiveLeases, Session};
+use crate::ETCD_BACKEND;
+
+/// What the etcd backend promises.
+pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported().mutex_only(NOT_YET);
+
+/// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
+/// how long a waiter whose process died (without revoking) holds up the queue behind it.
+pub(crate) const WAITER_TTL_SECS: i64 = 3;
+
+/// How long an answer on its way is still awaited past a wait's deadline.
+const WAIT_GRACE: Duration = Duration::from_millis(50);
+
+/// A distributed lock client on etcd (see the crate docs for the protocol).
+///
+/// Cheap to clone: clones share the connection and the leases.
+#[derive(Clone)]
+pub struct EtcdLock {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    session: Session,
+    requests: Requests,
+    /// The key prefix (no trailing `/`).
+    prefix: String,
+    /// The held locks of this client, by owner token.
+    held: Mutex<HashMap<u128, Held>>,
+    /// The watch that marks held locks lost when their keys go.
+    loss: LossWatch,
+}
+
+/// A lock this client holds.
+struct Held {
+    /// The lease its key is attached to now (an extend to a longer TTL moves it),
+    /// shared with the loss watch, which revokes it once the lock is lost.
+    lease: Arc<AtomicI64>,
+    /// That lease's TTL in whole seconds.
+    ttl_secs: i64,
+    /// The task that revokes the lease once the lock is lost.
+    watch: AbortHandle,
+}
+
+impl std::fmt::Debug for EtcdLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLock")
+            .field("session", &self.inner.session)
+            .field("prefix", &self.inner.prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdLock {
+    /// Connects to the etcd cluster named by `url` (see [`parse_url`]) with the default
+    /// [`EtcdConfig`].
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for a bad URL or credentials etcd refuses;
+    /// [`LockError::Connection`] (naming the endpoints) when no endpoint answers within
+    /// the timeouts.
+    pub async fn connect(url: &str) -> Result<EtcdLock, LockError> {
+        Self::connect_with(url, EtcdConfig::default()).await
+    }
+
+    /// [`EtcdLock::connect`] with explicit settings.
+    ///
+    /// # Errors
+    /// As [`EtcdLock::connect`].
+    pub async fn connect_with(url: &str, config: EtcdConfig) -> Result<EtcdLock, LockError> {
+        let url = parse_url(url)?;
+        Self::connect_parsed(&url, config).await
+    }
+
+    /// [`EtcdLock::connect_with`] for an already parsed URL.
+    ///
+    /// # Errors
+    /// As [`EtcdLock::connect`].
+    pub async fn connect_parsed(url: &EtcdUrl, config: EtcdConfig) -> Result<EtcdLock, LockError> {
+        let session = Session::connect(url, &config).await?;
+        let requests = Requests {
+            client: session.client.clone(),
+            timeout: config.request_timeout,
+        };
+        let loss = LossWatch::spawn(session.client.clone(), &url.prefix, config.request_timeout);
+        Ok(EtcdLock {
+            inner: Arc::new(Inner {
+                session,
+                requests,
+                prefix: url.prefix.clone(),
+                held: Mutex::new(HashMap::new()),
+                loss,
+            }),
+        })
+    }
+
+    /// The range `key`'s contenders put their keys in (`PREFIX/<encoded key>/`):
+    /// `etcdctl lock` on this name without the trailing `/` contends for the same lock.
+    pub fn lock_prefix(&self, key: &LockKey) -> String {
+        lock_prefix(&self.inner.prefix, key)
+    }
+
+    fn requests(&self) -> &Requests {
+        &self.inner.requests
+    }
+
+    fn live(&self) -> &Arc<LiveLeases> {
+        &self.inner.session.live
+    }
+
+    fn connection_error(&self, fail: Fail) -> LockError {
+        at_servers(&self.inner.session.hosts, fail.into())
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<u128, Held>> {
+        self.inner
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Grants a fresh lease of `ttl` (listed as live first, so that a drop or a
+    /// shutdown revokes it); returns its id and TTL in seconds.
+    async fn fresh_lease(&self, ttl: Duration, undo: &mut Undo) -> Result<(i64, i64), LockError> {
+        let ttl_secs = ttl_seconds(ttl);
+        let (id, granted) = self.grant_lease(ttl_secs, undo).await?;
+        if granted > ttl_secs {
+            undo.revoke_now().await;
+            return Err(LockError::invalid_options(
+                ETCD_BACKEND,
+                OptionsError::TtlTooShort {
+                    ttl,
+                    min: Duration::from_secs(u64::try_from(granted).unwrap_or(u64::MAX)),
+                },
+            ));
+        }
+        Ok((id, ttl_secs))
+    }
+
+    /// Grants a fresh lease of `secs` (listed as live first); returns its id and the
+    /// TTL etcd granted.
+    async fn grant_lease(&self, secs: i64, undo: &mut Undo) -> Result<(i64, i64), LockError> {
+        let id = new_lease_id();
+        undo.arm(id);
+        let granted = self
+            .requests()
+            .grant(id, secs)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        Ok((id, granted))
+    }
+
+    /// Moves our contender key (create revision `revision`) to `lease`.
+    async fn rehome(
+        &self,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+        lease: i64,
+    ) -> Result<(), LockError> {
+        match self
+            .requests()
+            .move_to_lease(prefix, own, revision, lease)
+            .await
+            .map_err(|f| self.connection_error(f))?
+        {
+            Ok(()) => Ok(()),
+            Err(_) => Err(LockError::connection(
+                ETCD_BACKEND,
+                "the waiting contender's key vanished (its lease expired or was revoked)",
+            )),
+        }
+    }
+
+    /// One acquire: returns `Ok(None)` for a held key when `wait` is false.
+    async fn contend(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+        report: &WaitReport,
+        wait: bool,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let ttl = options.ttl();
+        let mut undo = Undo::new(self.clone());
+        let mut sent = Instant::now();
+        let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
+        let prefix = self.lock_prefix(key);
+        // The key keeps the first lease's id as its name when it moves to others.
+        let named = lease;
+        let own = contender_key(&prefix, named);
+        let placed = self
+            .requests()
+            .place(&prefix, &own, lease)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        if !placed.first {
+            report.saw_held();
+            if !wait {
+                undo.revoke_now().await;
+                return Ok(None);
+            }
+            // Wait under a short lease, so that a waiter whose process dies holds up
+            // the queue behind it for seconds, not for the lock's TTL. The lock's own
+            // lease is kept (not renewed) to move back to when the wait was short.
+            let mut parked = None;
+            if ttl_secs > WAITER_TTL_SECS {
+                let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
+                self.rehome(&prefix, &own, placed.revision, short).await?;
+                parked = Some((lease, ttl_secs, sent));
+                (lease, ttl_secs) = (short, short_secs);
+            }
+            let alive_since = Mutex::new(sent);
+            tokio::select! {
+                turn = self.wait_turn(&prefix, &own, placed.revision) => turn?,
+                lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
+            }
+            sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
+            if let Some((full, full_secs, granted_at)) = parked {
+                // Granted: back to the lock's lease while two thirds of its TTL are
+                // left (the watchdog's first renewal comes at a third), else to a
+                // fresh one.
+                let back = granted_at.elapsed() < ttl / 3
+                    && self
+                        .rehome(&prefix, &own, placed.revision, full)
+                        .await
+                        .is_ok();
+                // The short lease goes only once the key has left it: revoking it
+                // would delete the key.
+                if back {
+                    undo.let_go(lease);
+                    sent = granted_at;
+                    (lease, ttl_secs) = (full, full_secs);
+                } else {
+                    undo.let_go(full);
+                    sent = Instant::now();
+                    let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
+                    self.rehome(&prefix, &own, placed.revision, fresh).await?;
+                    undo.let_go(lease);
+                    (lease, ttl_secs) = (fresh, fresh_secs);
+                }
+            }
+        }
+        let valid_from = sent;
+        let owner = OwnerToken::from_u128(
+            (u128::from(named as u64) << 64) | u128::from(rand::random::<u64>()),
+        );
+        let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
+        let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
+        let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
+        let current = Arc::new(AtomicI64::new(lease));
+        self.inner.loss.watched.watch(&own, monitor.clone());
+        let watch = tokio::spawn(revoke_when_lost(
+            self.requests().clone(),
+            self.live().clone(),
+            current.clone(),
+            monitor.clone(),
+        ))
+        .abort_handle();
+        self.held().insert(
+            owner.as_u128(),
+            Held {
+                lease: current,
+                ttl_secs,
+                watch,
+            },
+        );
+        undo.disarm();
+        Ok(Some(LockGuard::new(
+            granted,
+            monitor,
+            Arc::new(self.clone()),
+            options.auto_renew(),
+        )))
+    }
+
+    /// Waits until no contender older than ours (create revision `revision`) is left.
+    async fn wait_turn(&self, prefix: &str, own: &str, revision: i64) -> Result<(), LockError> {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let turn = self.requests().turn(prefix, own, revision).await;
+            let outcome =
+                match turn {
+                    Ok(Turn::Ours) => return Ok(()),
+                    Ok(Turn::Gone) => return Err(LockError::connection(
+                        ETCD_BACKEND,
+                        "the waiting contender's key vanished (its lease expired or was revoked)",
+                    )),
+                    Ok(Turn::After(older)) => self.requests().deleted(older).await,
+                    Err(fail) => Err(fail),
+                };
+            match outcome {
+                Ok(()) => pause = Duration::from_millis(20),
+                Err(fail) => {
+                    let error = self.connection_error(fail);
+                    if !error.is_retryable() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "etcd wait interrupted; looking again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
+    }
+
+    /// Keeps a waiter's lease alive every third of its TTL, recording when the last
+    /// answered keep-alive was sent; returns only when the lease is gone.
+    async fn keep_alive_while_waiting(
+        &self,
+        lease: i64,
+        ttl_secs: i64,
+        alive_since: &Mutex<Instant>,
+    ) -> LockError {
+        let period = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1)) / 3;
+        loop {
+            tokio::time::sleep(period).await;
+            let sent = Instant::now();
+            match self.requests().keep_alive(lease).await {
+                Ok(()) => *alive_since.lock().unwrap_or_else(PoisonError::into_inner) = sent,
+                Err(fail) if fail.is_lease_not_found() => {
+                    return LockError::connection(
+                        ETCD_BACKEND,
+                        "the waiting contender's lease expired while it waited",
+                    )
+                }
+                Err(fail) => {
+                    tracing::debug!(error = %LockError::from(fail), "keep-alive of a waiter failed; retrying")
+                }
+            }
+        }
+    }
+
+    /// What a release or extend of a lease that is not (any more) ours reports.
+    fn not_ours<T>(held_by_other: bool, held: T, expired: T) -> T {
+        if held_by_other {
+            held
+        } else {
+            expired
+        }
+    }
+
+    /// The lease a held lock's key is attached to now, and its TTL in seconds: from this
+    /// client's records, else read from etcd. `Err(held_by_other)` when the key is gone.
+    async fn current_lease(
+        &self,
+        lease: &Lease,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+    ) -> Result<Result<(i64, i64), bool>, LockError> {
+        if let Some(held) = self.held().get(&lease.owner().as_u128()) {
+            return Ok(Ok((held.lease.load(Ordering::Acquire), held.ttl_secs)));
+        }
+        match self
+            .requests()
+            .own_key(prefix, own, revision)
+            .await
+            .map_err(|f| self.connection_error(f))?
+        {
+            Ok(kv) => Ok(Ok((kv.lease(), ttl_seconds(lease.ttl())))),
+            Err(other) => Ok(Err(other)),
+        }
+    }
+}
+
+/// Where a lease's key is: its lock's range, its own key, its create revision.
+fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
+    let prefix = lock.lock_prefix(lease.key());
+    let id = (lease.owner().as_u128() >> 64) as u64 as i64;
+    let own = contender_key(&prefix, id);
+    let revision = lease
+        .fencing_token()
+        .and_then(|t| i64::try_from(t.get()).ok())
+        .unwrap_or(-1);
+    (prefix, own, revision)
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    fn info(&self) -> BackendInfo {
+        BackendInfo::new(ETCD_BACKEND, ETCD_CAPABILITIES)
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        options.validate_for(ETCD_BACKEND)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        self.contend(key, options, &WaitReport::new(), false).await
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        options.validate_for(ETCD_BACKEND)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        let bound = WaitBound::starting_now(options, WAIT_GRACE);
+        let wait = bound.deadline != Some(bound.started);
+        let report = WaitReport::new();
+        let attempts = async {
+            // Retryable errors (a member going away mid-request, a leader election) are
+            // retried with backoff while the acquire may wait; each failed attempt's
+            // lease is revoked by its `Undo`.
+            let mut delays = options.backoff().delays();
+            loop {
+                match self.contend(key, options, &report, wait).await {
+                    Ok(Some(guard)) => return Ok(guard),
+                    Ok(None) => {
+                        return Err(LockError::Timeout {
+                            backend: ETCD_BACKEND,
+                            key: key.clone(),
+                            waited: bound.started.elapsed(),
+                        })
+                    }
+                    Err(error) if wait && error.is_retryable() => {
+                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
+                        tokio::time::sleep(delays.next_delay()).await;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        let hosts = self.inner.session.hosts.clone();
+        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
+            LockError::connection_at(
+                ETCD_BACKEND,
+                hosts,
+                format!("no answer from etcd within the wait of {wait:?}"),
+            )
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let (prefix, own, revision) = place_of(self, lease);
+        let held = self.held().remove(&lease.owner().as_u128());
+        if let Some(held) = &held {
+            held.watch.abort();
+            self.inner.loss.watched.forget(&own);
+        }
+        let deleted = self
+            .requests()
+            .delete_own(&prefix, &own, revision)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        let outcome = match deleted {
+            Ok(attached) => {
+                let lease_id = held
+                    .as_ref()
+                    .map_or(attached, |h| h.lease.load(Ordering::Acquire));
+                if lease_id != 0 {
+                    // The key is gone already; an empty lease would only run out.
+                    if let Err(fail) = self.requests().revoke(lease_id).await {
+                        tracing::debug!(error = %LockError::from(fail), "revoking a released lock's lease failed; it runs out");
+                    }
+                    self.live().remove(lease_id);
+                }
+                ReleaseOutcome::Released
+            }
+            Err(other) => {
+                if let Some(held) = &held {
+                    let lease_id = held.lease.load(Ordering::Acquire);
+                    let _ = self.requests().revoke(lease_id).await;
+                    self.live().remove(lease_id);
+                }
+                Self::not_ours(other, ReleaseOutcome::HeldByOther, ReleaseOutcome::Expired)
+            }
+        };
+        Ok(outcome)
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
+        let (prefix, own, revision) = place_of(self, lease);
+        let (current, secs) = match self.current_lease(lease, &prefix, &own, revision).await? {
+            Ok(found) => found,
+            Err(other) => {
+                return Ok(Self::not_ours(
+                    other,
+                    ExtendOutcome::HeldByOther,
+                    ExtendOutcome::Expired,
+                ))
+            }
+        };
+        let sent = Instant::now();
+        // A TTL up to the lease's own is a keep-alive (etcd then holds the key up to
+        // the lease's TTL, the validity deadline says `ttl`); a longer one needs a
+        // longer lease.
+        if ttl_seconds(ttl) <= secs {
+            let (alive, key) = tokio::join!(
+                self.requests().keep_alive(current),
+                self.requests().own_key(&prefix, &own, revision)
+            );
+            let key = key.map_err(|f| self.connection_error(f))?;
+            match (alive, key) {
+                (Ok(()), Ok(_)) => {}
+                (Err(fail), _) if !fail.is_lease_not_found() => {
+                    return Err(self.connection_error(fail))
+                }
+                (_, Err(other)) => {
+                    return Ok(Self::not_ours(
+                        other,
+                        ExtendOutcome::HeldByOther,
+                        ExtendOutcome::Expired,
+                    ))
+                }
+                (Err(_), Ok(_)) => return Ok(ExtendOutcome::Expired),
+            }
+        } else {
+            // Another TTL: move the key to a lease of that TTL, keeping its revision.
+            let mut undo = Undo::new(self.clone());
+            let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
+            let moved = self
+                .requests()
+                .move_to_lease(&prefix, &own, revision, fresh)
+                .await
+                .map_err(|f| self.connection_error(f))?;
+            if let Err(other) = moved {
+                undo.revoke_now().await;
+                return Ok(Self::not_ours(
+                    other,
+                    ExtendOutcome::HeldByOther,
+                    ExtendOutcome::Expired,
+                ));
+            }
+            undo.disarm();
+            if let Some(held) = self.held().get_mut(&lease.owner().as_u128()) {
+                held.lease.store(fresh, Ordering::Release);
+                held.ttl_secs = fresh_secs;
+            }
+            if let Err(fail) = self.requests().revoke(current).await {
+                tracing::debug!(error = %LockError::from(fail), "revoking the replaced lease failed; it runs out");
+            }
+            self.live().remove(current);
+        }
+        Ok(ExtendOutcome::Extended {
+            valid_until: sent + ttl - margin(ttl),
+        })
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let prefix = self.lock_prefix(key);
+        let oldest = self
+            .requests()
+            .oldest(&prefix)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        Ok(match oldest {
+            None => KeyStatus::free(),
+            Some((holder, count, remaining)) => KeyStatus::held()
+                .with_fencing_token(
+                    u64::try_from(holder.create_revision())
+                        .ok()
+                        .map(FencingToken::new),
+                )
+                .with_remaining(
+                    remaining
+                        .and_then(|s| u64::try_from(s).ok())
+                        .map(Duration::from_secs),
+                )
+                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
+                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
+        })
+    }
+}
+
+/// Revokes a contender's leases unless disarmed: on a failed or dropped acquire, at
+/// once when awaited ([`Undo::revoke_now`]), else in the background on drop.
+struct Undo {
+    lock: EtcdLock,
+    leases: Vec<i64>,
+}
+
+impl Undo {
+    fn new(lock: EtcdLock) -> Self {
+        Undo {
+            lock,
+            leases: Vec::new(),
+        }
+    }
+
+    /// Lists `lease` as live before it is granted, and takes charge of it.
+    fn arm(&mut self, lease: i64) {
+        self.lock.live().add(lease);
+        self.leases.push(lease);
+    }
+
+    /// The acquire succeeded: its lease now belongs to the guard.
+    fn disarm(&mut self) {
+        self.leases.clear();
+    }
+
+    /// Revokes every lease in charge now.
+    async fn revoke_now(&mut self) {
+        for lease in std::mem::take(&mut self.leases) {
+            if self.lock.requests().revoke(lease).await.is_ok() {
+                self.lock.live().remove(lease);
+            } else {
+                // Leave it to the background, which tries once more.
+                self.leases.push(lease);
+            }
+        }
+    }
+
+    /// Revokes `lease` (no longer needed) in the background.
+    fn let_go(&mut self, lease: i64) {
+        self.leases.retain(|l| *l != lease);
+        revoke_in_background(self.lock.clone(), lease);
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        for lease in std::mem::take(&mut self.leases) {
+            revoke_in_background(self.lock.clone(), lease);
+        }
+    }
+}
+
+/// Revokes `lease` in a background clean-up on the current runtime (if any).
+fn revoke_in_background(lock: EtcdLock, lease: i64) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    spawn_cleanup(&runtime, async move {
+        match lock.requests().revoke(lease).await {
+            Ok(_) => lock.live().remove(lease),
+            Err(fail) => {
+                tracing::warn!(error = %LockError::from(fail), "revoking an abandoned contender's lease failed; it runs out")
+            }
+        }
+    });
+}
+
+/// Revokes a lost lock's lease (`lease`, the current one) once `monitor` reads lost,
+/// by its deadline passing unrenewed, a refused renewal, or the key's deletion (see
+/// [`crate::loss`]), so that etcd does not keep the key for the rest of its
+/// (whole-second) TTL. Runs until aborted, which the release does.
+async fn revoke_when_lost(
+    requests: Requests,
+    live: Arc<LiveLeases>,
+    lease: Arc<AtomicI64>,
+    monitor: LeaseMonitor,
+) {
+    monitor.lost().await;
+    let id = lease.load(Ordering::Acquire);
+    match requests.revoke(id).await {
+        Ok(_) => live.remove(id),
+        Err(fail) => {
+            tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
+        }
+    }
+}
+
+/// A TTL in whole seconds, rounded up (etcd's leases count seconds).
+pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    i64::try_from(secs.max(1)).unwrap_or(i64::MAX)
+}
+
+/// How much earlier than `sent + ttl` a lease is considered over: 1 % of the TTL and
+/// 2 ms, for clock drift between us and etcd's leader.
+fn margin(ttl: Duration) -> Duration {
+    ttl / 100 + Duration::from_millis(2)
+}
+
+/// A random positive lease id (etcd refuses 0 and negative ids are unusual).
+fn new_lease_id() -> i64 {
+    (rand::random::<u64>() >> 1).max(1) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_seconds() {
+        assert_eq!(ttl_seconds(Duration::from_millis(10)), 1);
+        assert_eq!(ttl_seconds(Duration::from_secs(2)), 2);
+        assert_eq!(ttl_seconds(Duration::from_millis(2001)), 3);
+        assert!(new_lease_id() > 0);
+        assert!(margin(Duration::from_secs(2)) < Duration::from_millis(30));
+    }
+}

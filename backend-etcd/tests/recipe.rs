@@ -1,0 +1,384 @@
+//! The recipe against real etcd: `etcdctl lock` and distlock exclude each other on one
+//! name, nothing is left in etcd once locks end, and bad input and misconfiguration
+//! (unreachable endpoints, a wrong password, TLS against a plaintext server, a TTL
+//! below etcd's minimum, foreign keys in a lock's range) get typed errors in time.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{direct, etcdctl, keys_under, shared_port};
+use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_etcd::{EtcdConfig, EtcdLock};
+use distlock_test_servers::EtcdServer;
+
+fn key(label: &str) -> LockKey {
+    LockKey::new(format!("recipe-{label}-{:08x}", rand::random::<u32>())).unwrap()
+}
+
+fn no_wait(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
+}
+
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
+}
+
+/// `etcdctl lock NAME [command…]` against 127.0.0.1:`port`, its stdout piped.
+fn etcdctl_lock(port: u16, name: &str, command: &[&str]) -> Child {
+    Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=127.0.0.1:{port}"))
+        .args(["lock", "--ttl=5", name])
+        .args(command)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run etcdctl lock (Debian package etcd-client)")
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+/// The lock name `etcdctl lock` takes for `key`: the range without its trailing `/`.
+fn etcdctl_name(lock: &EtcdLock, key: &LockKey) -> String {
+    lock.lock_prefix(key).trim_end_matches('/').to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_lock_waits_for_a_distlock_holder() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("etcdctl-waits");
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(10)))
+        .await
+        .unwrap();
+    let mut waiter = etcdctl_lock(port, &etcdctl_name(&lock, &key), &["echo", "etcdctl-ran"]);
+    // etcdctl queues behind us: its key appears in the range, and it does not run.
+    let prefix = lock.lock_prefix(&key);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 2)
+        .await,
+        "etcdctl's contender key did not appear: {:?}",
+        keys_under(port, &prefix)
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        waiter.try_wait().unwrap().is_none(),
+        "etcdctl lock got the lock while distlock held it"
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    let released = Instant::now();
+    assert!(
+        eventually(Duration::from_secs(10), || waiter
+            .try_wait()
+            .unwrap()
+            .is_some())
+        .await,
+        "etcdctl lock did not get the lock after the release"
+    );
+    let out = waiter.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("etcdctl-ran"));
+    eprintln!("etcdctl ran {:?} after the release", released.elapsed());
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix)
+            .is_empty())
+        .await,
+        "keys left behind: {:?}",
+        keys_under(port, &prefix)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn distlock_waits_for_an_etcdctl_holder() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("distlock-waits");
+    let prefix = lock.lock_prefix(&key);
+    let mut holder = etcdctl_lock(port, &etcdctl_name(&lock, &key), &[]);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 1)
+        .await,
+        "etcdctl did not take the lock"
+    );
+    assert!(lock
+        .try_acquire(&key, &no_wait(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    let status = lock.inspect(&key).await.unwrap();
+    assert!(status.held, "{status:?}");
+    let waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        tokio::spawn(async move {
+            let guard = lock
+                .acquire(
+                    &key,
+                    &waiting(Duration::from_secs(5), Duration::from_secs(20)),
+                )
+                .await?;
+            Ok::<_, LockError>((Instant::now(), guard))
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "distlock got the lock etcdctl held");
+    // etcdctl releases (revokes its session) on SIGTERM.
+    let stopped = Instant::now();
+    let pid = i32::try_from(holder.id()).unwrap();
+    #[allow(unsafe_code)]
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    let _ = holder.wait();
+    let (granted_at, guard) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("distlock was granted after etcdctl released")
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "distlock granted {:?} after etcdctl was stopped",
+        granted_at - stopped
+    );
+    assert!(guard.contended());
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(keys_under(port, &prefix).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_left_once_locks_end() {
+    let port = shared_port();
+    let (a, b) = (direct(port).await, direct(port).await);
+    let key = key("leftovers");
+    let prefix = a.lock_prefix(&key);
+    let options = waiting(Duration::from_secs(5), Duration::from_secs(10));
+    let held = a.acquire(&key, &options).await.unwrap();
+    let lease = (held.lease().owner().as_u128() >> 64) as u64;
+    // A waiter that gives up, one that is dropped, and one that is granted.
+    let gave_up = b
+        .acquire(
+            &key,
+            &waiting(Duration::from_secs(5), Duration::from_millis(200)),
+        )
+        .await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    let dropped = {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 2)
+        .await,
+        "the waiter did not queue"
+    );
+    dropped.abort();
+    let _ = dropped.await;
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 1)
+        .await,
+        "a dropped waiter left its key: {:?}",
+        keys_under(port, &prefix)
+    );
+    let next = {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&key, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 2)
+        .await
+    );
+    held.release().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    drop(next);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix)
+            .is_empty())
+        .await,
+        "keys left: {:?}",
+        keys_under(port, &prefix)
+    );
+    let ttl = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    assert!(
+        ttl.contains("already expired"),
+        "the released lease lives on: {ttl}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_in_the_range_count_as_contenders() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("foreign");
+    let foreign = format!("{}not-a-lease-id", lock.lock_prefix(&key));
+    etcdctl(port, &["put", &foreign, "some other tool"]);
+    assert!(lock
+        .try_acquire(&key, &no_wait(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    let started = Instant::now();
+    let err = lock
+        .acquire(
+            &key,
+            &waiting(Duration::from_secs(5), Duration::from_millis(300)),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Timeout { .. }), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(3));
+    let status = lock.inspect(&key).await.unwrap();
+    assert_eq!(status.holder.as_deref(), Some(foreign.as_str()));
+    etcdctl(port, &["del", &foreign]);
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(keys_under(port, &lock.lock_prefix(&key)).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ttl_below_the_servers_minimum_is_invalid_options() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("short-ttl");
+    for ttl in [Duration::from_millis(500), Duration::from_secs(1)] {
+        let err = lock.acquire(&key, &no_wait(ttl)).await.unwrap_err();
+        assert!(
+            matches!(err, LockError::InvalidOptions { .. }),
+            "{ttl:?}: {err}"
+        );
+        assert!(err.to_string().contains("minimum"), "{err}");
+    }
+    assert!(keys_under(port, &lock.lock_prefix(&key)).is_empty());
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(2)))
+        .await
+        .unwrap();
+    guard.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_the_lease_from_outside_fires_lost() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("revoked");
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    let lease = (guard.lease().owner().as_u128() >> 64) as u64;
+    let revoked = Instant::now();
+    etcdctl(port, &["lease", "revoke", &format!("{lease:x}")]);
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() fires promptly after `etcdctl lease revoke`");
+    eprintln!("lost() fired {:?} after the revoke", revoked.elapsed());
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Expired);
+    // And a key deleted from outside.
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(30)))
+        .await
+        .unwrap();
+    etcdctl(port, &["del", "--prefix", &lock.lock_prefix(&key)]);
+    tokio::time::timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() fires promptly after the key is deleted");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_endpoints_are_connection_errors_in_time() {
+    let config = EtcdConfig::default().with_connect_timeout(Duration::from_secs(1));
+    let started = Instant::now();
+    let err = EtcdLock::connect_with("etcd://127.0.0.1:1,127.0.0.1:2", config)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Connection { .. }), "{err}");
+    assert!(err.to_string().contains("127.0.0.1:1,127.0.0.1:2"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(7),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_against_a_plaintext_server_is_a_typed_error() {
+    let port = shared_port();
+    let ca = std::env::temp_dir().join(format!("distlock-etcd-no-ca-{}.pem", std::process::id()));
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let url = format!("etcd+tls://127.0.0.1:{port}?ca={}", ca.display());
+    let config = EtcdConfig::default()
+        .with_connect_timeout(Duration::from_secs(2))
+        .with_request_timeout(Duration::from_secs(2));
+    let started = Instant::now();
+    let err = EtcdLock::connect_with(&url, config).await.unwrap_err();
+    let _ = std::fs::remove_file(&ca);
+    assert!(
+        matches!(err, LockError::Config { .. } | LockError::Connection { .. }),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_is_a_config_error() {
+    // A server of its own: turning authentication on changes it for everyone.
+    let server = EtcdServer::start().await.expect("etcd starts");
+    let port = server.port();
+    etcdctl(port, &["user", "add", "root:rootpw"]);
+    etcdctl(port, &["auth", "enable"]);
+    let base = format!("127.0.0.1:{port}");
+    let err = EtcdLock::connect(&format!("etcd://root:wrong@{base}"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+    assert!(
+        !err.to_string().contains("wrong"),
+        "the password leaked: {err}"
+    );
+    let err = EtcdLock::connect(&format!("etcd://{base}"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, LockError::Config { .. }),
+        "no credentials on a server that needs them: {err}"
+    );
+    let lock = EtcdLock::connect(&format!("etcd://root:rootpw@{base}"))
+        .await
+        .expect("the right password connects");
+    let key = key("auth");
+    let guard = lock
+        .acquire(&key, &no_wait(Duration::from_secs(5)))
+        .await
+        .unwrap();
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}

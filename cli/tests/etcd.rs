@@ -1,0 +1,86 @@
+//! The CLI on etcd URLs (feature `etcd`; scripts/test.sh builds with `--all-features`):
+//! `exec` runs a command under the lock, `status` reads a key `etcdctl lock` holds,
+//! and `bench --spawn etcd --compare --quick` prints the etcd rows (the figures are not
+//! checked).
+#![cfg(feature = "etcd")]
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use distlock_test_servers::EtcdServer;
+
+fn distlock(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_distlock"))
+        .args(args)
+        .output()
+        .expect("run distlock")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_and_status_work_on_etcd_urls() {
+    let server = EtcdServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start etcd (run scripts/install-deps.sh): {e}"));
+    let url = server.url();
+    let out = distlock(&["exec", "--backend", &url, "cli-etcd", "--", "echo", "ran"]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ran"));
+
+    let free = distlock(&["status", "--backend", &url, "cli-etcd", "--json"]);
+    let text = String::from_utf8_lossy(&free.stdout);
+    assert!(
+        text.contains("\"held\": false") || text.contains("\"held\":false"),
+        "{text}"
+    );
+
+    // etcdctl holds the lock (the same range distlock uses for key `cli-etcd`).
+    let mut holder = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", server.endpoint()))
+        .args(["lock", "distlock/cli-etcd"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run etcdctl lock");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let held = loop {
+        let out = distlock(&["status", "--backend", &url, "cli-etcd", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("\"held\": true") || text.contains("\"held\":true") {
+            break text;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "status never saw etcdctl's lock: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(held.contains("distlock/cli-etcd/"), "{held}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+#[test]
+fn bench_spawns_etcd_and_prints_the_etcd_rows() {
+    let out = distlock(&["bench", "--spawn", "etcd", "--compare", "--quick"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{table}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let header = table
+        .lines()
+        .find(|l| l.starts_with("| concurrency | distlock |"))
+        .unwrap_or_else(|| panic!("no throughput table in:\n{table}"));
+    for column in ["raw", "etcd-client lock", "distlock/etcd-client lock"] {
+        assert!(header.contains(&format!(" {column} |")), "{header}");
+    }
+    assert!(table.contains("| etcd-client lock | "), "{table}");
+}
