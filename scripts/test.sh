@@ -27,7 +27,7 @@ export DISTLOCK_FAULT_SEED="${DISTLOCK_FAULT_SEED:-42}"
 # distributed-lock turns on sqlx's native-tls, and sqlx then uses OpenSSL instead of
 # rustls in every crate of the same build, which would test the Postgres backend's TLS
 # on a stack its users do not get by default (README, "Postgres TLS").
-cargo test --workspace --exclude distlock-cli --exclude distlock-bench --all-features "$@"
-cargo test -p distlock-cli -p distlock-bench --all-features "$@"
+cargo test --no-fail-fast --workspace --exclude distlock-cli --exclude distlock-bench --all-features "$@"
+cargo test --no-fail-fast -p distlock-cli -p distlock-bench --all-features "$@"
 # With every backend feature off, connect() must name the feature a scheme needs.
 cargo test -p distlock --no-default-features --lib "$@"

@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{EFFECTS_REPLICATION, NEXT_TOKEN};
+use super::{EFFECTS_REPLICATION, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN};
 
 /// Refuses a record of another type (another program uses the name) and defines
 /// `announce()`, which tells the observers of the name that the leader changed.
@@ -34,7 +34,9 @@ pub(crate) static CAMPAIGN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
+            NEXT_TOKEN_OPEN,
             NEXT_TOKEN,
+            NEXT_TOKEN_CLOSE,
             RECORD,
             r"
 if kind == 'none' then
