@@ -15,6 +15,9 @@ use distlock_zookeeper::ZooKeeperLock;
 
 /// Clients of `url` (its server's port replaced by each client's proxy's), with
 /// credentials in the URL.
+/// How long a client of the TLS server may take to open its session.
+const TLS_CONNECT: std::time::Duration = std::time::Duration::from_secs(15);
+
 struct SecureHarness {
     url: String,
     port: u16,
@@ -47,9 +50,11 @@ impl Harness for SecureHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let proxy = common::network_proxy(self.port).await;
-        let lock =
-            ZooKeeperLock::connect_with(&self.via(&proxy), common::config(common::SESSION_TIMEOUT))
-                .await?;
+        // A TLS handshake with the server's Java stack can take seconds when many
+        // scenarios connect at once on a busy two-core machine: the session may take
+        // longer to open than the 2 s it is granted once open.
+        let config = common::config(common::SESSION_TIMEOUT).with_connect_timeout(TLS_CONNECT);
+        let lock = ZooKeeperLock::connect_with(&self.via(&proxy), config).await?;
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
