@@ -112,7 +112,11 @@ mod over_tls {
                     .enable_all()
                     .build()
                     .expect("a runtime to start ZooKeeper on")
-                    .block_on(ZooKeeperTlsServer::start(true))
+                    .block_on(async {
+                        let server = ZooKeeperTlsServer::start(true).await?;
+                        serving_tls(&server.url_with_credentials("kit:secret")).await;
+                        Ok::<_, distlock_test_servers::ServerError>(server)
+                    })
             })
             .join()
             .unwrap_or_else(|_| panic!("starting the TLS ZooKeeper server panicked"))
@@ -130,6 +134,22 @@ mod over_tls {
             }
             shared
         })
+    }
+
+    /// Waits (bounded) until the secure port opens a session: the server answers on its
+    /// plain port before its TLS listener has come up, and the first scenarios to start
+    /// would otherwise race it.
+    async fn serving_tls(url: &str) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match distlock_zookeeper::ZooKeeperLock::connect(url).await {
+                Ok(_) => return,
+                Err(e) if tokio::time::Instant::now() >= deadline => {
+                    panic!("the TLS port never opened a session within 60 s: {e}")
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(100)).await,
+            }
+        }
     }
 
     async fn harness() -> Arc<dyn Harness> {
