@@ -332,8 +332,11 @@ pub struct LeaderWatch {
     last: Option<Option<FencingToken>>,
     /// The highest term returned, so a stale read never sends the stream back.
     highest: Option<FencingToken>,
-    patience: Duration,
 }
+
+/// How long one [`LeaderElection::wait_change`] of a [`LeaderWatch`] waits before it
+/// looks again: a backstop, since `wait_change` returns on every change it sees.
+const WATCH_PATIENCE: Duration = Duration::from_secs(30);
 
 impl LeaderWatch {
     /// A watch of `name` through `election`.
@@ -343,7 +346,6 @@ impl LeaderWatch {
             name,
             last: None,
             highest: None,
-            patience: Duration::from_secs(30),
         }
     }
 
@@ -362,7 +364,7 @@ impl LeaderWatch {
         loop {
             let now = self
                 .election
-                .wait_change(&self.name, last, self.patience)
+                .wait_change(&self.name, last, WATCH_PATIENCE)
                 .await?;
             if let Some(changed) = self.accept(now) {
                 return Ok(changed);
