@@ -15,6 +15,9 @@ pub(crate) enum Fail {
     Etcd(EtcdError),
     /// No reply within the request timeout. The request may still take effect.
     TimedOut(Duration),
+    /// This key ranks ahead of ours in a lock's range but is not a contender of the
+    /// recipe (see `recipe::contender_shape`): another tool's data under our prefix.
+    Foreign(String),
 }
 
 impl Fail {
@@ -39,6 +42,14 @@ impl From<Fail> for LockError {
                 LockError::connection(ETCD_BACKEND, format!("no reply from etcd within {limit:?}"))
             }
             Fail::Etcd(error) => etcd_error(error),
+            Fail::Foreign(key) => LockError::config(
+                ETCD_BACKEND,
+                format!(
+                    "the lock's range holds `{key}`, which is not a contender of etcd's lock \
+                     recipe (a key named by its lease id in hex, under that lease): another \
+                     tool keeps data under this prefix; use another prefix in the URL"
+                ),
+            ),
         }
     }
 }
@@ -142,11 +153,17 @@ fn never_sent(error: &EtcdError) -> bool {
 struct AtServers {
     hosts: String,
     error: distlock_api::BoxError,
+    /// What to check, for a connection that opened but broke (a TLS mismatch).
+    hint: Option<&'static str>,
 }
 
 impl std::fmt::Display for AtServers {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "etcd at {}: {}", self.hosts, self.error)
+        write!(f, "etcd at {}: {}", self.hosts, self.error)?;
+        if let Some(hint) = self.hint {
+            write!(f, " ({hint})")?;
+        }
+        Ok(())
     }
 }
 
@@ -161,9 +178,51 @@ pub(crate) fn at_servers(hosts: &str, error: LockError) -> LockError {
             source: Box::new(AtServers {
                 hosts: hosts.to_owned(),
                 error: source,
+                hint: None,
             }),
         },
         other => other,
+    }
+}
+
+/// [`at_servers`] for a failed connect: a connection that opened and then broke before
+/// etcd answered (not refused, not silent) is most likely TLS on one side only, or a
+/// TLS handshake the server refused, and the error says what to check. It stays a
+/// [`LockError::Connection`], as a failed handshake is for the other backends.
+pub(crate) fn connect_failed(hosts: &str, tls: bool, error: LockError) -> LockError {
+    let hint = match &error {
+        LockError::Connection { source, .. } => {
+            let text = format!("{source:?}").to_ascii_lowercase();
+            let unreached = ["refused", "no reply", "timed out", "unreachable", "dns"]
+                .iter()
+                .any(|word| text.contains(word));
+            match (unreached, tls) {
+                (true, _) => None,
+                (false, true) => Some(
+                    "the TLS session failed: check that the server serves TLS on this port, \
+                     that the URL's ca= signed its certificate, and whether it demands a client \
+                     certificate (cert=, key=)",
+                ),
+                (false, false) => Some(
+                    "the connection broke before etcd answered: if the server serves TLS, use \
+                     an etcd+tls:// URL",
+                ),
+            }
+        }
+        _ => None,
+    };
+    match (at_servers(hosts, error), hint) {
+        (LockError::Connection { backend, source }, Some(hint)) => {
+            let source = match source.downcast::<AtServers>() {
+                Ok(mut at) => {
+                    at.hint = Some(hint);
+                    at as distlock_api::BoxError
+                }
+                Err(other) => other,
+            };
+            LockError::Connection { backend, source }
+        }
+        (error, _) => error,
     }
 }
 

@@ -115,7 +115,11 @@ impl Requests {
             // The key exists already: an earlier attempt's put was applied.
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
         };
-        let oldest = first_kv(responses.get(1)).map_or(0, KeyValue::create_revision);
+        let oldest_kv = first_kv(responses.get(1));
+        let oldest = oldest_kv.map_or(0, KeyValue::create_revision);
+        if let Some(kv) = oldest_kv.filter(|_| oldest != revision) {
+            contender_shape(lock_prefix, kv)?;
+        }
         if revision <= 0 {
             return Err(Fail::Etcd(etcd_client::Error::Internal(
                 "etcd's answer to the contender put carried no revision".into(),
@@ -152,7 +156,10 @@ impl Requests {
         }
         Ok(match first_kv(responses.first()) {
             None => Turn::Ours,
-            Some(older) => Turn::After(older.key().to_vec()),
+            Some(older) => {
+                contender_shape(lock_prefix, older)?;
+                Turn::After(older.key().to_vec())
+            }
         })
     }
 
@@ -342,6 +349,35 @@ impl Requests {
             None
         };
         Ok(Some((oldest, response.count(), remaining)))
+    }
+}
+
+/// Checks that `kv`, a key ranked ahead of ours in `lock_prefix`, has the shape of a
+/// contender of etcd's `concurrency.Mutex` recipe: named by a lease id in lowercase
+/// hex (distlock's, `etcdctl lock`'s, a Go service's) and attached to a lease, so that
+/// it goes when its holder releases or dies. Anything else (another name, a deeper
+/// path, a key without a lease, which would never go) is data of another tool under
+/// this prefix: waiting behind it could last forever, so the acquire fails with
+/// [`Fail::Foreign`] instead.
+fn contender_shape(lock_prefix: &str, kv: &KeyValue) -> Result<(), Fail> {
+    let name = kv
+        .key()
+        .strip_prefix(lock_prefix.as_bytes())
+        .unwrap_or(kv.key());
+    let hex = !name.is_empty()
+        && name.len() <= 16
+        && name
+            .iter()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    if hex && kv.lease() != 0 {
+        Ok(())
+    } else {
+        Err(Fail::Foreign(
+            String::from_utf8_lossy(kv.key())
+                .chars()
+                .take(200)
+                .collect(),
+        ))
     }
 }
 

@@ -21,7 +21,7 @@ use etcd_client::{Client, ConnectOptions, GetOptions};
 use tokio::sync::oneshot;
 
 use crate::config::{EtcdConfig, EtcdUrl};
-use crate::error::{at_servers, sent, within};
+use crate::error::{connect_failed, sent, within};
 use crate::ETCD_BACKEND;
 
 /// How long a runtime shutdown may wait for this client's leases to be revoked.
@@ -87,7 +87,7 @@ impl Session {
             Client::connect(uris.clone(), Some(options.clone())),
         )
         .await
-        .map_err(|fail| at_servers(&hosts, fail.into()))?;
+        .map_err(|fail| connect_failed(&hosts, url.tls.is_some(), fail.into()))?;
         let prefix = url.prefix.clone();
         sent(config.request_timeout, || {
             let (mut probe, prefix) = (client.kv_client(), prefix.clone());
@@ -101,7 +101,7 @@ impl Session {
             }
         })
         .await
-        .map_err(|fail| at_servers(&hosts, fail.into()))?;
+        .map_err(|fail| connect_failed(&hosts, url.tls.is_some(), fail.into()))?;
         let live = Arc::new(LiveLeases::default());
         let (alive, dropped) = oneshot::channel();
         let revoker = RevokeOnShutdown {

@@ -1,11 +1,14 @@
 //! The fault scenarios of the conformance kit against real etcd: a single node (every
 //! scenario that applies) and a 3-member cluster (the leader killed while a lock is
-//! held and waited for; a minority member killed), every client behind its own proxies.
+//! held and waited for; a minority member killed; a holder partitioned from every
+//! member past its lease; the whole cluster restarted while a lock is held and waited
+//! for), every client behind its own proxies (one per member).
 //!
 //! etcd claims safety under every fault the kit injects (the crate docs and the
 //! README's fault table), so the harness states no exceptions: a restarted etcd keeps
-//! its keys and leases (it refreshes every lease's TTL when a leader takes over), and a
-//! holder's validity deadline always ends before etcd can expire its lease.
+//! its keys and leases (it refreshes every lease's TTL when a leader takes over:
+//! `whole_cluster_restart_refreshes_lease_ttls` measures it), and a holder's validity
+//! deadline always ends before etcd can expire its lease.
 
 mod common;
 
@@ -87,6 +90,145 @@ async fn cluster_loses_its_leader() {
         "ensemble_leader_loss did not pass:\n{}",
         report.to_table()
     );
+}
+
+/// Runs the scenario `name` over a fresh 3-member cluster and asserts it passes.
+async fn cluster_scenario_passes(name: &str) {
+    let _one_at_a_time = distlock_conformance_faults::serial().await;
+    let cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| cannot_start(e));
+    let h = timed(ServerHarness::over_etcd_cluster(
+        cluster,
+        URL_TEMPLATE,
+        connector(),
+    ));
+    let report = run_selected_faults(h, |s| s.name == name).await;
+    print!("{}", report.to_table());
+    assert!(
+        matches!(report.verdict(name), Some(FaultVerdict::Pass(_))),
+        "{name} did not pass over the cluster:\n{}",
+        report.to_table()
+    );
+}
+
+/// The holder's client cut off from all three members (its proxy to each
+/// blackholed) past its lease: lost() fires by its validity deadline, a client of
+/// the cluster is granted the lock, and the stale holder's write is refused by the
+/// fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_partitioned_holder_is_fenced_off() {
+    cluster_scenario_passes("partitioned_holder_is_fenced_off").await;
+}
+
+/// Every member killed (-9) and restarted one by one while a lock is held and two
+/// clients wait: the cluster comes back with its keys, leases and revision, and
+/// exclusion and fencing hold whether the holder kept its lock or lost it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_restarted_whole_while_held_and_waited() {
+    cluster_scenario_passes("server_restart_while_held_and_waited").await;
+}
+
+/// What etcd 3.4 does to lease TTLs when the whole cluster restarts: a lease's
+/// remaining TTL is not kept across the restart; the leader elected afterwards
+/// refreshes every lease to its full TTL (and then some: the election's extension).
+/// For a lock this means a holder that was cut off, or lost its lock by its deadline
+/// during the outage, keeps the lock in etcd for up to a full TTL after the cluster is
+/// back: waiters may wait that much longer, never less. A holder whose renewals
+/// resume before its deadline keeps the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_cluster_restart_refreshes_lease_ttls() {
+    use distlock_etcd::etcd_client::Client;
+    let _one_at_a_time = distlock_conformance_faults::serial().await;
+    let mut cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| cannot_start(e));
+    let endpoints: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("http://{}", n.endpoint()))
+        .collect();
+    let mut client = Client::connect(endpoints.clone(), None).await.unwrap();
+    const TTL: i64 = 20;
+    let lease = client.lease_grant(TTL, None).await.unwrap().id();
+    // A lock held over the restart (long TTL, renewed) and a waiter behind it.
+    let url = cluster.url();
+    let (a, b) = (
+        EtcdLock::connect(&url).await.unwrap(),
+        EtcdLock::connect(&url).await.unwrap(),
+    );
+    let key = distlock_api::LockKey::new("fault-whole-restart").unwrap();
+    let options = LockOptions::new(Duration::from_secs(10))
+        .with_auto_renew(distlock_api::AutoRenew::new())
+        .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
+    let guard = a.acquire(&key, &options).await.unwrap();
+    let first = guard.fencing_token().unwrap();
+    let waiter = {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&key, &options).await })
+    };
+    // Let the lease run down a few seconds, so a refresh shows.
+    let remaining = |client: &mut Client| {
+        let mut client = client.clone();
+        async move {
+            client
+                .lease_time_to_live(lease, None)
+                .await
+                .map(|r| r.ttl())
+                .ok()
+        }
+    };
+    let ran_down = Instant::now();
+    let before = loop {
+        let ttl = remaining(&mut client).await.unwrap();
+        if ttl <= TTL - 5 {
+            break ttl;
+        }
+        assert!(
+            ran_down.elapsed() < Duration::from_secs(30),
+            "the lease does not run down: {ttl}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let restarted = Instant::now();
+    cluster.restart_all().await.unwrap();
+    let down_for = restarted.elapsed();
+    let mut client = Client::connect(endpoints, None).await.unwrap();
+    let after = remaining(&mut client).await.unwrap();
+    eprintln!(
+        "lease of {TTL} s: {before} s left before the restart, {after} s left after it \
+         (the cluster was down and electing for {down_for:?})"
+    );
+    assert!(
+        after > before,
+        "etcd did not refresh the lease's TTL on restart: {before} s before, {after} s after"
+    );
+    // The lock: held through the restart (its renewals resumed before its 10 s
+    // deadline), or lost by the deadline; either way the waiter is granted only after
+    // it is released or lost, with a higher token.
+    let settle = Instant::now();
+    while guard.state() == LeaseState::Suspect && settle.elapsed() < Duration::from_secs(15) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let kept = guard.state() == LeaseState::Held;
+    eprintln!(
+        "the holder {} its lock through the restart",
+        if kept { "kept" } else { "lost" }
+    );
+    assert!(
+        !waiter.is_finished() || !kept,
+        "the waiter was granted beside a holder"
+    );
+    if kept {
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+    let next = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is granted after the restart")
+        .unwrap()
+        .unwrap();
+    assert!(next.fencing_token().unwrap() > first);
+    next.release().await.unwrap();
 }
 
 /// A follower killed while a lock is held and waited for: the holder keeps it (its

@@ -228,13 +228,26 @@ async fn nothing_is_left_once_locks_end() {
     );
 }
 
+/// `etcdctl lease grant SECS`: the new lease's id in hex.
+fn grant_lease(port: u16, secs: u32) -> String {
+    let granted = etcdctl(port, &["lease", "grant", &secs.to_string()]);
+    // "lease 694d7a1b2c3d4e5f granted with TTL(30s)"
+    granted
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or_else(|| panic!("unexpected `etcdctl lease grant` output: {granted}"))
+        .to_owned()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn foreign_keys_in_the_range_count_as_contenders() {
+async fn foreign_contenders_of_the_recipes_shape_count() {
     let port = shared_port();
     let lock = direct(port).await;
     let key = key("foreign");
-    let foreign = format!("{}not-a-lease-id", lock.lock_prefix(&key));
-    etcdctl(port, &["put", &foreign, "some other tool"]);
+    // What a Go `concurrency.Mutex` puts: a key named by its lease id, under that lease.
+    let lease = grant_lease(port, 30);
+    let foreign = format!("{}{lease}", lock.lock_prefix(&key));
+    etcdctl(port, &["put", "--lease", &lease, &foreign, ""]);
     assert!(lock
         .try_acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
@@ -252,13 +265,99 @@ async fn foreign_keys_in_the_range_count_as_contenders() {
     assert!(started.elapsed() < Duration::from_secs(3));
     let status = lock.inspect(&key).await.unwrap();
     assert_eq!(status.holder.as_deref(), Some(foreign.as_str()));
-    etcdctl(port, &["del", &foreign]);
+    etcdctl(port, &["lease", "revoke", &lease]);
     let guard = lock
         .acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap();
     guard.release().await.unwrap();
     assert!(keys_under(port, &lock.lock_prefix(&key)).is_empty());
+}
+
+/// Keys in a lock's range that are not contenders of the recipe (another name, a
+/// deeper path, no lease) are another tool's data: an acquire that would wait behind
+/// one fails with a configuration error at once (not at its wait's end, and not never
+/// for a key without a lease), and leaves nothing of its own behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_of_another_shape_are_config_errors() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let lease = grant_lease(port, 60);
+    for (name, leased) in [
+        ("not-a-lease-id", false),
+        ("abc", false),
+        ("not-a-lease-id", true),
+        ("1f/deeper", true),
+    ] {
+        let key = key("shape");
+        let range = lock.lock_prefix(&key);
+        let foreign = format!("{range}{name}");
+        let mut put = vec!["put", &foreign, "some other tool"];
+        if leased {
+            put.extend(["--lease", &lease]);
+        }
+        etcdctl(port, &put);
+        for options in [
+            no_wait(Duration::from_secs(5)),
+            waiting(Duration::from_secs(5), Duration::from_secs(30)),
+        ] {
+            let started = Instant::now();
+            let err = lock.acquire(&key, &options).await.map(drop).unwrap_err();
+            assert!(
+                matches!(err, LockError::Config { .. }),
+                "{name} (lease {leased}): {err}"
+            );
+            assert!(err.to_string().contains(&foreign), "{err}");
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "{name}: {:?}",
+                started.elapsed()
+            );
+            let err = lock
+                .try_acquire(&key, &options)
+                .await
+                .map(drop)
+                .unwrap_err();
+            assert!(matches!(err, LockError::Config { .. }), "{err}");
+            // Our contender's lease is revoked in the background as the acquire ends.
+            assert!(
+                eventually(Duration::from_secs(5), || keys_under(port, &range)
+                    == vec![foreign.clone()])
+                .await,
+                "{name}: left behind: {:?}",
+                keys_under(port, &range)
+            );
+        }
+        // Behind a holder of ours, the foreign key is met while waiting (the key just
+        // before the waiter's own), not when placing.
+        etcdctl(port, &["del", &foreign]);
+        let holder = lock
+            .acquire(&key, &no_wait(Duration::from_secs(5)))
+            .await
+            .unwrap();
+        etcdctl(port, &put);
+        let started = Instant::now();
+        let err = lock
+            .acquire(
+                &key,
+                &waiting(Duration::from_secs(5), Duration::from_secs(30)),
+            )
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert!(matches!(err, LockError::Config { .. }), "{name}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(holder.release().await.unwrap(), ReleaseOutcome::Released);
+        etcdctl(port, &["del", &foreign]);
+        assert!(
+            eventually(Duration::from_secs(5), || keys_under(port, &range)
+                .is_empty())
+            .await,
+            "{name}: left behind: {:?}",
+            keys_under(port, &range)
+        );
+    }
+    etcdctl(port, &["lease", "revoke", &lease]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -357,10 +456,17 @@ async fn a_wrong_password_is_a_config_error() {
     etcdctl(port, &["user", "add", "root:rootpw"]);
     etcdctl(port, &["auth", "enable"]);
     let base = format!("127.0.0.1:{port}");
+    let started = Instant::now();
     let err = EtcdLock::connect(&format!("etcd://root:wrong@{base}"))
         .await
         .unwrap_err();
     assert!(matches!(err, LockError::Config { .. }), "{err}");
+    // Within the connect timeout (5 s by default).
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
     assert!(
         !err.to_string().contains("wrong"),
         "the password leaked: {err}"

@@ -18,8 +18,8 @@ use distlock_conformance_faults::{
     SemaphoreConnector, ServerHarness,
 };
 use distlock_test_servers::{
-    PostgresServer, PostgresServerOptions, RedisServer, ServerControl, ServerError,
-    ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdServer, PostgresServer, PostgresServerOptions, RedisServer, ServerControl,
+    ServerError, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 use crate::error::CliError;
@@ -81,6 +81,10 @@ enum ServerKind {
     ZooKeeper,
     /// A ZooKeeper ensemble of `nodes`.
     ZooKeeperEnsemble { nodes: usize },
+    /// One etcd node.
+    Etcd,
+    /// An etcd cluster of `nodes` members.
+    EtcdCluster { nodes: usize },
 }
 
 impl ServerKind {
@@ -97,6 +101,8 @@ impl ServerKind {
             "postgres" | "postgresql" => Some(ServerKind::Postgres),
             "zk" | "zookeeper" if hosts > 1 => Some(ServerKind::ZooKeeperEnsemble { nodes: hosts }),
             "zk" | "zookeeper" => Some(ServerKind::ZooKeeper),
+            "etcd" if hosts > 1 => Some(ServerKind::EtcdCluster { nodes: hosts }),
+            "etcd" => Some(ServerKind::Etcd),
             _ => None,
         }
     }
@@ -164,14 +170,35 @@ impl ServerKind {
                 "zookeeper://{hosts}",
                 connector,
             ),
+            ServerKind::Etcd => ServerHarness::new(
+                vec![Box::new(EtcdServer::start().await?)],
+                "etcd://{hosts}",
+                connector,
+            ),
+            ServerKind::EtcdCluster { nodes } => ServerHarness::over_etcd_cluster(
+                EtcdCluster::start(nodes).await?,
+                "etcd://{hosts}",
+                connector,
+            ),
         };
         Ok(harness.with_claims(move |fault| self.claim(fault)))
     }
 }
 
+/// The shortest lease etcd grants with its default 1 s election timeout: the TTL the
+/// etcd scenarios use.
+const ETCD_TTL: Duration = Duration::from_secs(2);
+
+/// After a lease's TTL, how long etcd may take to expire it: the leader's expiry sweep
+/// (every 500 ms) and the revoke's raft round.
+const ETCD_SWEEP: Duration = Duration::from_millis(600);
+
 /// The TTL and the longest a cut-off holder keeps its lock, for `kind` with the
 /// clients' default settings.
 fn timing(kind: Option<ServerKind>) -> (Duration, Duration) {
+    if let Some(ServerKind::Etcd | ServerKind::EtcdCluster { .. }) = kind {
+        return (ETCD_TTL, ETCD_TTL + ETCD_SWEEP);
+    }
     let ttl = Duration::from_millis(500);
     let bound = match kind {
         // The default session timeout (10 s) and one heartbeat (2 s).
@@ -192,6 +219,10 @@ fn dead_waiter_bound(kind: Option<ServerKind>, crash_bound: Duration) -> Duratio
         Some(ServerKind::Redis { .. }) => {
             crash_bound.max(distlock::redis::RedisConfig::default().fifo_entry_ttl)
         }
+        // A waiter waits under a lease of its own of at most 3 s.
+        Some(ServerKind::Etcd | ServerKind::EtcdCluster { .. }) => {
+            crash_bound.max(Duration::from_secs(3) + ETCD_SWEEP)
+        }
         _ => crash_bound,
     }
 }
@@ -205,10 +236,19 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
     if spawn {
         let kind = kind.ok_or_else(|| {
             usage(format!(
-                "--spawn starts redis://, redis+redlock://h1,h2,h3, postgres://, zookeeper:// or \
-                 zookeeper://h1,h2,h3 servers; {scheme}:// is none of these"
+                "--spawn starts redis://, redis+redlock://h1,h2,h3, postgres://, zookeeper://, \
+                 zookeeper://h1,h2,h3, etcd:// or etcd://h1,h2,h3 servers; {scheme}:// is none \
+                 of these"
             ))
         })?;
+        if matches!(kind, ServerKind::Etcd | ServerKind::EtcdCluster { .. })
+            && !cfg!(feature = "etcd")
+        {
+            return Err(usage(
+                "etcd:// needs a distlock built with the `etcd` feature \
+                 (cargo build -p distlock-cli --features etcd)",
+            ));
+        }
         let (ttl, bound) = timing(Some(kind));
         let harness = kind
             .start(connector())

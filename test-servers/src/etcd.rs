@@ -56,6 +56,9 @@ pub struct EtcdServer {
     process: Supervised,
     client_port: u16,
     peer_port: u16,
+    /// The plaintext port `/health` is probed on: the client port, or with TLS the
+    /// metrics port (`--listen-metrics-urls`, which serves `/health` in plaintext).
+    probe_port: u16,
     name: String,
     ready_timeout: Duration,
     dir: TempDir,
@@ -83,21 +86,32 @@ impl EtcdServer {
     /// [`ServerError::StartTimeout`] with the log tail when it does not come up;
     /// [`ServerError::Io`] for file-system or spawn failures.
     pub async fn start_with(options: EtcdServerOptions) -> Result<EtcdServer, ServerError> {
+        Self::start_single(options, None).await
+    }
+
+    /// A single node, serving TLS on its client port when `tls` is given.
+    pub(crate) async fn start_single(
+        options: EtcdServerOptions,
+        tls: Option<&ServerTls>,
+    ) -> Result<EtcdServer, ServerError> {
         let binary = etcd_binary()?;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let ports = free_ports(2)?;
+            let ports = free_ports(3)?;
             let (client_port, peer_port) = (ports[0], ports[1]);
             let initial = format!("n0=http://127.0.0.1:{peer_port}");
             let mut server = EtcdServer::prepare(
                 &binary,
                 &options,
-                "n0",
-                client_port,
-                peer_port,
-                &initial,
-                &cluster_token(),
+                Member {
+                    name: "n0",
+                    client_port,
+                    peer_port,
+                    initial_cluster: &initial,
+                    token: &cluster_token(),
+                },
+                tls.map(|tls| (tls, ports[2])),
             )?;
             match server.boot().await {
                 Ok(()) => return Ok(server),
@@ -110,15 +124,20 @@ impl EtcdServer {
     fn prepare(
         binary: &Path,
         options: &EtcdServerOptions,
-        name: &str,
-        client_port: u16,
-        peer_port: u16,
-        initial_cluster: &str,
-        token: &str,
+        member: Member<'_>,
+        tls: Option<(&ServerTls, u16)>,
     ) -> Result<EtcdServer, ServerError> {
+        let Member {
+            name,
+            client_port,
+            peer_port,
+            initial_cluster,
+            token,
+        } = member;
         let dir = fast_temp_dir()?;
         let data_dir = dir.path().join("data");
-        let client = format!("http://127.0.0.1:{client_port}");
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        let client = format!("{scheme}://127.0.0.1:{client_port}");
         let peer = format!("http://127.0.0.1:{peer_port}");
         let mut args: Vec<OsString> = vec![
             "--name".into(),
@@ -148,6 +167,23 @@ impl EtcdServer {
             "--log-outputs".into(),
             "stderr".into(),
         ];
+        let mut probe_port = client_port;
+        if let Some((tls, metrics_port)) = tls {
+            probe_port = metrics_port;
+            args.extend([
+                "--cert-file".into(),
+                tls.cert.clone().into_os_string(),
+                "--key-file".into(),
+                tls.key.clone().into_os_string(),
+                "--trusted-ca-file".into(),
+                tls.ca.clone().into_os_string(),
+                "--listen-metrics-urls".into(),
+                format!("http://127.0.0.1:{metrics_port}").into(),
+            ]);
+            if tls.client_cert_auth {
+                args.push("--client-cert-auth".into());
+            }
+        }
         args.extend(options.extra_args.iter().map(OsString::from));
         let launch = Launch {
             program: binary.to_path_buf(),
@@ -160,6 +196,7 @@ impl EtcdServer {
             process,
             client_port,
             peer_port,
+            probe_port,
             name: name.to_owned(),
             ready_timeout: options.ready_timeout,
             dir,
@@ -172,7 +209,7 @@ impl EtcdServer {
     }
 
     async fn wait_ready(&mut self) -> Result<(), ServerError> {
-        let port = self.client_port;
+        let port = self.probe_port;
         let timeout = self.ready_timeout;
         self.process
             .wait_ready(timeout, || health(port, super::PROBE_TIMEOUT))
@@ -236,7 +273,7 @@ impl EtcdServer {
     /// # Errors
     /// [`ServerError::Probe`] on connection failure, an unhealthy answer or timeout.
     pub async fn ping(&self, timeout: Duration) -> Result<(), ServerError> {
-        health(self.client_port, timeout).await
+        health(self.probe_port, timeout).await
     }
 
     /// The member's own id and the id of the leader it knows, from
@@ -336,11 +373,14 @@ impl EtcdCluster {
             nodes.push(EtcdServer::prepare(
                 &binary,
                 &options,
-                &format!("n{i}"),
-                ports[i],
-                ports[n + i],
-                &initial,
-                &token,
+                Member {
+                    name: &format!("n{i}"),
+                    client_port: ports[i],
+                    peer_port: ports[n + i],
+                    initial_cluster: &initial,
+                    token: &token,
+                },
+                None,
             )?);
         }
         for node in &mut nodes {
@@ -424,14 +464,27 @@ impl EtcdCluster {
     }
 
     /// Restarts member `index` (killing it first if needed) on the same ports and
-    /// data, and waits (at most the ready timeout) until it is healthy, which needs a
-    /// majority of the cluster up.
+    /// data. When a majority of the members then runs, waits (at most the ready
+    /// timeout) until it is healthy, which needs a leader; a member restarted while
+    /// the majority is still down (the first members of a whole-cluster restart, one
+    /// by one) is only started, since it cannot be healthy before the others come.
     ///
     /// # Errors
     /// [`ServerError::NoSuchNode`]; [`ServerError::Exited`] /
     /// [`ServerError::StartTimeout`] with the member's log tail.
     pub async fn restart_node(&mut self, index: usize) -> Result<(), ServerError> {
-        self.get_mut(index)?.restart().await
+        let node = self.get_mut(index)?;
+        node.kill();
+        node.process.spawn()?;
+        let running = self
+            .nodes
+            .iter_mut()
+            .filter_map(|n| (!n.is_paused() && n.is_running()).then_some(()))
+            .count();
+        if running > self.nodes.len() / 2 {
+            self.get_mut(index)?.wait_ready().await?;
+        }
+        Ok(())
     }
 
     /// Kills every member, starts them all again on the same ports and data, and
@@ -507,6 +560,26 @@ impl EtcdCluster {
     pub fn ready_timeout(&self) -> Duration {
         self.ready_timeout
     }
+}
+
+/// Where a member sits in its cluster.
+struct Member<'a> {
+    name: &'a str,
+    client_port: u16,
+    peer_port: u16,
+    initial_cluster: &'a str,
+    token: &'a str,
+}
+
+/// The PEM files of a TLS client port.
+#[derive(Debug, Clone)]
+pub(crate) struct ServerTls {
+    pub(crate) cert: PathBuf,
+    pub(crate) key: PathBuf,
+    /// The CA that signs client certificates (and the server's).
+    pub(crate) ca: PathBuf,
+    /// `--client-cert-auth`: demand a client certificate signed by `ca`.
+    pub(crate) client_cert_auth: bool,
 }
 
 /// A temporary directory in `/dev/shm` where it can be made, else in the usual place.

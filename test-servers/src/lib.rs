@@ -48,6 +48,7 @@
 mod container;
 mod control;
 mod etcd;
+mod etcd_tls;
 pub mod fault_proxy;
 mod openssl_ca;
 mod postgres;
@@ -69,6 +70,7 @@ use std::time::Duration;
 pub use container::{docker_engine, ContainerServer};
 pub use control::ServerControl;
 pub use etcd::{EtcdCluster, EtcdServer, EtcdServerOptions};
+pub use etcd_tls::EtcdTlsServer;
 pub use fault_proxy::FaultProxy;
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
