@@ -231,6 +231,74 @@ async fn whole_cluster_restart_refreshes_lease_ttls() {
     next.release().await.unwrap();
 }
 
+/// The whole cluster down for longer than a holder's validity: the holder sees
+/// `lost()` by its deadline (its renewals fail), cannot revoke its lease while etcd
+/// is down, and etcd, back, refreshes that lease to its full TTL: the waiter is granted
+/// about one TTL after the cluster is back, never while the holder's deadline runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_lost_in_a_long_outage_frees_a_ttl_after_the_restart() {
+    let _one_at_a_time = distlock_conformance_faults::serial().await;
+    let mut cluster = EtcdCluster::start(3)
+        .await
+        .unwrap_or_else(|e| cannot_start(e));
+    let url = cluster.url();
+    let (a, b) = (
+        EtcdLock::connect(&url).await.unwrap(),
+        EtcdLock::connect(&url).await.unwrap(),
+    );
+    let key = distlock_api::LockKey::new("fault-long-outage").unwrap();
+    let ttl = Duration::from_secs(3);
+    let options = LockOptions::new(ttl)
+        .with_auto_renew(distlock_api::AutoRenew::new())
+        .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
+    let guard = a.acquire(&key, &options).await.unwrap();
+    let first = guard.fencing_token().unwrap();
+    let waiter = {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&key, &options).await })
+    };
+    for node in 0..3 {
+        cluster.kill_node(node).unwrap();
+    }
+    let killed = Instant::now();
+    let deadline = guard.valid_until();
+    tokio::time::timeout(ttl + Duration::from_secs(2), guard.lost())
+        .await
+        .expect("lost() fires by the deadline while etcd is down");
+    let lost_after = killed.elapsed();
+    assert!(
+        Instant::now() >= deadline.into_std(),
+        "lost() fired before the validity deadline"
+    );
+    // Down a while longer than the holder's revoke keeps trying.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !waiter.is_finished(),
+        "the waiter ended while etcd was down"
+    );
+    cluster.restart_all().await.unwrap();
+    let back = Instant::now();
+    let next = tokio::time::timeout(Duration::from_secs(30), waiter)
+        .await
+        .expect("the waiter is granted after the restart")
+        .unwrap()
+        .unwrap();
+    let granted_after = back.elapsed();
+    eprintln!(
+        "TTL {ttl:?}: lost() {lost_after:?} after the kill; etcd down {:?}; waiter granted \
+         {granted_after:?} after the cluster was back",
+        back.duration_since(killed)
+    );
+    assert!(next.fencing_token().unwrap() > first);
+    // The refreshed lease runs its full TTL after the election, plus etcd's extension
+    // of it (an election timeout, 1 s) and the expiry sweep; measured 4.1 s here.
+    assert!(
+        granted_after < ttl + Duration::from_secs(4),
+        "{granted_after:?}"
+    );
+    next.release().await.unwrap();
+}
+
 /// A follower killed while a lock is held and waited for: the holder keeps it (its
 /// renewals go to the members that remain), the waiter is granted after the release,
 /// with a higher token, and the killed member rejoins.
