@@ -1,7 +1,8 @@
 //! The CLI on etcd URLs (feature `etcd`; scripts/test.sh builds with `--all-features`):
 //! `exec` runs a command under the lock, `status` reads a key `etcdctl lock` holds,
-//! and `bench --spawn etcd --compare --quick` prints the etcd rows (the figures are not
-//! checked).
+//! `bench --spawn etcd --compare --quick` prints the etcd rows (the figures are not
+//! checked), and `conformance --faults --spawn` runs the fault scenarios on a throwaway
+//! 3-member cluster.
 #![cfg(feature = "etcd")]
 
 use std::process::{Command, Stdio};
@@ -83,4 +84,41 @@ fn bench_spawns_etcd_and_prints_the_etcd_rows() {
         assert!(header.contains(&format!(" {column} |")), "{header}");
     }
     assert!(table.contains("| etcd-client lock | "), "{table}");
+}
+
+/// `conformance --faults --spawn` on a 3-member etcd URL starts a throwaway cluster
+/// (the URL's hosts are not used) and runs every fault scenario that applies, server
+/// faults included: none fails, and the ones that need the cluster run.
+#[test]
+fn faults_spawn_an_etcd_cluster_and_pass() {
+    let out = distlock(&[
+        "conformance",
+        "--faults",
+        "--spawn",
+        "--json",
+        "--backend",
+        "etcd://a:1,b:2,c:3",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = json["results"].as_array().unwrap();
+    for name in [
+        "partitioned_holder_is_fenced_off",
+        "server_restart_while_held_and_waited",
+        "ensemble_leader_loss",
+        "crashed_clients_do_not_stall_the_fifo_queue",
+    ] {
+        let result = results
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no {name} in {text}"));
+        assert_eq!(result["verdict"]["status"], "pass", "{result}");
+        assert_eq!(result["claim"]["claim"], "safe", "{result}");
+    }
 }
