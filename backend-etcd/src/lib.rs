@@ -31,7 +31,10 @@
 //!   absent (`CreateRevision == 0`) and reads the oldest contender in the same round
 //!   trip. Contenders are ranked by create revision; the oldest holds the lock. That is
 //!   exactly `concurrency.Mutex`, so foreign contenders in the range (an `etcdctl lock`,
-//!   a Go service) count, and ours count for them.
+//!   a Go service) count, and ours count for them. A key ahead of ours that does not
+//!   have a contender's shape (named by a lease id in lowercase hex, attached to a
+//!   lease) is another tool's data under this prefix, which may never go: the acquire
+//!   fails with [`distlock_api::LockError::Config`] naming it, and revokes its lease.
 //! - A waiter watches only the youngest contender older than itself for deletion (no
 //!   herd), then looks again: the lock passes on in FIFO order of arrival. It waits
 //!   under a lease of its own of 3 s (when the lock's TTL is longer; its key moves
@@ -57,6 +60,15 @@
 //! fencing token is the key's create revision: etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
 //! of them.
+//!
+//! A restart of etcd (one node, or every member of a cluster) keeps keys, leases and
+//! the revision, but not a lease's remaining TTL: the leader elected afterwards
+//! refreshes every lease to its full TTL (measured in
+//! `tests/fault_conformance.rs`). So etcd's expiry only moves later than the holder's
+//! validity deadline, never earlier: a holder whose keep-alives resume before its
+//! deadline keeps its lock; one cut off past it sees `lost()` at the deadline, and its
+//! key (unless its revoke got through) stays up to a full TTL after etcd is back,
+//! which waiters wait out.
 //!
 //! etcd grants no lease shorter than 1.5 × its election timeout, rounded up to whole
 //! seconds (2 s with the default 1 s election timeout); asking for less is
