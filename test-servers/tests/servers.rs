@@ -349,6 +349,25 @@ async fn etcd_cluster_reelects_after_leader_kill() {
         etcdctl(&cluster.endpoints(), &["get", "--print-value-only", "k"]).trim(),
         "v"
     );
+    // Every member killed, then restarted one by one (as the fault kit does): the first
+    // comes back without a majority, so it is only started; the second makes one.
+    for node in 0..3 {
+        cluster.kill_node(node).expect("kill");
+    }
+    for node in 0..3 {
+        cluster
+            .restart_node(node)
+            .await
+            .expect("restart one by one");
+    }
+    cluster
+        .wait_for_leader(Duration::from_secs(20))
+        .await
+        .expect("a leader after the members came back one by one");
+    assert_eq!(
+        etcdctl(&cluster.endpoints(), &["get", "--print-value-only", "k"]).trim(),
+        "v"
+    );
 
     let leftovers: Vec<(u32, u16, PathBuf)> = cluster
         .nodes()
