@@ -488,3 +488,43 @@ async fn a_wrong_password_is_a_config_error() {
         .unwrap();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// Refused acquires (a TTL below etcd's minimum, a foreign key of another shape ahead)
+/// leave no lease of theirs in etcd, not only no key: checked on a server of its own,
+/// where every lease is ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_acquires_leave_no_lease_behind() {
+    let server = common::start_server().await;
+    let port = server.port();
+    let lock = direct(port).await;
+    let key = key("no-lease-left");
+    let leases = || etcdctl(port, &["lease", "list"]);
+    for ttl in [Duration::from_millis(500), Duration::from_secs(1)] {
+        let err = lock
+            .acquire(&key, &no_wait(ttl))
+            .await
+            .map(drop)
+            .unwrap_err();
+        assert!(matches!(err, LockError::InvalidOptions { .. }), "{err}");
+    }
+    assert!(leases().contains("found 0 leases"), "{}", leases());
+    let foreign = format!("{}not-a-lease-id", lock.lock_prefix(&key));
+    etcdctl(port, &["put", &foreign, "some other tool"]);
+    let err = lock
+        .acquire(
+            &key,
+            &waiting(Duration::from_secs(5), Duration::from_secs(30)),
+        )
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert!(matches!(err, LockError::Config { .. }), "{err}");
+    assert!(
+        eventually(Duration::from_secs(5), || leases()
+            .contains("found 0 leases"))
+        .await,
+        "{}",
+        leases()
+    );
+    assert_eq!(keys_under(port, &lock.lock_prefix(&key)), vec![foreign]);
+}
