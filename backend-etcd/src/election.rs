@@ -11,9 +11,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::backend::{check_campaign_request, leadership, WaitReport};
 use distlock_api::{
-    BackendInfo, Candidate, DistributedLock, ExtendOutcome, FencingToken, Leader,
-    LeaderElection, Leadership, Lease, LeaseMonitor, LockError, LockKey, LockOptions,
-    ReleaseOutcome,
+    BackendInfo, Candidate, DistributedLock, ExtendOutcome, FencingToken, Leader, LeaderElection,
+    Leadership, Lease, LeaseMonitor, LockError, LockKey, LockOptions, ReleaseOutcome,
 };
 use etcd_client::{EventType, WatchOptions, WatchStream};
 use tokio::time::{timeout_at, Instant};
@@ -21,6 +20,9 @@ use tokio::time::{timeout_at, Instant};
 use crate::error::{sent, within, Fail};
 use crate::keys::{election_prefix, prefix_end};
 use crate::{EtcdLock, ETCD_BACKEND, ETCD_CAPABILITIES};
+
+/// How long a broken watch of an election waits before it is made again.
+const REWATCH_PAUSE: Duration = Duration::from_millis(20);
 
 /// A leader-election client of the etcd backend, made by [`EtcdLock::election`]:
 /// etcd `concurrency.Election`-compatible, sharing the lock client's connection,
@@ -296,7 +298,10 @@ impl LeaderElection for EtcdElection {
                         }
                     }
                     // The watch broke (a member went away): make another.
-                    _ => break,
+                    _ => {
+                        tokio::time::sleep(REWATCH_PAUSE).await;
+                        break;
+                    }
                 }
             }
         }

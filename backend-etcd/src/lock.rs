@@ -9,8 +9,8 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, spawn_cleanup, Granted, WaitBound, WaitReport};
 use distlock_api::{
-    BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken, KeyStatus, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
+    BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
     ReleaseOutcome, NOT_YET,
 };
 use tokio::task::AbortHandle;
@@ -304,76 +304,6 @@ impl EtcdLock {
         Ok(Some((granted, monitor)))
     }
 
-    /// Waits for `key` in the range `prefix` as the options' wait policy allows (see
-    /// [`EtcdLock::contend`]), retrying retryable errors within the wait; `grant`
-    /// makes the grant handed out (a [`LockGuard`], a leadership). The options were
-    /// checked by the caller.
-    pub(crate) async fn wait_for<G: Granted>(
-        &self,
-        prefix: &str,
-        key: &LockKey,
-        value: &[u8],
-        options: &LockOptions,
-        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
-    ) -> Result<G, LockError> {
-        let bound = WaitBound::starting_now(options, WAIT_GRACE);
-        let wait = bound.deadline != Some(bound.started);
-        let report = WaitReport::new();
-        let attempts = async {
-            // Retryable errors (a member going away mid-request, a leader election) are
-            // retried with backoff while the acquire may wait; each failed attempt's
-            // lease is revoked by its `Undo`.
-            let mut delays = options.backoff().delays();
-            loop {
-                match self.contend(prefix, key, value, options, &report, wait).await {
-                    Ok(Some((lease, monitor))) => return self.hand_out(prefix, lease, monitor, grant).await,
-                    Ok(None) => {
-                        return Err(LockError::Timeout {
-                            backend: ETCD_BACKEND,
-                            key: key.clone(),
-                            waited: bound.started.elapsed(),
-                        })
-                    }
-                    Err(error) if wait && error.is_retryable() => {
-                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
-                        tokio::time::sleep(delays.next_delay()).await;
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
-        };
-        let hosts = self.inner.session.hosts.clone();
-        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
-            LockError::connection_at(
-                ETCD_BACKEND,
-                hosts,
-                format!("no answer from etcd within the wait of {wait:?}"),
-            )
-        })
-        .await
-    }
-
-    /// Makes the grant of a won `lease` in the range `prefix` with `grant`; one that
-    /// cannot be made is released, not left held.
-    pub(crate) async fn hand_out<G>(
-        &self,
-        prefix: &str,
-        lease: Lease,
-        monitor: LeaseMonitor,
-        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
-    ) -> Result<G, LockError> {
-        let made = grant(lease.clone(), monitor);
-        if made.is_err() {
-            let _ = self.release_in(prefix, &lease).await;
-        }
-        made
-    }
-
-    /// A lock's guard on a grant.
-    fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
-        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
-    }
-
     /// Waits until no contender older than ours (create revision `revision`) is left.
     async fn wait_turn(&self, prefix: &str, own: &str, revision: i64) -> Result<(), LockError> {
         let mut pause = Duration::from_millis(20);
@@ -429,6 +359,191 @@ impl EtcdLock {
                 }
             }
         }
+    }
+
+    /// What a release or extend of a lease that is not (any more) ours reports.
+    fn not_ours<T>(held_by_other: bool, held: T, expired: T) -> T {
+        if held_by_other {
+            held
+        } else {
+            expired
+        }
+    }
+
+    /// The lease a held lock's key is attached to now, and its TTL in seconds: from this
+    /// client's records, else read from etcd. `Err(held_by_other)` when the key is gone.
+    async fn current_lease(
+        &self,
+        lease: &Lease,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+    ) -> Result<Result<(i64, i64), bool>, LockError> {
+        if let Some(held) = self.held().get(&lease.owner().as_u128()) {
+            return Ok(Ok((held.lease.load(Ordering::Acquire), held.ttl_secs)));
+        }
+        match self
+            .requests()
+            .own_key(prefix, own, revision)
+            .await
+            .map_err(|f| self.connection_error(f))?
+        {
+            Ok(kv) => Ok(Ok((kv.lease(), ttl_seconds(lease.ttl())))),
+            Err(other) => Ok(Err(other)),
+        }
+    }
+}
+
+/// Where a lease's key is in its range `prefix`: the key, its create revision.
+fn place_in(prefix: &str, lease: &Lease) -> (String, i64) {
+    let id = (lease.owner().as_u128() >> 64) as u64 as i64;
+    let own = contender_key(prefix, id);
+    let revision = lease
+        .fencing_token()
+        .and_then(|t| i64::try_from(t.get()).ok())
+        .unwrap_or(-1);
+    (own, revision)
+}
+
+#[async_trait]
+impl DistributedLock for EtcdLock {
+    fn info(&self) -> BackendInfo {
+        BackendInfo::new(ETCD_BACKEND, ETCD_CAPABILITIES)
+    }
+
+    async fn try_acquire(
+        &self,
+        key: &LockKey,
+        options: &LockOptions,
+    ) -> Result<Option<LockGuard>, LockError> {
+        options.validate_for(ETCD_BACKEND)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        let prefix = self.lock_prefix(key);
+        let won = self
+            .contend(&prefix, key, b"", options, &WaitReport::new(), false)
+            .await?;
+        Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
+    }
+
+    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
+        options.validate_for(ETCD_BACKEND)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        let prefix = self.lock_prefix(key);
+        self.wait_for(&prefix, key, b"", options, |lease, monitor| {
+            Ok(self.guard(lease, monitor, options))
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.release_in(&self.lock_prefix(lease.key()), lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.extend_in(&self.lock_prefix(lease.key()), lease, ttl)
+            .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let prefix = self.lock_prefix(key);
+        let oldest = self
+            .requests()
+            .oldest(&prefix)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        Ok(match oldest {
+            None => KeyStatus::free(),
+            Some((holder, count, remaining)) => KeyStatus::held()
+                .with_fencing_token(
+                    u64::try_from(holder.create_revision())
+                        .ok()
+                        .map(FencingToken::new),
+                )
+                .with_remaining(
+                    remaining
+                        .and_then(|s| u64::try_from(s).ok())
+                        .map(Duration::from_secs),
+                )
+                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
+                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
+        })
+    }
+}
+
+impl EtcdLock {
+    /// Waits for `key` in the range `prefix` as the options' wait policy allows (see
+    /// [`EtcdLock::contend`]), retrying retryable errors within the wait; `grant`
+    /// makes the grant handed out (a [`LockGuard`], a leadership). The options were
+    /// checked by the caller.
+    pub(crate) async fn wait_for<G: Granted>(
+        &self,
+        prefix: &str,
+        key: &LockKey,
+        value: &[u8],
+        options: &LockOptions,
+        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
+    ) -> Result<G, LockError> {
+        let bound = WaitBound::starting_now(options, WAIT_GRACE);
+        let wait = bound.deadline != Some(bound.started);
+        let report = WaitReport::new();
+        let attempts = async {
+            // Retryable errors (a member going away mid-request, a leader election) are
+            // retried with backoff while the acquire may wait; each failed attempt's
+            // lease is revoked by its `Undo`.
+            let mut delays = options.backoff().delays();
+            loop {
+                match self
+                    .contend(prefix, key, value, options, &report, wait)
+                    .await
+                {
+                    Ok(Some((lease, monitor))) => {
+                        return self.hand_out(prefix, lease, monitor, grant).await
+                    }
+                    Ok(None) => {
+                        return Err(LockError::Timeout {
+                            backend: ETCD_BACKEND,
+                            key: key.clone(),
+                            waited: bound.started.elapsed(),
+                        })
+                    }
+                    Err(error) if wait && error.is_retryable() => {
+                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
+                        tokio::time::sleep(delays.next_delay()).await;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        let hosts = self.inner.session.hosts.clone();
+        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
+            LockError::connection_at(
+                ETCD_BACKEND,
+                hosts,
+                format!("no answer from etcd within the wait of {wait:?}"),
+            )
+        })
+        .await
+    }
+
+    /// Makes the grant of a won `lease` in the range `prefix` with `grant`; one that
+    /// cannot be made is released, not left held.
+    pub(crate) async fn hand_out<G>(
+        &self,
+        prefix: &str,
+        lease: Lease,
+        monitor: LeaseMonitor,
+        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
+    ) -> Result<G, LockError> {
+        let made = grant(lease.clone(), monitor);
+        if made.is_err() {
+            let _ = self.release_in(prefix, &lease).await;
+        }
+        made
+    }
+
+    /// A lock's guard on a grant.
+    fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
     /// Owner-checked release of `lease`, whose key is in the range `prefix`.
@@ -546,114 +661,6 @@ impl EtcdLock {
         }
         Ok(ExtendOutcome::Extended {
             valid_until: sent + ttl - margin(ttl),
-        })
-    }
-
-    /// What a release or extend of a lease that is not (any more) ours reports.
-    fn not_ours<T>(held_by_other: bool, held: T, expired: T) -> T {
-        if held_by_other {
-            held
-        } else {
-            expired
-        }
-    }
-
-    /// The lease a held lock's key is attached to now, and its TTL in seconds: from this
-    /// client's records, else read from etcd. `Err(held_by_other)` when the key is gone.
-    async fn current_lease(
-        &self,
-        lease: &Lease,
-        prefix: &str,
-        own: &str,
-        revision: i64,
-    ) -> Result<Result<(i64, i64), bool>, LockError> {
-        if let Some(held) = self.held().get(&lease.owner().as_u128()) {
-            return Ok(Ok((held.lease.load(Ordering::Acquire), held.ttl_secs)));
-        }
-        match self
-            .requests()
-            .own_key(prefix, own, revision)
-            .await
-            .map_err(|f| self.connection_error(f))?
-        {
-            Ok(kv) => Ok(Ok((kv.lease(), ttl_seconds(lease.ttl())))),
-            Err(other) => Ok(Err(other)),
-        }
-    }
-}
-
-/// Where a lease's key is in its range `prefix`: the key, its create revision.
-fn place_in(prefix: &str, lease: &Lease) -> (String, i64) {
-    let id = (lease.owner().as_u128() >> 64) as u64 as i64;
-    let own = contender_key(prefix, id);
-    let revision = lease
-        .fencing_token()
-        .and_then(|t| i64::try_from(t.get()).ok())
-        .unwrap_or(-1);
-    (own, revision)
-}
-
-#[async_trait]
-impl DistributedLock for EtcdLock {
-    fn info(&self) -> BackendInfo {
-        BackendInfo::new(ETCD_BACKEND, ETCD_CAPABILITIES)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        let prefix = self.lock_prefix(key);
-        let won = self
-            .contend(&prefix, key, b"", options, &WaitReport::new(), false)
-            .await?;
-        Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
-    }
-
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        let prefix = self.lock_prefix(key);
-        self.wait_for(&prefix, key, b"", options, |lease, monitor| {
-            Ok(self.guard(lease, monitor, options))
-        })
-        .await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.release_in(&self.lock_prefix(lease.key()), lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.extend_in(&self.lock_prefix(lease.key()), lease, ttl)
-            .await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        let prefix = self.lock_prefix(key);
-        let oldest = self
-            .requests()
-            .oldest(&prefix)
-            .await
-            .map_err(|f| self.connection_error(f))?;
-        Ok(match oldest {
-            None => KeyStatus::free(),
-            Some((holder, count, remaining)) => KeyStatus::held()
-                .with_fencing_token(
-                    u64::try_from(holder.create_revision())
-                        .ok()
-                        .map(FencingToken::new),
-                )
-                .with_remaining(
-                    remaining
-                        .and_then(|s| u64::try_from(s).ok())
-                        .map(Duration::from_secs),
-                )
-                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
-                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
         })
     }
 }

@@ -297,7 +297,10 @@ async fn etcdctl_follows_a_distlock_leader() {
     assert_eq!(watched, leader.clone().with_remaining(watched.remaining));
     let keys = keys_under(port, &range);
     assert_eq!(keys.len(), 1, "{keys:?}");
-    assert_eq!(leader.term, FencingToken::new(create_revision(port, &keys[0])));
+    assert_eq!(
+        leader.term,
+        FencingToken::new(create_revision(port, &keys[0]))
+    );
 
     // etcdctl resigns on SIGINT: the election is empty again.
     other.signal(libc::SIGINT);

@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    AutoRenew, Candidate, LeaderElection, LockError, LockKey, LockOptions, OptionsError,
-    WaitPolicy,
+    AutoRenew, Candidate, LeaderElection, LockError, LockKey, LockOptions, OptionsError, WaitPolicy,
 };
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
