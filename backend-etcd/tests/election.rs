@@ -314,3 +314,44 @@ async fn etcdctl_follows_a_distlock_leader() {
     );
     assert_eq!(election.leader(&name).await.unwrap(), None);
 }
+
+/// Election names are a namespace of their own: the lock of the same name, and the
+/// lock whose range would be the elections' parent were `+` not encoded, are free
+/// while the election is led, and the other way round.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_names_are_apart_from_lock_keys() {
+    use distlock_api::DistributedLock;
+    let port = shared_port();
+    let (lock, election) = elections(port).await;
+    let name = name("apart");
+    let options = LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::NoWait);
+    let same = lock
+        .try_acquire(&name, &options)
+        .await
+        .unwrap()
+        .expect("free");
+    let parent = LockKey::new(distlock_etcd::ELECTION_SEGMENT).unwrap();
+    let leadership = election
+        .try_campaign(&name, &candidate("apart"), &options)
+        .await
+        .unwrap()
+        .expect("the lock of the same name does not hold the election");
+    let outer = lock
+        .try_acquire(&parent, &options)
+        .await
+        .unwrap()
+        .expect("no lock's range covers the elections");
+    assert!(!lock
+        .election_prefix(&name)
+        .starts_with(&lock.lock_prefix(&parent)));
+    assert_eq!(
+        election.leader(&name).await.unwrap().map(|l| l.term),
+        Some(leadership.term())
+    );
+    assert_eq!(outer.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(same.release().await.unwrap(), ReleaseOutcome::Released);
+    assert_eq!(leadership.resign().await.unwrap(), ReleaseOutcome::Released);
+    let range = lock.election_prefix(&name);
+    assert!(keys_under(port, &range).is_empty());
+    assert!(keys_under(port, &lock.lock_prefix(&name)).is_empty());
+}
