@@ -355,3 +355,30 @@ async fn election_names_are_apart_from_lock_keys() {
     assert!(keys_under(port, &range).is_empty());
     assert!(keys_under(port, &lock.lock_prefix(&name)).is_empty());
 }
+
+/// An extend to a longer TTL moves the leader's key to a new lease: the key keeps its
+/// value (the identity) and create revision (the term).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_longer_extend_keeps_identity_and_term() {
+    let port = shared_port();
+    let (lock, election) = elections(port).await;
+    let name = name("extend");
+    let options = LockOptions::new(Duration::from_secs(2)).with_wait(WaitPolicy::NoWait);
+    let leadership = election
+        .try_campaign(&name, &candidate("extended"), &options)
+        .await
+        .unwrap()
+        .expect("nobody leads a fresh election");
+    let extended = leadership.extend(Duration::from_secs(30)).await.unwrap();
+    assert!(
+        matches!(extended, distlock_api::ExtendOutcome::Extended { .. }),
+        "{extended:?}"
+    );
+    let leader = election.leader(&name).await.unwrap().expect("a leader");
+    assert_eq!(leader.candidate.as_bytes(), b"extended");
+    assert_eq!(leader.term, leadership.term());
+    let remaining = leader.remaining.expect("the lease's TTL left");
+    assert!(remaining > Duration::from_secs(2), "{remaining:?}");
+    assert_eq!(leadership.resign().await.unwrap(), ReleaseOutcome::Released);
+    assert!(keys_under(port, &lock.election_prefix(&name)).is_empty());
+}
