@@ -15,7 +15,7 @@
 //! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
 //! | `zookeeper://[USER:PASS@]H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
 //! | `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]`, `zk+tls://…` | ZooKeeper over TLS (feature `zookeeper-tls`) |
-//! | `etcd://[USER:PASS@]H1:P1[,H2:P2…][/prefix]` | etcd, `concurrency.Mutex`-compatible (feature `etcd`) |
+//! | `etcd://[USER:PASS@]H1:P1[,H2:P2…][/prefix]` | etcd, `concurrency.Mutex`- and `concurrency.Election`-compatible (feature `etcd`) |
 //! | `etcd+tls://…?ca=PATH[&cert=PATH&key=PATH]` | etcd over TLS (feature `etcd-tls`) |
 //!
 //! Each server backend is turned on by a Cargo feature of this crate and re-exported

@@ -165,13 +165,15 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
                 .election(),
         )),
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Err(etcd_not_yet("election")),
+        Backend::Etcd => Ok(Arc::new(
+            distlock_etcd::EtcdLock::connect(url).await?.election(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
 }
 
-/// The etcd backend offers the mutex only so far.
+/// The etcd backend offers no semaphore or read-write lock yet.
 #[cfg(feature = "etcd")]
 fn etcd_not_yet(operation: &'static str) -> LockError {
     LockError::Unsupported {

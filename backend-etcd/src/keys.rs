@@ -30,6 +30,18 @@ pub fn lock_prefix(prefix: &str, key: &LockKey) -> String {
     format!("{prefix}/{}/", encode_key(key))
 }
 
+/// The path segment under the prefix that holds the elections. `+` is never part of
+/// an encoded key (it becomes `%2B`), so no lock's range `P/<encode_key(K)>/` covers
+/// an election's, whatever `K`.
+pub const ELECTION_SEGMENT: &str = "+election";
+
+/// `P/+election/<encode_key(name)>/`: the range every candidate of the election `name`
+/// puts its key in; `etcdctl elect P/+election/<name>` (without the trailing `/`)
+/// campaigns in the same election.
+pub fn election_prefix(prefix: &str, name: &LockKey) -> String {
+    format!("{prefix}/{ELECTION_SEGMENT}/{}/", encode_key(name))
+}
+
 /// A contender's key: the lock's range, then the lease id in lowercase hex, as
 /// etcd's `concurrency.Mutex` names it.
 pub(crate) fn contender_key(lock_prefix: &str, lease_id: i64) -> String {
@@ -67,6 +79,13 @@ mod tests {
         assert_eq!(encode_key(&key("é")), "%C3%A9");
         assert_eq!(lock_prefix("distlock", &key("a b")), "distlock/a%20b/");
         assert_eq!(contender_key("p/k/", 0x694d_7a1b), "p/k/694d7a1b");
+        assert_eq!(
+            election_prefix("distlock", &key("a/b")),
+            "distlock/+election/a%2Fb/"
+        );
+        // No lock's range covers an election's.
+        let elections = format!("distlock/{ELECTION_SEGMENT}/");
+        assert!(!elections.starts_with(&lock_prefix("distlock", &key("+election"))));
     }
 
     #[test]

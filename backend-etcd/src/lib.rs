@@ -1,7 +1,9 @@
 //! The etcd backend of distlock: etcd's own `concurrency.Mutex` recipe, so that
 //! distlock, `etcdctl lock NAME` and Go services locking with `concurrency.NewMutex`
 //! exclude each other on one name; lease TTLs kept alive by the guard's watchdog; the
-//! holder key's create revision as fencing token.
+//! holder key's create revision as fencing token. Leader election
+//! ([`EtcdLock::election`]) is etcd's `concurrency.Election` on the same machinery, so
+//! `etcdctl elect` and Go's `concurrency.NewElection` campaign with distlock.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -51,6 +53,15 @@
 //!   revision, hence the token and the queue place, stays), and revokes the old lease.
 //! - **try-acquire** (and `NoWait`) revoke their lease again when they do not hold.
 //!
+//! # Leader election
+//! [`EtcdElection`] is the mutex's recipe in the range
+//! [`election_prefix`] (`P/+election/<encode_key(name)>/`, which no lock's range
+//! covers), with the candidate's identity as the contender key's value: the layout of
+//! etcd's `concurrency.Election`. The oldest key leads, its create revision is the term,
+//! and [`distlock_api::LeaderElection::leader`] reads the oldest key's value, create
+//! revision and lease TTL left; observers wait on an etcd watch of the range. See
+//! [`EtcdElection`].
+//!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
 //! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
@@ -84,6 +95,7 @@
 //! within a second. A process killed outright leaves its keys until their lease's TTL.
 
 mod config;
+mod election;
 mod error;
 mod keys;
 mod lock;
@@ -92,7 +104,8 @@ mod recipe;
 mod session;
 
 pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT_PREFIX};
-pub use keys::{encode_key, lock_prefix};
+pub use election::EtcdElection;
+pub use keys::{election_prefix, encode_key, lock_prefix, ELECTION_SEGMENT};
 pub use lock::{EtcdLock, ETCD_CAPABILITIES};
 
 /// The driver this backend is built on.

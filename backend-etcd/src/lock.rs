@@ -7,10 +7,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, spawn_cleanup, WaitBound, WaitReport};
+use distlock_api::backend::{bounded_wait, spawn_cleanup, Granted, WaitBound, WaitReport};
 use distlock_api::{
-    BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
+    BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
     ReleaseOutcome, NOT_YET,
 };
 use tokio::task::AbortHandle;
@@ -24,8 +24,14 @@ use crate::recipe::{Requests, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
-/// What the etcd backend promises.
-pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported().mutex_only(NOT_YET);
+/// What the etcd backend promises: the mutex and leader election
+/// ([`crate::EtcdElection`]).
+pub const ETCD_CAPABILITIES: Capabilities = {
+    let mut offered = Capabilities::all_supported();
+    offered.semaphore = Capability::Unsupported(NOT_YET);
+    offered.rw_lock = Capability::Unsupported(NOT_YET);
+    offered
+};
 
 /// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
 /// how long a waiter whose process died (without revoking) holds up the queue behind it.
@@ -122,7 +128,12 @@ impl EtcdLock {
         lock_prefix(&self.inner.prefix, key)
     }
 
-    fn requests(&self) -> &Requests {
+    /// The key prefix (no trailing `/`).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    pub(crate) fn requests(&self) -> &Requests {
         &self.inner.requests
     }
 
@@ -130,7 +141,7 @@ impl EtcdLock {
         &self.inner.session.live
     }
 
-    fn connection_error(&self, fail: Fail) -> LockError {
+    pub(crate) fn connection_error(&self, fail: Fail) -> LockError {
         at_servers(&self.inner.session.hosts, fail.into())
     }
 
@@ -194,25 +205,28 @@ impl EtcdLock {
         }
     }
 
-    /// One acquire: returns `Ok(None)` for a held key when `wait` is false.
-    async fn contend(
+    /// One acquire of `key`, whose contenders queue in the range `prefix` (the lock's,
+    /// or an election's) with `value` in their keys: the grant, or `Ok(None)` for a held
+    /// key when `wait` is false.
+    pub(crate) async fn contend(
         &self,
+        prefix: &str,
         key: &LockKey,
+        value: &[u8],
         options: &LockOptions,
         report: &WaitReport,
         wait: bool,
-    ) -> Result<Option<LockGuard>, LockError> {
+    ) -> Result<Option<(Lease, LeaseMonitor)>, LockError> {
         let ttl = options.ttl();
         let mut undo = Undo::new(self.clone());
         let mut sent = Instant::now();
         let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
-        let prefix = self.lock_prefix(key);
         // The key keeps the first lease's id as its name when it moves to others.
         let named = lease;
-        let own = contender_key(&prefix, named);
+        let own = contender_key(prefix, named);
         let placed = self
             .requests()
-            .place(&prefix, &own, lease)
+            .place(prefix, &own, value, lease)
             .await
             .map_err(|f| self.connection_error(f))?;
         if !placed.first {
@@ -227,13 +241,13 @@ impl EtcdLock {
             let mut parked = None;
             if ttl_secs > WAITER_TTL_SECS {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
-                self.rehome(&prefix, &own, placed.revision, short).await?;
+                self.rehome(prefix, &own, placed.revision, short).await?;
                 parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
             }
             let alive_since = Mutex::new(sent);
             tokio::select! {
-                turn = self.wait_turn(&prefix, &own, placed.revision) => turn?,
+                turn = self.wait_turn(prefix, &own, placed.revision) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
             }
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -243,7 +257,7 @@ impl EtcdLock {
                 // fresh one.
                 let back = granted_at.elapsed() < ttl / 3
                     && self
-                        .rehome(&prefix, &own, placed.revision, full)
+                        .rehome(prefix, &own, placed.revision, full)
                         .await
                         .is_ok();
                 // The short lease goes only once the key has left it: revoking it
@@ -256,7 +270,7 @@ impl EtcdLock {
                     undo.let_go(full);
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
-                    self.rehome(&prefix, &own, placed.revision, fresh).await?;
+                    self.rehome(prefix, &own, placed.revision, fresh).await?;
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
@@ -287,12 +301,7 @@ impl EtcdLock {
             },
         );
         undo.disarm();
-        Ok(Some(LockGuard::new(
-            granted,
-            monitor,
-            Arc::new(self.clone()),
-            options.auto_renew(),
-        )))
+        Ok(Some((granted, monitor)))
     }
 
     /// Waits until no contender older than ours (create revision `revision`) is left.
@@ -385,16 +394,15 @@ impl EtcdLock {
     }
 }
 
-/// Where a lease's key is: its lock's range, its own key, its create revision.
-fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
-    let prefix = lock.lock_prefix(lease.key());
+/// Where a lease's key is in its range `prefix`: the key, its create revision.
+fn place_in(prefix: &str, lease: &Lease) -> (String, i64) {
     let id = (lease.owner().as_u128() >> 64) as u64 as i64;
-    let own = contender_key(&prefix, id);
+    let own = contender_key(prefix, id);
     let revision = lease
         .fencing_token()
         .and_then(|t| i64::try_from(t.get()).ok())
         .unwrap_or(-1);
-    (prefix, own, revision)
+    (own, revision)
 }
 
 #[async_trait]
@@ -410,12 +418,71 @@ impl DistributedLock for EtcdLock {
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        self.contend(key, options, &WaitReport::new(), false).await
+        let prefix = self.lock_prefix(key);
+        let won = self
+            .contend(&prefix, key, b"", options, &WaitReport::new(), false)
+            .await?;
+        Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        let prefix = self.lock_prefix(key);
+        self.wait_for(&prefix, key, b"", options, |lease, monitor| {
+            Ok(self.guard(lease, monitor, options))
+        })
+        .await
+    }
+
+    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        self.release_in(&self.lock_prefix(lease.key()), lease).await
+    }
+
+    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+        self.extend_in(&self.lock_prefix(lease.key()), lease, ttl)
+            .await
+    }
+
+    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        let prefix = self.lock_prefix(key);
+        let oldest = self
+            .requests()
+            .oldest(&prefix)
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        Ok(match oldest {
+            None => KeyStatus::free(),
+            Some((holder, count, remaining)) => KeyStatus::held()
+                .with_fencing_token(
+                    u64::try_from(holder.create_revision())
+                        .ok()
+                        .map(FencingToken::new),
+                )
+                .with_remaining(
+                    remaining
+                        .and_then(|s| u64::try_from(s).ok())
+                        .map(Duration::from_secs),
+                )
+                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
+                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
+        })
+    }
+}
+
+impl EtcdLock {
+    /// Waits for `key` in the range `prefix` as the options' wait policy allows (see
+    /// [`EtcdLock::contend`]), retrying retryable errors within the wait; `grant`
+    /// makes the grant handed out (a [`LockGuard`], a leadership). The options were
+    /// checked by the caller.
+    pub(crate) async fn wait_for<G: Granted>(
+        &self,
+        prefix: &str,
+        key: &LockKey,
+        value: &[u8],
+        options: &LockOptions,
+        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
+    ) -> Result<G, LockError> {
         let bound = WaitBound::starting_now(options, WAIT_GRACE);
         let wait = bound.deadline != Some(bound.started);
         let report = WaitReport::new();
@@ -425,8 +492,13 @@ impl DistributedLock for EtcdLock {
             // lease is revoked by its `Undo`.
             let mut delays = options.backoff().delays();
             loop {
-                match self.contend(key, options, &report, wait).await {
-                    Ok(Some(guard)) => return Ok(guard),
+                match self
+                    .contend(prefix, key, value, options, &report, wait)
+                    .await
+                {
+                    Ok(Some((lease, monitor))) => {
+                        return self.hand_out(prefix, lease, monitor, grant).await
+                    }
                     Ok(None) => {
                         return Err(LockError::Timeout {
                             backend: ETCD_BACKEND,
@@ -453,8 +525,34 @@ impl DistributedLock for EtcdLock {
         .await
     }
 
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let (prefix, own, revision) = place_of(self, lease);
+    /// Makes the grant of a won `lease` in the range `prefix` with `grant`; one that
+    /// cannot be made is released, not left held.
+    pub(crate) async fn hand_out<G>(
+        &self,
+        prefix: &str,
+        lease: Lease,
+        monitor: LeaseMonitor,
+        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
+    ) -> Result<G, LockError> {
+        let made = grant(lease.clone(), monitor);
+        if made.is_err() {
+            let _ = self.release_in(prefix, &lease).await;
+        }
+        made
+    }
+
+    /// A lock's guard on a grant.
+    fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
+    }
+
+    /// Owner-checked release of `lease`, whose key is in the range `prefix`.
+    pub(crate) async fn release_in(
+        &self,
+        prefix: &str,
+        lease: &Lease,
+    ) -> Result<ReleaseOutcome, LockError> {
+        let (own, revision) = place_in(prefix, lease);
         let held = self.held().remove(&lease.owner().as_u128());
         if let Some(held) = &held {
             held.watch.abort();
@@ -462,7 +560,7 @@ impl DistributedLock for EtcdLock {
         }
         let deleted = self
             .requests()
-            .delete_own(&prefix, &own, revision)
+            .delete_own(prefix, &own, revision)
             .await
             .map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
@@ -491,10 +589,16 @@ impl DistributedLock for EtcdLock {
         Ok(outcome)
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
+    /// Owner-checked extend of `lease`, whose key is in the range `prefix`, to `ttl`.
+    pub(crate) async fn extend_in(
+        &self,
+        prefix: &str,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
-        let (prefix, own, revision) = place_of(self, lease);
-        let (current, secs) = match self.current_lease(lease, &prefix, &own, revision).await? {
+        let (own, revision) = place_in(prefix, lease);
+        let (current, secs) = match self.current_lease(lease, prefix, &own, revision).await? {
             Ok(found) => found,
             Err(other) => {
                 return Ok(Self::not_ours(
@@ -511,7 +615,7 @@ impl DistributedLock for EtcdLock {
         if ttl_seconds(ttl) <= secs {
             let (alive, key) = tokio::join!(
                 self.requests().keep_alive(current),
-                self.requests().own_key(&prefix, &own, revision)
+                self.requests().own_key(prefix, &own, revision)
             );
             let key = key.map_err(|f| self.connection_error(f))?;
             match (alive, key) {
@@ -534,7 +638,7 @@ impl DistributedLock for EtcdLock {
             let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
             let moved = self
                 .requests()
-                .move_to_lease(&prefix, &own, revision, fresh)
+                .move_to_lease(prefix, &own, revision, fresh)
                 .await
                 .map_err(|f| self.connection_error(f))?;
             if let Err(other) = moved {
@@ -557,31 +661,6 @@ impl DistributedLock for EtcdLock {
         }
         Ok(ExtendOutcome::Extended {
             valid_until: sent + ttl - margin(ttl),
-        })
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        let prefix = self.lock_prefix(key);
-        let oldest = self
-            .requests()
-            .oldest(&prefix)
-            .await
-            .map_err(|f| self.connection_error(f))?;
-        Ok(match oldest {
-            None => KeyStatus::free(),
-            Some((holder, count, remaining)) => KeyStatus::held()
-                .with_fencing_token(
-                    u64::try_from(holder.create_revision())
-                        .ok()
-                        .map(FencingToken::new),
-                )
-                .with_remaining(
-                    remaining
-                        .and_then(|s| u64::try_from(s).ok())
-                        .map(Duration::from_secs),
-                )
-                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
-                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
         })
     }
 }

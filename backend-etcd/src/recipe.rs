@@ -87,12 +87,14 @@ impl Requests {
         .map(drop)
     }
 
-    /// Puts `key` (empty value) under `lease` unless it exists, and in the same
-    /// transaction reads the oldest contender of `lock_prefix`.
+    /// Puts `key` with `value` (empty for a lock, the candidate for an election) under
+    /// `lease` unless it exists, and in the same transaction reads the oldest
+    /// contender of `lock_prefix`.
     pub(crate) async fn place(
         &self,
         lock_prefix: &str,
         key: &str,
+        value: &[u8],
         lease: i64,
     ) -> Result<Placed, Fail> {
         let oldest = GetOptions::new()
@@ -103,7 +105,7 @@ impl Requests {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+                TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
                 TxnOp::get(lock_prefix, Some(oldest.clone())),
             ])
             .or_else([TxnOp::get(key, None), TxnOp::get(lock_prefix, Some(oldest))]);
@@ -288,7 +290,8 @@ impl Requests {
     }
 
     /// Moves `key` (if its create revision is still `revision`) to lease `lease`,
-    /// keeping its create revision; else whether any contender holds `lock_prefix`.
+    /// keeping its create revision and its value; else whether any contender holds
+    /// `lock_prefix`.
     pub(crate) async fn move_to_lease(
         &self,
         lock_prefix: &str,
@@ -301,7 +304,7 @@ impl Requests {
             .and_then([TxnOp::put(
                 key,
                 "",
-                Some(PutOptions::new().with_lease(lease)),
+                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
             )])
             .or_else([TxnOp::get(
                 lock_prefix,

@@ -15,9 +15,13 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::{DistributedLock, LeaseState, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_api::{
+    DistributedLock, LeaderElection, LeaseState, LockOptions, ReleaseOutcome, WaitPolicy,
+};
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{run_selected_faults, FaultHarness, FaultVerdict, ServerHarness};
+use distlock_conformance_faults::{
+    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, ServerHarness,
+};
 use distlock_etcd::EtcdLock;
 use distlock_test_servers::{EtcdCluster, EtcdServer, ServerControl};
 
@@ -32,12 +36,23 @@ fn connector() -> UrlConnector {
     })
 }
 
+/// Election clients, for the election fault scenarios.
+fn election_connector() -> ElectionConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock = EtcdLock::connect(&url).await?;
+            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+        })
+    })
+}
+
 /// A cut-off holder keeps its lock until etcd expires its lease: the TTL (whole
 /// seconds), plus the leader's 500 ms expiry sweep and the revoke's raft round.
 fn timed(harness: ServerHarness) -> Arc<dyn FaultHarness> {
     let sweep = Duration::from_millis(600);
     Arc::new(
         harness
+            .with_election(election_connector())
             .with_timing(common::TTL, common::TTL + sweep)
             // A dead waiter holds its place until its 3 s waiting lease runs out.
             .with_dead_waiter_bound(common::WAITER_TTL + sweep),
@@ -66,6 +81,7 @@ distlock_conformance_faults::fault_conformance_tests!(
         server_restart_while_held_and_waited,
         crashed_clients_do_not_stall_the_fifo_queue,
         contention_under_random_faults,
+        paused_leader_wakes_to_a_refused_write,
     ]
 );
 

@@ -9,7 +9,9 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::{AutoRenew, Candidate, LeaderElection, LockKey, LockOptions, WaitPolicy};
+use distlock::{
+    AutoRenew, Candidate, LeaderElection, LockError, LockKey, LockOptions, OptionsError, WaitPolicy,
+};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::{sleep, timeout, Instant};
@@ -17,8 +19,9 @@ use tokio::time::{sleep, timeout, Instant};
 use crate::duration;
 use crate::error::CliError;
 
-/// The leader's lease in the crash trials: the longest a crashed TTL leader (Redis)
-/// keeps the name, so each crash trial lasts about this long.
+/// The leader's lease in the crash trials (or the backend's shortest, where that is
+/// longer: etcd's is 2 s): the longest a crashed TTL leader (Redis, etcd) keeps the
+/// name, so each crash trial lasts about this long.
 const CRASH_TTL: Duration = Duration::from_secs(1);
 
 /// How long the standby campaigns before the leader goes: enough to be waiting (a
@@ -39,17 +42,19 @@ pub async fn run(url: &str, trials: usize) -> Result<String, CliError> {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "{line}");
     };
-    let backend = distlock::connect_election(url).await?.info().name;
+    let election = distlock::connect_election(url).await?;
+    let backend = election.info().name;
     if backend == distlock::memory::MEMORY_BACKEND {
         return Err(CliError::usage(
             "a memory:// election lives in one process: --failover needs a backend that \
-             processes share (file://DIR, redis://, postgres://, zk://)",
+             processes share (file://DIR, redis://, postgres://, zk://, etcd://)",
         ));
     }
     progress(&format!("failover: {trials} resign trials"));
     let resign = resign_trials(url, trials).await?;
+    let crash_ttl = crash_ttl(election.as_ref()).await?;
     progress(&format!("failover: {trials} crash (kill -9) trials"));
-    let crash = crash_trials(url, trials).await?;
+    let crash = crash_trials(url, trials, crash_ttl).await?;
     Ok(format!(
         "#### Election failover on {backend} ({trials} trials each; ms)\n\n\
          | event | p50 | p99 | max | bound |\n|---|---:|---:|---:|---|\n\
@@ -61,8 +66,30 @@ pub async fn run(url: &str, trials: usize) -> Result<String, CliError> {
         ms(quantile(&crash, 0.5)),
         ms(quantile(&crash, 0.99)),
         ms(quantile(&crash, 1.0)),
-        duration::format(CRASH_TTL),
+        duration::format(crash_ttl),
     ))
+}
+
+/// [`CRASH_TTL`], or the shortest lease the backend grants where that is longer: a
+/// campaign with [`CRASH_TTL`] that the backend refuses as too short says its minimum.
+async fn crash_ttl(election: &dyn LeaderElection) -> Result<Duration, CliError> {
+    let name = trial_name("ttl")?;
+    let options = LockOptions::new(CRASH_TTL).with_wait(WaitPolicy::NoWait);
+    match election
+        .try_campaign(&name, &candidate("bench-probe")?, &options)
+        .await
+    {
+        Ok(Some(probe)) => {
+            probe.resign().await?;
+            Ok(CRASH_TTL)
+        }
+        Ok(None) => Ok(CRASH_TTL),
+        Err(LockError::InvalidOptions {
+            source: OptionsError::TtlTooShort { min, .. },
+            ..
+        }) if min > CRASH_TTL => Ok(min),
+        Err(e) => Err(e.into()),
+    }
 }
 
 async fn resign_trials(url: &str, trials: usize) -> Result<Vec<Duration>, CliError> {
@@ -105,14 +132,14 @@ async fn resign_trials(url: &str, trials: usize) -> Result<Vec<Duration>, CliErr
     Ok(gaps)
 }
 
-async fn crash_trials(url: &str, trials: usize) -> Result<Vec<Duration>, CliError> {
+async fn crash_trials(url: &str, trials: usize, ttl: Duration) -> Result<Vec<Duration>, CliError> {
     let name = trial_name("crash")?;
     let mut gaps = Vec::with_capacity(trials);
-    let mut leader = Replica::start(url, name.as_str(), "bench-0").await?;
+    let mut leader = Replica::start(url, name.as_str(), "bench-0", ttl).await?;
     leader.first_line().await?;
     for trial in 0..trials {
         let mut standby =
-            Replica::start(url, name.as_str(), &format!("bench-{}", trial + 1)).await?;
+            Replica::start(url, name.as_str(), &format!("bench-{}", trial + 1), ttl).await?;
         sleep(STANDBY_SETTLE).await;
         let killed_at = Instant::now();
         leader.kill9();
@@ -133,12 +160,12 @@ struct Replica {
 }
 
 impl Replica {
-    async fn start(url: &str, name: &str, id: &str) -> Result<Self, CliError> {
+    async fn start(url: &str, name: &str, id: &str, ttl: Duration) -> Result<Self, CliError> {
         let exe = std::env::current_exe()
             .map_err(|e| CliError::failed(format!("cannot find the distlock binary: {e}")))?;
         let mut child = Command::new(exe)
             .args(["elect", "--backend", url, "--id", id, "--once", "--ttl"])
-            .arg(format!("{}ms", CRASH_TTL.as_millis()))
+            .arg(format!("{}ms", ttl.as_millis()))
             .args([name, "--", "sh", "-c", "echo leading; exec sleep 600"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())

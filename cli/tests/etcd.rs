@@ -1,5 +1,6 @@
 //! The CLI on etcd URLs (feature `etcd`; scripts/test.sh builds with `--all-features`):
 //! `exec` runs a command under the lock, `status` reads a key `etcdctl lock` holds,
+//! `elect` leads and `leader` reads the leader an `etcdctl elect` proposed,
 //! `bench --spawn etcd --compare --quick` prints the etcd rows (the figures are not
 //! checked), and `conformance --faults --spawn` runs the fault scenarios on a throwaway
 //! 3-member cluster.
@@ -64,6 +65,82 @@ async fn exec_and_status_work_on_etcd_urls() {
     assert!(held.contains("distlock/cli-etcd/"), "{held}");
     let _ = holder.kill();
     let _ = holder.wait();
+}
+
+/// `elect` leads on an etcd URL and `leader` reads the leader of an `etcdctl elect` on
+/// the same election (`distlock/+election/<name>`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_and_leader_work_on_etcd_urls() {
+    let server = EtcdServer::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start etcd (run scripts/install-deps.sh): {e}"));
+    let url = server.url();
+    let out = distlock(&[
+        "elect",
+        "--backend",
+        &url,
+        "--id",
+        "cli-a",
+        "--once",
+        "cli-elect",
+        "--",
+        "echo",
+        "led",
+    ]);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("led"));
+    let none = distlock(&["leader", "--backend", &url, "cli-elect", "--json"]);
+    let text = String::from_utf8_lossy(&none.stdout);
+    assert!(text.contains("\"leader\":null"), "{text}");
+
+    let mut foreign = Command::new("etcdctl")
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints={}", server.endpoint()))
+        .args(["elect", "distlock/+election/cli-elect", "etcdctl-proposal"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("run etcdctl elect");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = distlock(&["leader", "--backend", &url, "cli-elect", "--json"]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        if text.contains("\"leader\":\"etcdctl-proposal\"") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "leader never read etcdctl's proposal: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // etcdctl leads: a campaign that may not wait is refused (exit 75).
+    let refused = distlock(&[
+        "elect",
+        "--backend",
+        &url,
+        "--id",
+        "cli-b",
+        "--once",
+        "--no-wait",
+        "cli-elect",
+        "--",
+        "echo",
+        "led",
+    ]);
+    assert_eq!(
+        refused.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let _ = foreign.kill();
+    let _ = foreign.wait();
 }
 
 #[test]

@@ -156,7 +156,9 @@ impl Harness for EtcdHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(Client::new(Arc::new(lock)).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(Arc::new(lock.clone()))
+            .with_election(Arc::new(lock.election()))
+            .with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn ttl(&self) -> Duration {
