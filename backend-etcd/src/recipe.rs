@@ -201,8 +201,7 @@ impl Requests {
             Some(older) => Ok(Turn::After(older.key().to_vec())),
             // The compare held then: not an answer etcd gives.
             None => Err(Fail::Etcd(etcd_client::Error::Internal(
-                "etcd refused the turn transaction's compare yet found no older contender"
-                    .into(),
+                "etcd refused the turn transaction's compare yet found no older contender".into(),
             ))),
         }
     }
