@@ -42,11 +42,19 @@
 //!   under a lease of its own of 3 s (when the lock's TTL is longer; its key moves
 //!   there, keeping its create revision) kept alive every second, so a waiter whose
 //!   process dies holds up the queue for seconds, not for the lock's TTL; once granted,
-//!   its key moves to a lease of the lock's TTL. Retryable errors (a member going away,
-//!   a leader election) are retried within the wait.
-//! - **release** deletes the key if its create revision is still the lease's fencing
-//!   token (one transaction), then revokes the lease. A key that is gone reads
-//!   `Expired`, or `HeldByOther` while another contender is in the range.
+//!   its key moves to a lease of the lock's TTL (back to the one granted for it while
+//!   two thirds of that lease's TTL are left, in the transaction that finds the turn
+//!   ours: one round trip from the predecessor's deletion to the grant). Retryable
+//!   errors (a member going away, a leader election) are retried within the wait.
+//! - **release** of a lock this client holds is one lease revoke: the lease carries
+//!   that key alone, so etcd deletes the key in the same raft entry, and the lock is
+//!   free for others when the release returns. When the lease is gone (it ran out, or
+//!   was revoked from outside), when the loss watch saw the key deleted, or for a lease
+//!   another client took, the release deletes the key if its create revision is still
+//!   the lease's fencing token (one transaction), then revokes the lease. A key that is
+//!   gone reads `Expired`, or `HeldByOther` while another contender is in the range.
+//!   (A key deleted from outside, by `etcdctl del`, within the loss watch's delay,
+//!   under a millisecond, before a release reads `Released`: the revoke cannot tell.)
 //! - **extend** by up to the lease's own TTL is a lease keep-alive (with a check, in the
 //!   same round trip, that the key is still ours); by another TTL it grants a lease of
 //!   that TTL, moves the key to it in a transaction guarded by the create revision (the

@@ -245,32 +245,30 @@ impl EtcdLock {
                 parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
             }
+            // Granted: back to the lock's lease while two thirds of its TTL are left
+            // (the watchdog's first renewal comes at a third), in the transaction
+            // that finds the turn ours; else to a fresh one below.
+            let back = parked.map(|(full, _, granted_at)| (full, granted_at + ttl / 3));
             let alive_since = Mutex::new(sent);
-            tokio::select! {
-                turn = self.wait_turn(prefix, &own, placed.revision) => turn?,
+            let moved = tokio::select! {
+                turn = self.wait_turn(prefix, &own, placed.revision, back) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
-            }
+            };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
             if let Some((full, full_secs, granted_at)) = parked {
-                // Granted: back to the lock's lease while two thirds of its TTL are
-                // left (the watchdog's first renewal comes at a third), else to a
-                // fresh one.
-                let back = granted_at.elapsed() < ttl / 3
-                    && self
-                        .rehome(prefix, &own, placed.revision, full)
-                        .await
-                        .is_ok();
                 // The short lease goes only once the key has left it: revoking it
                 // would delete the key.
-                if back {
+                if moved {
                     undo.let_go(lease);
                     sent = granted_at;
                     (lease, ttl_secs) = (full, full_secs);
                 } else {
-                    undo.let_go(full);
+                    // `full` too only once the key is on the fresh lease: a move to it
+                    // whose answer was lost may have landed.
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
                     self.rehome(prefix, &own, placed.revision, fresh).await?;
+                    undo.let_go(full);
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
@@ -305,13 +303,29 @@ impl EtcdLock {
     }
 
     /// Waits until no contender older than ours (create revision `revision`) is left.
-    async fn wait_turn(&self, prefix: &str, own: &str, revision: i64) -> Result<(), LockError> {
+    /// With `back` = (lease, deadline), the transaction that finds the turn ours also
+    /// moves our key to that lease if sent before the deadline; returns whether it did.
+    async fn wait_turn(
+        &self,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+        back: Option<(i64, Instant)>,
+    ) -> Result<bool, LockError> {
         let mut pause = Duration::from_millis(20);
         loop {
-            let turn = self.requests().turn(prefix, own, revision).await;
+            let to = back.filter(|(_, deadline)| Instant::now() < *deadline);
+            let turn = match to {
+                Some((lease, _)) => {
+                    self.requests()
+                        .turn_and_move(prefix, own, revision, lease)
+                        .await
+                }
+                None => self.requests().turn(prefix, own, revision).await,
+            };
             let outcome =
                 match turn {
-                    Ok(Turn::Ours) => return Ok(()),
+                    Ok(Turn::Ours) => return Ok(to.is_some()),
                     Ok(Turn::Gone) => return Err(LockError::connection(
                         ETCD_BACKEND,
                         "the waiting contender's key vanished (its lease expired or was revoked)",
@@ -556,7 +570,23 @@ impl EtcdLock {
         let held = self.held().remove(&lease.owner().as_u128());
         if let Some(held) = &held {
             held.watch.abort();
-            self.inner.loss.watched.forget(&own);
+            let present = self.inner.loss.watched.forget(&own);
+            let lease_id = held.lease.load(Ordering::Acquire);
+            // One request: the lease carries this key alone, so revoking it deletes the
+            // key (and frees the lock) in the same raft entry. Not when the loss watch
+            // saw the key deleted: the transaction below tells who holds the lock then.
+            if present {
+                let revoked = self
+                    .requests()
+                    .revoke(lease_id)
+                    .await
+                    .map_err(|f| self.connection_error(f))?;
+                self.live().remove(lease_id);
+                if revoked {
+                    return Ok(ReleaseOutcome::Released);
+                }
+                // The lease ran out (or was revoked from outside), taking the key.
+            }
         }
         let deleted = self
             .requests()

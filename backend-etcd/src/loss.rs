@@ -31,8 +31,9 @@ impl Watched {
         self.map().insert(key.as_bytes().to_vec(), monitor);
     }
 
-    pub(crate) fn forget(&self, key: &str) {
-        self.map().remove(key.as_bytes());
+    /// Stops watching `key`; `true` if it was watched and no deletion of it was seen.
+    pub(crate) fn forget(&self, key: &str) -> bool {
+        self.map().remove(key.as_bytes()).is_some()
     }
 
     /// Marks the lock of `key` lost, if it is watched.

@@ -1,7 +1,8 @@
 //! etcd comparators: the raw bound (the round trips distlock's uncontended cycle makes:
-//! a lease grant, a put-if-absent transaction, a delete transaction and a lease revoke,
+//! a lease grant, a put-if-absent transaction and a lease revoke, which deletes the key,
 //! through etcd-client) and etcd-client's own `lock()`/`unlock()` (etcd's v3lock
-//! service, on a lease granted per cycle as its callers must).
+//! service, on a lease granted per cycle as its callers must, revoked after the
+//! unlock).
 
 use async_trait::async_trait;
 use etcd_client::{
@@ -105,14 +106,7 @@ impl Contender for RawContender {
             return Err("raw etcd: the key existed".into());
         }
         held();
-        let delete = Txn::new()
-            .when([Compare::create_revision(
-                name.as_str(),
-                CompareOp::Greater,
-                0,
-            )])
-            .and_then([TxnOp::delete(name.as_str(), None)]);
-        self.client.txn(delete).await?;
+        // The lease carries the key alone: revoking it deletes the key.
         self.client.lease_revoke(id).await?;
         Ok(())
     }

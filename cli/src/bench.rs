@@ -46,6 +46,10 @@ pub struct BenchArgs {
     /// Hand-offs to collect per side on the hot key (default 2000).
     #[arg(long, value_name = "N")]
     handoffs: Option<usize>,
+    /// Workers on the hot key (default 16): one holds while the others wait, so 9
+    /// gives the hand-off with 8 waiters.
+    #[arg(long, value_name = "N")]
+    hot_workers: Option<usize>,
     /// Locks to hold at once for the cost-of-holding row (default 10000; 0 skips it).
     #[arg(long, value_name = "N")]
     hold: Option<usize>,
@@ -163,6 +167,14 @@ pub async fn run(url: &str, args: BenchArgs) -> Result<(), CliError> {
     }
     if let Some(handoffs) = args.handoffs {
         config.handoffs = handoffs.max(1);
+    }
+    if let Some(workers) = args.hot_workers {
+        if workers < 2 {
+            return Err(usage(
+                "--hot-workers must be at least 2 (a holder and a waiter)".into(),
+            ));
+        }
+        config.hot_workers = workers;
     }
     if let Some(hold) = args.hold {
         config.hold = hold;

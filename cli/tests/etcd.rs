@@ -145,7 +145,15 @@ async fn elect_and_leader_work_on_etcd_urls() {
 
 #[test]
 fn bench_spawns_etcd_and_prints_the_etcd_rows() {
-    let out = distlock(&["bench", "--spawn", "etcd", "--compare", "--quick"]);
+    let out = distlock(&[
+        "bench",
+        "--spawn",
+        "etcd",
+        "--compare",
+        "--quick",
+        "--hot-workers",
+        "9",
+    ]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert_eq!(
         out.status.code(),
@@ -161,6 +169,22 @@ fn bench_spawns_etcd_and_prints_the_etcd_rows() {
         assert!(header.contains(&format!(" {column} |")), "{header}");
     }
     assert!(table.contains("| etcd-client lock | "), "{table}");
+    // The hand-off with 8 waiters behind the holder.
+    assert!(table.contains("Hot key (9 workers on one key"), "{table}");
+}
+
+#[test]
+fn bench_hot_workers_below_two_is_a_usage_error() {
+    let out = distlock(&[
+        "bench",
+        "--backend",
+        "etcd://127.0.0.1:1",
+        "--hot-workers",
+        "1",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--hot-workers"), "{stderr}");
 }
 
 /// `conformance --faults --spawn` on a 3-member etcd URL starts a throwaway cluster
