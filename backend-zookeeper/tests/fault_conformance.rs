@@ -74,6 +74,10 @@ distlock_conformance_faults::fault_conformance_tests!(
         server_restart_while_held_and_waited,
         contention_under_random_faults,
         paused_leader_wakes_to_a_refused_write,
+        partitioned_leader_is_fenced_off,
+        server_paused_during_campaign,
+        lost_reply_after_applied_campaign,
+        server_restart_while_leading_and_campaigning,
     ]
 );
 
