@@ -1,10 +1,11 @@
 //! The fault kit's master failover against Redis Sentinel and Redis Cluster: the
-//! master serving a lock is killed while it is held and waited on.
+//! master serving a lock is killed while it is held and waited on, then the master
+//! serving an election's name while a leader leads and a standby campaigns.
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError, LockKey};
+use distlock_api::{DistributedLock, LeaderElection, LockError, LockKey};
 use distlock_conformance::{Client, Harness};
 use distlock_conformance_faults::{
     run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerAction, Topology,
@@ -34,8 +35,10 @@ impl Harness for ReplicatedHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        let lock: Arc<dyn DistributedLock> = Arc::new(RedisLock::connect(&self.url).await?);
-        Ok(Client::new(lock))
+        let lock = RedisLock::connect(&self.url).await?;
+        let election: Arc<dyn LeaderElection> = Arc::new(lock.election()?);
+        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
+        Ok(Client::new(lock).with_election(election))
     }
 }
 
@@ -95,19 +98,24 @@ async fn failover(servers: Servers, url: String, nodes: usize) {
         nodes,
         servers: Mutex::new(servers),
     };
-    let report = run_selected_faults(Arc::new(harness), |s| {
-        s.name == "master_failover_while_held_and_waited"
-    })
-    .await;
+    // The lock's scenario, then the election's on the same servers (the killed
+    // master is back as a replica by then, and the name's new master is killed).
+    let scenarios = [
+        "master_failover_while_held_and_waited",
+        "election_through_master_failover",
+    ];
+    let report = run_selected_faults(Arc::new(harness), |s| scenarios.contains(&s.name)).await;
     print!("{}", report.to_table());
-    assert!(
-        matches!(
-            report.verdict("master_failover_while_held_and_waited"),
-            Some(FaultVerdict::Pass(_) | FaultVerdict::Shown(_))
-        ),
-        "{}",
-        report.to_table()
-    );
+    for name in scenarios {
+        assert!(
+            matches!(
+                report.verdict(name),
+                Some(FaultVerdict::Pass(_) | FaultVerdict::Shown(_))
+            ),
+            "{name}:\n{}",
+            report.to_table()
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@
 
 use distlock_api::{Candidate, FencingToken, LeaderElection, Leadership};
 
+use super::servers::{successor_of, Serving};
 use super::*;
 
 fn election_of(client: &FaultClient) -> Result<Arc<dyn LeaderElection>, Failure> {
@@ -495,6 +496,94 @@ pub(super) async fn terminated_leader_session_fires_lost(
     set.final_read();
     Ok(Outcome {
         detail: format!("lost() after {}, stale term refused", millis(lost_after)),
+        history,
+    })
+}
+
+pub(super) async fn election_through_ensemble_leader_loss(
+    h: &dyn FaultHarness,
+) -> Result<Outcome, Failure> {
+    let Topology::Ensemble { .. } = h.topology() else {
+        return Err(skip("needs a replicated ensemble with a leader"));
+    };
+    kill_serving_node_while_leading(h, Serving::Leader, "leader-ensemble-loss").await
+}
+
+pub(super) async fn election_through_master_failover(
+    h: &dyn FaultHarness,
+) -> Result<Outcome, Failure> {
+    let Topology::Replicated { .. } = h.topology() else {
+        return Err(skip(
+            "needs masters with replicas and failover (Redis Sentinel or Cluster)",
+        ));
+    };
+    kill_serving_node_while_leading(h, Serving::MasterOfKey, "leader-failover").await
+}
+
+/// A leader leads a fresh name while a standby campaigns; the node serving the name
+/// is killed; the leader keeps or loses its term as the backend decides, and the
+/// standby must lead within 40 s of the kill. The killed node is restarted.
+async fn kill_serving_node_while_leading(
+    h: &dyn FaultHarness,
+    serving: Serving,
+    prefix: &str,
+) -> Result<Outcome, Failure> {
+    let history = History::new();
+    let a = h.fault_client().await?;
+    let ea = election_of(&a)?;
+    let ra = recorder(&a, 0, &history);
+    let name = unique_key(prefix);
+    let Some(node) = serving.node(h, &name).await else {
+        return Err(Failure::Failed("no node serves the name".into()));
+    };
+    let set = FencedSet::new(format!("{name}#set"), history.clone());
+    let leader = ra
+        .campaign(&*ea, &name, &candidate("a")?, &renewed(h.ttl(), h.slack() * 5))
+        .await?;
+    check!(
+        set.add(0, term_of(&leader), 1),
+        "the leader's first write was refused"
+    );
+    let s = h.fault_client().await?;
+    let standby = persistent_candidate(
+        recorder(&s, 1, &history),
+        election_of(&s)?,
+        name.clone(),
+        set.clone(),
+        h.ttl(),
+        2,
+        Instant::now() + Duration::from_secs(40),
+    );
+    h.control(node, ServerAction::Kill)
+        .await
+        .map_err(Failure::Failed)?;
+    let killed = Instant::now();
+    let successor = successor_of(h, serving, &name, node, killed).await?;
+    let replaced_after = killed.elapsed();
+    let kept = leader.state() == LeaseState::Held;
+    if kept {
+        set.add(0, term_of(&leader), 3);
+        ra.resign(leader).await?;
+    } else {
+        ra.lost(leader.guard());
+        drop(leader);
+    }
+    let led = standby
+        .await
+        .map_err(|e| Failure::Failed(format!("the standby panicked: {e}")))?;
+    let led_after = killed.elapsed();
+    h.control(node, ServerAction::Restart)
+        .await
+        .map_err(Failure::Failed)?;
+    check!(led.is_some(), "the standby did not lead within 40 s of the kill");
+    set.final_read();
+    Ok(Outcome {
+        detail: format!(
+            "node {successor} served after {}, leader {} its term, standby led and resigned by {} after the kill",
+            millis(replaced_after),
+            if kept { "kept" } else { "lost" },
+            millis(led_after)
+        ),
         history,
     })
 }

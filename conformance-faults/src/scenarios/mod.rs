@@ -30,7 +30,7 @@ mod servers;
 
 use contention::contention_under_random_faults;
 use election::{
-    lost_reply_after_applied_campaign, partitioned_leader_is_fenced_off,
+    election_through_ensemble_leader_loss, election_through_master_failover, lost_reply_after_applied_campaign, partitioned_leader_is_fenced_off,
     paused_leader_wakes_to_a_refused_write, server_paused_during_campaign,
     server_restart_while_leading_and_campaigning, terminated_leader_session_fires_lost,
 };
@@ -116,8 +116,12 @@ pub static FAULT_SCENARIOS: &[FaultScenario] = &[
         "Redlock keeps working with a minority of nodes down and fails fast with a majority down, leaving no orphan key that would block a majority"),
     fault_scenario!(ensemble_leader_loss, LeaderLoss,
         "a 3-node ZooKeeper ensemble loses its leader while a lock is held and waited on: a new leader is elected and exclusion holds"),
+    fault_scenario!(election_through_ensemble_leader_loss, LeaderLoss,
+        "election: the ensemble's leader (ZooKeeper, etcd) is killed while a leader leads and a standby campaigns: one leader at a time on the recorded terms, and the standby leads once the leader resigns or loses its term"),
     fault_scenario!(master_failover_while_held_and_waited, MasterFailover,
         "the master serving a key (Redis Sentinel, Redis Cluster) is killed while the lock is held and waited on: a replica takes over, the client follows it, and the outcome (kept or lost) is recorded and checked"),
+    fault_scenario!(election_through_master_failover, MasterFailover,
+        "election: the master serving a name (Redis Sentinel, Redis Cluster) is killed while a leader leads and a standby campaigns: a replica takes over, the outcome (term kept or lost) is recorded and checked, and the standby leads"),
     fault_scenario!(terminated_session_fires_lost, SessionTerminated,
         "a holder's server session is terminated: lost() fires, another client acquires, and the stale holder's write is refused"),
     fault_scenario!(terminated_leader_session_fires_lost, SessionTerminated,
