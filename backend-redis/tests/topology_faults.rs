@@ -14,6 +14,7 @@ use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::ServerControl;
 use distlock_test_servers::{RedisCluster, RedisSentinelGroup};
 use tokio::sync::Mutex;
+use tokio::time::{Duration, Instant};
 
 enum Servers {
     Sentinel(RedisSentinelGroup),
@@ -60,7 +61,10 @@ impl FaultHarness for ReplicatedHarness {
                 server.kill();
                 Ok(())
             }
-            ServerAction::Restart => server.restart().await.map_err(|e| e.to_string()),
+            ServerAction::Restart => {
+                server.restart().await.map_err(|e| e.to_string())?;
+                replica_in_sync(server.port()).await
+            }
             ServerAction::Pause => server.pause().map_err(|e| e.to_string()),
             ServerAction::Resume => server.resume().map_err(|e| e.to_string()),
             other => Err(format!("{other:?} is not supported")),
@@ -90,6 +94,35 @@ impl FaultHarness for ReplicatedHarness {
             _ => Claim::Safe,
         }
     }
+}
+
+/// Waits (at most 20 s) until the restarted node on `port` serves as a replica in sync
+/// with its master: a replica that never synchronised may not take over, so the next
+/// failover on the same servers would not happen.
+async fn replica_in_sync(port: u16) -> Result<(), String> {
+    let started = Instant::now();
+    let mut last = String::new();
+    while started.elapsed() < Duration::from_secs(20) {
+        let info = async {
+            let client = redis::Client::open(format!("redis://127.0.0.1:{port}"))?;
+            let mut conn = client.get_multiplexed_async_connection().await?;
+            redis::cmd("INFO")
+                .arg("replication")
+                .query_async::<String>(&mut conn)
+                .await
+        };
+        match info.await {
+            Ok(info) if info.contains("role:slave") && info.contains("master_link_status:up") => {
+                return Ok(())
+            }
+            Ok(info) => last = info,
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "node {port} was not a replica in sync 20 s after its restart: {last}"
+    ))
 }
 
 async fn failover(servers: Servers, url: String, nodes: usize) {
