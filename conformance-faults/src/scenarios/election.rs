@@ -124,7 +124,12 @@ pub(super) async fn partitioned_leader_is_fenced_off(
     );
     ra.lost(leader.guard());
     let won = rb
-        .campaign(&*eb, &name, &candidate("b")?, &waiting(h.ttl(), takeover(h)))
+        .campaign(
+            &*eb,
+            &name,
+            &candidate("b")?,
+            &waiting(h.ttl(), takeover(h)),
+        )
         .await?;
     let led_after = cut.elapsed();
     check!(
@@ -208,7 +213,12 @@ pub(super) async fn lost_reply_after_applied_campaign(
     let led_after = started.elapsed();
     rb.resign(won).await?;
     let again = ra
-        .campaign(&*ea, &name, &candidate("a")?, &waiting(h.ttl(), takeover(h)))
+        .campaign(
+            &*ea,
+            &name,
+            &candidate("a")?,
+            &waiting(h.ttl(), takeover(h)),
+        )
         .await?;
     ra.resign(again).await?;
     Ok(Outcome {
@@ -221,7 +231,9 @@ pub(super) async fn lost_reply_after_applied_campaign(
     })
 }
 
-pub(super) async fn server_paused_during_campaign(h: &dyn FaultHarness) -> Result<Outcome, Failure> {
+pub(super) async fn server_paused_during_campaign(
+    h: &dyn FaultHarness,
+) -> Result<Outcome, Failure> {
     if h.topology().nodes() == 0 {
         return Err(skip(crate::harness::NOT_CONTROLLED));
     }
@@ -269,7 +281,12 @@ pub(super) async fn server_paused_during_campaign(h: &dyn FaultHarness) -> Resul
     rc.resign(won).await?;
     // And the candidate whose campaign failed can lead again.
     let again = rb
-        .campaign(&*eb, &name, &candidate("b")?, &waiting(h.ttl(), takeover(h)))
+        .campaign(
+            &*eb,
+            &name,
+            &candidate("b")?,
+            &waiting(h.ttl(), takeover(h)),
+        )
         .await?;
     rb.resign(again).await?;
     let detail = format!(
@@ -303,7 +320,10 @@ fn persistent_candidate(
         let me = Candidate::new(format!("standby-{value}")).ok()?;
         while Instant::now() < deadline {
             let left = deadline.saturating_duration_since(Instant::now());
-            match r.campaign(&*election, &name, &me, &waiting(ttl, left)).await {
+            match r
+                .campaign(&*election, &name, &me, &waiting(ttl, left))
+                .await
+            {
                 Ok(won) => {
                     let at = Instant::now();
                     set.add(r.client, term_of(&won), value);
@@ -470,7 +490,12 @@ pub(super) async fn terminated_leader_session_fires_lost(
     let lost_after = terminated.elapsed();
     ra.lost(leader.guard());
     let won = rb
-        .campaign(&*eb, &name, &candidate("b")?, &waiting(h.ttl(), takeover(h)))
+        .campaign(
+            &*eb,
+            &name,
+            &candidate("b")?,
+            &waiting(h.ttl(), takeover(h)),
+        )
         .await?;
     check!(
         set.add(1, term_of(&won), 2),
@@ -538,7 +563,12 @@ async fn kill_serving_node_while_leading(
     };
     let set = FencedSet::new(format!("{name}#set"), history.clone());
     let leader = ra
-        .campaign(&*ea, &name, &candidate("a")?, &renewed(h.ttl(), h.slack() * 5))
+        .campaign(
+            &*ea,
+            &name,
+            &candidate("a")?,
+            &renewed(h.ttl(), h.slack() * 5),
+        )
         .await?;
     check!(
         set.add(0, term_of(&leader), 1),
@@ -575,7 +605,10 @@ async fn kill_serving_node_while_leading(
     h.control(node, ServerAction::Restart)
         .await
         .map_err(Failure::Failed)?;
-    check!(led.is_some(), "the standby did not lead within 40 s of the kill");
+    check!(
+        led.is_some(),
+        "the standby did not lead within 40 s of the kill"
+    );
     set.final_read();
     Ok(Outcome {
         detail: format!(

@@ -30,7 +30,8 @@ mod servers;
 
 use contention::contention_under_random_faults;
 use election::{
-    election_through_ensemble_leader_loss, election_through_master_failover, lost_reply_after_applied_campaign, partitioned_leader_is_fenced_off,
+    election_through_ensemble_leader_loss, election_through_master_failover,
+    lost_reply_after_applied_campaign, partitioned_leader_is_fenced_off,
     paused_leader_wakes_to_a_refused_write, server_paused_during_campaign,
     server_restart_while_leading_and_campaigning, terminated_leader_session_fires_lost,
 };
