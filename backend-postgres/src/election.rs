@@ -5,17 +5,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::backend::{check_campaign_request, leadership};
+use distlock_api::backend::{check_campaign_request, leadership, WaitBound};
 use distlock_api::{
     BackendInfo, Candidate, Capability, DistributedLock, ExtendOutcome, FencingToken, Leader,
     LeaderElection, Leadership, Lease, LockError, LockKey, LockOptions, ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::OnceCell;
-use tokio::time::timeout;
+use tokio::time::{timeout, timeout_at};
 
 use crate::keys::election_advisory_key;
-use crate::lock::{lease_of, Grant, Plan};
+use crate::lock::{lease_of, Grant, Plan, ANSWER_GRACE};
 use crate::mailbox::{Probe, Seat};
 use crate::session;
 use crate::sql::ensure_election_table;
@@ -99,6 +99,26 @@ impl PostgresElection {
             .map(|_| ())
     }
 
+    /// [`ready`](Self::ready) within the campaign's wait (plus the answer grace), as
+    /// the mutex's acquire bounds its session's connect: a campaign against a silent
+    /// server returns within its wait, not after the request timeout.
+    async fn ready_within(&self, options: &LockOptions) -> Result<(), LockError> {
+        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
+        let cut = bound
+            .deadline
+            .filter(|d| *d > bound.started)
+            .and_then(|d| Some((d - bound.started, d.checked_add(bound.grace)?)));
+        match cut {
+            None => self.ready().await,
+            Some((wait, cut)) => timeout_at(cut, self.ready()).await.unwrap_or_else(|_| {
+                Err(self.locks.settings().connection_error(format!(
+                    "the server did not answer within the wait of {wait:?} while checking the \
+                     election table"
+                )))
+            }),
+        }
+    }
+
     fn plan(name: &LockKey, candidate: &Candidate) -> Plan {
         Plan::Lead(Arc::new(Seat {
             name: name.as_str().to_owned(),
@@ -160,7 +180,7 @@ impl LeaderElection for PostgresElection {
         options: &LockOptions,
     ) -> Result<Leadership, LockError> {
         check_campaign_request(POSTGRES_BACKEND, options, Capability::Supported)?;
-        self.ready().await?;
+        self.ready_within(options).await?;
         let plan = Self::plan(name, candidate);
         let hash = election_advisory_key(name);
         let (grant, contended) = self.locks.acquire_grant(name, hash, &plan, options).await?;

@@ -35,7 +35,7 @@ const QUEUE_PER_SESSION: usize = 8;
 /// How long past a wait's deadline an acquire still waits for an answer on its way
 /// (the server ends a wait at the deadline, then the reply travels back) before it
 /// gives up on the server.
-const ANSWER_GRACE: Duration = Duration::from_millis(50);
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 

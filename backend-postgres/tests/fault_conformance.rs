@@ -81,9 +81,13 @@ distlock_conformance_faults::fault_conformance_tests!(
         partitioned_holder_is_fenced_off,
         paused_holder_wakes_to_a_refused_write,
         paused_leader_wakes_to_a_refused_write,
+        partitioned_leader_is_fenced_off,
         server_paused_during_acquire,
+        server_paused_during_campaign,
         lost_reply_after_applied_acquire,
+        lost_reply_after_applied_campaign,
         terminated_session_fires_lost,
+        terminated_leader_session_fires_lost,
         contention_under_random_faults,
     ]
 );

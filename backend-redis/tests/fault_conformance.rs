@@ -83,8 +83,11 @@ mod single_node {
             partitioned_holder_is_fenced_off,
             paused_holder_wakes_to_a_refused_write,
             paused_leader_wakes_to_a_refused_write,
+            partitioned_leader_is_fenced_off,
             server_paused_during_acquire,
+            server_paused_during_campaign,
             lost_reply_after_applied_acquire,
+            lost_reply_after_applied_campaign,
             crashed_clients_do_not_stall_the_fifo_queue,
             contention_under_random_faults,
         ]

@@ -74,29 +74,38 @@ distlock_conformance_faults::fault_conformance_tests!(
         server_restart_while_held_and_waited,
         contention_under_random_faults,
         paused_leader_wakes_to_a_refused_write,
+        partitioned_leader_is_fenced_off,
+        server_paused_during_campaign,
+        lost_reply_after_applied_campaign,
+        server_restart_while_leading_and_campaigning,
     ]
 );
 
-/// Ensembles come from local binaries only (the Docker provider offers none).
+/// The lock and the election through the loss of the ensemble's leader, on one
+/// ensemble. Ensembles come from local binaries only (the Docker provider offers none).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ensemble_loses_its_leader() {
     let _one_at_a_time = distlock_conformance_faults::serial().await;
     let ensemble = ZooKeeperEnsemble::start(3)
         .await
         .unwrap_or_else(|e| cannot_start(e));
-    let h = timed(ServerHarness::over_ensemble(
-        ensemble,
-        URL_TEMPLATE,
-        connector(),
-    ));
-    let report = run_selected_faults(h, |s| s.name == "ensemble_leader_loss").await;
-    print!("{}", report.to_table());
-    assert!(
-        matches!(
-            report.verdict("ensemble_leader_loss"),
-            Some(FaultVerdict::Pass(_))
-        ),
-        "ensemble_leader_loss did not pass:\n{}",
-        report.to_table()
+    let h = timed(
+        ServerHarness::over_ensemble(ensemble, URL_TEMPLATE, connector())
+            .with_election(election_connector()),
     );
+    // The lock's scenario, then the election's on the same ensemble (the killed node
+    // is back by then, and the next leader is killed).
+    let scenarios = [
+        "ensemble_leader_loss",
+        "election_through_ensemble_leader_loss",
+    ];
+    let report = run_selected_faults(h, |s| scenarios.contains(&s.name)).await;
+    print!("{}", report.to_table());
+    for name in scenarios {
+        assert!(
+            matches!(report.verdict(name), Some(FaultVerdict::Pass(_))),
+            "{name} did not pass:\n{}",
+            report.to_table()
+        );
+    }
 }

@@ -113,3 +113,71 @@ async fn primitive_scenarios_catch_the_broken_primitives() {
         assert!(caught, "{name} on {mistake:?}: {:?}", result.findings);
     }
 }
+
+/// A stand-in for one server whose faults do nothing, over a memory-backed harness:
+/// it lets the server-fault election scenarios run without a server, so that the
+/// self-test below can show they catch a split brain (and pass a sound election).
+struct InertServer<H>(H);
+
+#[async_trait::async_trait]
+impl<H: distlock_conformance::Harness> distlock_conformance::Harness for InertServer<H> {
+    fn name(&self) -> String {
+        format!("{} (inert server)", self.0.name())
+    }
+
+    async fn client(&self) -> Result<distlock_conformance::Client, distlock_api::LockError> {
+        self.0.client().await
+    }
+}
+
+#[async_trait::async_trait]
+impl<H: distlock_conformance::Harness> FaultHarness for InertServer<H> {
+    fn topology(&self) -> distlock_conformance_faults::Topology {
+        distlock_conformance_faults::Topology::Single
+    }
+
+    async fn control(
+        &self,
+        _node: usize,
+        _action: distlock_conformance_faults::ServerAction,
+    ) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+/// The election's server-restart scenario: standbys campaigning while a leader leads
+/// must not lead beside it. The broken election (each client elects itself) fails on
+/// an overlap; the sound memory election passes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_restart_scenario_catches_two_leaders() {
+    use distlock_conformance::broken::{BrokenHarness, Mistake};
+    use distlock_conformance_faults::{run_fault_scenario, Violation};
+
+    let scenario = FAULT_SCENARIOS
+        .iter()
+        .find(|s| s.name == "server_restart_while_leading_and_campaigning")
+        .expect("the scenario exists");
+    let broken = Arc::new(InertServer(BrokenHarness::new(Mistake::TwoLeaders)));
+    let result = run_fault_scenario(broken, scenario).await;
+    assert!(
+        matches!(result.verdict, FaultVerdict::Fail(_)),
+        "{:?}",
+        result.verdict
+    );
+    assert!(
+        result
+            .findings
+            .exclusion
+            .iter()
+            .any(|v| matches!(v, Violation::Overlap { .. })),
+        "{:?}",
+        result.findings
+    );
+    let sound = Arc::new(InertServer(MemoryHarness::new()));
+    let result = run_fault_scenario(sound, scenario).await;
+    assert!(
+        matches!(result.verdict, FaultVerdict::Pass(_)),
+        "{:?}",
+        result.verdict
+    );
+}

@@ -29,7 +29,12 @@ mod queue;
 mod servers;
 
 use contention::contention_under_random_faults;
-use election::paused_leader_wakes_to_a_refused_write;
+use election::{
+    election_through_ensemble_leader_loss, election_through_master_failover,
+    lost_reply_after_applied_campaign, partitioned_leader_is_fenced_off,
+    paused_leader_wakes_to_a_refused_write, server_paused_during_campaign,
+    server_restart_while_leading_and_campaigning, terminated_leader_session_fires_lost,
+};
 use holder::paused_holder_wakes_to_a_refused_write;
 use network::{lost_reply_after_applied_acquire, partitioned_holder_is_fenced_off};
 use primitives::{
@@ -94,20 +99,34 @@ pub static FAULT_SCENARIOS: &[FaultScenario] = &[
         "read-write lock: a writer stalls past its TTL; two readers are granted together after it, and no read overlaps the write"),
     fault_scenario!(paused_leader_wakes_to_a_refused_write, HolderPause,
         "election: a leader stalls past its lease; a standby leads (leader() reads it) and writes under its higher term, and the stale leader's write under its old term is refused"),
+    fault_scenario!(partitioned_leader_is_fenced_off, Partition,
+        "election: a leader partitioned past its lease learns lost() by its validity deadline (it does not go on believing it leads); a standby leads under a higher term (leader() reads it), and the cut-off leader's write under its old term is refused"),
     fault_scenario!(server_paused_during_acquire, ServerPause,
         "with every server paused (SIGSTOP) an acquire returns an error within its wait (plus slack), not after a request timeout; after resume a grant that arrived late is released and the key is free"),
+    fault_scenario!(server_paused_during_campaign, ServerPause,
+        "election: with every server paused a campaign returns an error within its wait (plus slack); after resume a claim that arrived late does not keep the name led: another candidate leads, then the first"),
     fault_scenario!(lost_reply_after_applied_acquire, LostReply,
         "the reply to an acquire the server applied is lost: no deadlock (another client acquires within the lease bound) and no double holder"),
+    fault_scenario!(lost_reply_after_applied_campaign, LostReply,
+        "election: the reply to a campaign the server applied is lost: the campaign fails, another candidate leads within the lease bound (no stuck name), and the first can lead again"),
     fault_scenario!(server_restart_while_held_and_waited, ServerRestart,
         "every server is killed (-9) and restarted while a lock is held and waited on; the outcome is recorded and checked"),
+    fault_scenario!(server_restart_while_leading_and_campaigning, ServerRestart,
+        "election: every server is killed (-9) and restarted while a leader leads and two standbys campaign; one leader at a time on the recorded terms, terms rise, and a standby leads within the crash bound once the name is free"),
     fault_scenario!(redlock_minority_then_majority_loss, NodeLoss,
         "Redlock keeps working with a minority of nodes down and fails fast with a majority down, leaving no orphan key that would block a majority"),
     fault_scenario!(ensemble_leader_loss, LeaderLoss,
         "a 3-node ZooKeeper ensemble loses its leader while a lock is held and waited on: a new leader is elected and exclusion holds"),
+    fault_scenario!(election_through_ensemble_leader_loss, LeaderLoss,
+        "election: the ensemble's leader (ZooKeeper, etcd) is killed while a leader leads and a standby campaigns: one leader at a time on the recorded terms, and the standby leads once the leader resigns or loses its term"),
     fault_scenario!(master_failover_while_held_and_waited, MasterFailover,
         "the master serving a key (Redis Sentinel, Redis Cluster) is killed while the lock is held and waited on: a replica takes over, the client follows it, and the outcome (kept or lost) is recorded and checked"),
+    fault_scenario!(election_through_master_failover, MasterFailover,
+        "election: the master serving a name (Redis Sentinel, Redis Cluster) is killed while a leader leads and a standby campaigns: a replica takes over, the outcome (term kept or lost) is recorded and checked, and the standby leads"),
     fault_scenario!(terminated_session_fires_lost, SessionTerminated,
         "a holder's server session is terminated: lost() fires, another client acquires, and the stale holder's write is refused"),
+    fault_scenario!(terminated_leader_session_fires_lost, SessionTerminated,
+        "election: the leader's server session is terminated: lost() fires, a standby leads, the stale term's write is refused, and the old term's resign leaves the new leader be"),
     fault_scenario!(crashed_clients_do_not_stall_the_fifo_queue, QueueCrash,
         "FIFO waiting: a queued waiter killed (its connections closed) holds up the waiter behind it no longer than the dead-waiter bound after a release, and a holder killed with two waiters queued behind it is succeeded within the crash bound, the two in arrival order"),
     fault_scenario!(contention_under_random_faults, RandomFaults,

@@ -305,7 +305,7 @@ pub(super) async fn master_failover_while_held_and_waited(
 
 /// Which node serves a key, for [`kill_serving_node`].
 #[derive(Clone, Copy)]
-enum Serving {
+pub(super) enum Serving {
     /// The ensemble's leader (ZooKeeper).
     Leader,
     /// The master of the key's data (Redis Sentinel, Redis Cluster).
@@ -313,7 +313,7 @@ enum Serving {
 }
 
 impl Serving {
-    async fn node(self, h: &dyn FaultHarness, key: &LockKey) -> Option<usize> {
+    pub(super) async fn node(self, h: &dyn FaultHarness, key: &LockKey) -> Option<usize> {
         match self {
             Serving::Leader => h.leader().await,
             Serving::MasterOfKey => h.master_of(key).await,
@@ -393,15 +393,7 @@ async fn kill_serving_node(
         .await
         .map_err(Failure::Failed)?;
     let killed = Instant::now();
-    let successor = loop {
-        match serving.node(h, &key).await {
-            Some(n) if n != node => break n,
-            _ if killed.elapsed() > Duration::from_secs(30) => {
-                return Err(Failure::Failed(serving.not_replaced().into()))
-            }
-            _ => sleep(Duration::from_millis(100)).await,
-        }
-    };
+    let successor = successor_of(h, serving, &key, node, killed).await?;
     let replaced_after = killed.elapsed();
     let kept = guard.state() == LeaseState::Held;
     if kept {
@@ -428,6 +420,26 @@ async fn kill_serving_node(
         followed_after,
         history,
     })
+}
+
+/// The node that serves `key` in place of the killed `node`, polled for at most 30 s
+/// from `killed`.
+pub(super) async fn successor_of(
+    h: &dyn FaultHarness,
+    serving: Serving,
+    key: &LockKey,
+    node: usize,
+    killed: Instant,
+) -> Result<usize, Failure> {
+    loop {
+        match serving.node(h, key).await {
+            Some(n) if n != node => return Ok(n),
+            _ if killed.elapsed() > Duration::from_secs(30) => {
+                return Err(Failure::Failed(serving.not_replaced().into()))
+            }
+            _ => sleep(Duration::from_millis(100)).await,
+        }
+    }
 }
 
 pub(super) async fn terminated_session_fires_lost(
