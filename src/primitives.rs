@@ -54,7 +54,9 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
                 .semaphore(),
         )),
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Err(etcd_not_yet("semaphore")),
+        Backend::Etcd => Ok(Arc::new(
+            distlock_etcd::EtcdLock::connect(url).await?.semaphore(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -109,7 +111,9 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
                 .rw_lock(),
         )),
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Err(etcd_not_yet("read-write lock")),
+        Backend::Etcd => Ok(Arc::new(
+            distlock_etcd::EtcdLock::connect(url).await?.rw_lock(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -171,7 +175,7 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
     }
 }
 
-/// The etcd backend offers the mutex only so far.
+/// The etcd backend offers no election yet.
 #[cfg(feature = "etcd")]
 fn etcd_not_yet(operation: &'static str) -> LockError {
     LockError::Unsupported {

@@ -1,7 +1,8 @@
 //! The etcd backend of distlock: etcd's own `concurrency.Mutex` recipe, so that
 //! distlock, `etcdctl lock NAME` and Go services locking with `concurrency.NewMutex`
 //! exclude each other on one name; lease TTLs kept alive by the guard's watchdog; the
-//! holder key's create revision as fencing token.
+//! holder key's create revision as fencing token. A semaphore and a read-write lock
+//! (in the layout of etcd's `recipes.RWMutex`) on the same recipe.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -48,6 +49,31 @@
 //!   revision, hence the token and the queue place, stays), and revokes the old lease.
 //! - **try-acquire** (and `NoWait`) revoke their lease again when they do not hold.
 //!
+//! # Semaphore and read-write lock
+//! Both are the mutex's recipe with another rule of which older contenders keep a
+//! contender waiting, in namespaces of their own under the prefix (no key encodes to a
+//! name starting with `.`, so they never meet a mutex's range). Leases, keep-alives,
+//! the loss watch, validity deadline, fencing token (the key's create revision),
+//! release, extend and leaving nothing behind are the mutex's.
+//!
+//! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
+//!   `P/.semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
+//!   oldest hold a permit. A waiter watches the `max` youngest contenders older than
+//!   its own (it can be granted only once one of them goes), so no deletion wakes the
+//!   whole queue; permits pass on in FIFO order. An acquire whose count differs from
+//!   one recorded by the oldest contenders is
+//!   [`distlock_api::LockError::PermitMismatch`] and leaves nothing behind. etcd has
+//!   no semaphore recipe of its own.
+//! - [`EtcdLock::rw_lock`] ([`EtcdRwLock`]): the key layout of etcd's
+//!   `recipes.RWMutex`: readers put `P/.rw/<K>/read/<id>` and writers
+//!   `P/.rw/<K>/write/<id>`; a writer waits for every older key, a reader for every
+//!   older writer (writer preference, FIFO), so a Go `recipe.NewRWMutex(session,
+//!   "P/.rw/<K>")` and ours exclude each other. Because that recipe ranks by mod
+//!   revision, a read-write waiter waits under its lock's own lease (not the short
+//!   waiting lease, whose move would write the key again), and an extend beyond the
+//!   lock's TTL, which moves the key to a new lease, is unsafe beside Go contenders
+//!   (see [`EtcdRwLock`]).
+//!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
 //! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
@@ -77,11 +103,15 @@ mod keys;
 mod lock;
 mod loss;
 mod recipe;
+mod rw;
+mod semaphore;
 mod session;
 
 pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use keys::{encode_key, lock_prefix};
 pub use lock::{EtcdLock, ETCD_CAPABILITIES};
+pub use rw::EtcdRwLock;
+pub use semaphore::{EtcdSemaphore, PERMITS_VALUE_PREFIX};
 
 /// The driver this backend is built on.
 pub use etcd_client;

@@ -18,14 +18,14 @@ use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
-use crate::keys::{contender_key, lock_prefix};
+use crate::keys::{lock_prefix, Kind};
 use crate::loss::LossWatch;
-use crate::recipe::{Requests, Turn};
+use crate::recipe::{Requests, Rule, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
 /// What the etcd backend promises.
-pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported().mutex_only(NOT_YET);
+pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported().without_election(NOT_YET);
 
 /// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
 /// how long a waiter whose process died (without revoking) holds up the queue behind it.
@@ -122,6 +122,11 @@ impl EtcdLock {
         lock_prefix(&self.inner.prefix, key)
     }
 
+    /// The URL's key prefix (no trailing `/`).
+    pub(crate) fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
     fn requests(&self) -> &Requests {
         &self.inner.requests
     }
@@ -194,27 +199,85 @@ impl EtcdLock {
         }
     }
 
-    /// One acquire: returns `Ok(None)` for a held key when `wait` is false.
-    async fn contend(
+    /// A waiting acquire of a `kind` contender (options checked by the caller), with
+    /// retries of retryable errors within the wait.
+    pub(crate) async fn acquire_with(
         &self,
         key: &LockKey,
+        kind: Kind,
+        options: &LockOptions,
+        make: &MakeGuard<'_>,
+    ) -> Result<LockGuard, LockError> {
+        let bound = WaitBound::starting_now(options, WAIT_GRACE);
+        let wait = bound.deadline != Some(bound.started);
+        let report = WaitReport::new();
+        let attempts = async {
+            // Retryable errors (a member going away mid-request, a leader election) are
+            // retried with backoff while the acquire may wait; each failed attempt's
+            // lease is revoked by its `Undo`.
+            let mut delays = options.backoff().delays();
+            loop {
+                match self.contend(key, kind, options, &report, wait, make).await {
+                    Ok(Some(guard)) => return Ok(guard),
+                    Ok(None) => {
+                        return Err(LockError::Timeout {
+                            backend: ETCD_BACKEND,
+                            key: key.clone(),
+                            waited: bound.started.elapsed(),
+                        })
+                    }
+                    Err(error) if wait && error.is_retryable() => {
+                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
+                        tokio::time::sleep(delays.next_delay()).await;
+                    }
+                    Err(error) => return Err(error),
+                }
+            }
+        };
+        let hosts = self.inner.session.hosts.clone();
+        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
+            LockError::connection_at(
+                ETCD_BACKEND,
+                hosts,
+                format!("no answer from etcd within the wait of {wait:?}"),
+            )
+        })
+        .await
+    }
+
+    /// One acquire of a `kind` contender: returns `Ok(None)` for a held key when
+    /// `wait` is false.
+    pub(crate) async fn contend(
+        &self,
+        key: &LockKey,
+        kind: Kind,
         options: &LockOptions,
         report: &WaitReport,
         wait: bool,
+        make: &MakeGuard<'_>,
     ) -> Result<Option<LockGuard>, LockError> {
         let ttl = options.ttl();
         let mut undo = Undo::new(self.clone());
         let mut sent = Instant::now();
         let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
-        let prefix = self.lock_prefix(key);
+        let prefix = kind.range(&self.inner.prefix, key);
         // The key keeps the first lease's id as its name when it moves to others.
         let named = lease;
-        let own = contender_key(&prefix, named);
+        let own = kind.own_key(&prefix, named);
+        let rule = Rule {
+            blocking: kind.blocking(&prefix),
+            room: kind.room(),
+            values: matches!(kind, Kind::Permit(_)),
+        };
         let placed = self
             .requests()
-            .place(&prefix, &own, lease)
+            .place(&rule, &own, &crate::semaphore::value_of(kind), lease)
             .await
             .map_err(|f| self.connection_error(f))?;
+        if let Err(mismatch) = crate::semaphore::check_count(kind, key, &own, &placed.seen) {
+            undo.revoke_now().await;
+            return Err(mismatch);
+        }
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -224,8 +287,10 @@ impl EtcdLock {
             // Wait under a short lease, so that a waiter whose process dies holds up
             // the queue behind it for seconds, not for the lock's TTL. The lock's own
             // lease is kept (not renewed) to move back to when the wait was short.
+            // Not for the read-write lock: a move changes the key's mod revision, by
+            // which etcd's `recipes.RWMutex` ranks contenders.
             let mut parked = None;
-            if ttl_secs > WAITER_TTL_SECS {
+            if ttl_secs > WAITER_TTL_SECS && !matches!(kind, Kind::Read | Kind::Write) {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
                 self.rehome(&prefix, &own, placed.revision, short).await?;
                 parked = Some((lease, ttl_secs, sent));
@@ -233,7 +298,7 @@ impl EtcdLock {
             }
             let alive_since = Mutex::new(sent);
             tokio::select! {
-                turn = self.wait_turn(&prefix, &own, placed.revision) => turn?,
+                turn = self.wait_turn(&rule, &own, placed.revision) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
             }
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -264,7 +329,9 @@ impl EtcdLock {
         }
         let valid_from = sent;
         let owner = OwnerToken::from_u128(
-            (u128::from(named as u64) << 64) | u128::from(rand::random::<u64>()),
+            (u128::from(named as u64) << 64)
+                | u128::from(rand::random::<u64>() & !KIND_TAG)
+                | u128::from(kind_tag(kind)),
         );
         let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
@@ -287,19 +354,15 @@ impl EtcdLock {
             },
         );
         undo.disarm();
-        Ok(Some(LockGuard::new(
-            granted,
-            monitor,
-            Arc::new(self.clone()),
-            options.auto_renew(),
-        )))
+        Ok(Some(make(granted, monitor)))
     }
 
-    /// Waits until no contender older than ours (create revision `revision`) is left.
-    async fn wait_turn(&self, prefix: &str, own: &str, revision: i64) -> Result<(), LockError> {
+    /// Waits until fewer blocking contenders than the rule's room are older than ours
+    /// (create revision `revision`).
+    async fn wait_turn(&self, rule: &Rule, own: &str, revision: i64) -> Result<(), LockError> {
         let mut pause = Duration::from_millis(20);
         loop {
-            let turn = self.requests().turn(prefix, own, revision).await;
+            let turn = self.requests().turn(rule, own, revision).await;
             let outcome =
                 match turn {
                     Ok(Turn::Ours) => return Ok(()),
@@ -307,7 +370,7 @@ impl EtcdLock {
                         ETCD_BACKEND,
                         "the waiting contender's key vanished (its lease expired or was revoked)",
                     )),
-                    Ok(Turn::After(older)) => self.requests().deleted(older).await,
+                    Ok(Turn::After(older)) => self.requests().deleted(older, &rule.blocking).await,
                     Err(fail) => Err(fail),
                 };
             match outcome {
@@ -352,6 +415,10 @@ impl EtcdLock {
         }
     }
 
+    fn mutex_guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
+        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
+    }
+
     /// What a release or extend of a lease that is not (any more) ours reports.
     fn not_ours<T>(held_by_other: bool, held: T, expired: T) -> T {
         if held_by_other {
@@ -385,11 +452,34 @@ impl EtcdLock {
     }
 }
 
-/// Where a lease's key is: its lock's range, its own key, its create revision.
+/// Makes a granted contender's guard of its primitive.
+pub(crate) type MakeGuard<'a> = dyn Fn(Lease, LeaseMonitor) -> LockGuard + Send + Sync + 'a;
+
+/// The low bits of an owner token that say which primitive's lease it is (the rest is
+/// the lease id the key is named by, and random bits).
+const KIND_TAG: u64 = 0b11;
+
+fn kind_tag(kind: Kind) -> u64 {
+    match kind {
+        Kind::Mutex => 0,
+        Kind::Permit(_) => 1,
+        Kind::Read => 2,
+        Kind::Write => 3,
+    }
+}
+
+/// Where a lease's key is: its lock's range, its own key, its create revision. The
+/// primitive comes from the owner token's tag; a permit's count does not matter here.
 fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
-    let prefix = lock.lock_prefix(lease.key());
+    let kind = match lease.owner().as_u128() as u64 & KIND_TAG {
+        0 => Kind::Mutex,
+        1 => Kind::Permit(1),
+        2 => Kind::Read,
+        _ => Kind::Write,
+    };
+    let prefix = kind.range(&lock.inner.prefix, lease.key());
     let id = (lease.owner().as_u128() >> 64) as u64 as i64;
-    let own = contender_key(&prefix, id);
+    let own = kind.own_key(&prefix, id);
     let revision = lease
         .fencing_token()
         .and_then(|t| i64::try_from(t.get()).ok())
@@ -410,45 +500,22 @@ impl DistributedLock for EtcdLock {
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        self.contend(key, options, &WaitReport::new(), false).await
+        self.contend(
+            key,
+            Kind::Mutex,
+            options,
+            &WaitReport::new(),
+            false,
+            &|lease, monitor| self.mutex_guard(lease, monitor, options),
+        )
+        .await
     }
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        let bound = WaitBound::starting_now(options, WAIT_GRACE);
-        let wait = bound.deadline != Some(bound.started);
-        let report = WaitReport::new();
-        let attempts = async {
-            // Retryable errors (a member going away mid-request, a leader election) are
-            // retried with backoff while the acquire may wait; each failed attempt's
-            // lease is revoked by its `Undo`.
-            let mut delays = options.backoff().delays();
-            loop {
-                match self.contend(key, options, &report, wait).await {
-                    Ok(Some(guard)) => return Ok(guard),
-                    Ok(None) => {
-                        return Err(LockError::Timeout {
-                            backend: ETCD_BACKEND,
-                            key: key.clone(),
-                            waited: bound.started.elapsed(),
-                        })
-                    }
-                    Err(error) if wait && error.is_retryable() => {
-                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
-                        tokio::time::sleep(delays.next_delay()).await;
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
-        };
-        let hosts = self.inner.session.hosts.clone();
-        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
-            LockError::connection_at(
-                ETCD_BACKEND,
-                hosts,
-                format!("no answer from etcd within the wait of {wait:?}"),
-            )
+        self.acquire_with(key, Kind::Mutex, options, &|lease, monitor| {
+            self.mutex_guard(lease, monitor, options)
         })
         .await
     }

@@ -20,21 +20,35 @@ pub(crate) struct Requests {
 }
 
 /// What putting our contender found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Placed {
     /// Our key's create revision: our place in the queue, and the fencing token.
     pub(crate) revision: i64,
-    /// Whether ours is the oldest contender (we hold the lock).
+    /// Whether ours holds: fewer than the rule's room of blocking contenders are older.
     pub(crate) first: bool,
+    /// The oldest blocking contenders (up to the room, ours among them if it blocks),
+    /// with their values when the rule asked for them.
+    pub(crate) seen: Vec<KeyValue>,
+}
+
+/// Which contenders keep ours from holding: `room` or more contenders of the range
+/// `blocking` older than ours (the mutex: one of its whole range).
+#[derive(Debug, Clone)]
+pub(crate) struct Rule {
+    pub(crate) blocking: String,
+    pub(crate) room: usize,
+    /// Whether placing reads the blocking contenders' values (the semaphore's counts).
+    pub(crate) values: bool,
 }
 
 /// What looking behind our contender found.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// No older contender: ours holds the lock.
+    /// Fewer blocking contenders than the room are older: ours holds.
     Ours,
-    /// The youngest older contender's key.
-    After(Vec<u8>),
+    /// The youngest older blocking contenders' keys (as many as the room): ours holds
+    /// once one of them goes, or earlier.
+    After(Vec<Vec<u8>>),
     /// Our own key is gone (its lease expired or was revoked, or it was deleted).
     Gone,
 }
@@ -87,26 +101,30 @@ impl Requests {
         .map(drop)
     }
 
-    /// Puts `key` (empty value) under `lease` unless it exists, and in the same
-    /// transaction reads the oldest contender of `lock_prefix`.
+    /// Puts `key` (with `value`) under `lease` unless it exists, and in the same
+    /// transaction reads the oldest contenders of `rule.blocking` (up to its room).
     pub(crate) async fn place(
         &self,
-        lock_prefix: &str,
+        rule: &Rule,
         key: &str,
+        value: &str,
         lease: i64,
     ) -> Result<Placed, Fail> {
-        let oldest = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
+        let mut oldest = GetOptions::new()
+            .with_range(prefix_end(&rule.blocking))
             .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
-            .with_keys_only();
+            .with_limit(i64::try_from(rule.room).unwrap_or(i64::MAX));
+        if !rule.values {
+            oldest = oldest.with_keys_only();
+        }
+        let blocking = rule.blocking.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
-                TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(lock_prefix, Some(oldest.clone())),
+                TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
+                TxnOp::get(blocking, Some(oldest.clone())),
             ])
-            .or_else([TxnOp::get(key, None), TxnOp::get(lock_prefix, Some(oldest))]);
+            .or_else([TxnOp::get(key, None), TxnOp::get(blocking, Some(oldest))]);
         let response = self.txn(txn).await?;
         let responses = response.op_responses();
         let revision = if response.succeeded() {
@@ -115,34 +133,38 @@ impl Requests {
             // The key exists already: an earlier attempt's put was applied.
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
         };
-        let oldest = first_kv(responses.get(1)).map_or(0, KeyValue::create_revision);
         if revision <= 0 {
             return Err(Fail::Etcd(etcd_client::Error::Internal(
                 "etcd's answer to the contender put carried no revision".into(),
             )));
         }
+        let seen = match responses.get(1) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+            _ => Vec::new(),
+        };
+        let older = seen
+            .iter()
+            .filter(|kv| kv.create_revision() < revision)
+            .count();
         Ok(Placed {
             revision,
-            first: oldest == revision,
+            first: older < rule.room,
+            seen,
         })
     }
 
-    /// Looks for the youngest contender of `lock_prefix` older than `revision` (ours),
-    /// and checks that our `key` still exists, in one transaction.
-    pub(crate) async fn turn(
-        &self,
-        lock_prefix: &str,
-        key: &str,
-        revision: i64,
-    ) -> Result<Turn, Fail> {
+    /// Looks for the youngest contenders of `rule.blocking` older than `revision`
+    /// (ours), as many as the room, and checks that our `key` still exists, in one
+    /// transaction.
+    pub(crate) async fn turn(&self, rule: &Rule, key: &str, revision: i64) -> Result<Turn, Fail> {
         let before = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
+            .with_range(prefix_end(&rule.blocking))
             .with_max_create_revision(revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
+            .with_limit(i64::try_from(rule.room).unwrap_or(i64::MAX))
             .with_keys_only();
         let txn = Txn::new().and_then([
-            TxnOp::get(lock_prefix, Some(before)),
+            TxnOp::get(rule.blocking.as_str(), Some(before)),
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
         ]);
         let response = self.txn(txn).await?;
@@ -150,26 +172,40 @@ impl Requests {
         if first_kv(responses.get(1)).is_none_or(|kv| kv.create_revision() != revision) {
             return Ok(Turn::Gone);
         }
-        Ok(match first_kv(responses.first()) {
-            None => Turn::Ours,
-            Some(older) => Turn::After(older.key().to_vec()),
+        let older: Vec<Vec<u8>> = match responses.first() {
+            Some(TxnOpResponse::Get(get)) => get.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            _ => Vec::new(),
+        };
+        Ok(if older.len() < rule.room {
+            Turn::Ours
+        } else {
+            Turn::After(older)
         })
     }
 
-    /// Resolves once `key` is deleted (at once if it is gone already). Not bounded by
-    /// the request timeout: it waits for as long as the key lives. Errors when the watch
+    /// Resolves once one of `keys` (in the range `range`) is deleted (at once if one
+    /// is gone already). One key is watched alone; several (a semaphore's) through a
+    /// watch of `range` whose other deletions are passed over. Not bounded by the
+    /// request timeout: it waits for as long as the keys live. Errors when the watch
     /// cannot be made or breaks.
     ///
-    /// The watch starts at the current revision, and the key is looked at once the
+    /// The watch starts at the current revision, and the keys are looked at once the
     /// watch is in place, so a deletion in between is not missed. (A watch from an
     /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
     /// under contention most hand-offs would wait for it.)
-    pub(crate) async fn deleted(&self, key: Vec<u8>) -> Result<(), Fail> {
+    pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<(), Fail> {
         let watch = self.client.watch_client();
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let (start, mut options) = match keys.as_slice() {
+            [key] => (key.clone(), WatchOptions::new()),
+            _ => (
+                range.as_bytes().to_vec(),
+                WatchOptions::new().with_range(prefix_end(range)),
+            ),
+        };
+        options = options.with_filters([WatchFilterType::NoPut]);
         let mut stream = sent(self.timeout, || {
-            let (mut watch, key, options) = (watch.clone(), key.clone(), options.clone());
-            async move { watch.watch(key, Some(options)).await }
+            let (mut watch, start, options) = (watch.clone(), start.clone(), options.clone());
+            async move { watch.watch(start, Some(options)).await }
         })
         .await?;
         let mut looked = false;
@@ -182,24 +218,16 @@ impl Requests {
             match message? {
                 Some(response) => {
                     if response.canceled()
-                        || response
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
+                        || response.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv().is_some_and(|kv| keys.iter().any(|k| k == kv.key()))
+                        })
                     {
                         return Ok(());
                     }
                     if response.created() && !looked {
                         looked = true;
-                        let found =
-                            sent(self.timeout, || {
-                                let (mut kv, key) = (self.client.kv_client(), key.clone());
-                                async move {
-                                    kv.get(key, Some(GetOptions::new().with_count_only())).await
-                                }
-                            })
-                            .await?;
-                        if found.count() == 0 {
+                        if !self.all_present(&keys, range).await? {
                             return Ok(());
                         }
                     }
@@ -211,6 +239,27 @@ impl Requests {
                 }
             }
         }
+    }
+
+    /// Whether every one of `keys` (in the range `range`) exists.
+    async fn all_present(&self, keys: &[Vec<u8>], range: &str) -> Result<bool, Fail> {
+        let (start, options) = match keys {
+            [key] => (key.clone(), GetOptions::new().with_keys_only()),
+            _ => (
+                range.as_bytes().to_vec(),
+                GetOptions::new()
+                    .with_range(prefix_end(range))
+                    .with_keys_only(),
+            ),
+        };
+        let found = sent(self.timeout, || {
+            let (mut kv, start, options) = (self.client.kv_client(), start.clone(), options.clone());
+            async move { kv.get(start, Some(options)).await }
+        })
+        .await?;
+        Ok(keys
+            .iter()
+            .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice())))
     }
 
     /// Deletes `key` if its create revision is `revision`; returns the deleted key's

@@ -1,0 +1,281 @@
+//! The semaphore and the read-write lock against real etcd: their keys sit where the
+//! docs say (the read-write lock in the layout of etcd's `recipes.RWMutex`, so its
+//! keys and ours exclude each other), a semaphore waiter is granted when any of the
+//! holders before it leaves, and nothing (no key, no lease) is left once they end.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{etcdctl, keys_under, shared_port, start_server, url_for};
+use distlock_api::{
+    DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions, RwMode, WaitPolicy,
+};
+use distlock_etcd::EtcdLock;
+
+fn key(label: &str) -> LockKey {
+    LockKey::new(format!("prims-{label}-{:08x}", rand::random::<u32>())).unwrap()
+}
+
+fn no_wait(ttl: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
+}
+
+fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
+    LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+async fn connect(port: u16) -> EtcdLock {
+    EtcdLock::connect(&url_for(port))
+        .await
+        .expect("connects to etcd")
+}
+
+/// The ids `etcdctl lease list` shows on the server at `port`.
+fn leases(port: u16) -> Vec<String> {
+    etcdctl(port, &["lease", "list"])
+        .lines()
+        .filter(|l| l.starts_with("id: "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// On a server of its own (so that no other test's lease is listed): permits and
+/// read-write grants that are released, given up, dropped mid-wait, refused by a
+/// try-acquire or a count mismatch, and granted after a wait leave no key and no lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_left_once_permits_and_rw_grants_end() {
+    let server = start_server().await;
+    let port = server.port();
+    let (a, b) = (connect(port).await, connect(port).await);
+    let ttl = Duration::from_secs(5);
+    let options = waiting(ttl, Duration::from_secs(10));
+
+    // Semaphore of 2.
+    let key = key("sem-leftovers");
+    let range = a.semaphore_prefix(&key);
+    let (sa, sb) = (a.semaphore(), b.semaphore());
+    let first = sa.acquire(&key, 2, &options).await.unwrap();
+    let second = sb.acquire(&key, 2, &options).await.unwrap();
+    assert!(sb.try_acquire(&key, 2, &no_wait(ttl)).await.unwrap().is_none());
+    let mismatch = sb.try_acquire(&key, 3, &no_wait(ttl)).await;
+    assert!(
+        matches!(mismatch, Err(LockError::PermitMismatch { .. })),
+        "{mismatch:?}"
+    );
+    let gave_up = sb
+        .acquire(&key, 2, &waiting(ttl, Duration::from_millis(200)))
+        .await;
+    assert!(
+        matches!(gave_up, Err(LockError::Timeout { .. })),
+        "{gave_up:?}"
+    );
+    let dropped = {
+        let (sb, key, options) = (sb.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { sb.acquire(&key, 2, &options).await.map(drop) })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await,
+        "the waiter did not queue: {:?}",
+        keys_under(port, &range)
+    );
+    dropped.abort();
+    let _ = dropped.await;
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        "a dropped waiter left its key: {:?}",
+        keys_under(port, &range)
+    );
+    let next = {
+        let (sb, key, options) = (sb.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { sb.acquire(&key, 2, &options).await })
+    };
+    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    first.release().await.unwrap();
+    let next = next.await.unwrap().unwrap();
+    second.release().await.unwrap();
+    drop(next);
+
+    // Read-write lock: two readers, a writer dropped mid-wait, a writer granted after.
+    let key = key_rw();
+    let range = a.rw_prefix(&key);
+    let (ra, rb) = (a.rw_lock(), b.rw_lock());
+    let r1 = ra.acquire(&key, RwMode::Read, &options).await.unwrap();
+    let r2 = rb.acquire(&key, RwMode::Read, &options).await.unwrap();
+    assert!(rb
+        .try_acquire(&key, RwMode::Write, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
+    let dropped = {
+        let (rb, key, options) = (rb.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { rb.acquire(&key, RwMode::Write, &options).await.map(drop) })
+    };
+    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    dropped.abort();
+    let _ = dropped.await;
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        "a dropped writer left its key: {:?}",
+        keys_under(port, &range)
+    );
+    let writer = {
+        let (rb, key, options) = (rb.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { rb.acquire(&key, RwMode::Write, &options).await })
+    };
+    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    // A waiting writer holds new readers back.
+    assert!(ra
+        .try_acquire(&key, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
+    r1.release().await.unwrap();
+    r2.release().await.unwrap();
+    let writer = writer.await.unwrap().unwrap();
+    writer.release().await.unwrap();
+
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, "distlock/").is_empty()).await,
+        "keys left: {:?}",
+        keys_under(port, "distlock/")
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || leases(port).is_empty()).await,
+        "leases left: {:?}",
+        leases(port)
+    );
+}
+
+fn key_rw() -> LockKey {
+    key("rw-leftovers")
+}
+
+/// With 2 permits held by A (older) and B, waiters C and D: B's release grants C (it
+/// watches both holders), not D; A's release then grants D.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_permit_waiter_is_granted_by_any_holder_leaving_in_order() {
+    let port = shared_port();
+    let lock = connect(port).await;
+    let semaphore = lock.semaphore();
+    let key = key("sem-order");
+    let range = lock.semaphore_prefix(&key);
+    let ttl = Duration::from_secs(10);
+    let options = waiting(ttl, Duration::from_secs(20));
+    let a = semaphore.acquire(&key, 2, &options).await.unwrap();
+    let b = semaphore.acquire(&key, 2, &options).await.unwrap();
+    let spawn_waiter = || {
+        let (semaphore, key, options) = (semaphore.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { semaphore.acquire(&key, 2, &options).await })
+    };
+    let c = spawn_waiter();
+    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    let d = spawn_waiter();
+    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 4).await);
+    let released = Instant::now();
+    b.release().await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(3), c)
+        .await
+        .expect("the first waiter is granted when the younger holder leaves")
+        .unwrap()
+        .unwrap();
+    let took = released.elapsed();
+    assert!(!d.is_finished(), "the second waiter jumped the queue");
+    assert!(
+        c.fencing_token() > a.fencing_token(),
+        "tokens follow arrival"
+    );
+    a.release().await.unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(3), d)
+        .await
+        .expect("the second waiter is granted when the older holder leaves")
+        .unwrap()
+        .unwrap();
+    assert!(d.fencing_token() > c.fencing_token());
+    c.release().await.unwrap();
+    d.release().await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+    eprintln!("hand-off to the waiter watching both holders took {took:?}");
+}
+
+/// Keys laid out as etcd's Go `recipes.RWMutex` puts them (`PFX/write/<unix nanos>`,
+/// `PFX/read/<unix nanos>`, under a lease) and ours exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_rwmutex_keys_and_ours_exclude_each_other() {
+    let port = shared_port();
+    let lock = connect(port).await;
+    let rw = lock.rw_lock();
+    let key = key("go-rw");
+    let range = lock.rw_prefix(&key);
+    let ttl = Duration::from_secs(5);
+    let grant = etcdctl(port, &["lease", "grant", "30"]);
+    let lease = grant
+        .split_whitespace()
+        .nth(1)
+        .expect("etcdctl prints `lease <id> granted with TTL(30s)`")
+        .to_owned();
+
+    // A Go writer holds: neither our reader nor our writer gets in.
+    let go_writer = format!("{range}write/1732700000000000001");
+    etcdctl(port, &["put", "--lease", &lease, &go_writer, ""]);
+    for mode in [RwMode::Read, RwMode::Write] {
+        assert!(
+            rw.try_acquire(&key, mode, &no_wait(ttl))
+                .await
+                .unwrap()
+                .is_none(),
+            "our {} got in beside a Go writer",
+            mode.as_str()
+        );
+    }
+    etcdctl(port, &["del", &go_writer]);
+
+    // A Go reader holds: our reader shares, our writer waits.
+    let go_reader = format!("{range}read/1732700000000000002");
+    etcdctl(port, &["put", "--lease", &lease, &go_reader, ""]);
+    let reader = rw
+        .try_acquire(&key, RwMode::Read, &no_wait(ttl))
+        .await
+        .unwrap()
+        .expect("our reader shares with a Go reader");
+    assert!(rw
+        .try_acquire(&key, RwMode::Write, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
+    reader.release().await.unwrap();
+    let writer = {
+        let (rw, key) = (rw.clone(), key.clone());
+        tokio::spawn(async move {
+            rw.acquire(&key, RwMode::Write, &waiting(ttl, Duration::from_secs(10)))
+                .await
+        })
+    };
+    // Our waiting writer sits where a Go reader looks for writers (`PFX/write`).
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &format!("{range}write/"))
+            .len()
+            == 1)
+        .await
+    );
+    etcdctl(port, &["lease", "revoke", &lease]);
+    let writer = tokio::time::timeout(Duration::from_secs(3), writer)
+        .await
+        .expect("our writer is granted once the Go reader goes")
+        .unwrap()
+        .unwrap();
+    writer.release().await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+}
