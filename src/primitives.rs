@@ -235,4 +235,18 @@ mod tests {
         let rw = connect_rw(url).await.expect_err("nothing listens");
         assert!(matches!(rw, LockError::Connection { .. }), "{rw}");
     }
+
+    /// etcd offers both too.
+    #[cfg(feature = "etcd")]
+    #[tokio::test]
+    async fn etcd_offers_both_primitives() {
+        let url = "etcd://127.0.0.1:1";
+        let semaphore = connect_semaphore(url).await.expect_err("nothing listens");
+        assert!(
+            matches!(semaphore, LockError::Connection { .. }),
+            "{semaphore}"
+        );
+        let rw = connect_rw(url).await.expect_err("nothing listens");
+        assert!(matches!(rw, LockError::Connection { .. }), "{rw}");
+    }
 }

@@ -29,6 +29,17 @@ pub fn encode_key(key: &LockKey) -> String {
     out
 }
 
+/// The namespace of a primitive under the prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Space {
+    /// The mutex's: `P/<K>/`.
+    Mutex,
+    /// The semaphore's: `P/.semaphore/<K>/`.
+    Semaphore,
+    /// The read-write lock's: `P/.rw/<K>/`.
+    Rw,
+}
+
 /// A contender's primitive: where its key goes and which older contenders keep it
 /// from holding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
-use crate::keys::{lock_prefix, Kind};
+use crate::keys::{lock_prefix, Kind, Space};
 use crate::loss::LossWatch;
 use crate::recipe::{Requests, Rule, Turn};
 use crate::session::{LiveLeases, Session};
@@ -40,6 +40,9 @@ const WAIT_GRACE: Duration = Duration::from_millis(50);
 #[derive(Clone)]
 pub struct EtcdLock {
     inner: Arc<Inner>,
+    /// Whose leases this handle releases and extends: the mutex's, or (inside an
+    /// [`crate::EtcdSemaphore`] or [`crate::EtcdRwLock`]) theirs.
+    space: Space,
 }
 
 struct Inner {
@@ -106,6 +109,7 @@ impl EtcdLock {
         };
         let loss = LossWatch::spawn(session.client.clone(), &url.prefix, config.request_timeout);
         Ok(EtcdLock {
+            space: Space::Mutex,
             inner: Arc::new(Inner {
                 session,
                 requests,
@@ -120,6 +124,14 @@ impl EtcdLock {
     /// `etcdctl lock` on this name without the trailing `/` contends for the same lock.
     pub fn lock_prefix(&self, key: &LockKey) -> String {
         lock_prefix(&self.inner.prefix, key)
+    }
+
+    /// This client, releasing and extending the leases of `space`.
+    pub(crate) fn in_space(&self, space: Space) -> EtcdLock {
+        EtcdLock {
+            inner: self.inner.clone(),
+            space,
+        }
     }
 
     /// The URL's key prefix (no trailing `/`).
@@ -330,7 +342,7 @@ impl EtcdLock {
         let valid_from = sent;
         let owner = OwnerToken::from_u128(
             (u128::from(named as u64) << 64)
-                | u128::from(rand::random::<u64>() & !KIND_TAG)
+                | u128::from(rand::random::<u64>() & !READ_TAG)
                 | u128::from(kind_tag(kind)),
         );
         let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
@@ -455,27 +467,28 @@ impl EtcdLock {
 /// Makes a granted contender's guard of its primitive.
 pub(crate) type MakeGuard<'a> = dyn Fn(Lease, LeaseMonitor) -> LockGuard + Send + Sync + 'a;
 
-/// The low bits of an owner token that say which primitive's lease it is (the rest is
-/// the lease id the key is named by, and random bits).
-const KIND_TAG: u64 = 0b11;
+/// The low bit of an owner token that marks a reader's lease (the rest is the lease id
+/// the key is named by, and random bits).
+const READ_TAG: u64 = 1;
 
+/// The tag of a `kind` contender's owner token.
 fn kind_tag(kind: Kind) -> u64 {
     match kind {
-        Kind::Mutex => 0,
-        Kind::Permit(_) => 1,
-        Kind::Read => 2,
-        Kind::Write => 3,
+        Kind::Read => READ_TAG,
+        _ => 0,
     }
 }
 
 /// Where a lease's key is: its lock's range, its own key, its create revision. The
-/// primitive comes from the owner token's tag; a permit's count does not matter here.
+/// namespace is the handle's; a reader's lease is told from a writer's by its owner
+/// token's tag (a forged token may name a key that is not there, which reads as not
+/// ours either way). A permit's count does not matter here.
 fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
-    let kind = match lease.owner().as_u128() as u64 & KIND_TAG {
-        0 => Kind::Mutex,
-        1 => Kind::Permit(1),
-        2 => Kind::Read,
-        _ => Kind::Write,
+    let kind = match lock.space {
+        Space::Mutex => Kind::Mutex,
+        Space::Semaphore => Kind::Permit(1),
+        Space::Rw if lease.owner().as_u128() as u64 & READ_TAG != 0 => Kind::Read,
+        Space::Rw => Kind::Write,
     };
     let prefix = kind.range(&lock.inner.prefix, lease.key());
     let id = (lease.owner().as_u128() >> 64) as u64 as i64;

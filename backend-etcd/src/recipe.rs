@@ -253,7 +253,8 @@ impl Requests {
             ),
         };
         let found = sent(self.timeout, || {
-            let (mut kv, start, options) = (self.client.kv_client(), start.clone(), options.clone());
+            let (mut kv, start, options) =
+                (self.client.kv_client(), start.clone(), options.clone());
             async move { kv.get(start, Some(options)).await }
         })
         .await?;

@@ -19,11 +19,11 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::WaitReport;
 use distlock_api::{
-    BackendInfo, DistributedLock, DistributedRwLock, ExtendOutcome, Lease, LeaseMonitor,
-    LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode,
+    BackendInfo, DistributedLock, DistributedRwLock, ExtendOutcome, Lease, LeaseMonitor, LockError,
+    LockGuard, LockKey, LockOptions, ReleaseOutcome, RwMode,
 };
 
-use crate::keys::Kind;
+use crate::keys::{Kind, Space};
 use crate::lock::ETCD_CAPABILITIES;
 use crate::{EtcdLock, ETCD_BACKEND};
 
@@ -65,7 +65,9 @@ pub struct EtcdRwLock {
 impl EtcdLock {
     /// A read-write lock client on this client's connection.
     pub fn rw_lock(&self) -> EtcdRwLock {
-        EtcdRwLock { lock: self.clone() }
+        EtcdRwLock {
+            lock: self.in_space(Space::Rw),
+        }
     }
 
     /// The range of `key`'s read-write lock, `PREFIX/.rw/<encoded key>/` (never a

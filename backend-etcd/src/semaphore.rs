@@ -23,7 +23,7 @@ use distlock_api::{
 };
 use etcd_client::KeyValue;
 
-use crate::keys::Kind;
+use crate::keys::{Kind, Space};
 use crate::lock::ETCD_CAPABILITIES;
 use crate::{EtcdLock, ETCD_BACKEND};
 
@@ -53,7 +53,9 @@ pub struct EtcdSemaphore {
 impl EtcdLock {
     /// A semaphore client on this client's connection.
     pub fn semaphore(&self) -> EtcdSemaphore {
-        EtcdSemaphore { lock: self.clone() }
+        EtcdSemaphore {
+            lock: self.in_space(Space::Semaphore),
+        }
     }
 
     /// The range of `key`'s semaphore, `PREFIX/.semaphore/<encoded key>/` (never a
@@ -148,9 +150,12 @@ impl DistributedSemaphore for EtcdSemaphore {
     ) -> Result<LockGuard, LockError> {
         Self::checked(max_permits, options)?;
         self.lock
-            .acquire_with(key, Kind::Permit(max_permits), options, &|lease, monitor| {
-                self.guard(lease, monitor, options)
-            })
+            .acquire_with(
+                key,
+                Kind::Permit(max_permits),
+                options,
+                &|lease, monitor| self.guard(lease, monitor, options),
+            )
             .await
     }
 

@@ -69,7 +69,11 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
     let (sa, sb) = (a.semaphore(), b.semaphore());
     let first = sa.acquire(&key, 2, &options).await.unwrap();
     let second = sb.acquire(&key, 2, &options).await.unwrap();
-    assert!(sb.try_acquire(&key, 2, &no_wait(ttl)).await.unwrap().is_none());
+    assert!(sb
+        .try_acquire(&key, 2, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
     let mismatch = sb.try_acquire(&key, 3, &no_wait(ttl)).await;
     assert!(
         matches!(mismatch, Err(LockError::PermitMismatch { .. })),
@@ -87,14 +91,18 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
         tokio::spawn(async move { sb.acquire(&key, 2, &options).await.map(drop) })
     };
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await,
         "the waiter did not queue: {:?}",
         keys_under(port, &range)
     );
     dropped.abort();
     let _ = dropped.await;
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 2)
+        .await,
         "a dropped waiter left its key: {:?}",
         keys_under(port, &range)
     );
@@ -102,7 +110,11 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
         let (sb, key, options) = (sb.clone(), key.clone(), options.clone());
         tokio::spawn(async move { sb.acquire(&key, 2, &options).await })
     };
-    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await
+    );
     first.release().await.unwrap();
     let next = next.await.unwrap().unwrap();
     second.release().await.unwrap();
@@ -123,11 +135,17 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
         let (rb, key, options) = (rb.clone(), key.clone(), options.clone());
         tokio::spawn(async move { rb.acquire(&key, RwMode::Write, &options).await.map(drop) })
     };
-    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await
+    );
     dropped.abort();
     let _ = dropped.await;
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 2)
+        .await,
         "a dropped writer left its key: {:?}",
         keys_under(port, &range)
     );
@@ -135,7 +153,11 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
         let (rb, key, options) = (rb.clone(), key.clone(), options.clone());
         tokio::spawn(async move { rb.acquire(&key, RwMode::Write, &options).await })
     };
-    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await
+    );
     // A waiting writer holds new readers back.
     assert!(ra
         .try_acquire(&key, RwMode::Read, &no_wait(ttl))
@@ -148,7 +170,9 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
     writer.release().await.unwrap();
 
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, "distlock/").is_empty()).await,
+        eventually(Duration::from_secs(5), || keys_under(port, "distlock/")
+            .is_empty())
+        .await,
         "keys left: {:?}",
         keys_under(port, "distlock/")
     );
@@ -181,9 +205,17 @@ async fn a_permit_waiter_is_granted_by_any_holder_leaving_in_order() {
         tokio::spawn(async move { semaphore.acquire(&key, 2, &options).await })
     };
     let c = spawn_waiter();
-    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 3).await);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await
+    );
     let d = spawn_waiter();
-    assert!(eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 4).await);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 4)
+        .await
+    );
     let released = Instant::now();
     b.release().await.unwrap();
     let c = tokio::time::timeout(Duration::from_secs(3), c)
@@ -265,8 +297,11 @@ async fn go_rwmutex_keys_and_ours_exclude_each_other() {
     };
     // Our waiting writer sits where a Go reader looks for writers (`PFX/write`).
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &format!("{range}write/"))
-            .len()
+        eventually(Duration::from_secs(5), || keys_under(
+            port,
+            &format!("{range}write/")
+        )
+        .len()
             == 1)
         .await
     );
