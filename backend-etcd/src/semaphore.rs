@@ -7,7 +7,9 @@
 //! revision and the `max` oldest hold a permit. A waiter watches the `max` youngest
 //! contenders older than its own: it can hold only once one of those goes (with
 //! `k ≥ max` older contenders it holds once `k - max + 1` have gone, and only `k - max`
-//! are not watched), so a deletion wakes at most `max` waiters, never the whole queue.
+//! are not watched), so a deletion makes at most `max` waiters look again, never the
+//! whole queue. (One watched key is watched alone; several through one watch of the
+//! range, whose other deletions the waiter passes over without a request.)
 //! Permits pass on in FIFO order of arrival. Leases, keep-alives, the loss watch, the
 //! waiting lease, release, extend and clean-up are the mutex's.
 
