@@ -331,7 +331,8 @@ impl Requests {
     }
 
     /// Moves `key` (if its create revision is still `revision`) to lease `lease`,
-    /// keeping its create revision; else whether any contender holds `lock_prefix`.
+    /// keeping its create revision and its value (a permit's count); else whether any
+    /// contender holds `lock_prefix`.
     pub(crate) async fn move_to_lease(
         &self,
         lock_prefix: &str,
@@ -344,7 +345,7 @@ impl Requests {
             .and_then([TxnOp::put(
                 key,
                 "",
-                Some(PutOptions::new().with_lease(lease)),
+                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
             )])
             .or_else([TxnOp::get(
                 lock_prefix,

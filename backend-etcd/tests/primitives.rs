@@ -314,3 +314,69 @@ async fn go_rwmutex_keys_and_ours_exclude_each_other() {
     writer.release().await.unwrap();
     assert!(keys_under(port, &range).is_empty());
 }
+
+/// A permit waiter of a lock whose TTL is above the 3 s waiting lease moves its key to
+/// that lease while it waits and back once granted; both moves keep the count it
+/// records, so a newcomer with another count is still refused once it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_permit_waiter_keeps_its_count() {
+    use distlock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+
+    let port = shared_port();
+    let lock = connect(port).await;
+    let semaphore = lock.semaphore();
+    let key = key("sem-parked");
+    let range = lock.semaphore_prefix(&key);
+    let ttl = Duration::from_secs(10);
+    let mut etcd = Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let holder = semaphore
+        .acquire(&key, 1, &waiting(ttl, Duration::from_secs(5)))
+        .await
+        .unwrap();
+    let waiter = {
+        let (semaphore, key) = (semaphore.clone(), key.clone());
+        tokio::spawn(async move {
+            semaphore
+                .acquire(&key, 1, &waiting(ttl, Duration::from_secs(20)))
+                .await
+        })
+    };
+    // Wait for the waiter's key to sit on a lease of 3 s.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let parked = loop {
+        let by_age = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let found = etcd.get(range.as_str(), Some(by_age)).await.unwrap();
+        if let [_, youngest] = found.kvs() {
+            let granted = etcd
+                .lease_time_to_live(youngest.lease(), None)
+                .await
+                .unwrap()
+                .granted_ttl();
+            if granted == 3 {
+                break youngest.value().to_vec();
+            }
+        }
+        assert!(Instant::now() < deadline, "the waiter never parked");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(parked, b"distlock:permits=1");
+    holder.release().await.unwrap();
+    let granted = waiter.await.unwrap().unwrap();
+    let found = etcd
+        .get(range.as_str(), Some(GetOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    assert_eq!(found.kvs().len(), 1);
+    assert_eq!(found.kvs()[0].value(), b"distlock:permits=1");
+    let other = semaphore.try_acquire(&key, 2, &no_wait(ttl)).await;
+    assert!(
+        matches!(other, Err(LockError::PermitMismatch { .. })),
+        "{other:?}"
+    );
+    granted.release().await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+}
