@@ -39,7 +39,8 @@ use crate::{EtcdLock, ETCD_BACKEND};
 /// **Fencing tokens**: the grant's key's create revision. A writer is granted only
 /// when every older key is gone and a reader only when every older writer is, so a
 /// writer's token is above that of every grant before it and below that of every
-/// grant after it; readers granted together do not fence each other.
+/// grant after it; readers granted together do not fence each other (each learns
+/// its grant on its own, so the younger may return first).
 ///
 /// **Beside Go's `recipes.RWMutex`.** That recipe ranks contenders by *mod* revision,
 /// ours by create revision: the same for a key never written again. Hence two

@@ -37,7 +37,8 @@ pub const PERMITS_VALUE_PREFIX: &str = "distlock:permits=";
 ///
 /// A permit's fencing token is its key's create revision: contenders are granted in
 /// create-revision order, so a permit's token is above every earlier permit grant's
-/// on the key. It orders and identifies grants; since several permits are valid at
+/// on the key. Waiters granted by the same deletions (two holders leaving at once)
+/// each learn it on their own, so the younger may return first. It orders and identifies grants; since several permits are valid at
 /// once, a resource cannot use it to refuse "everything below the highest token seen".
 ///
 /// **Permit counts.** Every permit key records its count. An acquire reads the `max`
