@@ -5,7 +5,9 @@
 //! `concurrency.NewMutex(session, "P/<name>")` (and so `etcdctl lock P/<name>`) does.
 //! The semaphore and the read-write lock have namespaces of their own,
 //! `P/.semaphore/<encode_key(K)>/` and `P/.rw/<encode_key(K)>/`: no key encodes to a
-//! name starting with `.`, so no range lies inside another.
+//! name starting with `.`, so no range lies inside another. A read-write grant after a
+//! wait also writes a marker `P/.rw-granted/<encode_key(K)>/<lease id in hex>` (see
+//! [`crate::EtcdRwLock`]).
 
 use distlock_api::LockKey;
 
@@ -84,6 +86,21 @@ impl Kind {
         }
     }
 
+    /// Where a read-write contender named by `lease_id` puts its grant's marker (the
+    /// write whose revision is a waited grant's fencing token, see
+    /// [`crate::EtcdRwLock`]): `P/.rw-granted/<K>/<lease>`, outside the lock's range
+    /// `P/.rw/<K>/` (and outside the range a Go `RWMutex` on `P/.rw/<K>` reads), so no
+    /// contender ranks it. Other primitives write no marker.
+    pub(crate) fn grant_marker(self, prefix: &str, key: &LockKey, lease_id: i64) -> Option<String> {
+        match self {
+            Kind::Read | Kind::Write => Some(contender_key(
+                &format!("{prefix}/.rw-granted/{}/", encode_key(key)),
+                lease_id,
+            )),
+            Kind::Mutex | Kind::Permit(_) => None,
+        }
+    }
+
     /// How many older blocking contenders ours may have and still hold.
     pub(crate) fn room(self) -> usize {
         match self {
@@ -140,6 +157,11 @@ mod tests {
         assert_eq!(Kind::Read.own_key("p/.rw/a/", 0x1f), "p/.rw/a/read/1f");
         assert_eq!(Kind::Read.blocking("p/.rw/a/"), "p/.rw/a/write/");
         assert_eq!(Kind::Write.blocking("p/.rw/a/"), "p/.rw/a/");
+        assert_eq!(
+            Kind::Read.grant_marker("p", &key("a"), 0x1f).as_deref(),
+            Some("p/.rw-granted/a/1f")
+        );
+        assert_eq!(Kind::Permit(2).grant_marker("p", &key("a"), 1), None);
         assert_eq!(lock_prefix("distlock", &key("a b")), "distlock/a%20b/");
         assert_eq!(contender_key("p/k/", 0x694d_7a1b), "p/k/694d7a1b");
     }

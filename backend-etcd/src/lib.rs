@@ -40,8 +40,9 @@
 //!   process dies holds up the queue for seconds, not for the lock's TTL; once granted,
 //!   its key moves to a lease of the lock's TTL. Retryable errors (a member going away,
 //!   a leader election) are retried within the wait.
-//! - **release** deletes the key if its create revision is still the lease's fencing
-//!   token (one transaction), then revokes the lease. A key that is gone reads
+//! - **release** deletes the key if its create revision is still the one the lease
+//!   records (in its owner token; for the mutex it is also the fencing token) in one
+//!   transaction, then revokes the lease. A key that is gone reads
 //!   `Expired`, or `HeldByOther` while another contender is in the range.
 //! - **extend** by up to the lease's own TTL is a lease keep-alive (with a check, in the
 //!   same round trip, that the key is still ours); by another TTL it grants a lease of
@@ -53,8 +54,14 @@
 //! Both are the mutex's recipe with another rule of which older contenders keep a
 //! contender waiting, in namespaces of their own under the prefix (no key encodes to a
 //! name starting with `.`, so they never meet a mutex's range). Leases, keep-alives,
-//! the loss watch, validity deadline, fencing token (the key's create revision),
-//! release, extend and leaving nothing behind are the mutex's.
+//! the loss watch, validity deadline, release, extend and leaving nothing behind are
+//! the mutex's. So is the fencing token of a grant at once (the key's create
+//! revision), but not of a grant after a wait: several waiters can be granted by the
+//! same deletion and learn it in any order, so such a grant's token is the revision
+//! of one write it makes when it learns of its grant, guarded by its key still being
+//! its own (a permit puts its key again as it is; a read-write contender puts a marker
+//! `P/.rw-granted/<K>/<lease id in hex>` under its lease, deleted with its key). Every
+//! grant's token is then above that of every grant learned before it on the key.
 //!
 //! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
 //!   `P/.semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
@@ -80,7 +87,8 @@
 //! client over the prefix marks a held lock lost as soon as its key is deleted: the
 //! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
 //! outside; a lock lost by its deadline has its lease revoked at once. The
-//! fencing token is the key's create revision: etcd's revision is one counter for the
+//! mutex's fencing token is the key's create revision (for the other primitives, see
+//! above): etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
 //! of them.
 //!

@@ -189,26 +189,43 @@ impl EtcdLock {
         Ok((id, granted))
     }
 
-    /// Moves our contender key (create revision `revision`) to `lease`.
+    /// Moves our contender key (create revision `revision`) to `lease`; returns the
+    /// move's revision.
     async fn rehome(
         &self,
         prefix: &str,
         own: &str,
         revision: i64,
         lease: i64,
-    ) -> Result<(), LockError> {
-        match self
-            .requests()
-            .move_to_lease(prefix, own, revision, lease)
-            .await
-            .map_err(|f| self.connection_error(f))?
-        {
-            Ok(()) => Ok(()),
-            Err(_) => Err(LockError::connection(
+    ) -> Result<i64, LockError> {
+        let moved = self.requests().move_to_lease(prefix, own, revision, lease);
+        Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?)
+    }
+
+    /// The fencing token of a semaphore or read-write grant learned after a wait: the
+    /// revision of a write made now, guarded by our key (create revision `revision`)
+    /// being still there. The read-write lock's write is its grant marker `marker`
+    /// under `lease` (a write to its key would change its mod revision, by which Go's
+    /// `recipes.RWMutex` ranks); the semaphore's rewrites its key as it is.
+    async fn stamp(
+        &self,
+        prefix: &str,
+        own: &str,
+        revision: i64,
+        marker: Option<(&str, i64)>,
+    ) -> Result<i64, LockError> {
+        let stamped = self.requests().stamp(prefix, own, revision, marker);
+        Self::while_waiting(stamped.await.map_err(|f| self.connection_error(f))?)
+    }
+
+    /// A write to a waiting contender's key, or the error of its key being gone.
+    fn while_waiting(written: Result<i64, bool>) -> Result<i64, LockError> {
+        written.map_err(|_| {
+            LockError::connection(
                 ETCD_BACKEND,
                 "the waiting contender's key vanished (its lease expired or was revoked)",
-            )),
-        }
+            )
+        })
     }
 
     /// A waiting acquire of a `kind` contender (options checked by the caller), with
@@ -290,6 +307,9 @@ impl EtcdLock {
             undo.revoke_now().await;
             return Err(mismatch);
         }
+        // The fencing token: the placement's revision, unless a semaphore or read-write
+        // contender waits (then a write at its grant's, see `stamp`).
+        let mut token = placed.revision;
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -302,6 +322,7 @@ impl EtcdLock {
             // Not for the read-write lock: a move changes the key's mod revision, by
             // which etcd's `recipes.RWMutex` ranks contenders.
             let mut parked = None;
+            let mut stamped = None;
             if ttl_secs > WAITER_TTL_SECS && !matches!(kind, Kind::Read | Kind::Write) {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
                 self.rehome(&prefix, &own, placed.revision, short).await?;
@@ -318,34 +339,49 @@ impl EtcdLock {
                 // Granted: back to the lock's lease while two thirds of its TTL are
                 // left (the watchdog's first renewal comes at a third), else to a
                 // fresh one.
-                let back = granted_at.elapsed() < ttl / 3
-                    && self
-                        .rehome(&prefix, &own, placed.revision, full)
-                        .await
-                        .is_ok();
+                let back = if granted_at.elapsed() < ttl / 3 {
+                    self.rehome(&prefix, &own, placed.revision, full).await.ok()
+                } else {
+                    None
+                };
                 // The short lease goes only once the key has left it: revoking it
                 // would delete the key.
-                if back {
+                let moved = if let Some(moved) = back {
                     undo.let_go(lease);
                     sent = granted_at;
                     (lease, ttl_secs) = (full, full_secs);
+                    moved
                 } else {
                     undo.let_go(full);
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
-                    self.rehome(&prefix, &own, placed.revision, fresh).await?;
+                    let moved = self.rehome(&prefix, &own, placed.revision, fresh).await?;
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
+                    moved
+                };
+                // The move back is a write made at the grant: a permit's token.
+                if matches!(kind, Kind::Permit(_)) {
+                    stamped = Some(moved);
                 }
             }
+            // Waiters granted by the same deletions learn it in no set order, so
+            // queueing revisions would not rise in the order grants are learned: a
+            // later permit or reader could carry a lower token than one still held.
+            // The mutex needs none: every earlier holder's key was older than ours.
+            token = match stamped {
+                Some(moved) => moved,
+                None if matches!(kind, Kind::Mutex) => placed.revision,
+                None => {
+                    let marker = kind.grant_marker(&self.inner.prefix, key, named);
+                    let marker = marker.as_deref().map(|marker| (marker, lease));
+                    self.stamp(&prefix, &own, placed.revision, marker).await?
+                }
+            };
         }
         let valid_from = sent;
-        let owner = OwnerToken::from_u128(
-            (u128::from(named as u64) << 64)
-                | u128::from(rand::random::<u64>() & !READ_TAG)
-                | u128::from(kind_tag(kind)),
-        );
-        let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
+        let owner = owner_token(named, placed.revision, kind);
+        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
         let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
         let current = Arc::new(AtomicI64::new(lease));
@@ -468,8 +504,20 @@ impl EtcdLock {
 pub(crate) type MakeGuard<'a> = dyn Fn(Lease, LeaseMonitor) -> LockGuard + Send + Sync + 'a;
 
 /// The low bit of an owner token that marks a reader's lease (the rest is the lease id
-/// the key is named by, and random bits).
+/// the key is named by and the key's create revision).
 const READ_TAG: u64 = 1;
+
+/// A grant's owner token: the lease id its key is named by (high 64 bits), its key's
+/// create revision (shifted left by one) and its kind's tag. A release or extend finds
+/// the key by it (the fencing token of a waited permit or read-write grant is another
+/// revision).
+fn owner_token(named: i64, revision: i64, kind: Kind) -> OwnerToken {
+    OwnerToken::from_u128(
+        (u128::from(named as u64) << 64)
+            | u128::from((revision as u64) << 1)
+            | u128::from(kind_tag(kind)),
+    )
+}
 
 /// The tag of a `kind` contender's owner token.
 fn kind_tag(kind: Kind) -> u64 {
@@ -479,11 +527,12 @@ fn kind_tag(kind: Kind) -> u64 {
     }
 }
 
-/// Where a lease's key is: its lock's range, its own key, its create revision. The
-/// namespace is the handle's; a reader's lease is told from a writer's by its owner
+/// Where a lease's key is: its lock's range, its own key, its create revision (all
+/// from the owner token, see [`owner_token`]), and its grant marker if it may have one.
+/// The namespace is the handle's; a reader's lease is told from a writer's by its owner
 /// token's tag (a forged token may name a key that is not there, which reads as not
 /// ours either way). A permit's count does not matter here.
-fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
+fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64, Option<String>) {
     let kind = match lock.space {
         Space::Mutex => Kind::Mutex,
         Space::Semaphore => Kind::Permit(1),
@@ -493,11 +542,9 @@ fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64) {
     let prefix = kind.range(&lock.inner.prefix, lease.key());
     let id = (lease.owner().as_u128() >> 64) as u64 as i64;
     let own = kind.own_key(&prefix, id);
-    let revision = lease
-        .fencing_token()
-        .and_then(|t| i64::try_from(t.get()).ok())
-        .unwrap_or(-1);
-    (prefix, own, revision)
+    let revision = (lease.owner().as_u128() as u64 >> 1) as i64;
+    let marker = kind.grant_marker(&lock.inner.prefix, lease.key(), id);
+    (prefix, own, revision, marker)
 }
 
 #[async_trait]
@@ -534,7 +581,7 @@ impl DistributedLock for EtcdLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let (prefix, own, revision) = place_of(self, lease);
+        let (prefix, own, revision, marker) = place_of(self, lease);
         let held = self.held().remove(&lease.owner().as_u128());
         if let Some(held) = &held {
             held.watch.abort();
@@ -542,7 +589,7 @@ impl DistributedLock for EtcdLock {
         }
         let deleted = self
             .requests()
-            .delete_own(&prefix, &own, revision)
+            .delete_own(&prefix, &own, revision, marker.as_deref())
             .await
             .map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
@@ -573,7 +620,9 @@ impl DistributedLock for EtcdLock {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
-        let (prefix, own, revision) = place_of(self, lease);
+        // A read-write grant's marker stays under the lease it was put under: a move of
+        // the key to a new lease below revokes that one, and the marker goes with it.
+        let (prefix, own, revision, _) = place_of(self, lease);
         let (current, secs) = match self.current_lease(lease, &prefix, &own, revision).await? {
             Ok(found) => found,
             Err(other) => {

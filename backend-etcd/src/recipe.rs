@@ -263,20 +263,24 @@ impl Requests {
             .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice())))
     }
 
-    /// Deletes `key` if its create revision is `revision`; returns the deleted key's
-    /// lease, or, when it was not ours, whether any contender holds `lock_prefix`.
+    /// Deletes `key` if its create revision is `revision` (and with it `marker`, its
+    /// grant's marker, if any); returns the deleted key's lease, or, when it was not
+    /// ours, whether any contender holds `lock_prefix`.
     pub(crate) async fn delete_own(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
+        marker: Option<&str>,
     ) -> Result<Result<i64, bool>, Fail> {
+        let mut deletes = vec![TxnOp::delete(
+            key,
+            Some(DeleteOptions::new().with_prev_key()),
+        )];
+        deletes.extend(marker.map(|marker| TxnOp::delete(marker, None)));
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([TxnOp::delete(
-                key,
-                Some(DeleteOptions::new().with_prev_key()),
-            )])
+            .and_then(deletes)
             .or_else([TxnOp::get(
                 lock_prefix,
                 Some(
@@ -331,22 +335,60 @@ impl Requests {
     }
 
     /// Moves `key` (if its create revision is still `revision`) to lease `lease`,
-    /// keeping its create revision and its value (a permit's count); else whether any
-    /// contender holds `lock_prefix`.
+    /// keeping its create revision and its value (a permit's count), and returns the
+    /// move's revision; else whether any contender holds `lock_prefix`.
     pub(crate) async fn move_to_lease(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
         lease: i64,
-    ) -> Result<Result<(), bool>, Fail> {
-        let txn = Txn::new()
-            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([TxnOp::put(
+    ) -> Result<Result<i64, bool>, Fail> {
+        let put = TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+        );
+        self.write_own(lock_prefix, key, revision, put).await
+    }
+
+    /// Writes once while our `key` still has create revision `revision` and returns
+    /// that write's revision, later than every write before it: a waited grant's
+    /// fencing token. The write is `marker` put under `lease` when given (the
+    /// read-write lock's: its key must not be written), else our key put again as it
+    /// is (same value, same lease). Else whether any contender holds `lock_prefix`.
+    pub(crate) async fn stamp(
+        &self,
+        lock_prefix: &str,
+        key: &str,
+        revision: i64,
+        marker: Option<(&str, i64)>,
+    ) -> Result<Result<i64, bool>, Fail> {
+        let put = match marker {
+            Some((marker, lease)) => {
+                TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)))
+            }
+            None => TxnOp::put(
                 key,
                 "",
-                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
-            )])
+                Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
+            ),
+        };
+        self.write_own(lock_prefix, key, revision, put).await
+    }
+
+    /// Runs `write` if our `key`'s create revision is still `revision` and returns its
+    /// revision; else whether any contender holds `lock_prefix`.
+    async fn write_own(
+        &self,
+        lock_prefix: &str,
+        key: &str,
+        revision: i64,
+        write: TxnOp,
+    ) -> Result<Result<i64, bool>, Fail> {
+        let txn = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, revision)])
+            .and_then([write])
             .or_else([TxnOp::get(
                 lock_prefix,
                 Some(
@@ -357,10 +399,14 @@ impl Requests {
                 ),
             )]);
         let response = self.txn(txn).await?;
-        if response.succeeded() {
-            Ok(Ok(()))
-        } else {
-            Ok(Err(first_kv(response.op_responses().first()).is_some()))
+        if !response.succeeded() {
+            return Ok(Err(first_kv(response.op_responses().first()).is_some()));
+        }
+        match response.header().map(|h| h.revision()) {
+            Some(written) if written > 0 => Ok(Ok(written)),
+            _ => Err(Fail::Etcd(etcd_client::Error::Internal(
+                "etcd's answer to a contender's write carried no revision".into(),
+            ))),
         }
     }
 

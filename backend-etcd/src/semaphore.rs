@@ -35,11 +35,17 @@ pub const PERMITS_VALUE_PREFIX: &str = "distlock:permits=";
 /// A semaphore client of the etcd backend, made by [`EtcdLock::semaphore`], sharing
 /// the lock client's connection, leases and loss watch.
 ///
-/// A permit's fencing token is its key's create revision: contenders are granted in
-/// create-revision order, so a permit's token is above every earlier permit grant's
-/// on the key. Waiters granted by the same deletions (two holders leaving at once)
-/// each learn it on their own, so the younger may return first. It orders and identifies grants; since several permits are valid at
-/// once, a resource cannot use it to refuse "everything below the highest token seen".
+/// **Fencing tokens.** A permit granted at once carries its key's create revision (the
+/// put that placed it was the grant). A permit granted after a wait carries the
+/// revision of a write made when it learned of its grant: its key put again as it is
+/// (same value, same lease, same create revision), or the move back from the waiting
+/// lease, in a transaction guarded by the key still being ours. (Its create revision
+/// would not do: waiters granted by the same deletions, two holders leaving at once,
+/// each learn it on their own, so the younger could return first with the lower
+/// token.) So a permit's token is above that of every permit granted before it on the
+/// key, in the order the grants are learned, and a release or expiry never lowers it.
+/// It orders and identifies grants; since several permits are valid at once, a
+/// resource cannot use it to refuse "everything below the highest token seen".
 ///
 /// **Permit counts.** Every permit key records its count. An acquire reads the `max`
 /// oldest contenders in the transaction that puts its key; one recording another count
