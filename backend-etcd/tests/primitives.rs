@@ -167,7 +167,19 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
     r1.release().await.unwrap();
     r2.release().await.unwrap();
     let writer = writer.await.unwrap().unwrap();
+    // Granted after a wait: its token's marker is there while it holds, and its
+    // release deletes it with the key (not only the lease's revoke).
+    let markers = format!("distlock/.rw-granted/");
+    assert_eq!(
+        keys_under(port, &markers).len(),
+        1,
+        "the waited writer's marker"
+    );
     writer.release().await.unwrap();
+    assert!(
+        keys_under(port, &markers).is_empty(),
+        "the release left the marker"
+    );
 
     assert!(
         eventually(Duration::from_secs(5), || keys_under(port, "distlock/")
@@ -372,6 +384,11 @@ async fn a_parked_permit_waiter_keeps_its_count() {
         .unwrap();
     assert_eq!(found.kvs().len(), 1);
     assert_eq!(found.kvs()[0].value(), b"distlock:permits=1");
+    assert_eq!(
+        granted.fencing_token().unwrap().get() as i64,
+        found.kvs()[0].mod_revision(),
+        "a parked waiter's token is its move back's revision"
+    );
     let other = semaphore.try_acquire(&key, 2, &no_wait(ttl)).await;
     assert!(
         matches!(other, Err(LockError::PermitMismatch { .. })),
@@ -379,4 +396,142 @@ async fn a_parked_permit_waiter_keeps_its_count() {
     );
     granted.release().await.unwrap();
     assert!(keys_under(port, &range).is_empty());
+}
+
+/// A grant after a wait carries the revision of a write made at the grant, so its token
+/// is above the create revision of a contender that queued behind it before it was
+/// granted (it would not be with its own create revision). The permit's write puts its
+/// key again as it was (value, lease and create revision kept); the read-write
+/// contender's key is not written (Go's `RWMutex` ranks by mod revision), its marker
+/// under its lease is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waited_grants_take_their_token_at_the_grant() {
+    use distlock_etcd::etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
+
+    let port = shared_port();
+    let lock = connect(port).await;
+    let etcd = Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    // 3 s: not above the waiting lease's, so the permit waiter does not move its key.
+    let ttl = Duration::from_secs(3);
+    let options = waiting(ttl, Duration::from_secs(20));
+    let by_age = |range: String| {
+        let mut etcd = etcd.clone();
+        async move {
+            let options = GetOptions::new()
+                .with_prefix()
+                .with_sort(SortTarget::Create, SortOrder::Ascend);
+            etcd.get(range, Some(options)).await.unwrap().kvs().to_vec()
+        }
+    };
+    let token = |guard: &distlock_api::LockGuard| guard.fencing_token().unwrap().get() as i64;
+
+    // Semaphore of 1: A holds, C then D wait; A's release grants C.
+    let semaphore = lock.semaphore();
+    let sem_key = key("sem-token");
+    let range = lock.semaphore_prefix(&sem_key);
+    let a = semaphore.acquire(&sem_key, 1, &options).await.unwrap();
+    assert_eq!(
+        token(&a),
+        by_age(range.clone()).await[0].create_revision(),
+        "a permit granted at once carries its key's create revision"
+    );
+    let spawn_waiter = || {
+        let (semaphore, key, options) = (semaphore.clone(), sem_key.clone(), options.clone());
+        tokio::spawn(async move { semaphore.acquire(&key, 1, &options).await })
+    };
+    let c = spawn_waiter();
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 2)
+        .await
+    );
+    let d = spawn_waiter();
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 3)
+        .await
+    );
+    let queued: Vec<KeyValue> = by_age(range.clone()).await;
+    a.release().await.unwrap();
+    let c = tokio::time::timeout(Duration::from_secs(3), c)
+        .await
+        .expect("the first waiter is granted")
+        .unwrap()
+        .unwrap();
+    let now: Vec<KeyValue> = by_age(range.clone()).await;
+    assert_eq!(now.len(), 2);
+    let (before, after) = (&queued[1], &now[0]);
+    assert_eq!(after.key(), before.key());
+    assert_eq!(after.create_revision(), before.create_revision());
+    assert_eq!(after.lease(), before.lease(), "the rewrite kept the lease");
+    assert_eq!(after.value(), b"distlock:permits=1");
+    assert_eq!(
+        token(&c),
+        after.mod_revision(),
+        "the token is the rewrite's"
+    );
+    assert!(
+        token(&c) > now[1].create_revision(),
+        "D queued before C's grant"
+    );
+    let c_token = token(&c);
+    c.release().await.unwrap();
+    let d = d.await.unwrap().unwrap();
+    assert!(token(&d) > c_token);
+    d.release().await.unwrap();
+
+    // Read-write lock: W writes, R waits to read; W's release grants R.
+    let rw = lock.rw_lock();
+    let rw_key = key("rw-token");
+    let range = lock.rw_prefix(&rw_key);
+    let markers = format!(
+        "distlock/.rw-granted/{}/",
+        distlock_etcd::encode_key(&rw_key)
+    );
+    let w = rw.acquire(&rw_key, RwMode::Write, &options).await.unwrap();
+    let r = {
+        let (rw, key, options) = (rw.clone(), rw_key.clone(), options.clone());
+        tokio::spawn(async move { rw.acquire(&key, RwMode::Read, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 2)
+        .await
+    );
+    assert!(
+        keys_under(port, &markers).is_empty(),
+        "a grant at once writes no marker"
+    );
+    w.release().await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(3), r)
+        .await
+        .expect("the reader is granted")
+        .unwrap()
+        .unwrap();
+    let reader = by_age(range.clone()).await;
+    let marker = by_age(markers.clone()).await;
+    assert_eq!((reader.len(), marker.len()), (1, 1));
+    assert_eq!(
+        reader[0].mod_revision(),
+        reader[0].create_revision(),
+        "the reader's key was written again"
+    );
+    assert_eq!(
+        token(&r),
+        marker[0].create_revision(),
+        "the token is the marker's"
+    );
+    assert_eq!(
+        marker[0].lease(),
+        reader[0].lease(),
+        "the marker goes with the lease"
+    );
+    r.release().await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+    assert!(
+        keys_under(port, &markers).is_empty(),
+        "the release left the marker"
+    );
 }
