@@ -5,9 +5,9 @@
 //! `concurrency.NewMutex(session, "P/<name>")` (and so `etcdctl lock P/<name>`) does.
 //! The semaphore and the read-write lock have namespaces of their own,
 //! `P/.semaphore/<encode_key(K)>/` and `P/.rw/<encode_key(K)>/`: no key encodes to a
-//! name starting with `.`, so no range lies inside another. A read-write grant after a
-//! wait also writes a marker `P/.rw-granted/<encode_key(K)>/<lease id in hex>` (see
-//! [`crate::EtcdRwLock`]).
+//! name starting with `.`, so no range lies inside another. A semaphore or read-write
+//! waiter also marks its grant pending in `P/.semaphore-pending/<encode_key(K)>/` or
+//! `P/.rw-pending/<encode_key(K)>/` until it has its fencing token.
 
 use distlock_api::LockKey;
 
@@ -86,18 +86,15 @@ impl Kind {
         }
     }
 
-    /// Where a read-write contender named by `lease_id` puts its grant's marker (the
-    /// write whose revision is a waited grant's fencing token, see
-    /// [`crate::EtcdRwLock`]): `P/.rw-granted/<K>/<lease>`, outside the lock's range
-    /// `P/.rw/<K>/` (and outside the range a Go `RWMutex` on `P/.rw/<K>` reads), so no
-    /// contender ranks it. Other primitives write no marker.
-    pub(crate) fn grant_marker(self, prefix: &str, key: &LockKey, lease_id: i64) -> Option<String> {
+    /// Where a semaphore or read-write waiter marks its grant pending until it has its
+    /// fencing token (see [`crate::EtcdSemaphore`]): `P/.semaphore-pending/<K>/` and
+    /// `P/.rw-pending/<K>/`, outside every range a contender reads (a Go `RWMutex` on
+    /// `P/.rw/<K>` included). The mutex has none.
+    pub(crate) fn pending_range(self, prefix: &str, key: &LockKey) -> Option<String> {
         match self {
-            Kind::Read | Kind::Write => Some(contender_key(
-                &format!("{prefix}/.rw-granted/{}/", encode_key(key)),
-                lease_id,
-            )),
-            Kind::Mutex | Kind::Permit(_) => None,
+            Kind::Permit(_) => Some(format!("{prefix}/.semaphore-pending/{}/", encode_key(key))),
+            Kind::Read | Kind::Write => Some(format!("{prefix}/.rw-pending/{}/", encode_key(key))),
+            Kind::Mutex => None,
         }
     }
 
@@ -119,6 +116,12 @@ pub fn lock_prefix(prefix: &str, key: &LockKey) -> String {
 /// etcd's `concurrency.Mutex` names it.
 pub(crate) fn contender_key(lock_prefix: &str, lease_id: i64) -> String {
     format!("{lock_prefix}{lease_id:x}")
+}
+
+/// A waiter's pending marker in `pending` (a [`Kind::pending_range`]): its key's create
+/// revision in 20 digits, so that markers sort as their contenders queue.
+pub(crate) fn pending_marker(pending: &str, revision: i64) -> String {
+    format!("{pending}{revision:020}")
 }
 
 /// The end of the range that holds every key starting with `prefix`, as etcd's
@@ -158,10 +161,18 @@ mod tests {
         assert_eq!(Kind::Read.blocking("p/.rw/a/"), "p/.rw/a/write/");
         assert_eq!(Kind::Write.blocking("p/.rw/a/"), "p/.rw/a/");
         assert_eq!(
-            Kind::Read.grant_marker("p", &key("a"), 0x1f).as_deref(),
-            Some("p/.rw-granted/a/1f")
+            Kind::Read.pending_range("p", &key("a")).as_deref(),
+            Some("p/.rw-pending/a/")
         );
-        assert_eq!(Kind::Permit(2).grant_marker("p", &key("a"), 1), None);
+        assert_eq!(
+            Kind::Permit(2).pending_range("p", &key("a")).as_deref(),
+            Some("p/.semaphore-pending/a/")
+        );
+        assert_eq!(
+            pending_marker("p/.rw-pending/a/", 42),
+            "p/.rw-pending/a/00000000000000000042"
+        );
+        assert_eq!(Kind::Mutex.pending_range("p", &key("a")), None);
         assert_eq!(lock_prefix("distlock", &key("a b")), "distlock/a%20b/");
         assert_eq!(contender_key("p/k/", 0x694d_7a1b), "p/k/694d7a1b");
     }

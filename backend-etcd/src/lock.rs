@@ -18,9 +18,9 @@ use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
-use crate::keys::{lock_prefix, Kind, Space};
+use crate::keys::{lock_prefix, pending_marker, Kind, Space};
 use crate::loss::LossWatch;
-use crate::recipe::{Requests, Rule, Turn};
+use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
@@ -189,33 +189,69 @@ impl EtcdLock {
         Ok((id, granted))
     }
 
-    /// Moves our contender key (create revision `revision`) to `lease`; returns the
-    /// move's revision.
+    /// Moves our contender key (create revision `revision`), and our pending `marker` if
+    /// any, to `lease`.
     async fn rehome(
         &self,
-        prefix: &str,
-        own: &str,
-        revision: i64,
+        (prefix, own, revision): (&str, &str, i64),
         lease: i64,
+        marker: Option<&str>,
     ) -> Result<i64, LockError> {
-        let moved = self.requests().move_to_lease(prefix, own, revision, lease);
+        let moved = self
+            .requests()
+            .move_to_lease(prefix, own, revision, lease, marker);
         Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?)
     }
 
-    /// The fencing token of a semaphore or read-write grant learned after a wait: the
-    /// revision of a write made now, guarded by our key (create revision `revision`)
-    /// being still there. The read-write lock's write is its grant marker `marker`
-    /// under `lease` (a write to its key would change its mod revision, by which Go's
-    /// `recipes.RWMutex` ranks); the semaphore's rewrites its key as it is.
-    async fn stamp(
+    /// A semaphore or read-write waiter's fencing token, once granted: the revision of
+    /// its pending marker `pending`'s `marker` written again, once no older contender's
+    /// marker is left. The marker is deleted ([`unmark_later`]) only once the acquire
+    /// has nothing left to await.
+    ///
+    /// Waiters granted by the same deletions learn it in no set order, so their queue
+    /// revisions would not rise in the order grants are learned, nor would stamps sent
+    /// at once. Chained in queue order, a grant stamps only after the one before it
+    /// has returned (a marker of an older contender can only be of one granted with or
+    /// before ours: the semaphore and the read-write lock grant in queue order). A
+    /// marker whose deletion was lost goes with its grant's release or lease.
+    async fn stamp_grant(
         &self,
-        prefix: &str,
-        own: &str,
-        revision: i64,
-        marker: Option<(&str, i64)>,
+        (prefix, own, revision): (&str, &str, i64),
+        (pending, marker): (&str, &str),
+        lease: i64,
     ) -> Result<i64, LockError> {
-        let stamped = self.requests().stamp(prefix, own, revision, marker);
-        Self::while_waiting(stamped.await.map_err(|f| self.connection_error(f))?)
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let outcome = match self.requests().stamp(own, revision, pending, marker).await {
+                Ok(Stamp::At(token)) => return Ok(token),
+                Ok(Stamp::Gone) => return Self::while_waiting(Err(false)),
+                Ok(Stamp::Unmarked) => {
+                    let marked = self
+                        .requests()
+                        .mark_pending(prefix, own, revision, marker, lease)
+                        .await;
+                    match marked {
+                        Ok(Err(_)) => return Self::while_waiting(Err(false)),
+                        other => other.map(drop),
+                    }
+                }
+                Ok(Stamp::After(older)) if older.is_empty() => Ok(()),
+                Ok(Stamp::After(older)) => self.requests().deleted(older, pending).await,
+                Err(fail) => Err(fail),
+            };
+            match outcome {
+                Ok(()) => pause = Duration::from_millis(20),
+                Err(fail) => {
+                    let error = self.connection_error(fail);
+                    if !error.is_retryable() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "etcd stamp interrupted; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
     }
 
     /// A write to a waiting contender's key, or the error of its key being gone.
@@ -308,8 +344,9 @@ impl EtcdLock {
             return Err(mismatch);
         }
         // The fencing token: the placement's revision, unless a semaphore or read-write
-        // contender waits (then a write at its grant's, see `stamp`).
+        // contender waits (then its stamp's, see `wait_grant`).
         let mut token = placed.revision;
+        let mut stamped = None;
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -321,13 +358,23 @@ impl EtcdLock {
             // lease is kept (not renewed) to move back to when the wait was short.
             // Not for the read-write lock: a move changes the key's mod revision, by
             // which etcd's `recipes.RWMutex` ranks contenders.
+            let pending = kind.pending_range(&self.inner.prefix, key);
+            let marker = pending
+                .as_deref()
+                .map(|p| pending_marker(p, placed.revision));
+            let place = (prefix.as_str(), own.as_str(), placed.revision);
             let mut parked = None;
-            let mut stamped = None;
             if ttl_secs > WAITER_TTL_SECS && !matches!(kind, Kind::Read | Kind::Write) {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
-                self.rehome(&prefix, &own, placed.revision, short).await?;
+                self.rehome(place, short, marker.as_deref()).await?;
                 parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
+            } else if let Some(marker) = &marker {
+                let marked = self
+                    .requests()
+                    .mark_pending(&prefix, &own, placed.revision, marker, lease)
+                    .await;
+                Self::while_waiting(marked.map_err(|f| self.connection_error(f))?)?;
             }
             let alive_since = Mutex::new(sent);
             tokio::select! {
@@ -339,45 +386,32 @@ impl EtcdLock {
                 // Granted: back to the lock's lease while two thirds of its TTL are
                 // left (the watchdog's first renewal comes at a third), else to a
                 // fresh one.
-                let back = if granted_at.elapsed() < ttl / 3 {
-                    self.rehome(&prefix, &own, placed.revision, full).await.ok()
-                } else {
-                    None
-                };
+                let back = granted_at.elapsed() < ttl / 3
+                    && self.rehome(place, full, marker.as_deref()).await.is_ok();
                 // The short lease goes only once the key has left it: revoking it
                 // would delete the key.
-                let moved = if let Some(moved) = back {
+                if back {
                     undo.let_go(lease);
                     sent = granted_at;
                     (lease, ttl_secs) = (full, full_secs);
-                    moved
                 } else {
                     undo.let_go(full);
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
-                    let moved = self.rehome(&prefix, &own, placed.revision, fresh).await?;
+                    self.rehome(place, fresh, marker.as_deref()).await?;
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
-                    moved
-                };
-                // The move back is a write made at the grant: a permit's token.
-                if matches!(kind, Kind::Permit(_)) {
-                    stamped = Some(moved);
                 }
             }
-            // Waiters granted by the same deletions learn it in no set order, so
-            // queueing revisions would not rise in the order grants are learned: a
-            // later permit or reader could carry a lower token than one still held.
-            // The mutex needs none: every earlier holder's key was older than ours.
-            token = match stamped {
-                Some(moved) => moved,
-                None if matches!(kind, Kind::Mutex) => placed.revision,
-                None => {
-                    let marker = kind.grant_marker(&self.inner.prefix, key, named);
-                    let marker = marker.as_deref().map(|marker| (marker, lease));
-                    self.stamp(&prefix, &own, placed.revision, marker).await?
+            if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
+                let alive_since = Mutex::new(sent);
+                tokio::select! {
+                    stamped = self.stamp_grant(place, pending, lease) => token = stamped?,
+                    lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
                 }
-            };
+                sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
+                stamped = marker;
+            }
         }
         let valid_from = sent;
         let owner = owner_token(named, placed.revision, kind);
@@ -402,6 +436,9 @@ impl EtcdLock {
             },
         );
         undo.disarm();
+        if let Some(marker) = stamped {
+            unmark_later(self.requests().clone(), marker);
+        }
         Ok(Some(make(granted, monitor)))
     }
 
@@ -528,7 +565,7 @@ fn kind_tag(kind: Kind) -> u64 {
 }
 
 /// Where a lease's key is: its lock's range, its own key, its create revision (all
-/// from the owner token, see [`owner_token`]), and its grant marker if it may have one.
+/// from the owner token, see [`owner_token`]), and where its pending marker would be.
 /// The namespace is the handle's; a reader's lease is told from a writer's by its owner
 /// token's tag (a forged token may name a key that is not there, which reads as not
 /// ours either way). A permit's count does not matter here.
@@ -543,7 +580,9 @@ fn place_of(lock: &EtcdLock, lease: &Lease) -> (String, String, i64, Option<Stri
     let id = (lease.owner().as_u128() >> 64) as u64 as i64;
     let own = kind.own_key(&prefix, id);
     let revision = (lease.owner().as_u128() as u64 >> 1) as i64;
-    let marker = kind.grant_marker(&lock.inner.prefix, lease.key(), id);
+    let marker = kind
+        .pending_range(&lock.inner.prefix, lease.key())
+        .map(|pending| pending_marker(&pending, revision));
     (prefix, own, revision, marker)
 }
 
@@ -620,8 +659,6 @@ impl DistributedLock for EtcdLock {
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
-        // A read-write grant's marker stays under the lease it was put under: a move of
-        // the key to a new lease below revokes that one, and the marker goes with it.
         let (prefix, own, revision, _) = place_of(self, lease);
         let (current, secs) = match self.current_lease(lease, &prefix, &own, revision).await? {
             Ok(found) => found,
@@ -663,7 +700,7 @@ impl DistributedLock for EtcdLock {
             let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
             let moved = self
                 .requests()
-                .move_to_lease(&prefix, &own, revision, fresh)
+                .move_to_lease(&prefix, &own, revision, fresh, None)
                 .await
                 .map_err(|f| self.connection_error(f))?;
             if let Err(other) = moved {
@@ -766,6 +803,17 @@ impl Drop for Undo {
             revoke_in_background(self.lock.clone(), lease);
         }
     }
+}
+
+/// Deletes a stamped grant's pending `marker` in the background, letting the next
+/// grant stamp: spawned as the acquire returns, so that the next grant's stamp comes
+/// after this grant was learned (see [`EtcdLock::stamp_grant`]).
+fn unmark_later(requests: Requests, marker: String) {
+    tokio::spawn(async move {
+        if let Err(fail) = requests.unmark(&marker).await {
+            tracing::debug!(error = %LockError::from(fail), "deleting a grant's pending marker failed; it goes with the grant");
+        }
+    });
 }
 
 /// Revokes `lease` in a background clean-up on the current runtime (if any).

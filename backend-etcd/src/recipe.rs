@@ -41,6 +41,19 @@ pub(crate) struct Rule {
     pub(crate) values: bool,
 }
 
+/// What a waited grant's stamp found.
+#[derive(Debug)]
+pub(crate) enum Stamp {
+    /// Our marker written again, at this revision: the grant's fencing token.
+    At(i64),
+    /// Older contenders' pending markers: their grants stamp first.
+    After(Vec<Vec<u8>>),
+    /// Our pending marker is gone (deleted from outside): it is to be put again.
+    Unmarked,
+    /// Our own key is gone.
+    Gone,
+}
+
 /// What looking behind our contender found.
 #[derive(Debug)]
 pub(crate) enum Turn {
@@ -263,9 +276,9 @@ impl Requests {
             .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice())))
     }
 
-    /// Deletes `key` if its create revision is `revision` (and with it `marker`, its
-    /// grant's marker, if any); returns the deleted key's lease, or, when it was not
-    /// ours, whether any contender holds `lock_prefix`.
+    /// Deletes `key` if its create revision is `revision` (and with it our pending
+    /// `marker`, if any, should it still be there); returns the deleted key's lease, or,
+    /// when it was not ours, whether any contender holds `lock_prefix`.
     pub(crate) async fn delete_own(
         &self,
         lock_prefix: &str,
@@ -335,46 +348,104 @@ impl Requests {
     }
 
     /// Moves `key` (if its create revision is still `revision`) to lease `lease`,
-    /// keeping its create revision and its value (a permit's count), and returns the
-    /// move's revision; else whether any contender holds `lock_prefix`.
+    /// keeping its create revision and its value (a permit's count), and puts our
+    /// pending `marker` (if any) under that lease too; else whether any contender holds
+    /// `lock_prefix`.
     pub(crate) async fn move_to_lease(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
         lease: i64,
+        marker: Option<&str>,
     ) -> Result<Result<i64, bool>, Fail> {
-        let put = TxnOp::put(
+        let mut puts = vec![TxnOp::put(
             key,
             "",
             Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+        )];
+        puts.extend(
+            marker.map(|marker| TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)))),
         );
-        self.write_own(lock_prefix, key, revision, put).await
+        self.write_own(lock_prefix, key, revision, puts).await
     }
 
-    /// Writes once while our `key` still has create revision `revision` and returns
-    /// that write's revision, later than every write before it: a waited grant's
-    /// fencing token. The write is `marker` put under `lease` when given (the
-    /// read-write lock's: its key must not be written), else our key put again as it
-    /// is (same value, same lease). Else whether any contender holds `lock_prefix`.
-    pub(crate) async fn stamp(
+    /// Puts our pending marker `marker` under `lease` while our `key` still has create
+    /// revision `revision`; else whether any contender holds `lock_prefix`.
+    pub(crate) async fn mark_pending(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
-        marker: Option<(&str, i64)>,
+        marker: &str,
+        lease: i64,
     ) -> Result<Result<i64, bool>, Fail> {
-        let put = match marker {
-            Some((marker, lease)) => {
-                TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)))
-            }
-            None => TxnOp::put(
-                key,
+        let put = TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)));
+        self.write_own(lock_prefix, key, revision, vec![put]).await
+    }
+
+    /// Puts our pending `marker` (in the range `pending`) again as it is once no older
+    /// contender's marker is left there, while our `key` still has create revision
+    /// `revision`: that write's revision is a waited grant's fencing token. The marker
+    /// stays until [`Requests::unmark`].
+    pub(crate) async fn stamp(
+        &self,
+        key: &str,
+        revision: i64,
+        pending: &str,
+        marker: &str,
+    ) -> Result<Stamp, Fail> {
+        let keys_only = || Some(GetOptions::new().with_keys_only());
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, revision),
+                Compare::create_revision(marker, CompareOp::Greater, 0),
+                // No key in [pending, marker): an empty range compares as revision 0.
+                Compare::create_revision(pending, CompareOp::Equal, 0).with_range(marker),
+            ])
+            .and_then([TxnOp::put(
+                marker,
                 "",
-                Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
-            ),
-        };
-        self.write_own(lock_prefix, key, revision, put).await
+                Some(PutOptions::new().with_ignore_lease()),
+            )])
+            .or_else([
+                TxnOp::get(key, keys_only()),
+                TxnOp::get(marker, keys_only()),
+                TxnOp::get(
+                    pending,
+                    Some(GetOptions::new().with_range(marker).with_keys_only()),
+                ),
+            ]);
+        let response = self.txn(txn).await?;
+        if response.succeeded() {
+            return match response.header().map(|h| h.revision()) {
+                Some(written) if written > 0 => Ok(Stamp::At(written)),
+                _ => Err(Fail::Etcd(etcd_client::Error::Internal(
+                    "etcd's answer to a grant's stamp carried no revision".into(),
+                ))),
+            };
+        }
+        let responses = response.op_responses();
+        if first_kv(responses.first()).is_none_or(|kv| kv.create_revision() != revision) {
+            return Ok(Stamp::Gone);
+        }
+        if first_kv(responses.get(1)).is_none() {
+            return Ok(Stamp::Unmarked);
+        }
+        Ok(Stamp::After(match responses.get(2) {
+            Some(TxnOpResponse::Get(get)) => get.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+            _ => Vec::new(),
+        }))
+    }
+
+    /// Deletes our pending `marker` (its grant stamped), letting the next grant stamp.
+    pub(crate) async fn unmark(&self, marker: &str) -> Result<(), Fail> {
+        sent(self.timeout, || {
+            let mut kv = self.client.kv_client();
+            async move { kv.delete(marker, None).await }
+        })
+        .await
+        .map(drop)
     }
 
     /// Runs `write` if our `key`'s create revision is still `revision` and returns its
@@ -384,11 +455,11 @@ impl Requests {
         lock_prefix: &str,
         key: &str,
         revision: i64,
-        write: TxnOp,
+        write: Vec<TxnOp>,
     ) -> Result<Result<i64, bool>, Fail> {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([write])
+            .and_then(write)
             .or_else([TxnOp::get(
                 lock_prefix,
                 Some(

@@ -158,7 +158,8 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
             == 3)
         .await
     );
-    // A waiting writer holds new readers back.
+    // The waiting writer's grant is marked pending; it holds new readers back.
+    assert_eq!(keys_under(port, "distlock/.rw-pending/").len(), 1);
     assert!(ra
         .try_acquire(&key, RwMode::Read, &no_wait(ttl))
         .await
@@ -167,19 +168,16 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
     r1.release().await.unwrap();
     r2.release().await.unwrap();
     let writer = writer.await.unwrap().unwrap();
-    // Granted after a wait: its token's marker is there while it holds, and its
-    // release deletes it with the key (not only the lease's revoke).
-    let markers = format!("distlock/.rw-granted/");
-    assert_eq!(
-        keys_under(port, &markers).len(),
-        1,
-        "the waited writer's marker"
+    // Its pending marker goes once it is granted.
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(
+            port,
+            "distlock/.rw-pending/"
+        )
+        .is_empty())
+        .await
     );
     writer.release().await.unwrap();
-    assert!(
-        keys_under(port, &markers).is_empty(),
-        "the release left the marker"
-    );
 
     assert!(
         eventually(Duration::from_secs(5), || keys_under(port, "distlock/")
@@ -384,10 +382,17 @@ async fn a_parked_permit_waiter_keeps_its_count() {
         .unwrap();
     assert_eq!(found.kvs().len(), 1);
     assert_eq!(found.kvs()[0].value(), b"distlock:permits=1");
-    assert_eq!(
-        granted.fencing_token().unwrap().get() as i64,
-        found.kvs()[0].mod_revision(),
-        "a parked waiter's token is its move back's revision"
+    assert!(
+        granted.fencing_token().unwrap().get() as i64 > found.kvs()[0].create_revision(),
+        "a waiter's token is its stamp's revision"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(
+            port,
+            "distlock/.semaphore-pending/"
+        )
+        .is_empty())
+        .await
     );
     let other = semaphore.try_acquire(&key, 2, &no_wait(ttl)).await;
     assert!(
@@ -398,12 +403,11 @@ async fn a_parked_permit_waiter_keeps_its_count() {
     assert!(keys_under(port, &range).is_empty());
 }
 
-/// A grant after a wait carries the revision of a write made at the grant, so its token
-/// is above the create revision of a contender that queued behind it before it was
-/// granted (it would not be with its own create revision). The permit's write puts its
-/// key again as it was (value, lease and create revision kept); the read-write
-/// contender's key is not written (Go's `RWMutex` ranks by mod revision), its marker
-/// under its lease is.
+/// A grant after a wait carries the revision of its stamp (a write of its pending
+/// marker), so its token is above the create revision of a contender that queued
+/// behind it before it was granted (it would not be with its own create revision).
+/// Its key is not written (Go's `RWMutex` ranks by mod revision); its marker, under
+/// its lease, is there while it waits and goes once it is granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waited_grants_take_their_token_at_the_grant() {
     use distlock_etcd::etcd_client::{Client, GetOptions, KeyValue, SortOrder, SortTarget};
@@ -431,6 +435,10 @@ async fn waited_grants_take_their_token_at_the_grant() {
     let semaphore = lock.semaphore();
     let sem_key = key("sem-token");
     let range = lock.semaphore_prefix(&sem_key);
+    let pending = format!(
+        "distlock/.semaphore-pending/{}/",
+        distlock_etcd::encode_key(&sem_key)
+    );
     let a = semaphore.acquire(&sem_key, 1, &options).await.unwrap();
     assert_eq!(
         token(&a),
@@ -443,14 +451,14 @@ async fn waited_grants_take_their_token_at_the_grant() {
     };
     let c = spawn_waiter();
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
-            == 2)
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 1)
         .await
     );
     let d = spawn_waiter();
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
-            == 3)
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 2)
         .await
     );
     let queued: Vec<KeyValue> = by_age(range.clone()).await;
@@ -462,47 +470,58 @@ async fn waited_grants_take_their_token_at_the_grant() {
         .unwrap();
     let now: Vec<KeyValue> = by_age(range.clone()).await;
     assert_eq!(now.len(), 2);
-    let (before, after) = (&queued[1], &now[0]);
-    assert_eq!(after.key(), before.key());
-    assert_eq!(after.create_revision(), before.create_revision());
-    assert_eq!(after.lease(), before.lease(), "the rewrite kept the lease");
-    assert_eq!(after.value(), b"distlock:permits=1");
+    assert_eq!(now[0].key(), queued[1].key());
     assert_eq!(
-        token(&c),
-        after.mod_revision(),
-        "the token is the rewrite's"
+        now[0].mod_revision(),
+        queued[1].mod_revision(),
+        "the key is not written"
     );
     assert!(
         token(&c) > now[1].create_revision(),
         "D queued before C's grant"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 1)
+        .await,
+        "only D's grant is pending"
     );
     let c_token = token(&c);
     c.release().await.unwrap();
     let d = d.await.unwrap().unwrap();
     assert!(token(&d) > c_token);
     d.release().await.unwrap();
+    assert!(keys_under(port, &pending).is_empty());
 
-    // Read-write lock: W writes, R waits to read; W's release grants R.
+    // Read-write lock: W writes, R waits to read, W2 waits to write; W's release
+    // grants R.
     let rw = lock.rw_lock();
     let rw_key = key("rw-token");
     let range = lock.rw_prefix(&rw_key);
-    let markers = format!(
-        "distlock/.rw-granted/{}/",
+    let pending = format!(
+        "distlock/.rw-pending/{}/",
         distlock_etcd::encode_key(&rw_key)
     );
     let w = rw.acquire(&rw_key, RwMode::Write, &options).await.unwrap();
-    let r = {
-        let (rw, key, options) = (rw.clone(), rw_key.clone(), options.clone());
-        tokio::spawn(async move { rw.acquire(&key, RwMode::Read, &options).await })
-    };
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
-            == 2)
+        keys_under(port, &pending).is_empty(),
+        "a grant at once marks nothing"
+    );
+    let spawn_waiter = |mode| {
+        let (rw, key, options) = (rw.clone(), rw_key.clone(), options.clone());
+        tokio::spawn(async move { rw.acquire(&key, mode, &options).await })
+    };
+    let r = spawn_waiter(RwMode::Read);
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 1)
         .await
     );
+    let w2 = spawn_waiter(RwMode::Write);
     assert!(
-        keys_under(port, &markers).is_empty(),
-        "a grant at once writes no marker"
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 2)
+        .await
     );
     w.release().await.unwrap();
     let r = tokio::time::timeout(Duration::from_secs(3), r)
@@ -510,28 +529,25 @@ async fn waited_grants_take_their_token_at_the_grant() {
         .expect("the reader is granted")
         .unwrap()
         .unwrap();
-    let reader = by_age(range.clone()).await;
-    let marker = by_age(markers.clone()).await;
-    assert_eq!((reader.len(), marker.len()), (1, 1));
+    let keys = by_age(range.clone()).await;
+    assert_eq!(keys.len(), 2);
     assert_eq!(
-        reader[0].mod_revision(),
-        reader[0].create_revision(),
+        keys[0].mod_revision(),
+        keys[0].create_revision(),
         "the reader's key was written again"
     );
-    assert_eq!(
-        token(&r),
-        marker[0].create_revision(),
-        "the token is the marker's"
+    assert!(
+        token(&r) > keys[1].create_revision(),
+        "W2 queued before R's grant"
     );
-    assert_eq!(
-        marker[0].lease(),
-        reader[0].lease(),
-        "the marker goes with the lease"
-    );
+    let r_token = token(&r);
     r.release().await.unwrap();
+    let w2 = w2.await.unwrap().unwrap();
+    assert!(token(&w2) > r_token);
+    w2.release().await.unwrap();
     assert!(keys_under(port, &range).is_empty());
     assert!(
-        keys_under(port, &markers).is_empty(),
-        "the release left the marker"
+        keys_under(port, &pending).is_empty(),
+        "a pending marker was left"
     );
 }
