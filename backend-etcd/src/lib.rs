@@ -57,11 +57,14 @@
 //! the loss watch, validity deadline, release, extend and leaving nothing behind are
 //! the mutex's. So is the fencing token of a grant at once (the key's create
 //! revision), but not of a grant after a wait: several waiters can be granted by the
-//! same deletion and learn it in any order, so such a grant's token is the revision
-//! of one write it makes when it learns of its grant, guarded by its key still being
-//! its own (a permit puts its key again as it is; a read-write contender puts a marker
-//! `P/.rw-granted/<K>/<lease id in hex>` under its lease, deleted with its key). Every
-//! grant's token is then above that of every grant learned before it on the key.
+//! same deletion and learn it in any order. A waiter marks its grant pending
+//! (`P/.semaphore-pending/<K>/<revision>` or `P/.rw-pending/<K>/<revision>`, under its
+//! lease); once granted, and once no older contender's marker is left, it writes its
+//! marker again (that write's revision is its token) and deletes it as the acquire
+//! returns. Grants thus stamp in queue order, each after the one before it returned,
+//! and every grant's token is above that of every grant learned before it on the key.
+//! A marker whose deletion was lost goes with its grant's release or lease (holding
+//! back the next waiter's stamp till then).
 //!
 //! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
 //!   `P/.semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`

@@ -37,19 +37,18 @@ use crate::{EtcdLock, ETCD_BACKEND};
 /// readers behind it in at once.
 ///
 /// **Fencing tokens.** A grant at once carries its key's create revision (the put that
-/// placed it was the grant). A grant after a wait carries the revision of a write
-/// made when it learned of its grant: it puts a marker
-/// `P/.rw-granted/<K>/<lease id in hex>` under its own lease, in a transaction guarded
-/// by its key still being ours. Its key is not written again (Go's `RWMutex` ranks by
-/// mod revision), and the marker lies outside every range a contender reads; the
-/// release deletes it with the key, and it goes with the lease otherwise. (The key's
-/// create revision would not do: readers granted by one deletion each learn it on
-/// their own, so the younger could return first with the lower token, and a writer
-/// queued before such a reader's grant could follow it with a lower token.) A writer
-/// is granted only when every older key is gone and a reader only when every older
-/// writer is, so every grant's token is above that of every grant learned before it
-/// on the key, and a writer's is below that of every grant after it; readers holding
-/// together do not fence each other.
+/// placed it was the grant). A grant after a wait carries its stamp's revision, as a
+/// semaphore permit's (see [`crate::EtcdSemaphore`]): the waiter's pending marker is
+/// `P/.rw-pending/<K>/<its key's create revision, 20 digits>`, under its lease,
+/// outside every range a contender reads (Go's included), and its key is never
+/// written again (Go's `RWMutex` ranks by mod revision). (The key's create revision
+/// would not do: readers granted by one deletion each learn it on their own, so the
+/// younger could return first with the lower token, and a writer queued before such
+/// a reader's grant could follow it with a lower token.) A writer is granted only
+/// when every older key is gone and a reader only when every older writer is, so
+/// every grant's token is above that of every grant learned before it on the key,
+/// and a writer's is below that of every grant after it; readers holding together do
+/// not fence each other.
 ///
 /// **Beside Go's `recipes.RWMutex`.** That recipe ranks contenders by *mod* revision,
 /// ours by create revision: the same for a key never written again. Hence two

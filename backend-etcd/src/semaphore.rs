@@ -36,16 +36,18 @@ pub const PERMITS_VALUE_PREFIX: &str = "distlock:permits=";
 /// the lock client's connection, leases and loss watch.
 ///
 /// **Fencing tokens.** A permit granted at once carries its key's create revision (the
-/// put that placed it was the grant). A permit granted after a wait carries the
-/// revision of a write made when it learned of its grant: its key put again as it is
-/// (same value, same lease, same create revision), or the move back from the waiting
-/// lease, in a transaction guarded by the key still being ours. (Its create revision
-/// would not do: waiters granted by the same deletions, two holders leaving at once,
-/// each learn it on their own, so the younger could return first with the lower
-/// token.) So a permit's token is above that of every permit granted before it on the
-/// key, in the order the grants are learned, and a release or expiry never lowers it.
-/// It orders and identifies grants; since several permits are valid at once, a
-/// resource cannot use it to refuse "everything below the highest token seen".
+/// put that placed it was the grant). A waiter first marks its grant pending: it puts
+/// `P/.semaphore-pending/<K>/<its key's create revision, 20 digits>` under its lease.
+/// Once granted, it writes that marker again in a transaction guarded by its key still
+/// being its own and by no older contender's marker being left; that write's revision
+/// is its token, and it deletes the marker as the acquire returns. So waiters granted
+/// by the same deletions (two holders leaving at once), which learn it in no set order,
+/// stamp one after the other in queue order, each only after the one before it has
+/// returned, and a permit's token is above that of every permit granted before it on
+/// the key in the order the grants are learned. (A waiter's create revision would not
+/// do: the younger could return first, with the lower token.) It orders and identifies
+/// grants; since several permits are valid at once, a resource cannot use it to refuse
+/// "everything below the highest token seen".
 ///
 /// **Permit counts.** Every permit key records its count. An acquire reads the `max`
 /// oldest contenders in the transaction that puts its key; one recording another count
