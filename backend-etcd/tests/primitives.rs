@@ -551,3 +551,56 @@ async fn waited_grants_take_their_token_at_the_grant() {
         "a pending marker was left"
     );
 }
+
+/// A granted waiter stamps only once no older contender's pending marker is left (the
+/// chain that keeps tokens rising in the order grants are learned): with an older
+/// marker planted, the waiter stays held back after its turn comes, and its token is
+/// above that marker's deletion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_granted_waiter_stamps_after_older_pending_grants() {
+    use distlock_etcd::etcd_client::Client;
+
+    let port = shared_port();
+    let lock = connect(port).await;
+    let mut etcd = Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let semaphore = lock.semaphore();
+    let key = key("sem-chain");
+    let range = lock.semaphore_prefix(&key);
+    let pending = format!(
+        "distlock/.semaphore-pending/{}/",
+        distlock_etcd::encode_key(&key)
+    );
+    let options = waiting(Duration::from_secs(3), Duration::from_secs(20));
+    let holder = semaphore.acquire(&key, 1, &options).await.unwrap();
+    let older = format!("{pending}{:020}", 1);
+    etcd.put(older.as_str(), "", None).await.unwrap();
+    let waiter = {
+        let (semaphore, key, options) = (semaphore.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { semaphore.acquire(&key, 1, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &pending).len()
+            == 2)
+        .await,
+        "the waiter did not mark its grant pending"
+    );
+    holder.release().await.unwrap();
+    assert!(
+        !eventually(Duration::from_millis(500), || waiter.is_finished()).await,
+        "the waiter stamped before an older pending grant"
+    );
+    assert_eq!(keys_under(port, &range).len(), 1, "its turn has come");
+    let deleted = etcd.delete(older.as_str(), None).await.unwrap();
+    let deleted_at = deleted.header().unwrap().revision();
+    let granted = tokio::time::timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("the waiter stamps once the older marker goes")
+        .unwrap()
+        .unwrap();
+    assert!(granted.fencing_token().unwrap().get() as i64 > deleted_at);
+    granted.release().await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+    assert!(keys_under(port, &pending).is_empty());
+}
