@@ -196,11 +196,11 @@ impl EtcdLock {
         (prefix, own, revision): (&str, &str, i64),
         lease: i64,
         marker: Option<&str>,
-    ) -> Result<i64, LockError> {
+    ) -> Result<(), LockError> {
         let moved = self
             .requests()
             .move_to_lease(prefix, own, revision, lease, marker);
-        Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?)
+        Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?).map(drop)
     }
 
     /// A semaphore or read-write waiter's fencing token, once granted: the revision of
@@ -344,7 +344,7 @@ impl EtcdLock {
             return Err(mismatch);
         }
         // The fencing token: the placement's revision, unless a semaphore or read-write
-        // contender waits (then its stamp's, see `wait_grant`).
+        // contender waits (then its stamp's, see `stamp_grant`).
         let mut token = placed.revision;
         let mut stamped = None;
         if !placed.first {
@@ -357,7 +357,8 @@ impl EtcdLock {
             // the queue behind it for seconds, not for the lock's TTL. The lock's own
             // lease is kept (not renewed) to move back to when the wait was short.
             // Not for the read-write lock: a move changes the key's mod revision, by
-            // which etcd's `recipes.RWMutex` ranks contenders.
+            // which etcd's `recipes.RWMutex` ranks contenders. A semaphore or read-write
+            // waiter marks its grant pending (with the move, if any).
             let pending = kind.pending_range(&self.inner.prefix, key);
             let marker = pending
                 .as_deref()
