@@ -54,7 +54,9 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
                 .semaphore(),
         )),
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Err(etcd_not_yet("semaphore")),
+        Backend::Etcd => Ok(Arc::new(
+            distlock_etcd::EtcdLock::connect(url).await?.semaphore(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -109,7 +111,9 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
                 .rw_lock(),
         )),
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Err(etcd_not_yet("read-write lock")),
+        Backend::Etcd => Ok(Arc::new(
+            distlock_etcd::EtcdLock::connect(url).await?.rw_lock(),
+        )),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(crate::feature_off(url, off)),
     }
@@ -173,16 +177,6 @@ pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, Lock
     }
 }
 
-/// The etcd backend offers no semaphore or read-write lock yet.
-#[cfg(feature = "etcd")]
-fn etcd_not_yet(operation: &'static str) -> LockError {
-    LockError::Unsupported {
-        backend: distlock_etcd::ETCD_BACKEND,
-        operation,
-        reason: crate::NOT_YET,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -225,6 +219,20 @@ mod tests {
     #[tokio::test]
     async fn zookeeper_offers_both_primitives() {
         let url = "zk://127.0.0.1:1?session_timeout_ms=2000";
+        let semaphore = connect_semaphore(url).await.expect_err("nothing listens");
+        assert!(
+            matches!(semaphore, LockError::Connection { .. }),
+            "{semaphore}"
+        );
+        let rw = connect_rw(url).await.expect_err("nothing listens");
+        assert!(matches!(rw, LockError::Connection { .. }), "{rw}");
+    }
+
+    /// etcd offers both too.
+    #[cfg(feature = "etcd")]
+    #[tokio::test]
+    async fn etcd_offers_both_primitives() {
+        let url = "etcd://127.0.0.1:1";
         let semaphore = connect_semaphore(url).await.expect_err("nothing listens");
         assert!(
             matches!(semaphore, LockError::Connection { .. }),

@@ -18,7 +18,7 @@ use etcd_client::{EventType, WatchOptions, WatchStream};
 use tokio::time::{timeout_at, Instant};
 
 use crate::error::{sent, within, Fail};
-use crate::keys::{election_prefix, prefix_end};
+use crate::keys::{election_prefix, prefix_end, Kind};
 use crate::{EtcdLock, ETCD_BACKEND, ETCD_CAPABILITIES};
 
 /// How long a broken watch of an election waits before it is made again.
@@ -195,11 +195,10 @@ impl LeaderElection for EtcdElection {
         options: &LockOptions,
     ) -> Result<Option<Leadership>, LockError> {
         check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.fifo)?;
-        let range = self.lock.election_prefix(name);
         let won = self
             .lock
             .contend(
-                &range,
+                Kind::Candidate,
                 name,
                 candidate.as_bytes(),
                 options,
@@ -211,7 +210,7 @@ impl LeaderElection for EtcdElection {
             None => Ok(None),
             Some((lease, monitor)) => self
                 .lock
-                .hand_out(&range, lease, monitor, |lease, monitor| {
+                .hand_out(Kind::Candidate, lease, monitor, |lease, monitor| {
                     self.lead(lease, monitor, candidate, options)
                 })
                 .await
@@ -229,10 +228,9 @@ impl LeaderElection for EtcdElection {
         options: &LockOptions,
     ) -> Result<Leadership, LockError> {
         check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.fifo)?;
-        let range = self.lock.election_prefix(name);
         self.lock
             .wait_for(
-                &range,
+                Kind::Candidate,
                 name,
                 candidate.as_bytes(),
                 options,
@@ -244,15 +242,13 @@ impl LeaderElection for EtcdElection {
     /// Deletes our candidate key (if it is still ours) and revokes its lease, as the
     /// mutex's release: the next candidate's watch fires and it leads.
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let range = self.lock.election_prefix(lease.key());
-        self.lock.release_in(&range, lease).await
+        self.lock.release_in(Kind::Candidate, lease).await
     }
 
     /// Keeps the key's lease alive (or moves the key to a lease of another TTL), as the
     /// mutex's extend.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        let range = self.lock.election_prefix(lease.key());
-        self.lock.extend_in(&range, lease, ttl).await
+        self.lock.extend_in(Kind::Candidate, lease, ttl).await
     }
 
     /// The oldest key of the range: its value (the identity), create revision (the

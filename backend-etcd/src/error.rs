@@ -16,7 +16,8 @@ pub(crate) enum Fail {
     /// No reply within the request timeout. The request may still take effect.
     TimedOut(Duration),
     /// This key ranks ahead of ours in a lock's range but is not a contender of the
-    /// recipe (see `recipe::contender_shape`): another tool's data under our prefix.
+    /// recipe (see `recipe::contender_shape`, `recipe::marker_shape`): another tool's
+    /// data under our prefix.
     Foreign(String),
 }
 
@@ -46,8 +47,9 @@ impl From<Fail> for LockError {
                 ETCD_BACKEND,
                 format!(
                     "the lock's range holds `{key}`, which is not a contender of etcd's lock \
-                     recipe (a key named by its lease id in hex, under that lease): another \
-                     tool keeps data under this prefix; use another prefix in the URL"
+                     recipe (a key named by an id in hex, under a lease; a pending marker is \
+                     named by 20 digits): another tool keeps data under this prefix; use \
+                     another prefix in the URL"
                 ),
             ),
         }

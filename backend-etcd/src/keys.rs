@@ -3,6 +3,13 @@
 //! Lock `K` under prefix `P` is the key range `P/<encode_key(K)>/`: every contender
 //! puts `P/<encode_key(K)>/<its lease id in hex>`, exactly as etcd's
 //! `concurrency.NewMutex(session, "P/<name>")` (and so `etcdctl lock P/<name>`) does.
+//! The other primitives have namespaces of their own under the prefix, each a path
+//! segment starting with `+`, which no encoded key contains (it becomes `%2B`), so no
+//! range lies inside another: elections `P/+election/<encode_key(K)>/`, semaphores
+//! `P/+semaphore/<encode_key(K)>/`, read-write locks `P/+rw/<encode_key(K)>/`. A
+//! semaphore or read-write waiter also marks its grant pending in
+//! `P/+semaphore-pending/<encode_key(K)>/` or `P/+rw-pending/<encode_key(K)>/` until it
+//! has its fencing token.
 
 use distlock_api::LockKey;
 
@@ -40,6 +47,101 @@ pub const ELECTION_SEGMENT: &str = "+election";
 /// campaigns in the same election.
 pub fn election_prefix(prefix: &str, name: &LockKey) -> String {
     format!("{prefix}/{ELECTION_SEGMENT}/{}/", encode_key(name))
+}
+
+/// The path segment under the prefix that holds the semaphores.
+pub const SEMAPHORE_SEGMENT: &str = "+semaphore";
+
+/// The path segment under the prefix that holds the read-write locks.
+pub const RW_SEGMENT: &str = "+rw";
+
+/// A contender's primitive: where its key goes and which older contenders keep it
+/// from holding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// The mutex: `P/<K>/<lease>`; held with no older contender.
+    Mutex,
+    /// An election's candidate: `P/+election/<K>/<lease>`; leads with no older one.
+    Candidate,
+    /// A permit of a semaphore of this many: `P/+semaphore/<K>/<lease>`; held with
+    /// fewer older contenders than the count.
+    Permit(u32),
+    /// A reader: `P/+rw/<K>/read/<lease>`; held with no older writer.
+    Read,
+    /// A writer: `P/+rw/<K>/write/<lease>`; held with no older contender.
+    Write,
+}
+
+impl Kind {
+    /// The range every contender of `key` of this primitive puts its key in.
+    pub(crate) fn range(self, prefix: &str, key: &LockKey) -> String {
+        match self {
+            Kind::Mutex => lock_prefix(prefix, key),
+            Kind::Candidate => election_prefix(prefix, key),
+            Kind::Permit(_) => format!("{prefix}/{SEMAPHORE_SEGMENT}/{}/", encode_key(key)),
+            Kind::Read | Kind::Write => format!("{prefix}/{RW_SEGMENT}/{}/", encode_key(key)),
+        }
+    }
+
+    /// Our key in `range`, named by the lease id it was put under.
+    pub(crate) fn own_key(self, range: &str, lease_id: i64) -> String {
+        match self {
+            Kind::Mutex | Kind::Candidate | Kind::Permit(_) => contender_key(range, lease_id),
+            Kind::Read => contender_key(&format!("{range}read/"), lease_id),
+            Kind::Write => contender_key(&format!("{range}write/"), lease_id),
+        }
+    }
+
+    /// The part of `range` whose older contenders count against ours: a reader's are
+    /// the writers (etcd's `recipes.RWMutex` waits on `PFX/write`), everyone else's
+    /// the whole range.
+    pub(crate) fn blocking(self, range: &str) -> String {
+        match self {
+            Kind::Read => format!("{range}write/"),
+            _ => range.to_owned(),
+        }
+    }
+
+    /// Whether contenders' keys sit one level down, in `read/` and `write/` (the
+    /// read-write lock's), rather than right in the range.
+    pub(crate) fn layered(self) -> bool {
+        matches!(self, Kind::Read | Kind::Write)
+    }
+
+    /// Whether a waiter of this kind parks its key on the short waiting lease. Not a
+    /// read-write contender: a move writes the key again, and etcd's `recipes.RWMutex`
+    /// ranks contenders by mod revision.
+    pub(crate) fn parks(self) -> bool {
+        !self.layered()
+    }
+
+    /// Where a semaphore or read-write waiter marks its grant pending until it has its
+    /// fencing token (see [`crate::EtcdSemaphore`]): `P/+semaphore-pending/<K>/` and
+    /// `P/+rw-pending/<K>/`, outside every range a contender reads (a Go `RWMutex` on
+    /// `P/+rw/<K>` included). The mutex and the election have none: their waiters are
+    /// granted one at a time.
+    pub(crate) fn pending_range(self, prefix: &str, key: &LockKey) -> Option<String> {
+        let segment = match self {
+            Kind::Permit(_) => SEMAPHORE_SEGMENT,
+            Kind::Read | Kind::Write => RW_SEGMENT,
+            Kind::Mutex | Kind::Candidate => return None,
+        };
+        Some(format!("{prefix}/{segment}-pending/{}/", encode_key(key)))
+    }
+
+    /// How many older blocking contenders ours may have and still hold.
+    pub(crate) fn room(self) -> usize {
+        match self {
+            Kind::Permit(max) => max as usize,
+            _ => 1,
+        }
+    }
+}
+
+/// A waiter's pending marker in `pending` (a [`Kind::pending_range`]): its key's create
+/// revision in 20 digits, so that markers sort as their contenders queue.
+pub(crate) fn pending_marker(pending: &str, revision: i64) -> String {
+    format!("{pending}{revision:020}")
 }
 
 /// A contender's key: the lock's range, then the lease id in lowercase hex, as
@@ -86,6 +188,59 @@ mod tests {
         // No lock's range covers an election's.
         let elections = format!("distlock/{ELECTION_SEGMENT}/");
         assert!(!elections.starts_with(&lock_prefix("distlock", &key("+election"))));
+    }
+
+    #[test]
+    fn every_primitive_has_a_range_of_its_own() {
+        assert_eq!(encode_key(&key(".semaphore")), ".semaphore");
+        assert_eq!(
+            Kind::Permit(2).range("p", &key("a")),
+            "p/+semaphore/a/"
+        );
+        assert_eq!(Kind::Read.range("p", &key("+rw")), "p/+rw/%2Brw/");
+        assert_eq!(Kind::Candidate.range("p", &key("a")), "p/+election/a/");
+        assert_eq!(Kind::Read.own_key("p/+rw/a/", 0x1f), "p/+rw/a/read/1f");
+        assert_eq!(Kind::Write.own_key("p/+rw/a/", 0x1f), "p/+rw/a/write/1f");
+        assert_eq!(Kind::Read.blocking("p/+rw/a/"), "p/+rw/a/write/");
+        assert_eq!(Kind::Write.blocking("p/+rw/a/"), "p/+rw/a/");
+        assert_eq!(
+            Kind::Read.pending_range("p", &key("a")).as_deref(),
+            Some("p/+rw-pending/a/")
+        );
+        assert_eq!(
+            Kind::Permit(2).pending_range("p", &key("a")).as_deref(),
+            Some("p/+semaphore-pending/a/")
+        );
+        assert_eq!(
+            pending_marker("p/+rw-pending/a/", 42),
+            "p/+rw-pending/a/00000000000000000042"
+        );
+        assert_eq!(Kind::Mutex.pending_range("p", &key("a")), None);
+        assert_eq!(Kind::Candidate.pending_range("p", &key("a")), None);
+        assert!(Kind::Permit(3).parks() && !Kind::Read.parks() && !Kind::Write.parks());
+        // No range (nor pending range) of one kind lies inside another's, whatever the key.
+        let ranges = |k: &LockKey| {
+            let mut all = vec![
+                Kind::Mutex.range("p", k),
+                Kind::Candidate.range("p", k),
+                Kind::Permit(1).range("p", k),
+                Kind::Write.range("p", k),
+            ];
+            all.extend(Kind::Permit(1).pending_range("p", k));
+            all.extend(Kind::Write.pending_range("p", k));
+            all
+        };
+        for a in ["+semaphore", "+rw", "+rw-pending", "x", "+election"] {
+            for b in ["+semaphore", "+rw", "+rw-pending", "x", "+election"] {
+                for (i, ra) in ranges(&key(a)).iter().enumerate() {
+                    for (j, rb) in ranges(&key(b)).iter().enumerate() {
+                        if i != j {
+                            assert!(!ra.starts_with(rb.as_str()), "{ra} in {rb}");
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]

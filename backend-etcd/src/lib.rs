@@ -3,7 +3,8 @@
 //! exclude each other on one name; lease TTLs kept alive by the guard's watchdog; the
 //! holder key's create revision as fencing token. Leader election
 //! ([`EtcdLock::election`]) is etcd's `concurrency.Election` on the same machinery, so
-//! `etcdctl elect` and Go's `concurrency.NewElection` campaign with distlock.
+//! `etcdctl elect` and Go's `concurrency.NewElection` campaign with distlock. A semaphore and a read-write lock
+//! (in the layout of etcd's `recipes.RWMutex`) on the same recipe.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -51,7 +52,8 @@
 //!   free for others when the release returns. When the lease is gone (it ran out, or
 //!   was revoked from outside), when the loss watch saw the key deleted, or for a lease
 //!   another client took, the release deletes the key if its create revision is still
-//!   the lease's fencing token (one transaction), then revokes the lease. A key that is
+//!   the one the lease records (in its owner token; for the mutex it is also the
+//!   fencing token) in one transaction, then revokes the lease. A key that is
 //!   gone reads `Expired`, or `HeldByOther` while another contender is in the range.
 //!   (A key deleted from outside, by `etcdctl del`, within the loss watch's delay,
 //!   under a millisecond, before a release reads `Released`: the revoke cannot tell.)
@@ -70,13 +72,54 @@
 //! revision and lease TTL left; observers wait on an etcd watch of the range. See
 //! [`EtcdElection`].
 //!
+//! # Semaphore and read-write lock
+//! Both are the mutex's recipe with another rule of which older contenders keep a
+//! contender waiting, in namespaces of their own under the prefix (`+semaphore`, `+rw`: no key encodes to a
+//! name with `+`, so they never meet a mutex's range). Leases, keep-alives,
+//! the loss watch, validity deadline, release, extend and leaving nothing behind are
+//! the mutex's. So is the fencing token of a grant at once (the key's create
+//! revision), but not of a grant after a wait: several waiters can be granted by the
+//! same deletion and learn it in any order. A waiter marks its grant pending
+//! (`P/+semaphore-pending/<K>/<revision>` or `P/+rw-pending/<K>/<revision>`, under its
+//! lease); once granted, and once no older contender's marker is left, it writes its
+//! marker again (that write's revision is its token) and deletes it as the acquire
+//! returns. Grants thus stamp in queue order, each after the one before it returned,
+//! and every grant's token is above that of every grant learned before it on the key.
+//! A marker whose deletion was lost goes with its grant's release or lease (holding
+//! back the next waiter's stamp till then).
+//!
+//! A semaphore waiter parks on the short waiting lease as a mutex waiter does; with
+//! room for one permit its grant is found and moved back in one transaction as the
+//! mutex's, with more the move is a second request (a range compare cannot count).
+//! Foreign keys of another shape ahead of ours, in a primitive's range or among the
+//! pending markers, are configuration errors, as in a lock's range.
+//!
+//! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
+//!   `P/+semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
+//!   oldest hold a permit. A waiter watches the `max` youngest contenders older than
+//!   its own (it can be granted only once one of them goes), so no deletion wakes the
+//!   whole queue; permits pass on in FIFO order. An acquire whose count differs from
+//!   one recorded by the oldest contenders is
+//!   [`distlock_api::LockError::PermitMismatch`] and leaves nothing behind. etcd has
+//!   no semaphore recipe of its own.
+//! - [`EtcdLock::rw_lock`] ([`EtcdRwLock`]): the key layout of etcd's
+//!   `recipes.RWMutex`: readers put `P/+rw/<K>/read/<id>` and writers
+//!   `P/+rw/<K>/write/<id>`; a writer waits for every older key, a reader for every
+//!   older writer (writer preference, FIFO), so a Go `recipe.NewRWMutex(session,
+//!   "P/+rw/<K>")` and ours exclude each other. Because that recipe ranks by mod
+//!   revision, a read-write waiter waits under its lock's own lease (not the short
+//!   waiting lease, whose move would write the key again), and an extend beyond the
+//!   lock's TTL, which moves the key to a new lease, is unsafe beside Go contenders
+//!   (see [`EtcdRwLock`]).
+//!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
 //! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
 //! client over the prefix marks a held lock lost as soon as its key is deleted: the
 //! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
 //! outside; a lock lost by its deadline has its lease revoked at once. The
-//! fencing token is the key's create revision: etcd's revision is one counter for the
+//! mutex's fencing token is the key's create revision (for the other primitives, see
+//! above): etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
 //! of them.
 //!
@@ -109,12 +152,18 @@ mod keys;
 mod lock;
 mod loss;
 mod recipe;
+mod rw;
+mod semaphore;
 mod session;
 
 pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use election::EtcdElection;
-pub use keys::{election_prefix, encode_key, lock_prefix, ELECTION_SEGMENT};
+pub use keys::{
+    election_prefix, encode_key, lock_prefix, ELECTION_SEGMENT, RW_SEGMENT, SEMAPHORE_SEGMENT,
+};
 pub use lock::{EtcdLock, ETCD_CAPABILITIES};
+pub use rw::EtcdRwLock;
+pub use semaphore::{EtcdSemaphore, PERMITS_VALUE_PREFIX};
 
 /// The driver this backend is built on.
 pub use etcd_client;

@@ -9,29 +9,25 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, spawn_cleanup, Granted, WaitBound, WaitReport};
 use distlock_api::{
-    BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken, KeyStatus,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
-    ReleaseOutcome, NOT_YET,
+    BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus, Lease,
+    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
+    ReleaseOutcome,
 };
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
-use crate::keys::{contender_key, lock_prefix};
+use crate::keys::{lock_prefix, pending_marker, Kind};
 use crate::loss::LossWatch;
-use crate::recipe::{Requests, Turn};
+use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
-/// What the etcd backend promises: the mutex and leader election
-/// ([`crate::EtcdElection`]).
-pub const ETCD_CAPABILITIES: Capabilities = {
-    let mut offered = Capabilities::all_supported();
-    offered.semaphore = Capability::Unsupported(NOT_YET);
-    offered.rw_lock = Capability::Unsupported(NOT_YET);
-    offered
-};
+/// What the etcd backend promises: the mutex, the semaphore
+/// ([`crate::EtcdSemaphore`]), the read-write lock ([`crate::EtcdRwLock`]) and leader
+/// election ([`crate::EtcdElection`]).
+pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported();
 
 /// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
 /// how long a waiter whose process died (without revoking) holds up the queue behind it.
@@ -183,34 +179,82 @@ impl EtcdLock {
         Ok((id, granted))
     }
 
-    /// Moves our contender key (create revision `revision`) to `lease`.
+    /// Moves our contender key (create revision `revision`), and our pending `marker` if
+    /// any, to `lease`.
     async fn rehome(
         &self,
-        prefix: &str,
-        own: &str,
-        revision: i64,
+        (prefix, own, revision): (&str, &str, i64),
         lease: i64,
+        marker: Option<&str>,
     ) -> Result<(), LockError> {
-        match self
+        let moved = self
             .requests()
-            .move_to_lease(prefix, own, revision, lease)
-            .await
-            .map_err(|f| self.connection_error(f))?
-        {
-            Ok(()) => Ok(()),
-            Err(_) => Err(LockError::connection(
-                ETCD_BACKEND,
-                "the waiting contender's key vanished (its lease expired or was revoked)",
-            )),
+            .move_to_lease(prefix, own, revision, lease, marker);
+        Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?).map(drop)
+    }
+
+    /// A semaphore or read-write waiter's fencing token, once granted: the revision of
+    /// its pending marker `pending`'s `marker` written again, once no older contender's
+    /// marker is left. The marker is deleted ([`unmark_later`]) only once the acquire
+    /// has nothing left to await.
+    ///
+    /// Waiters granted by the same deletions learn it in no set order, so their queue
+    /// revisions would not rise in the order grants are learned, nor would stamps sent
+    /// at once. Chained in queue order, a grant stamps only after the one before it
+    /// has returned (a marker of an older contender can only be of one granted with or
+    /// before ours: the semaphore and the read-write lock grant in queue order). A
+    /// marker whose deletion was lost goes with its grant's release or lease.
+    async fn stamp_grant(
+        &self,
+        (prefix, own, revision): (&str, &str, i64),
+        (pending, marker): (&str, &str),
+        lease: i64,
+    ) -> Result<i64, LockError> {
+        let mut pause = Duration::from_millis(20);
+        loop {
+            let outcome = match self.requests().stamp(own, revision, pending, marker).await {
+                Ok(Stamp::At(token)) => return Ok(token),
+                Ok(Stamp::Gone) => return Self::while_waiting(Err(false)),
+                Ok(Stamp::Unmarked) => {
+                    let marked = self
+                        .requests()
+                        .mark_pending(prefix, own, revision, marker, lease)
+                        .await;
+                    match marked {
+                        Ok(Err(_)) => return Self::while_waiting(Err(false)),
+                        other => other.map(drop),
+                    }
+                }
+                Ok(Stamp::After(older)) if older.is_empty() => Ok(()),
+                Ok(Stamp::After(older)) => self.requests().deleted(older, pending).await,
+                Err(fail) => Err(fail),
+            };
+            match outcome {
+                Ok(()) => pause = Duration::from_millis(20),
+                Err(fail) => {
+                    let error = self.connection_error(fail);
+                    if !error.is_retryable() {
+                        return Err(error);
+                    }
+                    tracing::debug!(%error, "etcd stamp interrupted; trying again");
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_secs(1));
+                }
+            }
         }
     }
 
-    /// One acquire of `key`, whose contenders queue in the range `prefix` (the lock's,
-    /// or an election's) with `value` in their keys: the grant, or `Ok(None)` for a held
-    /// key when `wait` is false.
+    /// A write to a waiting contender's key, or the error of its key being gone.
+    fn while_waiting(written: Result<i64, bool>) -> Result<i64, LockError> {
+        written.map_err(|_| vanished())
+    }
+
+    /// One acquire of `key` by a `kind` contender (a lock's, a candidate's, a permit's,
+    /// a reader's or writer's) with `value` in its key: the grant, or `Ok(None)` for a
+    /// held key when `wait` is false.
     pub(crate) async fn contend(
         &self,
-        prefix: &str,
+        kind: Kind,
         key: &LockKey,
         value: &[u8],
         options: &LockOptions,
@@ -221,14 +265,24 @@ impl EtcdLock {
         let mut undo = Undo::new(self.clone());
         let mut sent = Instant::now();
         let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
+        let prefix = kind.range(self.prefix(), key);
         // The key keeps the first lease's id as its name when it moves to others.
         let named = lease;
-        let own = contender_key(prefix, named);
+        let own = kind.own_key(&prefix, named);
+        let rule = Rule::of(kind, &prefix);
         let placed = self
             .requests()
-            .place(prefix, &own, value, lease)
+            .place(&rule, &own, value, lease)
             .await
             .map_err(|f| self.connection_error(f))?;
+        if let Err(mismatch) = crate::semaphore::check_count(kind, key, &own, &placed.seen) {
+            undo.revoke_now().await;
+            return Err(mismatch);
+        }
+        // The fencing token: the placement's revision, unless a semaphore or read-write
+        // contender waits (then its stamp's, see `stamp_grant`).
+        let mut token = placed.revision;
+        let mut stamped = None;
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -238,12 +292,25 @@ impl EtcdLock {
             // Wait under a short lease, so that a waiter whose process dies holds up
             // the queue behind it for seconds, not for the lock's TTL. The lock's own
             // lease is kept (not renewed) to move back to when the wait was short.
+            // Not for the read-write lock (see `Kind::parks`). A semaphore or
+            // read-write waiter marks its grant pending (with the move, if any).
+            let pending = kind.pending_range(self.prefix(), key);
+            let marker = pending
+                .as_deref()
+                .map(|p| pending_marker(p, placed.revision));
+            let place = (prefix.as_str(), own.as_str(), placed.revision);
             let mut parked = None;
-            if ttl_secs > WAITER_TTL_SECS {
+            if ttl_secs > WAITER_TTL_SECS && kind.parks() {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
-                self.rehome(prefix, &own, placed.revision, short).await?;
+                self.rehome(place, short, marker.as_deref()).await?;
                 parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
+            } else if let Some(marker) = &marker {
+                let marked = self
+                    .requests()
+                    .mark_pending(&prefix, &own, placed.revision, marker, lease)
+                    .await;
+                Self::while_waiting(marked.map_err(|f| self.connection_error(f))?)?;
             }
             // Granted: back to the lock's lease while two thirds of its TTL are left
             // (the watchdog's first renewal comes at a third), in the transaction
@@ -251,7 +318,7 @@ impl EtcdLock {
             let back = parked.map(|(full, _, granted_at)| (full, granted_at + ttl / 3));
             let alive_since = Mutex::new(sent);
             let moved = tokio::select! {
-                turn = self.wait_turn(prefix, &own, placed.revision, back) => turn?,
+                turn = self.wait_turn(&rule, &own, placed.revision, back, marker.as_deref()) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -267,18 +334,25 @@ impl EtcdLock {
                     // whose answer was lost may have landed.
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
-                    self.rehome(prefix, &own, placed.revision, fresh).await?;
+                    self.rehome(place, fresh, marker.as_deref()).await?;
                     undo.let_go(full);
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
             }
+            if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
+                let alive_since = Mutex::new(sent);
+                tokio::select! {
+                    stamp = self.stamp_grant(place, pending, lease) => token = stamp?,
+                    lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
+                }
+                sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
+                stamped = marker;
+            }
         }
         let valid_from = sent;
-        let owner = OwnerToken::from_u128(
-            (u128::from(named as u64) << 64) | u128::from(rand::random::<u64>()),
-        );
-        let token = FencingToken::new(u64::try_from(placed.revision).unwrap_or(0));
+        let owner = owner_token(named, placed.revision, kind);
+        let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
         let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
         let current = Arc::new(AtomicI64::new(lease));
@@ -299,18 +373,24 @@ impl EtcdLock {
             },
         );
         undo.disarm();
+        if let Some(marker) = stamped {
+            unmark_later(self.requests().clone(), marker);
+        }
         Ok(Some((granted, monitor)))
     }
 
-    /// Waits until no contender older than ours (create revision `revision`) is left.
-    /// With `back` = (lease, deadline), the transaction that finds the turn ours also
-    /// moves our key to that lease if sent before the deadline; returns whether it did.
+    /// Waits until fewer blocking contenders than the rule's room are older than ours
+    /// (create revision `revision`). With `back` = (lease, deadline), the look that
+    /// finds the turn ours also moves our key (and pending `marker`) to that lease if
+    /// sent before the deadline (in the same transaction, see
+    /// [`Requests::turn_and_move`]); returns whether it did.
     async fn wait_turn(
         &self,
-        prefix: &str,
+        rule: &Rule,
         own: &str,
         revision: i64,
         back: Option<(i64, Instant)>,
+        marker: Option<&str>,
     ) -> Result<bool, LockError> {
         let mut pause = Duration::from_millis(20);
         loop {
@@ -318,21 +398,17 @@ impl EtcdLock {
             let turn = match to {
                 Some((lease, _)) => {
                     self.requests()
-                        .turn_and_move(prefix, own, revision, lease)
+                        .turn_and_move(rule, own, revision, lease, marker)
                         .await
                 }
-                None => self.requests().turn(prefix, own, revision).await,
+                None => self.requests().turn(rule, own, revision).await,
             };
-            let outcome =
-                match turn {
-                    Ok(Turn::Ours) => return Ok(to.is_some()),
-                    Ok(Turn::Gone) => return Err(LockError::connection(
-                        ETCD_BACKEND,
-                        "the waiting contender's key vanished (its lease expired or was revoked)",
-                    )),
-                    Ok(Turn::After(older)) => self.requests().deleted(older).await,
-                    Err(fail) => Err(fail),
-                };
+            let outcome = match turn {
+                Ok(Turn::Ours) => return Ok(to.is_some()),
+                Ok(Turn::Gone) => return Err(vanished()),
+                Ok(Turn::After(older)) => self.requests().deleted(older, &rule.blocking).await,
+                Err(fail) => Err(fail),
+            };
             match outcome {
                 Ok(()) => pause = Duration::from_millis(20),
                 Err(fail) => {
@@ -408,15 +484,27 @@ impl EtcdLock {
     }
 }
 
-/// Where a lease's key is in its range `prefix`: the key, its create revision.
-fn place_in(prefix: &str, lease: &Lease) -> (String, i64) {
-    let id = (lease.owner().as_u128() >> 64) as u64 as i64;
-    let own = contender_key(prefix, id);
-    let revision = lease
-        .fencing_token()
-        .and_then(|t| i64::try_from(t.get()).ok())
-        .unwrap_or(-1);
-    (own, revision)
+/// The low bit of an owner token that marks a reader's lease (the rest is the lease id
+/// the key is named by and the key's create revision).
+const READ_TAG: u64 = 1;
+
+/// A grant's owner token: the lease id its key is named by (high 64 bits), its key's
+/// create revision (shifted left by one) and its kind's tag. A release or extend finds
+/// the key by it (the fencing token of a waited permit or read-write grant is another
+/// revision).
+fn owner_token(named: i64, revision: i64, kind: Kind) -> OwnerToken {
+    let tag = match kind {
+        Kind::Read => READ_TAG,
+        _ => 0,
+    };
+    OwnerToken::from_u128(
+        (u128::from(named as u64) << 64) | u128::from((revision as u64) << 1) | u128::from(tag),
+    )
+}
+
+/// Whether `lease` is a reader's (by its owner token's tag, see [`owner_token`]).
+pub(crate) fn reads(lease: &Lease) -> bool {
+    lease.owner().as_u128() as u64 & READ_TAG != 0
 }
 
 #[async_trait]
@@ -432,9 +520,8 @@ impl DistributedLock for EtcdLock {
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        let prefix = self.lock_prefix(key);
         let won = self
-            .contend(&prefix, key, b"", options, &WaitReport::new(), false)
+            .contend(Kind::Mutex, key, b"", options, &WaitReport::new(), false)
             .await?;
         Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
     }
@@ -442,20 +529,18 @@ impl DistributedLock for EtcdLock {
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(ETCD_BACKEND)?;
         options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
-        let prefix = self.lock_prefix(key);
-        self.wait_for(&prefix, key, b"", options, |lease, monitor| {
+        self.wait_for(Kind::Mutex, key, b"", options, |lease, monitor| {
             Ok(self.guard(lease, monitor, options))
         })
         .await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.release_in(&self.lock_prefix(lease.key()), lease).await
+        self.release_in(Kind::Mutex, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.extend_in(&self.lock_prefix(lease.key()), lease, ttl)
-            .await
+        self.extend_in(Kind::Mutex, lease, ttl).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
@@ -485,13 +570,13 @@ impl DistributedLock for EtcdLock {
 }
 
 impl EtcdLock {
-    /// Waits for `key` in the range `prefix` as the options' wait policy allows (see
+    /// Waits for `key` as a `kind` contender as the options' wait policy allows (see
     /// [`EtcdLock::contend`]), retrying retryable errors within the wait; `grant`
     /// makes the grant handed out (a [`LockGuard`], a leadership). The options were
     /// checked by the caller.
     pub(crate) async fn wait_for<G: Granted>(
         &self,
-        prefix: &str,
+        kind: Kind,
         key: &LockKey,
         value: &[u8],
         options: &LockOptions,
@@ -507,11 +592,11 @@ impl EtcdLock {
             let mut delays = options.backoff().delays();
             loop {
                 match self
-                    .contend(prefix, key, value, options, &report, wait)
+                    .contend(kind, key, value, options, &report, wait)
                     .await
                 {
                     Ok(Some((lease, monitor))) => {
-                        return self.hand_out(prefix, lease, monitor, grant).await
+                        return self.hand_out(kind, lease, monitor, grant).await
                     }
                     Ok(None) => {
                         return Err(LockError::Timeout {
@@ -539,18 +624,18 @@ impl EtcdLock {
         .await
     }
 
-    /// Makes the grant of a won `lease` in the range `prefix` with `grant`; one that
-    /// cannot be made is released, not left held.
+    /// Makes the grant of a won `kind` `lease` with `grant`; one that cannot be made is
+    /// released, not left held.
     pub(crate) async fn hand_out<G>(
         &self,
-        prefix: &str,
+        kind: Kind,
         lease: Lease,
         monitor: LeaseMonitor,
         grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
     ) -> Result<G, LockError> {
         let made = grant(lease.clone(), monitor);
         if made.is_err() {
-            let _ = self.release_in(prefix, &lease).await;
+            let _ = self.release_in(kind, &lease).await;
         }
         made
     }
@@ -560,20 +645,36 @@ impl EtcdLock {
         LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
-    /// Owner-checked release of `lease`, whose key is in the range `prefix`.
+    /// Where a `kind` lease's key is: its range, its own key, its create revision (all
+    /// from the owner token, see [`owner_token`]), and where its pending marker would
+    /// be. A forged token may name a key that is not there, which reads as not ours.
+    /// A permit's count does not matter here.
+    fn place_of(&self, kind: Kind, lease: &Lease) -> (String, String, i64, Option<String>) {
+        let prefix = kind.range(self.prefix(), lease.key());
+        let id = (lease.owner().as_u128() >> 64) as u64 as i64;
+        let own = kind.own_key(&prefix, id);
+        let revision = (lease.owner().as_u128() as u64 >> 1) as i64;
+        let marker = kind
+            .pending_range(self.prefix(), lease.key())
+            .map(|pending| pending_marker(&pending, revision));
+        (prefix, own, revision, marker)
+    }
+
+    /// Owner-checked release of a `kind` contender's `lease`.
     pub(crate) async fn release_in(
         &self,
-        prefix: &str,
+        kind: Kind,
         lease: &Lease,
     ) -> Result<ReleaseOutcome, LockError> {
-        let (own, revision) = place_in(prefix, lease);
+        let (prefix, own, revision, marker) = self.place_of(kind, lease);
         let held = self.held().remove(&lease.owner().as_u128());
         if let Some(held) = &held {
             held.watch.abort();
             let present = self.inner.loss.watched.forget(&own);
             let lease_id = held.lease.load(Ordering::Acquire);
-            // One request: the lease carries this key alone, so revoking it deletes the
-            // key (and frees the lock) in the same raft entry. Not when the loss watch
+            // One request: the lease carries this key alone (and its pending marker, if
+            // still there), so revoking it deletes the key (and frees the lock) in the
+            // same raft entry. Not when the loss watch
             // saw the key deleted: the transaction below tells who holds the lock then.
             if present {
                 let revoked = self
@@ -590,7 +691,7 @@ impl EtcdLock {
         }
         let deleted = self
             .requests()
-            .delete_own(prefix, &own, revision)
+            .delete_own(&prefix, &own, revision, marker.as_deref())
             .await
             .map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
@@ -619,15 +720,16 @@ impl EtcdLock {
         Ok(outcome)
     }
 
-    /// Owner-checked extend of `lease`, whose key is in the range `prefix`, to `ttl`.
+    /// Owner-checked extend of a `kind` contender's `lease` to `ttl`.
     pub(crate) async fn extend_in(
         &self,
-        prefix: &str,
+        kind: Kind,
         lease: &Lease,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
-        let (own, revision) = place_in(prefix, lease);
+        let (prefix, own, revision, _) = self.place_of(kind, lease);
+        let prefix = prefix.as_str();
         let (current, secs) = match self.current_lease(lease, prefix, &own, revision).await? {
             Ok(found) => found,
             Err(other) => {
@@ -668,7 +770,7 @@ impl EtcdLock {
             let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
             let moved = self
                 .requests()
-                .move_to_lease(prefix, &own, revision, fresh)
+                .move_to_lease(prefix, &own, revision, fresh, None)
                 .await
                 .map_err(|f| self.connection_error(f))?;
             if let Err(other) = moved {
@@ -748,6 +850,17 @@ impl Drop for Undo {
     }
 }
 
+/// Deletes a stamped grant's pending `marker` in the background, letting the next
+/// grant stamp: spawned as the acquire returns, so that the next grant's stamp comes
+/// after this grant was learned (see [`EtcdLock::stamp_grant`]).
+fn unmark_later(requests: Requests, marker: String) {
+    tokio::spawn(async move {
+        if let Err(fail) = requests.unmark(&marker).await {
+            tracing::debug!(error = %LockError::from(fail), "deleting a grant's pending marker failed; it goes with the grant");
+        }
+    });
+}
+
 /// Revokes `lease` in a background clean-up on the current runtime (if any).
 fn revoke_in_background(lock: EtcdLock, lease: i64) {
     let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -781,6 +894,14 @@ async fn revoke_when_lost(
             tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
         }
     }
+}
+
+/// A waiting contender's key is gone: a retryable error, the acquire tries again.
+fn vanished() -> LockError {
+    LockError::connection(
+        ETCD_BACKEND,
+        "the waiting contender's key vanished (its lease expired or was revoked)",
+    )
 }
 
 /// A TTL in whole seconds, rounded up (etcd's leases count seconds).

@@ -1,6 +1,9 @@
 //! The requests of etcd's `concurrency.Mutex` recipe, each bounded by the request
 //! timeout: grant a lease, put a contender under it unless its key exists, find the
 //! contender just before ours, wait for a key's deletion, keep a lease alive, revoke it.
+//! A [`Rule`] says which older contenders keep ours from holding: one of the whole
+//! range for the mutex and the election, `max` for a semaphore's permit, one writer for
+//! a reader. Semaphore and read-write waiters also stamp their grants ([`Stamp`]).
 
 use std::time::Duration;
 
@@ -10,7 +13,7 @@ use etcd_client::{
 };
 
 use crate::error::{sent, within, Fail};
-use crate::keys::prefix_end;
+use crate::keys::{prefix_end, Kind};
 
 /// The etcd requests of one client.
 #[derive(Clone)]
@@ -20,21 +23,73 @@ pub(crate) struct Requests {
 }
 
 /// What putting our contender found.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(crate) struct Placed {
-    /// Our key's create revision: our place in the queue, and the fencing token.
+    /// Our key's create revision: our place in the queue, and the fencing token of a
+    /// grant at once.
     pub(crate) revision: i64,
-    /// Whether ours is the oldest contender (we hold the lock).
+    /// Whether ours holds: fewer than the rule's room of blocking contenders are older.
     pub(crate) first: bool,
+    /// The oldest blocking contenders (up to the room, ours among them if it blocks),
+    /// with their values when the rule asked for them.
+    pub(crate) seen: Vec<KeyValue>,
+}
+
+/// Which contenders keep ours from holding: `room` or more contenders of the range
+/// `blocking` (part of the primitive's `range`) older than ours.
+#[derive(Debug, Clone)]
+pub(crate) struct Rule {
+    /// The range every contender of the key puts its key in.
+    pub(crate) range: String,
+    /// The part of it whose contenders block ours.
+    pub(crate) blocking: String,
+    /// How many older blocking contenders ours may have and still hold.
+    pub(crate) room: usize,
+    /// Whether placing reads the blocking contenders' values (the semaphore's counts).
+    pub(crate) values: bool,
+    /// Whether contenders' keys are one level down (`read/<id>`, `write/<id>`).
+    pub(crate) layered: bool,
+}
+
+impl Rule {
+    /// The rule of a `kind` contender in `range`.
+    pub(crate) fn of(kind: Kind, range: &str) -> Rule {
+        Rule {
+            range: range.to_owned(),
+            blocking: kind.blocking(range),
+            room: kind.room(),
+            values: matches!(kind, Kind::Permit(_)),
+            layered: kind.layered(),
+        }
+    }
+
+    /// How many older contenders one look reads.
+    fn limit(&self) -> i64 {
+        i64::try_from(self.room).unwrap_or(i64::MAX)
+    }
+}
+
+/// What a waited grant's stamp found.
+#[derive(Debug)]
+pub(crate) enum Stamp {
+    /// Our marker written again, at this revision: the grant's fencing token.
+    At(i64),
+    /// Older contenders' pending markers: their grants stamp first.
+    After(Vec<Vec<u8>>),
+    /// Our pending marker is gone (deleted from outside): it is to be put again.
+    Unmarked,
+    /// Our own key is gone.
+    Gone,
 }
 
 /// What looking behind our contender found.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// No older contender: ours holds the lock.
+    /// Fewer blocking contenders than the room are older: ours holds.
     Ours,
-    /// The youngest older contender's key.
-    After(Vec<u8>),
+    /// The youngest older blocking contenders' keys (as many as the room): ours holds
+    /// once one of them goes, or earlier.
+    After(Vec<Vec<u8>>),
     /// Our own key is gone (its lease expired or was revoked, or it was deleted).
     Gone,
 }
@@ -87,28 +142,31 @@ impl Requests {
         .map(drop)
     }
 
-    /// Puts `key` with `value` (empty for a lock, the candidate for an election) under
-    /// `lease` unless it exists, and in the same transaction reads the oldest
-    /// contender of `lock_prefix`.
+    /// Puts `key` with `value` (empty for a lock, the candidate for an election, the
+    /// count for a permit) under `lease` unless it exists, and in the same transaction
+    /// reads the oldest contenders of `rule.blocking` (up to its room).
     pub(crate) async fn place(
         &self,
-        lock_prefix: &str,
+        rule: &Rule,
         key: &str,
         value: &[u8],
         lease: i64,
     ) -> Result<Placed, Fail> {
-        let oldest = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
+        let mut oldest = GetOptions::new()
+            .with_range(prefix_end(&rule.blocking))
             .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(1)
-            .with_keys_only();
+            .with_limit(rule.limit());
+        if !rule.values {
+            oldest = oldest.with_keys_only();
+        }
+        let blocking = rule.blocking.as_str();
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
                 TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(lock_prefix, Some(oldest.clone())),
+                TxnOp::get(blocking, Some(oldest.clone())),
             ])
-            .or_else([TxnOp::get(key, None), TxnOp::get(lock_prefix, Some(oldest))]);
+            .or_else([TxnOp::get(key, None), TxnOp::get(blocking, Some(oldest))]);
         let response = self.txn(txn).await?;
         let responses = response.op_responses();
         let revision = if response.succeeded() {
@@ -117,118 +175,145 @@ impl Requests {
             // The key exists already: an earlier attempt's put was applied.
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
         };
-        let oldest_kv = first_kv(responses.get(1));
-        let oldest = oldest_kv.map_or(0, KeyValue::create_revision);
-        if let Some(kv) = oldest_kv.filter(|_| oldest != revision) {
-            contender_shape(lock_prefix, kv)?;
+        let seen = all_kvs(responses.get(1));
+        for kv in seen.iter().filter(|kv| kv.key() != key.as_bytes()) {
+            contender_shape(rule, kv)?;
         }
         if revision <= 0 {
             return Err(Fail::Etcd(etcd_client::Error::Internal(
                 "etcd's answer to the contender put carried no revision".into(),
             )));
         }
+        let older = seen
+            .iter()
+            .filter(|kv| kv.create_revision() < revision)
+            .count();
         Ok(Placed {
             revision,
-            first: oldest == revision,
+            first: older < rule.room,
+            seen,
         })
     }
 
-    /// Looks for the youngest contender of `lock_prefix` older than `revision` (ours),
-    /// and checks that our `key` still exists, in one transaction.
-    pub(crate) async fn turn(
-        &self,
-        lock_prefix: &str,
-        key: &str,
-        revision: i64,
-    ) -> Result<Turn, Fail> {
+    /// The youngest contenders of `rule.blocking` older than `revision`, as many as the
+    /// room: the read of a look behind ours.
+    fn before(rule: &Rule, revision: i64) -> TxnOp {
         let before = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
+            .with_range(prefix_end(&rule.blocking))
             .with_max_create_revision(revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
+            .with_limit(rule.limit())
             .with_keys_only();
-        let txn = Txn::new().and_then([
-            TxnOp::get(lock_prefix, Some(before)),
-            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
-        ]);
-        let response = self.txn(txn).await?;
-        let responses = response.op_responses();
+        TxnOp::get(rule.blocking.as_str(), Some(before))
+    }
+
+    /// The turn a look behind ours ([`Requests::before`], then a read of our `key`)
+    /// found. Older keys of another shape than a contender's are [`Fail::Foreign`].
+    fn turn_of(rule: &Rule, responses: &[TxnOpResponse], revision: i64) -> Result<Turn, Fail> {
         if first_kv(responses.get(1)).is_none_or(|kv| kv.create_revision() != revision) {
             return Ok(Turn::Gone);
         }
-        Ok(match first_kv(responses.first()) {
-            None => Turn::Ours,
-            Some(older) => {
-                contender_shape(lock_prefix, older)?;
-                Turn::After(older.key().to_vec())
-            }
+        let older = all_kvs(responses.first());
+        for kv in &older {
+            contender_shape(rule, kv)?;
+        }
+        Ok(if older.len() < rule.room {
+            Turn::Ours
+        } else {
+            Turn::After(older.iter().map(|kv| kv.key().to_vec()).collect())
         })
     }
 
-    /// [`Requests::turn`], and when the turn is ours, moves our `key` to lease `lease`
-    /// in the same transaction (keeping its create revision and value): a granted
-    /// waiter's one round trip instead of a look and a move.
+    /// Looks for the youngest contenders of `rule.blocking` older than `revision`
+    /// (ours), as many as the room, and checks that our `key` still exists, in one
+    /// transaction.
+    pub(crate) async fn turn(&self, rule: &Rule, key: &str, revision: i64) -> Result<Turn, Fail> {
+        let txn = Txn::new().and_then([
+            Self::before(rule, revision),
+            TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
+        ]);
+        let response = self.txn(txn).await?;
+        Self::turn_of(rule, &response.op_responses(), revision)
+    }
+
+    /// [`Requests::turn`], and when the turn is ours, moves our `key` (and our pending
+    /// `marker`, if any) to lease `lease` in the same transaction (keeping the key's
+    /// create revision and value): a granted waiter's one round trip instead of a look
+    /// and a move. A range compare can say "no older contender" but cannot count, so
+    /// with room for more than one (a semaphore of several permits) the move is a
+    /// second request after a look that finds the turn ours.
     pub(crate) async fn turn_and_move(
         &self,
-        lock_prefix: &str,
+        rule: &Rule,
         key: &str,
         revision: i64,
         lease: i64,
+        marker: Option<&str>,
     ) -> Result<Turn, Fail> {
-        let before = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
-            .with_max_create_revision(revision - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
-            .with_keys_only();
-        // Ours while our key is there and no contender is older than it: every key of
-        // the range was created at our revision or later (a range compare, etcd 3.3+).
+        if rule.room != 1 {
+            return match self.turn(rule, key, revision).await? {
+                Turn::Ours => Ok(
+                    match self
+                        .move_to_lease(&rule.range, key, revision, lease, marker)
+                        .await?
+                    {
+                        Ok(_) => Turn::Ours,
+                        Err(_) => Turn::Gone,
+                    },
+                ),
+                other => Ok(other),
+            };
+        }
+        // Ours while our key is there and no blocking contender is older than it: every
+        // key of the blocking range was created at our revision or later (a range
+        // compare, etcd 3.3+).
         let txn = Txn::new()
             .when([
                 Compare::create_revision(key, CompareOp::Equal, revision),
-                Compare::create_revision(lock_prefix, CompareOp::Greater, revision - 1)
-                    .with_range(prefix_end(lock_prefix)),
+                Compare::create_revision(rule.blocking.as_str(), CompareOp::Greater, revision - 1)
+                    .with_range(prefix_end(&rule.blocking)),
             ])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
-            )])
+            .and_then(moves(key, lease, marker))
             .or_else([
-                TxnOp::get(lock_prefix, Some(before)),
+                Self::before(rule, revision),
                 TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
             ]);
         let response = self.txn(txn).await?;
         if response.succeeded() {
             return Ok(Turn::Ours);
         }
-        let responses = response.op_responses();
-        if first_kv(responses.get(1)).is_none_or(|kv| kv.create_revision() != revision) {
-            return Ok(Turn::Gone);
-        }
-        match first_kv(responses.first()) {
-            Some(older) => Ok(Turn::After(older.key().to_vec())),
+        match Self::turn_of(rule, &response.op_responses(), revision)? {
             // The compare held then: not an answer etcd gives.
-            None => Err(Fail::Etcd(etcd_client::Error::Internal(
+            Turn::Ours => Err(Fail::Etcd(etcd_client::Error::Internal(
                 "etcd refused the turn transaction's compare yet found no older contender".into(),
             ))),
+            other => Ok(other),
         }
     }
 
-    /// Resolves once `key` is deleted (at once if it is gone already). Not bounded by
-    /// the request timeout: it waits for as long as the key lives. Errors when the watch
+    /// Resolves once one of `keys` (in the range `range`) is deleted (at once if one
+    /// is gone already). One key is watched alone; several (a semaphore's) through a
+    /// watch of `range` whose other deletions are passed over. Not bounded by the
+    /// request timeout: it waits for as long as the keys live. Errors when the watch
     /// cannot be made or breaks.
     ///
-    /// The watch starts at the current revision, and the key is looked at once the
+    /// The watch starts at the current revision, and the keys are looked at once the
     /// watch is in place, so a deletion in between is not missed. (A watch from an
     /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
     /// under contention most hand-offs would wait for it.)
-    pub(crate) async fn deleted(&self, key: Vec<u8>) -> Result<(), Fail> {
+    pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<(), Fail> {
         let watch = self.client.watch_client();
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let (start, mut options) = match keys.as_slice() {
+            [key] => (key.clone(), WatchOptions::new()),
+            _ => (
+                range.as_bytes().to_vec(),
+                WatchOptions::new().with_range(prefix_end(range)),
+            ),
+        };
+        options = options.with_filters([WatchFilterType::NoPut]);
         let mut stream = sent(self.timeout, || {
-            let (mut watch, key, options) = (watch.clone(), key.clone(), options.clone());
-            async move { watch.watch(key, Some(options)).await }
+            let (mut watch, start, options) = (watch.clone(), start.clone(), options.clone());
+            async move { watch.watch(start, Some(options)).await }
         })
         .await?;
         let mut looked = false;
@@ -241,24 +326,16 @@ impl Requests {
             match message? {
                 Some(response) => {
                     if response.canceled()
-                        || response
-                            .events()
-                            .iter()
-                            .any(|e| e.event_type() == EventType::Delete)
+                        || response.events().iter().any(|e| {
+                            e.event_type() == EventType::Delete
+                                && e.kv().is_some_and(|kv| keys.iter().any(|k| k == kv.key()))
+                        })
                     {
                         return Ok(());
                     }
                     if response.created() && !looked {
                         looked = true;
-                        let found =
-                            sent(self.timeout, || {
-                                let (mut kv, key) = (self.client.kv_client(), key.clone());
-                                async move {
-                                    kv.get(key, Some(GetOptions::new().with_count_only())).await
-                                }
-                            })
-                            .await?;
-                        if found.count() == 0 {
+                        if !self.all_present(&keys, range).await? {
                             return Ok(());
                         }
                     }
@@ -272,20 +349,46 @@ impl Requests {
         }
     }
 
-    /// Deletes `key` if its create revision is `revision`; returns the deleted key's
-    /// lease, or, when it was not ours, whether any contender holds `lock_prefix`.
+    /// Whether every one of `keys` (in the range `range`) exists.
+    async fn all_present(&self, keys: &[Vec<u8>], range: &str) -> Result<bool, Fail> {
+        let (start, options) = match keys {
+            [key] => (key.clone(), GetOptions::new().with_keys_only()),
+            _ => (
+                range.as_bytes().to_vec(),
+                GetOptions::new()
+                    .with_range(prefix_end(range))
+                    .with_keys_only(),
+            ),
+        };
+        let found = sent(self.timeout, || {
+            let (mut kv, start, options) =
+                (self.client.kv_client(), start.clone(), options.clone());
+            async move { kv.get(start, Some(options)).await }
+        })
+        .await?;
+        Ok(keys
+            .iter()
+            .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice())))
+    }
+
+    /// Deletes `key` if its create revision is `revision` (and with it our pending
+    /// `marker`, if any, should it still be there); returns the deleted key's lease, or,
+    /// when it was not ours, whether any contender holds `lock_prefix`.
     pub(crate) async fn delete_own(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
+        marker: Option<&str>,
     ) -> Result<Result<i64, bool>, Fail> {
+        let mut deletes = vec![TxnOp::delete(
+            key,
+            Some(DeleteOptions::new().with_prev_key()),
+        )];
+        deletes.extend(marker.map(|marker| TxnOp::delete(marker, None)));
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([TxnOp::delete(
-                key,
-                Some(DeleteOptions::new().with_prev_key()),
-            )])
+            .and_then(deletes)
             .or_else([TxnOp::get(
                 lock_prefix,
                 Some(
@@ -340,7 +443,8 @@ impl Requests {
     }
 
     /// Moves `key` (if its create revision is still `revision`) to lease `lease`,
-    /// keeping its create revision and its value; else whether any contender holds
+    /// keeping its create revision and its value (a permit's count), and puts our
+    /// pending `marker` (if any) under that lease too; else whether any contender holds
     /// `lock_prefix`.
     pub(crate) async fn move_to_lease(
         &self,
@@ -348,14 +452,105 @@ impl Requests {
         key: &str,
         revision: i64,
         lease: i64,
-    ) -> Result<Result<(), bool>, Fail> {
+        marker: Option<&str>,
+    ) -> Result<Result<i64, bool>, Fail> {
+        self.write_own(lock_prefix, key, revision, moves(key, lease, marker))
+            .await
+    }
+
+    /// Puts our pending marker `marker` under `lease` while our `key` still has create
+    /// revision `revision`; else whether any contender holds `lock_prefix`.
+    pub(crate) async fn mark_pending(
+        &self,
+        lock_prefix: &str,
+        key: &str,
+        revision: i64,
+        marker: &str,
+        lease: i64,
+    ) -> Result<Result<i64, bool>, Fail> {
+        let put = TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)));
+        self.write_own(lock_prefix, key, revision, vec![put]).await
+    }
+
+    /// Puts our pending `marker` (in the range `pending`) again as it is once no older
+    /// contender's marker is left there, while our `key` still has create revision
+    /// `revision`: that write's revision is a waited grant's fencing token. The marker
+    /// stays until [`Requests::unmark`].
+    pub(crate) async fn stamp(
+        &self,
+        key: &str,
+        revision: i64,
+        pending: &str,
+        marker: &str,
+    ) -> Result<Stamp, Fail> {
+        let keys_only = || Some(GetOptions::new().with_keys_only());
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(key, CompareOp::Equal, revision),
+                Compare::create_revision(marker, CompareOp::Greater, 0),
+                // No key in [pending, marker): an empty range compares as revision 0.
+                Compare::create_revision(pending, CompareOp::Equal, 0).with_range(marker),
+            ])
+            .and_then([TxnOp::put(
+                marker,
+                "",
+                Some(PutOptions::new().with_ignore_lease()),
+            )])
+            .or_else([
+                TxnOp::get(key, keys_only()),
+                TxnOp::get(marker, keys_only()),
+                TxnOp::get(
+                    pending,
+                    Some(GetOptions::new().with_range(marker).with_keys_only()),
+                ),
+            ]);
+        let response = self.txn(txn).await?;
+        if response.succeeded() {
+            return match response.header().map(|h| h.revision()) {
+                Some(written) if written > 0 => Ok(Stamp::At(written)),
+                _ => Err(Fail::Etcd(etcd_client::Error::Internal(
+                    "etcd's answer to a grant's stamp carried no revision".into(),
+                ))),
+            };
+        }
+        let responses = response.op_responses();
+        if first_kv(responses.first()).is_none_or(|kv| kv.create_revision() != revision) {
+            return Ok(Stamp::Gone);
+        }
+        if first_kv(responses.get(1)).is_none() {
+            return Ok(Stamp::Unmarked);
+        }
+        let older = all_kvs(responses.get(2));
+        for kv in &older {
+            marker_shape(pending, kv)?;
+        }
+        Ok(Stamp::After(
+            older.iter().map(|kv| kv.key().to_vec()).collect(),
+        ))
+    }
+
+    /// Deletes our pending `marker` (its grant stamped), letting the next grant stamp.
+    pub(crate) async fn unmark(&self, marker: &str) -> Result<(), Fail> {
+        sent(self.timeout, || {
+            let mut kv = self.client.kv_client();
+            async move { kv.delete(marker, None).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Runs `write` if our `key`'s create revision is still `revision` and returns its
+    /// revision; else whether any contender holds `lock_prefix`.
+    async fn write_own(
+        &self,
+        lock_prefix: &str,
+        key: &str,
+        revision: i64,
+        write: Vec<TxnOp>,
+    ) -> Result<Result<i64, bool>, Fail> {
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
-            .and_then([TxnOp::put(
-                key,
-                "",
-                Some(PutOptions::new().with_lease(lease).with_ignore_value()),
-            )])
+            .and_then(write)
             .or_else([TxnOp::get(
                 lock_prefix,
                 Some(
@@ -366,10 +561,14 @@ impl Requests {
                 ),
             )]);
         let response = self.txn(txn).await?;
-        if response.succeeded() {
-            Ok(Ok(()))
-        } else {
-            Ok(Err(first_kv(response.op_responses().first()).is_some()))
+        if !response.succeeded() {
+            return Ok(Err(first_kv(response.op_responses().first()).is_some()));
+        }
+        match response.header().map(|h| h.revision()) {
+            Some(written) if written > 0 => Ok(Ok(written)),
+            _ => Err(Fail::Etcd(etcd_client::Error::Internal(
+                "etcd's answer to a contender's write carried no revision".into(),
+            ))),
         }
     }
 
@@ -405,32 +604,83 @@ impl Requests {
     }
 }
 
-/// Checks that `kv`, a key ranked ahead of ours in `lock_prefix`, has the shape of a
-/// contender of etcd's `concurrency.Mutex` recipe: named by a lease id in lowercase
-/// hex (distlock's, `etcdctl lock`'s, a Go service's) and attached to a lease, so that
-/// it goes when its holder releases or dies. Anything else (another name, a deeper
-/// path, a key without a lease, which would never go) is data of another tool under
-/// this prefix: waiting behind it could last forever, so the acquire fails with
-/// [`Fail::Foreign`] instead.
-fn contender_shape(lock_prefix: &str, kv: &KeyValue) -> Result<(), Fail> {
+/// The writes that move `key` to `lease` (keeping its create revision and value), with
+/// our pending `marker` if any.
+fn moves(key: &str, lease: i64, marker: Option<&str>) -> Vec<TxnOp> {
+    let mut puts = vec![TxnOp::put(
+        key,
+        "",
+        Some(PutOptions::new().with_lease(lease).with_ignore_value()),
+    )];
+    puts.extend(
+        marker.map(|marker| TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease)))),
+    );
+    puts
+}
+
+/// Checks that `kv`, a key ranked ahead of ours in `rule.range`, has the shape of a
+/// contender: named by an id in lowercase hex (distlock's and etcd's `concurrency.Mutex`
+/// name it by the lease id, `etcdctl lock`'s and a Go service's too; a read-write
+/// contender, in `read/` or `write/`, may be a Go `recipes.RWMutex` key named by a
+/// decimal time in nanoseconds) and attached to a lease, so that it goes when its
+/// holder releases or dies. Anything else (another name, a deeper path, a key without
+/// a lease, which would never go) is data of another tool under this prefix: waiting
+/// behind it could last forever, so the acquire fails with [`Fail::Foreign`] instead.
+fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
     let name = kv
         .key()
-        .strip_prefix(lock_prefix.as_bytes())
+        .strip_prefix(rule.range.as_bytes())
         .unwrap_or(kv.key());
-    let hex = !name.is_empty()
-        && name.len() <= 16
-        && name
-            .iter()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b));
+    let id = if rule.layered {
+        name.strip_prefix(b"read/")
+            .or_else(|| name.strip_prefix(b"write/"))
+            .filter(|id| id.len() <= 20)
+    } else {
+        Some(name).filter(|id| id.len() <= 16)
+    };
+    let hex = id.is_some_and(|id| {
+        !id.is_empty()
+            && id
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    });
     if hex && kv.lease() != 0 {
         Ok(())
     } else {
-        Err(Fail::Foreign(
-            String::from_utf8_lossy(kv.key())
-                .chars()
-                .take(200)
-                .collect(),
-        ))
+        Err(foreign(kv))
+    }
+}
+
+/// Checks that `kv`, a key ahead of our pending marker in `pending`, is a marker: a
+/// create revision in 20 digits, under a lease. Anything else would hold back our
+/// grant's stamp, maybe for ever: [`Fail::Foreign`].
+fn marker_shape(pending: &str, kv: &KeyValue) -> Result<(), Fail> {
+    let name = kv
+        .key()
+        .strip_prefix(pending.as_bytes())
+        .unwrap_or(kv.key());
+    if name.len() == 20 && name.iter().all(u8::is_ascii_digit) && kv.lease() != 0 {
+        Ok(())
+    } else {
+        Err(foreign(kv))
+    }
+}
+
+/// A foreign key's [`Fail`], naming it (cut short).
+fn foreign(kv: &KeyValue) -> Fail {
+    Fail::Foreign(
+        String::from_utf8_lossy(kv.key())
+            .chars()
+            .take(200)
+            .collect(),
+    )
+}
+
+/// Every key of a range response inside a transaction.
+fn all_kvs(response: Option<&TxnOpResponse>) -> Vec<KeyValue> {
+    match response {
+        Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
+        _ => Vec::new(),
     }
 }
 

@@ -16,11 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_api::{
-    DistributedLock, LeaderElection, LeaseState, LockOptions, ReleaseOutcome, WaitPolicy,
+    DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection, LeaseState,
+    LockOptions, ReleaseOutcome, WaitPolicy,
 };
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, ServerHarness,
+    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
+    SemaphoreConnector, ServerHarness,
 };
 use distlock_etcd::EtcdLock;
 use distlock_test_servers::{EtcdCluster, EtcdServer, ServerControl};
@@ -42,6 +44,24 @@ fn election_connector() -> ElectionConnector {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
             Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+        })
+    })
+}
+
+fn semaphore_connector() -> SemaphoreConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock = EtcdLock::connect(&url).await?;
+            Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
+        })
+    })
+}
+
+fn rw_connector() -> RwConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock = EtcdLock::connect(&url).await?;
+            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
         })
     })
 }
@@ -68,7 +88,10 @@ async fn single_node() -> Arc<dyn FaultHarness> {
         .await
         .unwrap_or_else(|e| cannot_start(e));
     let servers: Vec<Box<dyn ServerControl>> = vec![Box::new(server)];
-    timed(ServerHarness::new(servers, URL_TEMPLATE, connector()))
+    timed(
+        ServerHarness::new(servers, URL_TEMPLATE, connector())
+            .with_primitives(semaphore_connector(), rw_connector()),
+    )
 }
 
 distlock_conformance_faults::fault_conformance_tests!(
@@ -82,6 +105,8 @@ distlock_conformance_faults::fault_conformance_tests!(
         crashed_clients_do_not_stall_the_fifo_queue,
         contention_under_random_faults,
         paused_leader_wakes_to_a_refused_write,
+        paused_permit_holders_free_their_permits,
+        paused_writer_frees_the_key_for_readers,
     ]
 );
 

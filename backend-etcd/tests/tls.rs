@@ -96,7 +96,7 @@ impl Harness for TlsHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(Client::new(Arc::new(lock)).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(common::with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn ttl(&self) -> Duration {

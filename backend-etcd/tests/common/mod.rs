@@ -121,6 +121,14 @@ pub fn keys_under(port: u16, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// A kit client of `lock` with its election, semaphore and read-write lock handles.
+pub fn with_primitives(lock: EtcdLock) -> Client {
+    Client::new(Arc::new(lock.clone()))
+        .with_election(Arc::new(lock.election()))
+        .with_semaphore(Arc::new(lock.semaphore()))
+        .with_rw_lock(Arc::new(lock.rw_lock()))
+}
+
 /// The harness: one shared server, every client behind its own proxy.
 pub struct EtcdHarness {
     port: u16,
@@ -156,9 +164,7 @@ impl Harness for EtcdHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(Client::new(Arc::new(lock.clone()))
-            .with_election(Arc::new(lock.election()))
-            .with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn ttl(&self) -> Duration {
