@@ -558,7 +558,7 @@ async fn waited_grants_take_their_token_at_the_grant() {
 /// above that marker's deletion.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_granted_waiter_stamps_after_older_pending_grants() {
-    use distlock_etcd::etcd_client::Client;
+    use distlock_etcd::etcd_client::{Client, PutOptions};
 
     let port = shared_port();
     let lock = connect(port).await;
@@ -574,8 +574,16 @@ async fn a_granted_waiter_stamps_after_older_pending_grants() {
     );
     let options = waiting(Duration::from_secs(3), Duration::from_secs(20));
     let holder = semaphore.acquire(&key, 1, &options).await.unwrap();
+    // A marker of an older waiter: 20 digits, under a lease (one without is foreign).
     let older = format!("{pending}{:020}", 1);
-    etcd.put(older.as_str(), "", None).await.unwrap();
+    let marker_lease = etcd.lease_grant(30, None).await.unwrap().id();
+    etcd.put(
+        older.as_str(),
+        "",
+        Some(PutOptions::new().with_lease(marker_lease)),
+    )
+    .await
+    .unwrap();
     let waiter = {
         let (semaphore, key, options) = (semaphore.clone(), key.clone(), options.clone());
         tokio::spawn(async move { semaphore.acquire(&key, 1, &options).await })
@@ -600,7 +608,33 @@ async fn a_granted_waiter_stamps_after_older_pending_grants() {
         .unwrap()
         .unwrap();
     assert!(granted.fencing_token().unwrap().get() as i64 > deleted_at);
+    etcd.lease_revoke(marker_lease).await.unwrap();
+
+    // A key of another shape among the markers (no lease: it would never go) holds
+    // back no stamp for ever: the waiter's acquire is a configuration error, and it
+    // leaves nothing behind.
+    etcd.put(older.as_str(), "", None).await.unwrap();
+    let waiter = {
+        let (semaphore, key, options) = (semaphore.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { semaphore.acquire(&key, 1, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        "the second waiter did not queue"
+    );
     granted.release().await.unwrap();
-    assert!(keys_under(port, &range).is_empty());
+    let refused = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("a foreign marker is refused at once")
+        .unwrap();
+    assert!(
+        matches!(&refused, Err(LockError::Config { message, .. }) if message.contains(&older)),
+        "{refused:?}"
+    );
+    etcd.delete(older.as_str(), None).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range).is_empty()).await,
+        "a refused waiter's key stayed"
+    );
     assert!(keys_under(port, &pending).is_empty());
 }
