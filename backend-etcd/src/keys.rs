@@ -193,10 +193,7 @@ mod tests {
     #[test]
     fn every_primitive_has_a_range_of_its_own() {
         assert_eq!(encode_key(&key(".semaphore")), ".semaphore");
-        assert_eq!(
-            Kind::Permit(2).range("p", &key("a")),
-            "p/+semaphore/a/"
-        );
+        assert_eq!(Kind::Permit(2).range("p", &key("a")), "p/+semaphore/a/");
         assert_eq!(Kind::Read.range("p", &key("+rw")), "p/+rw/%2Brw/");
         assert_eq!(Kind::Candidate.range("p", &key("a")), "p/+election/a/");
         assert_eq!(Kind::Read.own_key("p/+rw/a/", 0x1f), "p/+rw/a/read/1f");

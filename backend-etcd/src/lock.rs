@@ -591,10 +591,7 @@ impl EtcdLock {
             // lease is revoked by its `Undo`.
             let mut delays = options.backoff().delays();
             loop {
-                match self
-                    .contend(kind, key, value, options, &report, wait)
-                    .await
-                {
+                match self.contend(kind, key, value, options, &report, wait).await {
                     Ok(Some((lease, monitor))) => {
                         return self.hand_out(kind, lease, monitor, grant).await
                     }

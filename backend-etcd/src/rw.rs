@@ -74,9 +74,7 @@ pub struct EtcdRwLock {
 impl EtcdLock {
     /// A read-write lock client on this client's connection.
     pub fn rw_lock(&self) -> EtcdRwLock {
-        EtcdRwLock {
-            lock: self.clone(),
-        }
+        EtcdRwLock { lock: self.clone() }
     }
 
     /// The range of `key`'s read-write lock, `PREFIX/+rw/<encoded key>/` (never a

@@ -64,9 +64,7 @@ pub struct EtcdSemaphore {
 impl EtcdLock {
     /// A semaphore client on this client's connection.
     pub fn semaphore(&self) -> EtcdSemaphore {
-        EtcdSemaphore {
-            lock: self.clone(),
-        }
+        EtcdSemaphore { lock: self.clone() }
     }
 
     /// The range of `key`'s semaphore, `PREFIX/+semaphore/<encoded key>/` (never a
@@ -165,9 +163,13 @@ impl DistributedSemaphore for EtcdSemaphore {
         Self::checked(max_permits, options)?;
         let kind = Kind::Permit(max_permits);
         self.lock
-            .wait_for(kind, key, value_of(kind).as_bytes(), options, |lease, monitor| {
-                Ok(self.guard(lease, monitor, options))
-            })
+            .wait_for(
+                kind,
+                key,
+                value_of(kind).as_bytes(),
+                options,
+                |lease, monitor| Ok(self.guard(lease, monitor, options)),
+            )
             .await
     }
 

@@ -619,7 +619,9 @@ async fn a_granted_waiter_stamps_after_older_pending_grants() {
         tokio::spawn(async move { semaphore.acquire(&key, 1, &options).await })
     };
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).len() == 2).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+            == 2)
+        .await,
         "the second waiter did not queue"
     );
     granted.release().await.unwrap();
@@ -633,7 +635,9 @@ async fn a_granted_waiter_stamps_after_older_pending_grants() {
     );
     etcd.delete(older.as_str(), None).await.unwrap();
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).is_empty()).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range)
+            .is_empty())
+        .await,
         "a refused waiter's key stayed"
     );
     assert!(keys_under(port, &pending).is_empty());
