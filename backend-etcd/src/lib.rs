@@ -74,10 +74,10 @@
 //!
 //! # Semaphore and read-write lock
 //! Both are the mutex's recipe with another rule of which older contenders keep a
-//! contender waiting, in namespaces of their own under the prefix (`+semaphore`, `+rw`: no key encodes to a
-//! name with `+`, so they never meet a mutex's range). Leases, keep-alives,
-//! the loss watch, validity deadline, release, extend and leaving nothing behind are
-//! the mutex's. So is the fencing token of a grant at once (the key's create
+//! contender waiting, in namespaces of their own under the prefix (`+semaphore`,
+//! `+rw`: no key encodes to a name with `+`, so they never meet a mutex's range).
+//! Leases, keep-alives, the loss watch, validity deadline, release (one revoke),
+//! extend and leaving nothing behind are the mutex's. So is the fencing token of a grant at once (the key's create
 //! revision), but not of a grant after a wait: several waiters can be granted by the
 //! same deletion and learn it in any order. A waiter marks its grant pending
 //! (`P/+semaphore-pending/<K>/<revision>` or `P/+rw-pending/<K>/<revision>`, under its

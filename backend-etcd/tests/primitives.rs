@@ -26,6 +26,15 @@ fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
 }
 
 /// Polls `check` every 20 ms until it holds or `limit` passes.
+/// The range of `key`'s pending markers in the namespace `space` (`+semaphore`, `+rw`):
+/// tests share one server, so each looks at its own key's.
+fn pending_of(space: &str, key: &LockKey) -> String {
+    format!(
+        "distlock/{space}-pending/{}/",
+        distlock_etcd::encode_key(key)
+    )
+}
+
 async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     let deadline = Instant::now() + limit;
     while Instant::now() < deadline {
@@ -159,7 +168,7 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
         .await
     );
     // The waiting writer's grant is marked pending; it holds new readers back.
-    assert_eq!(keys_under(port, "distlock/+rw-pending/").len(), 1);
+    assert_eq!(keys_under(port, &pending_of("+rw", &key)).len(), 1);
     assert!(ra
         .try_acquire(&key, RwMode::Read, &no_wait(ttl))
         .await
@@ -172,7 +181,7 @@ async fn nothing_is_left_once_permits_and_rw_grants_end() {
     assert!(
         eventually(Duration::from_secs(5), || keys_under(
             port,
-            "distlock/+rw-pending/"
+            &pending_of("+rw", &key)
         )
         .is_empty())
         .await
@@ -201,6 +210,8 @@ fn key_rw() -> LockKey {
 /// watches both holders), not D; A's release then grants D.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_waiter_is_granted_by_any_holder_leaving_in_order() {
+    use distlock_etcd::etcd_client::{Client, GetOptions, SortOrder, SortTarget};
+
     let port = shared_port();
     let lock = connect(port).await;
     let semaphore = lock.semaphore();
@@ -235,6 +246,26 @@ async fn a_permit_waiter_is_granted_by_any_holder_leaving_in_order() {
         .unwrap();
     let took = released.elapsed();
     assert!(!d.is_finished(), "the second waiter jumped the queue");
+    // C waited parked on a 3 s lease (two permits: its move back is a request of its
+    // own after the look that found its turn); granted, its key is on a 10 s lease.
+    let mut etcd = Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let by_age = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let found = etcd.get(range.as_str(), Some(by_age)).await.unwrap();
+    let c_key = &found.kvs()[1];
+    let granted_ttl = etcd
+        .lease_time_to_live(c_key.lease(), None)
+        .await
+        .unwrap()
+        .granted_ttl();
+    assert_eq!(
+        granted_ttl, 10,
+        "the granted waiter's key is on the lock's lease"
+    );
+    assert_eq!(c_key.value(), b"distlock:permits=2");
     assert!(
         c.fencing_token() > a.fencing_token(),
         "tokens follow arrival"
@@ -389,7 +420,7 @@ async fn a_parked_permit_waiter_keeps_its_count() {
     assert!(
         eventually(Duration::from_secs(5), || keys_under(
             port,
-            "distlock/+semaphore-pending/"
+            &pending_of("+semaphore", &key)
         )
         .is_empty())
         .await
