@@ -673,3 +673,87 @@ async fn a_granted_waiter_stamps_after_older_pending_grants() {
     );
     assert!(keys_under(port, &pending).is_empty());
 }
+
+/// Keys of another shape in a semaphore's or read-write lock's range (another name, a
+/// deeper path, no lease) are another tool's data, which may never go: an acquire that
+/// would wait behind one fails at once with a configuration error naming it, and
+/// leaves nothing behind. (Keys of the Go `recipes.RWMutex` shape count as contenders:
+/// see `go_rwmutex_keys_and_ours_exclude_each_other`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn foreign_keys_of_another_shape_are_config_errors() {
+    use distlock_etcd::etcd_client::{Client, PutOptions};
+
+    let port = shared_port();
+    let lock = connect(port).await;
+    let mut etcd = Client::connect([format!("127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let lease = etcd.lease_grant(30, None).await.unwrap().id();
+    let refused = |outcome: Result<Option<distlock_api::LockGuard>, LockError>, stray: &str| {
+        assert!(
+            matches!(&outcome, Err(LockError::Config { message, .. }) if message.contains(stray)),
+            "{stray}: {outcome:?}"
+        );
+    };
+
+    let sem_key = key("sem-foreign");
+    let range = lock.semaphore_prefix(&sem_key);
+    let stray = format!("{range}stray");
+    etcd.put(
+        stray.as_str(),
+        "x",
+        Some(PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    refused(
+        lock.semaphore()
+            .try_acquire(&sem_key, 2, &no_wait(ttl))
+            .await,
+        &stray,
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range)
+            == [stray.clone()])
+        .await,
+        "a refused permit's key stayed"
+    );
+    etcd.delete(stray.as_str(), None).await.unwrap();
+
+    let rw_key = key("rw-foreign");
+    let range = lock.rw_prefix(&rw_key);
+    // A writer key without a lease holds a reader back for ever.
+    let unleased = format!("{range}write/1f");
+    etcd.put(unleased.as_str(), "", None).await.unwrap();
+    refused(
+        lock.rw_lock()
+            .try_acquire(&rw_key, RwMode::Read, &no_wait(ttl))
+            .await,
+        &unleased,
+    );
+    etcd.delete(unleased.as_str(), None).await.unwrap();
+    // A leased key outside `read/` and `write/` holds a writer back.
+    let other = format!("{range}other/1f");
+    etcd.put(
+        other.as_str(),
+        "",
+        Some(PutOptions::new().with_lease(lease)),
+    )
+    .await
+    .unwrap();
+    refused(
+        lock.rw_lock()
+            .try_acquire(&rw_key, RwMode::Write, &no_wait(ttl))
+            .await,
+        &other,
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &range)
+            == [other.clone()])
+        .await,
+        "a refused writer's key stayed"
+    );
+    etcd.lease_revoke(lease).await.unwrap();
+    assert!(keys_under(port, &range).is_empty());
+}
