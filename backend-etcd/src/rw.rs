@@ -63,7 +63,11 @@ use crate::{EtcdLock, ETCD_BACKEND};
 ///   the TTL the lock was taken with (auto-renew does).
 ///
 /// Our keys are named by lease id, the Go recipe's by `time.Now().UnixNano()`; both
-/// are unique within the range, and neither side reads the other's names.
+/// are unique within the range, and neither side ranks by name. Ours only checks the
+/// shape of the keys ahead of its own: `read/` or `write/` and an id of hex digits
+/// (decimal ones included), under a lease; anything else in the range is another
+/// tool's data, which may never go, and the acquire fails with
+/// [`LockError::Config`] naming it.
 ///
 /// Cloning is cheap and shares the connection.
 #[derive(Debug, Clone)]
