@@ -31,6 +31,45 @@ pub struct Grant {
     pub primitive: Primitive,
 }
 
+/// Why one grant of a key must have been made before another, whatever the order in
+/// which the backend served requests that overlapped in time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(tag = "by", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum GrantOrder {
+    /// The earlier grant was learned (at `at_us`) before the later one was asked for.
+    LearnedBeforeAsked {
+        /// When the earlier grant's acquire succeeded (µs).
+        at_us: u64,
+    },
+    /// The earlier grant's claimed window ended (at `at_us`) before the later one was
+    /// learned, and one of the two excludes the other (a mutex, a write, a leadership),
+    /// so the later one, claimed valid once learned, cannot have been made first.
+    ExclusiveWindowEnded {
+        /// When the earlier grant's window ended (µs).
+        at_us: u64,
+    },
+}
+
+impl fmt::Display for GrantOrder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            GrantOrder::LearnedBeforeAsked { at_us } => {
+                write!(
+                    f,
+                    "granted at {:.1} ms, before this acquire began",
+                    ms(*at_us)
+                )
+            }
+            GrantOrder::ExclusiveWindowEnded { at_us } => write!(
+                f,
+                "whose exclusive window ended at {:.1} ms, before this grant",
+                ms(*at_us)
+            ),
+        }
+    }
+}
+
 /// Something a checker found wrong.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
@@ -72,17 +111,22 @@ pub enum Violation {
         /// When (µs).
         at_us: u64,
     },
-    /// A grant of a key carried a fencing token not above the previous grant's.
+    /// A grant of a key carried a fencing token not above that of a grant which must
+    /// have been made before it (see [`check_fenced_register`]).
     TokenNotIncreasing {
         /// The key.
         key: String,
-        /// The previous grant's token.
+        /// The earlier grant's token.
         previous: u64,
+        /// The earlier grant's client.
+        previous_client: usize,
+        /// Why the earlier grant must precede this one.
+        order: GrantOrder,
         /// This grant's token.
         token: u64,
         /// The client of this grant.
         client: usize,
-        /// When (µs).
+        /// When this grant was learned (µs).
         at_us: u64,
     },
     /// An acknowledged add is missing from the final set.
@@ -171,9 +215,17 @@ impl fmt::Display for Violation {
                 "stale write accepted on {key} at {:.1} ms: client {client} wrote with token {token} after {highest}",
                 ms(*at_us)
             ),
-            Violation::TokenNotIncreasing { key, previous, token, client, at_us } => write!(
+            Violation::TokenNotIncreasing {
+                key,
+                previous,
+                previous_client,
+                order,
+                token,
+                client,
+                at_us,
+            } => write!(
                 f,
-                "token did not increase on {key} at {:.1} ms: client {client} got {token} after {previous}",
+                "token did not increase on {key} at {:.1} ms: client {client} got {token} after client {previous_client}'s {previous}, {order}",
                 ms(*at_us)
             ),
             Violation::LostUpdate { key, value, client, at_us } => write!(
@@ -196,29 +248,56 @@ impl fmt::Display for Violation {
 /// release/lost events themselves). A grant with no deadline and no end runs to the
 /// end of the history.
 pub fn grants(events: &[Event]) -> Vec<Grant> {
+    timed_grants(events).into_iter().map(|(_, g)| g).collect()
+}
+
+/// [`grants`], each with when its acquire was invoked (0 when no invoke was recorded).
+///
+/// An acquire's invoke carries no owner, so it is paired with the next completion of an
+/// acquire by the same client of the same key. Should a client wait on one key twice at
+/// once, the pairing is ambiguous; each completion then takes the earliest invoke still
+/// pending and retires the latest, so no grant is given a later invoke than its own.
+fn timed_grants(events: &[Event]) -> Vec<(u64, Grant)> {
     let horizon = events
         .iter()
         .flat_map(|e| [Some(e.at_us), e.valid_until_us])
         .flatten()
         .max()
         .unwrap_or(0);
-    let mut out: Vec<Grant> = Vec::new();
+    let mut out: Vec<(u64, Grant)> = Vec::new();
     // owner -> (index in out, latest claimed deadline, observed end)
     let mut open: HashMap<String, (usize, Option<u64>, Option<u64>)> = HashMap::new();
+    // (client, key) -> invokes of acquires not yet completed, in recording order
+    let mut asking: HashMap<(usize, &str), Vec<u64>> = HashMap::new();
     for e in events {
+        let mut invoked_us = 0;
+        if e.op == Op::Acquire {
+            let pending = asking.entry((e.client, e.key.as_str())).or_default();
+            if e.phase == Phase::Invoke {
+                pending.push(e.at_us);
+                continue;
+            }
+            invoked_us = pending.iter().copied().min().unwrap_or(0);
+            if let Some(latest) = (0..pending.len()).max_by_key(|&i| pending[i]) {
+                pending.swap_remove(latest);
+            }
+        }
         let Some(owner) = &e.owner else { continue };
         match (e.op, e.phase) {
             (Op::Acquire, Phase::Ok) => {
                 open.insert(owner.clone(), (out.len(), e.valid_until_us, None));
-                out.push(Grant {
-                    client: e.client,
-                    key: e.key.clone(),
-                    owner: owner.clone(),
-                    token: e.token,
-                    start_us: e.at_us,
-                    end_us: horizon,
-                    primitive: e.primitive,
-                });
+                out.push((
+                    invoked_us,
+                    Grant {
+                        client: e.client,
+                        key: e.key.clone(),
+                        owner: owner.clone(),
+                        token: e.token,
+                        start_us: e.at_us,
+                        end_us: horizon,
+                        primitive: e.primitive,
+                    },
+                ));
             }
             (Op::Extend, Phase::Ok) | (Op::Release, Phase::Invoke) | (Op::Lost, _) => {
                 if let Some((_, deadline, end)) = open.get_mut(owner) {
@@ -234,7 +313,7 @@ pub fn grants(events: &[Event]) -> Vec<Grant> {
         }
     }
     for (index, deadline, end) in open.into_values() {
-        let grant = &mut out[index];
+        let grant = &mut out[index].1;
         let mut stop = horizon;
         if let Some(d) = deadline {
             stop = stop.min(d);
@@ -350,43 +429,145 @@ fn too_many_permits(key: String, list: &[Grant]) -> Vec<Violation> {
 
 /// Fenced register: (a) the store never accepted a write (or fenced read) whose token
 /// is below the highest it had accepted before, in recording order, which the store
-/// makes its own order by recording under its lock; (b) grants of a key carry strictly
-/// increasing tokens, in the order the grants were learned.
+/// makes its own order by recording under its lock; (b) a grant's token (on its
+/// acquire's `ok`) is above that of every grant of the same key (and primitive) that
+/// must have been made before it in any order the backend could have served the
+/// requests in: one learned before this grant's acquire was invoked, or, when either
+/// of the two excludes the other (a mutex, a write, a leadership), one whose claimed
+/// window ended before this grant was learned, if this grant's own window is not empty.
+/// Grants that may be served in either order (two permits or two reads whose acquires
+/// overlapped in time) are not ordered against each other: the backend cannot order
+/// what concurrent clients learn. Overlapping exclusive windows are the exclusion
+/// checker's to report.
 pub fn check_fenced_register(events: &[Event]) -> Vec<Violation> {
     let mut violations = Vec::new();
     let mut highest: HashMap<&str, u64> = HashMap::new();
-    let mut granted: HashMap<&str, u64> = HashMap::new();
     for e in events {
-        let Some(token) = e.token else { continue };
-        match (e.op, e.phase) {
-            (Op::Write | Op::Read, Phase::Ok) => {
-                let seen = highest.entry(&e.key).or_insert(token);
-                if token < *seen {
-                    violations.push(Violation::StaleWriteAccepted {
-                        client: e.client,
-                        key: e.key.clone(),
-                        token,
-                        highest: *seen,
-                        at_us: e.at_us,
-                    });
-                } else {
-                    *seen = token;
-                }
+        let (Op::Write | Op::Read, Phase::Ok, Some(token)) = (e.op, e.phase, e.token) else {
+            continue;
+        };
+        let seen = highest.entry(&e.key).or_insert(token);
+        if token < *seen {
+            violations.push(Violation::StaleWriteAccepted {
+                client: e.client,
+                key: e.key.clone(),
+                token,
+                highest: *seen,
+                at_us: e.at_us,
+            });
+        } else {
+            *seen = token;
+        }
+    }
+    let mut by_key: BTreeMap<(String, Namespace), Vec<(u64, Grant)>> = BTreeMap::new();
+    for (invoked_us, grant) in timed_grants(events) {
+        if grant.token.is_some() {
+            let slot = (grant.key.clone(), namespace(grant.primitive));
+            by_key.entry(slot).or_default().push((invoked_us, grant));
+        }
+    }
+    for list in by_key.into_values() {
+        violations.extend(tokens_out_of_order(&list));
+    }
+    violations
+}
+
+/// Whether a grant excludes every other grant of its key.
+fn exclusive(primitive: Primitive) -> bool {
+    !matches!(primitive, Primitive::Permit { .. } | Primitive::Read)
+}
+
+/// The highest-token grant found so far that must precede a grant, and why.
+type Earlier<'a> = Option<(&'a Grant, GrantOrder)>;
+
+fn higher<'a>(best: Earlier<'a>, candidate: &'a Grant, order: GrantOrder) -> Earlier<'a> {
+    match best {
+        Some((b, _)) if b.token >= candidate.token => best,
+        _ => Some((candidate, order)),
+    }
+}
+
+/// Part (b) of [`check_fenced_register`] over the grants of one key (each with its
+/// acquire's invoke time, all carrying tokens): one violation per grant whose token is
+/// not above the highest of the grants that must precede it. Sorts and two sweeps.
+fn tokens_out_of_order(list: &[(u64, Grant)]) -> Vec<Violation> {
+    let grant = |i: usize| &list[i].1;
+    let mut by_start: Vec<usize> = (0..list.len()).collect();
+    by_start.sort_by_key(|&i| grant(i).start_us);
+    let mut by_invoke = by_start.clone();
+    by_invoke.sort_by_key(|&i| list[i].0);
+    let mut by_end = by_start.clone();
+    by_end.sort_by_key(|&i| grant(i).end_us);
+
+    // For each grant, the highest-token grant it must exceed.
+    let mut must_exceed: Vec<Earlier<'_>> = vec![None; list.len()];
+    // Learned before asked: grants whose ok came strictly before this one's invoke.
+    let (mut next, mut best): (usize, Earlier<'_>) = (0, None);
+    for &b in &by_invoke {
+        while let Some(&a) = by_start.get(next) {
+            let a = grant(a);
+            if a.start_us >= list[b].0 {
+                break;
             }
-            (Op::Acquire, Phase::Ok) => {
-                if let Some(previous) = granted.insert(&e.key, token) {
-                    if token <= previous {
-                        violations.push(Violation::TokenNotIncreasing {
-                            key: e.key.clone(),
-                            previous,
-                            token,
-                            client: e.client,
-                            at_us: e.at_us,
-                        });
-                    }
-                }
+            best = higher(
+                best,
+                a,
+                GrantOrder::LearnedBeforeAsked { at_us: a.start_us },
+            );
+            next += 1;
+        }
+        must_exceed[b] = best;
+    }
+    // Exclusive window ended: grants whose window ended by this one's ok, when either
+    // excludes the other and this one claimed to hold the key once learned (a grant
+    // whose lease lapsed before it was learned may have been made before anything).
+    let (mut next, mut any, mut excluding): (usize, Earlier<'_>, Earlier<'_>) = (0, None, None);
+    for &b in &by_start {
+        let later = grant(b);
+        while let Some(&a) = by_end.get(next) {
+            let a = grant(a);
+            if a.end_us > later.start_us {
+                break;
             }
-            _ => {}
+            let order = GrantOrder::ExclusiveWindowEnded { at_us: a.end_us };
+            any = higher(any, a, order);
+            if exclusive(a.primitive) {
+                excluding = higher(excluding, a, order);
+            }
+            next += 1;
+        }
+        if later.end_us <= later.start_us {
+            continue;
+        }
+        let ended = if exclusive(later.primitive) {
+            any
+        } else {
+            excluding
+        };
+        if let Some((a, order)) = ended {
+            must_exceed[b] = higher(must_exceed[b], a, order);
+        }
+    }
+
+    let mut violations = Vec::new();
+    for b in by_start {
+        let later = grant(b);
+        let Some((earlier, order)) = must_exceed[b] else {
+            continue;
+        };
+        let (Some(previous), Some(token)) = (earlier.token, later.token) else {
+            continue;
+        };
+        if token <= previous {
+            violations.push(Violation::TokenNotIncreasing {
+                key: later.key.clone(),
+                previous,
+                previous_client: earlier.client,
+                order,
+                token,
+                client: later.client,
+                at_us: later.start_us,
+            });
         }
     }
     violations
@@ -596,6 +777,138 @@ mod tests {
             ),
             "{found:?}"
         );
+    }
+
+    fn asked(client: usize, when: u64) -> Event {
+        at(Event::new(client, "k", Op::Acquire, Phase::Invoke), when)
+    }
+
+    /// A grant of `primitive` learned at `from`, claimed valid to `valid`.
+    fn fenced(
+        client: usize,
+        owner: &str,
+        primitive: Primitive,
+        token: u64,
+        from: u64,
+        valid: u64,
+    ) -> Event {
+        granted(client, owner, primitive, from, valid).token(token)
+    }
+
+    #[test]
+    fn overlapping_shared_acquires_may_learn_tokens_in_either_order() {
+        let two = Primitive::Permit { of: 2 };
+        // Both acquires wait at once; one release grants both, and client 2 learns
+        // its grant (token 10) after client 1 learned token 11.
+        let h = vec![
+            fenced(0, "held", two, 9, 0, 10_000),
+            asked(1, 100),
+            asked(2, 110),
+            release(0, "held", 500),
+            fenced(1, "b", two, 11, 600, 5_000),
+            fenced(2, "c", two, 10, 610, 5_000),
+        ];
+        let found = check_fenced_register(&h);
+        assert!(found.is_empty(), "{found:?}");
+        // The same for two reads of a read-write key.
+        let mut reads = h.clone();
+        for e in &mut reads {
+            e.primitive = Primitive::Read;
+        }
+        let found = check_fenced_register(&reads);
+        assert!(found.is_empty(), "{found:?}");
+    }
+
+    #[test]
+    fn a_shared_grant_asked_for_after_another_was_learned_must_be_higher() {
+        let two = Primitive::Permit { of: 2 };
+        let h = vec![
+            asked(1, 100),
+            fenced(1, "b", two, 11, 200, 5_000),
+            asked(2, 300),
+            fenced(2, "c", two, 10, 400, 5_000),
+        ];
+        let found = check_fenced_register(&h);
+        let [v @ Violation::TokenNotIncreasing {
+            previous: 11,
+            previous_client: 1,
+            order: GrantOrder::LearnedBeforeAsked { at_us: 200 },
+            token: 10,
+            client: 2,
+            ..
+        }] = found.as_slice()
+        else {
+            panic!("{found:?}")
+        };
+        assert_eq!(
+            v.to_string(),
+            "token did not increase on k at 0.4 ms: client 2 got 10 after client 1's 11, \
+             granted at 0.2 ms, before this acquire began"
+        );
+        // A mutex of the same name is another lock: its tokens are not compared.
+        let h = vec![
+            asked(1, 100),
+            fenced(1, "b", two, 11, 200, 5_000),
+            asked(2, 300),
+            fenced(2, "m", Primitive::Mutex, 10, 400, 5_000),
+        ];
+        assert!(check_fenced_register(&h).is_empty());
+    }
+
+    #[test]
+    fn an_exclusive_grant_after_a_window_ended_must_be_higher() {
+        // Client 2 asked before client 1's grant was learned, but was granted only
+        // after client 1 released: exclusion orders the two grants.
+        let h = vec![
+            asked(1, 100),
+            asked(2, 150),
+            fenced(1, "b", Primitive::Mutex, 11, 200, 5_000),
+            release(1, "b", 400),
+            fenced(2, "c", Primitive::Mutex, 10, 500, 5_000),
+        ];
+        let found = check_fenced_register(&h);
+        let [v @ Violation::TokenNotIncreasing {
+            previous: 11,
+            order: GrantOrder::ExclusiveWindowEnded { at_us: 400 },
+            token: 10,
+            client: 2,
+            ..
+        }] = found.as_slice()
+        else {
+            panic!("{found:?}")
+        };
+        assert!(v.to_string().contains("window ended at 0.4 ms"), "{v}");
+        // A read after a write's window ended (or a write after a read's) is ordered
+        // too; two reads are not.
+        for (first, second, ordered) in [
+            (Primitive::Write, Primitive::Read, true),
+            (Primitive::Read, Primitive::Write, true),
+            (Primitive::Write, Primitive::Write, true),
+            (Primitive::Read, Primitive::Read, false),
+        ] {
+            let mut h = h.clone();
+            h[2].primitive = first;
+            h[4].primitive = second;
+            assert_eq!(
+                check_fenced_register(&h).len(),
+                usize::from(ordered),
+                "{first:?} then {second:?}"
+            );
+        }
+        // A grant learned already lapsed claims nothing: it may have been made, and
+        // have expired, before client 1's.
+        let mut h = h;
+        h[4] = fenced(2, "c", Primitive::Mutex, 10, 500, 450);
+        assert!(check_fenced_register(&h).is_empty());
+        // Windows that overlap are the exclusion checker's business, not this one's.
+        let h = vec![
+            asked(1, 100),
+            asked(2, 150),
+            fenced(1, "b", Primitive::Mutex, 11, 200, 5_000),
+            fenced(2, "c", Primitive::Mutex, 10, 500, 5_000),
+        ];
+        assert!(check_fenced_register(&h).is_empty());
+        assert_eq!(check_exclusion(&h).len(), 1);
     }
 
     #[test]
