@@ -1,37 +1,44 @@
 #!/usr/bin/env python3
-"""Runs test binaries that `cargo test --no-run --message-format=json` built, several at once.
+"""Builds the test binaries with cargo and runs them as they come, several at once.
 
-scripts/test.sh calls it. `cargo test` runs its test binaries one after another, and
-most of their time is spent waiting (server start-up, TTLs, watches, failovers), not
-computing, so running a few side by side cuts the test command's wall time to a
-fraction on two cores. Each binary still runs its own tests as libtest does (its
-threads, its in-process locks such as the fault kit's `serial()`, its shared servers);
-only whole binaries overlap.
+scripts/test.sh calls it. `cargo test` compiles every test binary first and then runs
+them one after another, but most of their time is spent waiting (server start-up,
+TTLs, watches, failovers), not computing. Here each binary starts as soon as cargo
+has linked it, while cargo goes on compiling the rest, and up to --jobs binaries run
+side by side. cargo runs at a lower priority (nice), so the tests and their servers
+get the CPU they need first. Each binary still runs its own tests exactly as under
+`cargo test` (its test threads, its in-process locks such as the fault kit's
+`serial()`, its shared servers); only whole binaries overlap.
 
-Usage: run-tests.py [--jobs N] [--cmd SHELL_COMMAND]... BUILD_JSON... [-- TEST_ARGS...]
+Usage: run-tests.py [--jobs N] (--build 'CARGO TEST ARGS')... [--doc 'SHELL COMMAND']...
+                    [-- TEST_ARGS...]
 
-BUILD_JSON: files holding cargo's JSON messages; every test executable in them runs,
-in its package's directory (as cargo does), with TEST_ARGS. Each --cmd runs in the
-same pool through bash (the doc tests, which cargo cannot build ahead). The
-slowest jobs start first, by the times of the last run (target/test-times.json) or,
-on a first run, by the built-in estimates below. Each job's output is printed whole
-when it ends; a summary table of wall times follows. Exits non-zero if any job failed.
+Each --build runs `cargo test --no-run --message-format=json-render-diagnostics ARGS`
+(ARGS split as by a shell), one after another; every test executable they produce
+runs in its package's directory (as cargo does) with TEST_ARGS. Each --doc command
+runs through bash once the builds are over (doc tests cannot be built ahead). Of the
+jobs ready to start, the slowest start first, by the times of the last run
+(target/test-times.json) or, on a first run, by the built-in estimates below. Each
+job's output is printed whole when it ends, then a summary of the wall times. Exits
+non-zero if a build or a job failed.
 """
 
+import heapq
+import itertools
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMES = os.path.join(ROOT, "target", "test-times.json")
 
-# Seconds each slow binary took in a sequential run on the 2-core machine; they only
-# order a first run (slowest first, so a long one does not start last).
+# Seconds the slow binaries took, run one at a time on the 2-core machine; they only
+# order a first run.
 ESTIMATES = {
     "conformance/test:self_test": 128,
     "backend-postgres/test:conformance": 110,
@@ -55,24 +62,50 @@ ESTIMATES = {
 }
 
 
-def executables(path):
-    """(label, argv0, cwd) of every test executable in a file of cargo JSON messages."""
-    found = []
-    with open(path, encoding="utf-8") as messages:
-        for line in messages:
-            if not line.startswith("{"):
-                continue
-            msg = json.loads(line)
-            if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
-                continue
-            if not msg.get("profile", {}).get("test"):
-                continue
-            cwd = os.path.dirname(msg["manifest_path"])
-            package = os.path.relpath(cwd, ROOT)
-            target = msg["target"]
-            label = f"{package}/{target['kind'][0]}:{target['name']}"
-            found.append((label, [msg["executable"]], cwd))
-    return found
+class Jobs:
+    """The jobs ready to run, slowest first, and whether more may come."""
+
+    def __init__(self, times):
+        self.times = times
+        self.ready = []
+        self.order = itertools.count()
+        self.more = True
+        self.cond = threading.Condition()
+
+    def add(self, label, cmd, cwd, shell=False):
+        weight = self.times.get(label, ESTIMATES.get(label, 0))
+        with self.cond:
+            heapq.heappush(self.ready, (-weight, next(self.order), label, cmd, cwd, shell))
+            self.cond.notify()
+
+    def close(self):
+        with self.cond:
+            self.more = False
+            self.cond.notify_all()
+
+    def take(self):
+        with self.cond:
+            while not self.ready and self.more:
+                self.cond.wait()
+            if not self.ready:
+                return None
+            return heapq.heappop(self.ready)[2:]
+
+
+def test_executable(line):
+    """(label, path, package dir) if `line` is cargo's message for a test executable."""
+    if not line.startswith("{"):
+        return None
+    msg = json.loads(line)
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        return None
+    if not msg.get("profile", {}).get("test"):
+        return None
+    cwd = os.path.dirname(msg["manifest_path"])
+    target = msg["target"]
+    package = os.path.relpath(cwd, ROOT).replace(".", "(root)") if cwd == ROOT else os.path.relpath(cwd, ROOT)
+    label = f"{package}/{target['kind'][0]}:{target['name']}"
+    return label, msg["executable"], cwd
 
 
 def load_times():
@@ -84,84 +117,92 @@ def load_times():
 
 
 def main(argv):
-    jobs = int(os.environ.get("DISTLOCK_TEST_JOBS", "4"))
-    commands, builds, test_args = [], [], []
+    jobs_at_once = int(os.environ.get("DISTLOCK_TEST_JOBS", "4"))
+    builds, docs, test_args = [], [], []
     args = iter(argv)
     for arg in args:
         if arg == "--":
             test_args = list(args)
         elif arg == "--jobs":
-            jobs = int(next(args))
-        elif arg == "--cmd":
-            commands.append(next(args))
+            jobs_at_once = int(next(args))
+        elif arg == "--build":
+            builds.append(shlex.split(next(args)))
+        elif arg == "--doc":
+            docs.append(next(args))
         else:
-            builds.append(arg)
+            sys.exit(f"run-tests.py: unexpected argument {arg!r}")
 
-    work = []
-    for build in builds:
-        for label, cmd, cwd in executables(build):
-            work.append((label, cmd + test_args, cwd, False))
-    for i, command in enumerate(commands):
-        label = "doc-tests" if i == 0 else f"doc-tests-{i + 1}"
-        work.append((label, command, ROOT, True))
-    # The same binary may be listed by two builds (a crate both selections build alike).
-    seen, unique = set(), []
-    for job in work:
-        key = job[1] if job[3] else job[1][0]
-        if key not in seen:
-            seen.add(key)
-            unique.append(job)
     times = load_times()
-    unique.sort(key=lambda job: -times.get(job[0], ESTIMATES.get(job[0], 0)))
+    jobs = Jobs(times)
+    lock = threading.Lock()
+    results = {}  # label -> (ok, seconds)
 
-    print_lock = threading.Lock()
-    results = {}
-
-    def run(job):
-        label, cmd, cwd, shell = job
-        with tempfile.TemporaryFile() as out:
-            start = time.monotonic()
-            if shell:
-                code = subprocess.call(
-                    cmd, shell=True, executable="/bin/bash", cwd=cwd,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                )
-            else:
-                code = subprocess.call(
-                    cmd, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
-                )
-            took = time.monotonic() - start
-            out.seek(0)
-            text = out.read().decode("utf-8", "replace")
-        with print_lock:
-            verdict = "ok" if code == 0 else f"FAILED (exit {code})"
+    def report(label, ok, took, text=""):
+        with lock:
+            results[label] = (ok, took)
+            verdict = "ok" if ok else "FAILED"
             print(f"\n==> {label}: {verdict} in {took:.1f}s", flush=True)
             sys.stdout.write(text)
             sys.stdout.flush()
-        return label, code, took
+
+    def build_all():
+        seen = set()
+        for i, args in enumerate(builds):
+            cmd = ["nice", "-n", "10", "cargo", "test", "--no-run",
+                   "--message-format=json-render-diagnostics", *args]
+            start = time.monotonic()
+            with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True) as cargo:
+                for line in cargo.stdout:
+                    found = test_executable(line)
+                    if found and found[1] not in seen:
+                        seen.add(found[1])
+                        label, path, cwd = found
+                        jobs.add(label, [path, *test_args], cwd)
+            report(f"build {i + 1}: cargo test --no-run {shlex.join(args)}",
+                   cargo.returncode == 0, time.monotonic() - start)
+        for i, doc in enumerate(docs):
+            jobs.add("doc-tests" if i == 0 else f"doc-tests-{i + 1}", doc, ROOT, shell=True)
+        jobs.close()
+
+    def work():
+        while (job := jobs.take()) is not None:
+            label, cmd, cwd, shell = job
+            with tempfile.TemporaryFile() as out:
+                start = time.monotonic()
+                code = subprocess.call(
+                    cmd, cwd=cwd, shell=shell, executable="/bin/bash" if shell else None,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                )
+                took = time.monotonic() - start
+                out.seek(0)
+                text = out.read().decode("utf-8", "replace")
+            report(label, code == 0, took, text)
 
     wall = time.monotonic()
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for done in as_completed([pool.submit(run, job) for job in unique]):
-            label, code, took = done.result()
-            results[label] = (code, took)
+    threads = [threading.Thread(target=build_all)]
+    threads += [threading.Thread(target=work) for _ in range(max(1, jobs_at_once))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     wall = time.monotonic() - wall
 
-    times.update({label: round(took, 1) for label, (_, took) in results.items()})
+    ran = {label: r for label, r in results.items() if not label.startswith("build ")}
+    times.update({label: round(took, 1) for label, (_, took) in ran.items()})
     try:
         with open(TIMES, "w", encoding="utf-8") as f:
             json.dump(times, f, indent=1, sort_keys=True)
     except OSError:
         pass
 
-    print(f"\n==> wall time of each job ({len(results)} jobs, {jobs} at once):")
-    for label, (code, took) in sorted(results.items(), key=lambda r: -r[1][1]):
-        print(f"{took:8.1f}s  {'ok' if code == 0 else 'FAILED'}  {label}")
-    busy = sum(took for _, took in results.values())
-    print(f"==> {busy:.0f}s of test time in {wall:.0f}s wall")
-    failed = sorted(label for label, (code, _) in results.items() if code != 0)
+    print(f"\n==> wall times ({len(ran)} test jobs, {jobs_at_once} at once):")
+    for label, (ok, took) in sorted(results.items(), key=lambda r: -r[1][1]):
+        print(f"{took:8.1f}s  {'ok' if ok else 'FAILED'}  {label}")
+    busy = sum(took for _, took in ran.values())
+    print(f"==> {busy:.0f}s of tests in {wall:.0f}s wall, builds included")
+    failed = sorted(label for label, (ok, _) in results.items() if not ok)
     if failed:
-        print("==> FAILED: " + ", ".join(failed))
+        print("==> FAILED:\n  " + "\n  ".join(failed))
         return 1
     return 0
 

@@ -5,16 +5,17 @@
 #    binaries the tests start, etcdctl, the interoperability peers, protoc for the
 #    `etcd` feature). As root it installs what is missing with apt-get; otherwise it
 #    names the packages and exits non-zero.
-# 2. Builds every test binary of `cargo test --workspace --all-features` (in the
-#    selections below), then runs them with DISTLOCK_REQUIRE_SERVERS=1, so a server
+# 2. Builds the test binaries of `cargo test --workspace --all-features` (in the
+#    selections below) and runs them with DISTLOCK_REQUIRE_SERVERS=1, so a server
 #    that cannot start fails the run instead of being skipped. The test binaries start
 #    (and clean up) their own throwaway servers through distlock_test_servers; this
 #    script starts none.
-# 3. Runs the binaries DISTLOCK_TEST_JOBS (default 4) at a time through
-#    scripts/run-tests.py, the doc tests among them: `cargo test` would run them one
-#    after another, and they mostly wait on servers, TTLs and watches. Each binary
-#    runs its own tests as under `cargo test`; a failed one fails the run after all
-#    have run. Per-binary wall times end the output (README, "Testing").
+# 3. Through scripts/run-tests.py: each binary starts as soon as it is linked, while
+#    cargo (at a lower priority) compiles the rest, and DISTLOCK_TEST_JOBS (default
+#    4) binaries run at once. `cargo test` would compile everything first and then run
+#    the binaries one after another, though they mostly wait on servers, TTLs and
+#    watches. Each binary runs its own tests as under `cargo test`; a failed one fails
+#    the run once all have run. Per-binary wall times end the output (README, "Testing").
 #
 # Arguments before `--` are passed on to `cargo test` (building and doc tests), those
 # after it to every test binary (a name filter, `--nocapture`, `--test-threads N`).
@@ -42,33 +43,24 @@ while (($#)); do
     shift
 done
 
-builds=target/test-builds
-mkdir -p "$builds"
-build() {
-    local name=$1
-    shift
-    local start=$SECONDS
-    cargo test --no-run --message-format=json-render-diagnostics "$@" "${cargo_args[@]}" >"$builds/$name.json"
-    echo "==> built the $name tests in $((SECONDS - start))s" >&2
-}
-
 # The CLI and the bench (feature `compare`) build on their own: the peer crate
 # distributed-lock turns on sqlx's native-tls, and sqlx then uses OpenSSL instead of
 # rustls in every crate of the same build, which would test the Postgres backend's TLS
 # on a stack its users do not get by default (README, "Postgres TLS").
-build workspace --workspace --exclude distlock-cli --exclude distlock-bench --all-features
-build cli -p distlock-cli -p distlock-bench --all-features
+workspace="--workspace --exclude distlock-cli --exclude distlock-bench --all-features"
+cli="-p distlock-cli -p distlock-bench --all-features"
 # With every backend feature off, connect() must name the feature a scheme needs.
-build no-default-features -p distlock --no-default-features --lib
+no_default="-p distlock --no-default-features --lib"
 
-# Doc tests cannot be built ahead; they run as one job of the pool (cargo's build lock
-# would make two wait on each other anyway), each with its build's selection, so that
-# cargo finds the libraries built already.
 q_cargo=""
 q_test=""
 ((${#cargo_args[@]} == 0)) || q_cargo=$(printf ' %q' "${cargo_args[@]}")
 ((${#test_args[@]} == 0)) || q_test=$(printf ' %q' "${test_args[@]}")
-doc="cargo test --doc --workspace --exclude distlock-cli --exclude distlock-bench --all-features$q_cargo --$q_test"
-doc+="; ws=\$?; cargo test --doc -p distlock-cli -p distlock-bench --all-features$q_cargo --$q_test && exit \$ws"
+# Doc tests cannot be built ahead; they run last, each with its build's selection so
+# that cargo finds the libraries built already.
+doc="nice -n 10 cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
+doc+="; nice -n 10 cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
 
-python3 scripts/run-tests.py --cmd "$doc" "$builds"/{workspace,cli,no-default-features}.json -- "${test_args[@]}"
+python3 scripts/run-tests.py \
+    --build "$workspace$q_cargo" --build "$cli$q_cargo" --build "$no_default$q_cargo" \
+    --doc "$doc" -- "${test_args[@]}"
