@@ -103,7 +103,7 @@ def test_executable(line):
         return None
     cwd = os.path.dirname(msg["manifest_path"])
     target = msg["target"]
-    package = os.path.relpath(cwd, ROOT).replace(".", "(root)") if cwd == ROOT else os.path.relpath(cwd, ROOT)
+    package = "(root)" if cwd == ROOT else os.path.relpath(cwd, ROOT)
     label = f"{package}/{target['kind'][0]}:{target['name']}"
     return label, msg["executable"], cwd
 
