@@ -58,8 +58,8 @@ q_test=""
 ((${#test_args[@]} == 0)) || q_test=$(printf ' %q' "${test_args[@]}")
 # Doc tests cannot be built ahead; they run last, each with its build's selection so
 # that cargo finds the libraries built already.
-doc="nice -n 10 cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
-doc+="; nice -n 10 cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
+doc="nice -n 5 cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
+doc+="; nice -n 5 cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
 
 python3 scripts/run-tests.py \
     --build "$workspace$q_cargo" --build "$cli$q_cargo" --build "$no_default$q_cargo" \
