@@ -5,11 +5,11 @@ scripts/test.sh calls it. `cargo test` compiles every test binary first and then
 them one after another, but most of their time is spent waiting (server start-up,
 TTLs, watches, failovers), not computing. Here each binary starts as soon as cargo
 has linked it, while cargo goes on compiling the rest, and up to --jobs binaries run
-side by side. cargo runs at a lower priority (nice 5), so the tests and their
-servers get the CPU they need first, yet a build on a machine shared with other work
-is not starved (nice 10 was, at a load of 17 on two cores). Each binary still runs
-its own tests exactly as under `cargo test` (its test threads, its in-process locks
-such as the fault kit's `serial()`, its shared servers); only whole binaries overlap.
+side by side. (cargo keeps its normal priority: niced, it starved behind other work
+on a shared machine, at a load of 17 on two cores; the tests must bear such load
+anyway.) Each binary still runs its own tests exactly as under `cargo test` (its
+test threads, its in-process locks such as the fault kit's `serial()`, its shared
+servers); only whole binaries overlap.
 
 Usage: run-tests.py [--jobs N] (--build 'CARGO TEST ARGS')... [--doc 'SHELL COMMAND']...
                     [-- TEST_ARGS...]
@@ -149,7 +149,7 @@ def main(argv):
     def build_all():
         seen = set()
         for i, args in enumerate(builds):
-            cmd = ["nice", "-n", "5", "cargo", "test", "--no-run",
+            cmd = ["cargo", "test", "--no-run",
                    "--message-format=json-render-diagnostics", *args]
             start = time.monotonic()
             with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True) as cargo:

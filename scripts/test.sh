@@ -11,11 +11,11 @@
 #    (and clean up) their own throwaway servers through distlock_test_servers; this
 #    script starts none.
 # 3. Through scripts/run-tests.py: each binary starts as soon as it is linked, while
-#    cargo (at a lower priority) compiles the rest, and DISTLOCK_TEST_JOBS (default
-#    4) binaries run at once. `cargo test` would compile everything first and then run
-#    the binaries one after another, though they mostly wait on servers, TTLs and
-#    watches. Each binary runs its own tests as under `cargo test`; a failed one fails
-#    the run once all have run. Per-binary wall times end the output (README, "Testing").
+#    cargo compiles the rest, and DISTLOCK_TEST_JOBS (default 4) binaries run at
+#    once. `cargo test` would compile everything first and then run the binaries one
+#    after another, though they mostly wait on servers, TTLs and watches. Each binary
+#    runs its own tests as under `cargo test`; a failed one fails the run once all
+#    have run. Per-binary wall times end the output (README, "Testing").
 #
 # Arguments before `--` are passed on to `cargo test` (building and doc tests), those
 # after it to every test binary (a name filter, `--nocapture`, `--test-threads N`).
@@ -58,8 +58,8 @@ q_test=""
 ((${#test_args[@]} == 0)) || q_test=$(printf ' %q' "${test_args[@]}")
 # Doc tests cannot be built ahead; they run last, each with its build's selection so
 # that cargo finds the libraries built already.
-doc="nice -n 5 cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
-doc+="; nice -n 5 cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
+doc="cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
+doc+="; cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
 
 python3 scripts/run-tests.py \
     --build "$workspace$q_cargo" --build "$cli$q_cargo" --build "$no_default$q_cargo" \
