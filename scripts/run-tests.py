@@ -146,9 +146,22 @@ def main(argv):
             sys.stdout.write(text)
             sys.stdout.flush()
 
+    # The tests of a package with binaries run them (CARGO_BIN_EXE_*), and cargo may
+    # link a test before the binary, so those tests wait for the end of their build.
+    metadata = json.loads(subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1"],
+        cwd=ROOT, stdout=subprocess.PIPE, check=True,
+    ).stdout)
+    with_bins = {
+        os.path.dirname(package["manifest_path"])
+        for package in metadata["packages"]
+        if any("bin" in target["kind"] for target in package["targets"])
+    }
+
     def build_all():
         seen = set()
         for i, args in enumerate(builds):
+            held_back = []
             cmd = ["cargo", "test", "--no-run",
                    "--message-format=json-render-diagnostics", *args]
             start = time.monotonic()
@@ -158,9 +171,15 @@ def main(argv):
                     if found and found[1] not in seen:
                         seen.add(found[1])
                         label, path, cwd = found
-                        jobs.add(label, [path, *test_args], cwd)
+                        job = (label, [path, *test_args], cwd)
+                        if cwd in with_bins:
+                            held_back.append(job)
+                        else:
+                            jobs.add(*job)
             report(f"build {i + 1}: cargo test --no-run {shlex.join(args)}",
                    cargo.returncode == 0, time.monotonic() - start)
+            for job in held_back:
+                jobs.add(*job)
         for i, doc in enumerate(docs):
             jobs.add("doc-tests" if i == 0 else f"doc-tests-{i + 1}", doc, ROOT, shell=True)
         jobs.close()
