@@ -82,6 +82,10 @@ distlock_conformance_faults::fault_conformance_tests!(
         crashed_clients_do_not_stall_the_fifo_queue,
         contention_under_random_faults,
         paused_leader_wakes_to_a_refused_write,
+        partitioned_leader_is_fenced_off,
+        server_paused_during_campaign,
+        lost_reply_after_applied_campaign,
+        server_restart_while_leading_and_campaigning,
     ]
 );
 
