@@ -107,6 +107,10 @@ distlock_conformance_faults::fault_conformance_tests!(
         paused_leader_wakes_to_a_refused_write,
         paused_permit_holders_free_their_permits,
         paused_writer_frees_the_key_for_readers,
+        partitioned_leader_is_fenced_off,
+        server_paused_during_campaign,
+        lost_reply_after_applied_campaign,
+        server_restart_while_leading_and_campaigning,
     ]
 );
 

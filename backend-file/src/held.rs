@@ -52,7 +52,10 @@ impl HeldFiles {
     /// before, or never granted by this client).
     pub(crate) fn release(&self, owner: OwnerToken) -> ReleaseOutcome {
         match self.files().remove(&owner) {
-            Some(_) => ReleaseOutcome::Released,
+            Some(files) => {
+                files.iter().for_each(crate::lock::unlock);
+                ReleaseOutcome::Released
+            }
             None => ReleaseOutcome::Expired,
         }
     }

@@ -198,6 +198,14 @@ impl FileLock {
     }
 }
 
+/// Unlocks `file` before it is closed. Closing alone is not enough: a child process
+/// forked meanwhile by any thread of this process shares the open file until it execs,
+/// and kept the lock held that long after the release returned. A failed unlock leaves
+/// the close to do it.
+pub(crate) fn unlock(file: &File) {
+    let _ = file.unlock();
+}
+
 const NO_TTL: &str = "a file lock is held until it is released or its process exits; the TTL only sets the holder's local validity deadline";
 
 /// Why the file backend reports no FIFO waiting: the kernel, not this crate, picks the
@@ -262,9 +270,9 @@ impl DistributedLock for FileLock {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        // Closing the file unlocks it.
         let file = self.held().remove(&lease.owner());
         if let Some(file) = file {
+            unlock(&file);
             // `Released` says nobody else held the lock meanwhile: only true if our
             // locked file is still the one at the path (it may have been deleted or
             // replaced, and another process may hold the new one).

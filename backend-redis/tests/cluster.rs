@@ -408,7 +408,7 @@ async fn the_conformance_kit_passes_on_a_cluster_over_tls() {
         .await
         .unwrap_or_else(|e| panic!("could not start a TLS Redis Cluster: {e}"));
     let url = cluster.tls_url().expect("a TLS cluster");
-    common::kit_passes(&url).await;
+    common::tls_kit_passes(&url).await;
 }
 
 /// A seed that never answers (a partition) among answering ones: the client still

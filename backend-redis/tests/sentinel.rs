@@ -392,5 +392,5 @@ async fn the_conformance_kit_passes_through_sentinel_over_tls() {
         .await
         .unwrap_or_else(|e| panic!("could not start a TLS Sentinel group: {e}"));
     let url = group.tls_url().expect("a TLS group");
-    common::kit_passes(&url).await;
+    common::tls_kit_passes(&url).await;
 }

@@ -117,9 +117,11 @@ async fn extend_after_expiry_marks_the_guard_lost() {
 async fn with_lock_renews_for_long_work_and_releases() {
     let locks = MemoryLock::new();
     let k = key("work");
-    let options = LockOptions::new(Duration::from_millis(90));
+    // Work of four TTLs; the TTL leaves a renewal (every third of it) room for a
+    // scheduler stall on a loaded machine (90 ms lost the lease at load 14).
+    let options = LockOptions::new(Duration::from_millis(750));
     let token = with_lock(&locks, &k, &options, |token| async move {
-        tokio::time::sleep(Duration::from_millis(400)).await;
+        tokio::time::sleep(Duration::from_secs(3)).await;
         token
     })
     .await

@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use distlock_api::{DistributedLock, LeaderElection, LockError};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::{ElectionConnector, ServerHarness};
-use distlock_redis::RedisLock;
+use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{FaultProxy, RedisServer, ServerControl};
 use tokio::sync::Mutex;
 
@@ -124,6 +124,7 @@ impl RedisHarness {
 /// topology names, past any proxy), so the crash scenarios are skipped.
 pub struct TopologyHarness {
     pub url: String,
+    pub config: RedisConfig,
 }
 
 #[async_trait]
@@ -133,7 +134,7 @@ impl Harness for TopologyHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        let lock = RedisLock::connect(&self.url).await?;
+        let lock = RedisLock::connect_with(&self.url, self.config.clone()).await?;
         Ok(Client::new(Arc::new(lock.clone()))
             .with_semaphore(Arc::new(lock.semaphore()?))
             .with_rw_lock(Arc::new(lock.rw_lock()?))
@@ -143,8 +144,27 @@ impl Harness for TopologyHarness {
 
 /// Runs the whole conformance kit against `url` and fails on any failed scenario.
 pub async fn kit_passes(url: &str) {
+    kit_passes_with(url, RedisConfig::default()).await
+}
+
+/// How long a request of a TLS topology's kit client may take, its connect included:
+/// the kit connects many clients at once, each with TLS handshakes to several nodes
+/// (a debug build's rustls), which on a busy two-core machine took longer than the
+/// default 2 s ("no Cluster seed answered within 2s").
+pub const TLS_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`kit_passes`] for a TLS URL: clients get [`TLS_REQUEST_TIMEOUT`].
+pub async fn tls_kit_passes(url: &str) {
+    let mut config = RedisConfig::default();
+    config.request_timeout = TLS_REQUEST_TIMEOUT;
+    kit_passes_with(url, config).await
+}
+
+/// [`kit_passes`] with clients connected with `config`.
+pub async fn kit_passes_with(url: &str, config: RedisConfig) {
     let report = distlock_conformance::run_all(Arc::new(TopologyHarness {
         url: url.to_owned(),
+        config,
     }))
     .await;
     println!("{}", report.to_table());

@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Builds the test binaries with cargo and runs them as they come, several at once.
+
+scripts/test.sh calls it. `cargo test` compiles every test binary first and then runs
+them one after another, but most of their time is spent waiting (server start-up,
+TTLs, watches, failovers), not computing. Here each binary starts as soon as cargo
+has linked it, while cargo goes on compiling the rest, and up to --jobs binaries run
+side by side. (cargo keeps its normal priority: niced, it starved behind other work
+on a shared machine, at a load of 17 on two cores; the tests must bear such load
+anyway.) Each binary still runs its own tests exactly as under `cargo test` (its
+test threads, its in-process locks such as the fault kit's `serial()`, its shared
+servers); only whole binaries overlap.
+
+Usage: run-tests.py [--jobs N] (--build 'CARGO TEST ARGS')... [--doc 'SHELL COMMAND']...
+                    [-- TEST_ARGS...]
+
+Each --build runs `cargo test --no-run --message-format=json-render-diagnostics ARGS`
+(ARGS split as by a shell), one after another; every test executable they produce
+runs in its package's directory (as cargo does) with TEST_ARGS. Each --doc command
+runs through bash once the builds are over (doc tests cannot be built ahead). Of the
+jobs ready to start, the slowest start first, by the times of the last run
+(target/test-times.json) or, on a first run, by the built-in estimates below. Each
+job's output is printed whole when it ends, then a summary of the wall times. Exits
+non-zero if a build or a job failed.
+"""
+
+import heapq
+import itertools
+import json
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIMES = os.path.join(ROOT, "target", "test-times.json")
+
+# Seconds the slow binaries took, run one at a time on the 2-core machine; they only
+# order a first run.
+ESTIMATES = {
+    "conformance/test:self_test": 128,
+    "backend-postgres/test:conformance": 110,
+    "cli/test:postgres_tls": 90,
+    "backend-redis/test:cluster": 90,
+    "backend-redis/test:fault_conformance": 76,
+    "cli/test:cli_servers": 72,
+    "backend-postgres/test:tls": 62,
+    "backend-etcd/test:fault_conformance": 59,
+    "backend-redis/test:sentinel": 59,
+    "backend-zookeeper/test:failover": 45,
+    "backend-postgres/test:election": 44,
+    "backend-zookeeper/test:fault_conformance": 44,
+    "backend-postgres/test:fault_conformance": 42,
+    "backend-redis/test:conformance": 39,
+    "cli/test:redis_topologies": 37,
+    "doc-tests": 36,
+    "backend-zookeeper/test:secure_conformance": 35,
+    "backend-etcd/test:conformance": 33,
+    "backend-zookeeper/test:conformance": 23,
+}
+
+
+class Jobs:
+    """The jobs ready to run, slowest first, and whether more may come."""
+
+    def __init__(self, times):
+        self.times = times
+        self.ready = []
+        self.order = itertools.count()
+        self.more = True
+        self.cond = threading.Condition()
+
+    def add(self, label, cmd, cwd, shell=False):
+        weight = self.times.get(label, ESTIMATES.get(label, 0))
+        with self.cond:
+            heapq.heappush(self.ready, (-weight, next(self.order), label, cmd, cwd, shell))
+            self.cond.notify()
+
+    def close(self):
+        with self.cond:
+            self.more = False
+            self.cond.notify_all()
+
+    def take(self):
+        with self.cond:
+            while not self.ready and self.more:
+                self.cond.wait()
+            if not self.ready:
+                return None
+            return heapq.heappop(self.ready)[2:]
+
+
+def test_executable(line):
+    """(label, path, package dir) if `line` is cargo's message for a test executable."""
+    if not line.startswith("{"):
+        return None
+    msg = json.loads(line)
+    if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
+        return None
+    if not msg.get("profile", {}).get("test"):
+        return None
+    cwd = os.path.dirname(msg["manifest_path"])
+    target = msg["target"]
+    package = "(root)" if cwd == ROOT else os.path.relpath(cwd, ROOT)
+    label = f"{package}/{target['kind'][0]}:{target['name']}"
+    return label, msg["executable"], cwd
+
+
+def load_times():
+    try:
+        with open(TIMES, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def main(argv):
+    jobs_at_once = int(os.environ.get("DISTLOCK_TEST_JOBS", "4"))
+    builds, docs, test_args = [], [], []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--":
+            test_args = list(args)
+        elif arg == "--jobs":
+            jobs_at_once = int(next(args))
+        elif arg == "--build":
+            builds.append(shlex.split(next(args)))
+        elif arg == "--doc":
+            docs.append(next(args))
+        else:
+            sys.exit(f"run-tests.py: unexpected argument {arg!r}")
+
+    times = load_times()
+    jobs = Jobs(times)
+    lock = threading.Lock()
+    results = {}  # label -> (ok, seconds)
+
+    def report(label, ok, took, text=""):
+        with lock:
+            results[label] = (ok, took)
+            verdict = "ok" if ok else "FAILED"
+            print(f"\n==> {label}: {verdict} in {took:.1f}s", flush=True)
+            sys.stdout.write(text)
+            sys.stdout.flush()
+
+    # The tests of a package with binaries run them (CARGO_BIN_EXE_*), and cargo may
+    # link a test before the binary, so those tests wait for the end of their build.
+    metadata = json.loads(subprocess.run(
+        ["cargo", "metadata", "--no-deps", "--format-version", "1"],
+        cwd=ROOT, stdout=subprocess.PIPE, check=True,
+    ).stdout)
+    with_bins = {
+        os.path.dirname(package["manifest_path"])
+        for package in metadata["packages"]
+        if any("bin" in target["kind"] for target in package["targets"])
+    }
+
+    def build_all():
+        seen = set()
+        for i, args in enumerate(builds):
+            held_back = []
+            cmd = ["cargo", "test", "--no-run",
+                   "--message-format=json-render-diagnostics", *args]
+            start = time.monotonic()
+            with subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, text=True) as cargo:
+                for line in cargo.stdout:
+                    found = test_executable(line)
+                    if found and found[1] not in seen:
+                        seen.add(found[1])
+                        label, path, cwd = found
+                        job = (label, [path, *test_args], cwd)
+                        if cwd in with_bins:
+                            held_back.append(job)
+                        else:
+                            jobs.add(*job)
+            report(f"build {i + 1}: cargo test --no-run {shlex.join(args)}",
+                   cargo.returncode == 0, time.monotonic() - start)
+            for job in held_back:
+                jobs.add(*job)
+        for i, doc in enumerate(docs):
+            jobs.add("doc-tests" if i == 0 else f"doc-tests-{i + 1}", doc, ROOT, shell=True)
+        jobs.close()
+
+    def work():
+        while (job := jobs.take()) is not None:
+            label, cmd, cwd, shell = job
+            with tempfile.TemporaryFile() as out:
+                start = time.monotonic()
+                code = subprocess.call(
+                    cmd, cwd=cwd, shell=shell, executable="/bin/bash" if shell else None,
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                )
+                took = time.monotonic() - start
+                out.seek(0)
+                text = out.read().decode("utf-8", "replace")
+            report(label, code == 0, took, text)
+
+    wall = time.monotonic()
+    threads = [threading.Thread(target=build_all)]
+    threads += [threading.Thread(target=work) for _ in range(max(1, jobs_at_once))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.monotonic() - wall
+
+    ran = {label: r for label, r in results.items() if not label.startswith("build ")}
+    times.update({label: round(took, 1) for label, (_, took) in ran.items()})
+    try:
+        with open(TIMES, "w", encoding="utf-8") as f:
+            json.dump(times, f, indent=1, sort_keys=True)
+    except OSError:
+        pass
+
+    print(f"\n==> wall times ({len(ran)} test jobs, {jobs_at_once} at once):")
+    for label, (ok, took) in sorted(results.items(), key=lambda r: -r[1][1]):
+        print(f"{took:8.1f}s  {'ok' if ok else 'FAILED'}  {label}")
+    busy = sum(took for _, took in ran.values())
+    print(f"==> {busy:.0f}s of tests in {wall:.0f}s wall, builds included")
+    failed = sorted(label for label, (ok, _) in results.items() if not ok)
+    if failed:
+        print("==> FAILED:\n  " + "\n  ".join(failed))
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
