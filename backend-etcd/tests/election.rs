@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{direct, etcdctl, keys_under, shared_port};
+use common::{direct, etcdctl, eventually, keys_under, shared_port};
 use distlock_api::{
     AutoRenew, Candidate, FencingToken, LeaderElection, LockKey, LockOptions, ReleaseOutcome,
     WaitPolicy,
@@ -27,18 +27,6 @@ fn candidate(id: &str) -> Candidate {
 /// The election name `etcdctl elect` takes for `name`: the range without its `/`.
 fn etcdctl_name(lock: &EtcdLock, name: &LockKey) -> String {
     lock.election_prefix(name).trim_end_matches('/').to_owned()
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
 }
 
 /// An `etcdctl elect` process whose output lines are collected as they come.

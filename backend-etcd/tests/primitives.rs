@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{etcdctl, keys_under, shared_port, start_server, url_for};
+use common::{etcdctl, eventually, keys_under, shared_port, start_server, url_for};
 use distlock_api::{
     DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions, RwMode, WaitPolicy,
 };
@@ -33,17 +33,6 @@ fn pending_of(space: &str, key: &LockKey) -> String {
         "distlock/{space}-pending/{}/",
         distlock_etcd::encode_key(key)
     )
-}
-
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
 }
 
 async fn connect(port: u16) -> EtcdLock {

@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{direct, etcdctl, keys_under, shared_port};
+use common::{direct, etcdctl, eventually, keys_under, shared_port};
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_etcd::{EtcdConfig, EtcdLock};
 use distlock_test_servers::EtcdServer;
@@ -36,18 +36,6 @@ fn etcdctl_lock(port: u16, name: &str, command: &[&str]) -> Child {
         .stderr(Stdio::piped())
         .spawn()
         .expect("run etcdctl lock (Debian package etcd-client)")
-}
-
-/// Polls `check` every 20 ms until it holds or `limit` passes.
-async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    check()
 }
 
 /// The lock name `etcdctl lock` takes for `key`: the range without its trailing `/`.

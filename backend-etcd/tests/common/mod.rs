@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError};
@@ -192,4 +192,16 @@ impl Harness for EtcdHarness {
     fn url_connector(&self) -> Option<UrlConnector> {
         Some(connector())
     }
+}
+
+/// Polls `check` every 20 ms until it holds or `limit` passes.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
 }
