@@ -372,6 +372,11 @@ mod tls {
         let status = b.inspect(&k).await.unwrap();
         assert!(status.held);
         assert_eq!(status.fencing_token, guard.fencing_token());
+        // The nodes carry the creator-only ACL over TLS too. Read while held: the
+        // lock's directory is removed once its last contender leaves.
+        let raw = common::raw(server.server().port()).await;
+        let (acls, _) = raw.get_acl(&a.lock_dir(&k)).await.unwrap();
+        assert!(is_creator_all_world_read(&acls, "app"), "{acls:?}");
         guard.release().await.expect("releases");
         assert!(!b.inspect(&k).await.unwrap().held);
         // New sessions with credentials, one after another (ZooKeeper 3.8's Netty
@@ -386,10 +391,6 @@ mod tls {
             let guard = another.acquire(&k, &no_wait()).await.expect("acquires");
             guard.release().await.expect("releases");
         }
-        // The nodes carry the creator-only ACL over TLS too.
-        let raw = common::raw(server.server().port()).await;
-        let (acls, _) = raw.get_acl(&a.lock_dir(&k)).await.unwrap();
-        assert!(is_creator_all_world_read(&acls, "app"), "{acls:?}");
     }
 
     /// A session that reconnects (the client sends its credentials again, right behind
