@@ -24,6 +24,10 @@ use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
+mod settle;
+
+use settle::{Parked, Settle};
+
 /// What the etcd backend promises: the mutex, the semaphore
 /// ([`crate::EtcdSemaphore`]), the read-write lock ([`crate::EtcdRwLock`]) and leader
 /// election ([`crate::EtcdElection`]).
@@ -64,6 +68,8 @@ struct Held {
     ttl_secs: i64,
     /// The task that revokes the lease once the lock is lost.
     watch: AbortHandle,
+    /// The move of a parked grant's key back to the lock's lease, while under way.
+    settle: Option<Settle>,
 }
 
 impl std::fmt::Debug for EtcdLock {
@@ -283,6 +289,10 @@ impl EtcdLock {
         // contender waits (then its stamp's, see `stamp_grant`).
         let mut token = placed.revision;
         let mut stamped = None;
+        // A parked grant whose key is still to move back ([`settle`]), and how long the
+        // grant is valid for from `sent`: the short lease's TTL until the move lands.
+        let mut settling = None;
+        let mut valid_for = ttl;
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -312,24 +322,39 @@ impl EtcdLock {
                     .await;
                 Self::while_waiting(marked.map_err(|f| self.connection_error(f))?)?;
             }
-            // Granted: back to the lock's lease while two thirds of its TTL are left
-            // (the watchdog's first renewal comes at a third), in the transaction
-            // that finds the turn ours; else to a fresh one below.
-            let back = parked.map(|(full, _, granted_at)| (full, granted_at + ttl / 3));
+            // A parked lock or candidate is granted on its short lease, and its key
+            // moves back behind the grant ([`crate::settle`]): no write on the
+            // hand-off's path. Others move back in the transaction that finds the turn
+            // ours, while two thirds of the lock's TTL are left (the watchdog's first
+            // renewal comes at a third), else to a fresh lease below.
+            let later = parked.is_some() && marker.is_none();
+            let back = parked
+                .filter(|_| !later)
+                .map(|(full, _, granted_at)| (full, granted_at + ttl / 3));
             let alive_since = Mutex::new(sent);
             let moved = tokio::select! {
                 turn = self.wait_turn(&rule, &own, placed.revision, back, marker.as_deref()) => turn?,
-                lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
+                lost = self.keep_alive_while_waiting(lease, ttl_secs, |at| record(&alive_since, at)) => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
-            if let Some((full, full_secs, granted_at)) = parked {
+            match parked {
+                Some((full, full_secs, granted_at)) if later => {
+                    settling = Some(Parked {
+                        place: (prefix.clone(), own.clone(), placed.revision),
+                        short: lease,
+                        short_secs: ttl_secs,
+                        full: (full, full_secs, granted_at),
+                    });
+                    valid_for = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1));
+                }
                 // The short lease goes only once the key has left it: revoking it
                 // would delete the key.
-                if moved {
+                Some((full, full_secs, granted_at)) if moved => {
                     undo.let_go(lease);
                     sent = granted_at;
                     (lease, ttl_secs) = (full, full_secs);
-                } else {
+                }
+                Some((full, _, _)) => {
                     // `full` too only once the key is on the fresh lease: a move to it
                     // whose answer was lost may have landed.
                     sent = Instant::now();
@@ -339,12 +364,13 @@ impl EtcdLock {
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
+                None => {}
             }
             if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
                 let alive_since = Mutex::new(sent);
                 tokio::select! {
                     stamp = self.stamp_grant(place, pending, lease) => token = stamp?,
-                    lost = self.keep_alive_while_waiting(lease, ttl_secs, &alive_since) => return Err(lost),
+                    lost = self.keep_alive_while_waiting(lease, ttl_secs, |at| record(&alive_since, at)) => return Err(lost),
                 }
                 sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
                 stamped = marker;
@@ -354,7 +380,7 @@ impl EtcdLock {
         let owner = owner_token(named, placed.revision, kind);
         let token = FencingToken::new(u64::try_from(token).unwrap_or(0));
         let granted = Lease::new(key.clone(), owner, Some(token), ttl, valid_from);
-        let monitor = LeaseMonitor::new(valid_from + ttl - margin(ttl));
+        let monitor = LeaseMonitor::new(valid_from + valid_for - margin(valid_for));
         let current = Arc::new(AtomicI64::new(lease));
         self.inner.loss.watched.watch(&own, monitor.clone());
         let watch = tokio::spawn(revoke_when_lost(
@@ -367,11 +393,15 @@ impl EtcdLock {
         self.held().insert(
             owner.as_u128(),
             Held {
-                lease: current,
+                lease: current.clone(),
                 ttl_secs,
                 watch,
+                settle: None,
             },
         );
+        if let Some(parked) = settling {
+            self.settle_later(parked, owner, ttl, &monitor, current, undo.hand_over());
+        }
         undo.disarm();
         if let Some(marker) = stamped {
             unmark_later(self.requests().clone(), marker);
@@ -424,20 +454,20 @@ impl EtcdLock {
         }
     }
 
-    /// Keeps a waiter's lease alive every third of its TTL, recording when the last
+    /// Keeps a waiter's lease alive every third of its TTL, telling `alive` when each
     /// answered keep-alive was sent; returns only when the lease is gone.
-    async fn keep_alive_while_waiting(
+    pub(crate) async fn keep_alive_while_waiting(
         &self,
         lease: i64,
         ttl_secs: i64,
-        alive_since: &Mutex<Instant>,
+        alive: impl Fn(Instant),
     ) -> LockError {
         let period = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1)) / 3;
         loop {
             tokio::time::sleep(period).await;
             let sent = Instant::now();
             match self.requests().keep_alive(lease).await {
-                Ok(()) => *alive_since.lock().unwrap_or_else(PoisonError::into_inner) = sent,
+                Ok(()) => alive(sent),
                 Err(fail) if fail.is_lease_not_found() => {
                     return LockError::connection(
                         ETCD_BACKEND,
@@ -673,7 +703,9 @@ impl EtcdLock {
             // still there), so revoking it deletes the key (and frees the lock) in the
             // same raft entry. Not when the loss watch
             // saw the key deleted: the transaction below tells who holds the lock then.
-            if present {
+            // Nor while the key may still be on its waiting lease ([`settle`]).
+            let settling = held.settle.as_ref().is_some_and(Settle::pending);
+            if present && !settling {
                 let revoked = self
                     .requests()
                     .revoke(lease_id)
@@ -689,8 +721,12 @@ impl EtcdLock {
         let deleted = self
             .requests()
             .delete_own(&prefix, &own, revision, marker.as_deref())
-            .await
-            .map_err(|f| self.connection_error(f))?;
+            .await;
+        // Only now that the key is deleted: the move's leases are revoked as it stops.
+        if let Some(settle) = held.as_ref().and_then(|h| h.settle.as_ref()) {
+            settle.abort();
+        }
+        let deleted = deleted.map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
             Ok(attached) => {
                 let lease_id = held
@@ -725,6 +761,7 @@ impl EtcdLock {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
+        self.settled(lease.owner()).await;
         let (prefix, own, revision, _) = self.place_of(kind, lease);
         let prefix = prefix.as_str();
         let (current, secs) = match self.current_lease(lease, prefix, &own, revision).await? {
@@ -820,6 +857,14 @@ impl Undo {
         self.leases.clear();
     }
 
+    /// Another `Undo` in charge of every lease this one was.
+    fn hand_over(&mut self) -> Undo {
+        Undo {
+            lock: self.lock.clone(),
+            leases: std::mem::take(&mut self.leases),
+        }
+    }
+
     /// Revokes every lease in charge now.
     async fn revoke_now(&mut self) {
         for lease in std::mem::take(&mut self.leases) {
@@ -891,6 +936,11 @@ async fn revoke_when_lost(
             tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
         }
     }
+}
+
+/// Records `at` as when a waiter's lease was last kept alive.
+fn record(alive_since: &Mutex<Instant>, at: Instant) {
+    *alive_since.lock().unwrap_or_else(PoisonError::into_inner) = at;
 }
 
 /// A waiting contender's key is gone: a retryable error, the acquire tries again.

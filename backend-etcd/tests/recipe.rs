@@ -516,3 +516,89 @@ async fn refused_acquires_leave_no_lease_behind() {
     );
     assert_eq!(keys_under(port, &lock.lock_prefix(&key)), vec![foreign]);
 }
+
+/// The lease `key` is attached to, from `etcdctl get -w json` (0 for none or no key).
+fn lease_of(port: u16, key: &str) -> u64 {
+    let json = etcdctl(port, &["get", key, "-w", "json"]);
+    json.split("\"lease\":")
+        .nth(1)
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
+/// A waiter whose lock has a TTL above the 3 s waiting lease is granted while its key
+/// is still on the waiting lease, and the key moves to a lease of the lock's TTL
+/// behind the grant. A release or an extend made at once, while that move may be under
+/// way, still does what it says, and no lease is left: checked on a server of its own,
+/// where every lease is ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
+    let server = common::start_server().await;
+    let port = server.port();
+    let (a, b) = (direct(port).await, direct(port).await);
+    let key = key("parked");
+    let prefix = a.lock_prefix(&key);
+    let options = waiting(Duration::from_secs(30), Duration::from_secs(30));
+    let hand_over = |holder: distlock_api::LockGuard| {
+        let (b, key, options, prefix) = (b.clone(), key.clone(), options.clone(), prefix.clone());
+        async move {
+            let waiter = tokio::spawn(async move { b.acquire(&key, &options).await });
+            assert!(
+                eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+                    == 2)
+                .await,
+                "the waiter did not queue"
+            );
+            holder.release().await.unwrap();
+            waiter.await.unwrap().unwrap()
+        }
+    };
+    // Released at once: the lock is free for the next, and the waiter's leases go.
+    let granted = hand_over(a.acquire(&key, &options).await.unwrap()).await;
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(keys_under(port, &prefix).is_empty());
+    let next = a.acquire(&key, &no_wait(Duration::from_secs(30))).await;
+    assert!(next.is_ok(), "{next:?}");
+    // Extended at once, beyond the lock's TTL: the key ends on a lease of that TTL.
+    let granted = hand_over(next.unwrap()).await;
+    let valid = granted.extend(Duration::from_secs(60)).await.unwrap();
+    assert!(
+        matches!(valid, distlock_api::ExtendOutcome::Extended { .. }),
+        "{valid:?}"
+    );
+    let own = &keys_under(port, &prefix)[0];
+    let lease = lease_of(port, own);
+    let ttl = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    assert!(ttl.contains("granted with TTL(60s)"), "{own}: {ttl}");
+    // Held past the waiting lease's 3 s without a renewal in between.
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+    let granted = hand_over(a.acquire(&key, &options).await.unwrap()).await;
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let lease = lease_of(port, &keys_under(port, &prefix)[0]);
+            etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")])
+                .contains("granted with TTL(30s)")
+        })
+        .await,
+        "the granted key did not move to a lease of the lock's TTL"
+    );
+    // Waiting for a point in time is the event here: the waiting lease's TTL passing.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert_eq!(granted.state(), distlock_api::LeaseState::Held);
+    assert!(a
+        .try_acquire(&key, &no_wait(Duration::from_secs(5)))
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(
+        eventually(Duration::from_secs(5), || etcdctl(port, &["lease", "list"])
+            .contains("found 0 leases"))
+        .await,
+        "{}",
+        etcdctl(port, &["lease", "list"])
+    );
+}
