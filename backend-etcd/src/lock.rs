@@ -232,7 +232,7 @@ impl EtcdLock {
                     }
                 }
                 Ok(Stamp::After(older)) if older.is_empty() => Ok(()),
-                Ok(Stamp::After(older)) => self.requests().deleted(older, pending).await,
+                Ok(Stamp::After(older)) => self.requests().deleted(older, pending).await.map(drop),
                 Err(fail) => Err(fail),
             };
             match outcome {
@@ -423,6 +423,9 @@ impl EtcdLock {
         marker: Option<&str>,
     ) -> Result<bool, LockError> {
         let mut pause = Duration::from_millis(20);
+        // The revision the next look must read at or after: that of the last deletion
+        // waited for.
+        let mut seen = revision;
         loop {
             let to = back.filter(|(_, deadline)| Instant::now() < *deadline);
             let turn = match to {
@@ -431,7 +434,7 @@ impl EtcdLock {
                         .turn_and_move(rule, own, revision, lease, marker)
                         .await
                 }
-                None => self.requests().turn(rule, own, revision).await,
+                None => self.requests().turn(rule, own, revision, seen).await,
             };
             let outcome = match turn {
                 Ok(Turn::Ours) => return Ok(to.is_some()),
@@ -440,7 +443,10 @@ impl EtcdLock {
                 Err(fail) => Err(fail),
             };
             match outcome {
-                Ok(()) => pause = Duration::from_millis(20),
+                Ok(at) => {
+                    seen = seen.max(at);
+                    pause = Duration::from_millis(20);
+                }
                 Err(fail) => {
                     let error = self.connection_error(fail);
                     if !error.is_retryable() {

@@ -225,9 +225,57 @@ impl Requests {
     }
 
     /// Looks for the youngest contenders of `rule.blocking` older than `revision`
-    /// (ours), as many as the room, and checks that our `key` still exists, in one
-    /// transaction.
-    pub(crate) async fn turn(&self, rule: &Rule, key: &str, revision: i64) -> Result<Turn, Fail> {
+    /// (ours), as many as the room, and checks that our `key` still exists, as etcd
+    /// stood at revision `seen` or later (when the last deletion we waited for was
+    /// known).
+    ///
+    /// Where our key is in the blocking range, one serializable read of the range up to
+    /// our revision (no round of the raft read index): it may lag the cluster, but a
+    /// contender older than ours is never created later, so none older at the revision
+    /// it read means none older from then on. A read that lags `seen` (a lagging member)
+    /// is made again as a linearizable transaction.
+    pub(crate) async fn turn(
+        &self,
+        rule: &Rule,
+        key: &str,
+        revision: i64,
+        seen: i64,
+    ) -> Result<Turn, Fail> {
+        if key.starts_with(&rule.blocking) {
+            let ours_and_older = GetOptions::new()
+                .with_range(prefix_end(&rule.blocking))
+                .with_max_create_revision(revision)
+                .with_sort(SortTarget::Create, SortOrder::Descend)
+                .with_limit(rule.limit().saturating_add(1))
+                .with_keys_only()
+                .with_serializable();
+            let read = sent(self.timeout, || {
+                let (mut kv, options) = (self.client.kv_client(), ours_and_older.clone());
+                async move { kv.get(rule.blocking.as_str(), Some(options)).await }
+            })
+            .await?;
+            if read
+                .header()
+                .is_some_and(|h| h.revision() >= seen.max(revision))
+            {
+                let kvs = read.kvs();
+                if kvs
+                    .first()
+                    .is_none_or(|kv| kv.create_revision() != revision || kv.key() != key.as_bytes())
+                {
+                    return Ok(Turn::Gone);
+                }
+                let older = kvs.get(1..).unwrap_or_default();
+                for kv in older {
+                    contender_shape(rule, kv)?;
+                }
+                return Ok(if older.len() < rule.room {
+                    Turn::Ours
+                } else {
+                    Turn::After(older.iter().map(|kv| kv.key().to_vec()).collect())
+                });
+            }
+        }
         let txn = Txn::new().and_then([
             Self::before(rule, revision),
             TxnOp::get(key, Some(GetOptions::new().with_keys_only())),
@@ -251,7 +299,7 @@ impl Requests {
         marker: Option<&str>,
     ) -> Result<Turn, Fail> {
         if rule.room != 1 {
-            return match self.turn(rule, key, revision).await? {
+            return match self.turn(rule, key, revision, revision).await? {
                 Turn::Ours => Ok(
                     match self
                         .move_to_lease(&rule.range, key, revision, lease, marker)
@@ -292,7 +340,8 @@ impl Requests {
     }
 
     /// Resolves once one of `keys` (in the range `range`) is deleted (at once if one
-    /// is gone already). One key is watched alone; several (a semaphore's) through a
+    /// is gone already), with a revision at which the deletion was known (0 if not
+    /// known). One key is watched alone; several (a semaphore's) through a
     /// watch of `range` whose other deletions are passed over. Not bounded by the
     /// request timeout: it waits for as long as the keys live. Errors when the watch
     /// cannot be made or breaks.
@@ -301,7 +350,7 @@ impl Requests {
     /// watch is in place, so a deletion in between is not missed. (A watch from an
     /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
     /// under contention most hand-offs would wait for it.)
-    pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<(), Fail> {
+    pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<i64, Fail> {
         let watch = self.client.watch_client();
         let (start, mut options) = match keys.as_slice() {
             [key] => (key.clone(), WatchOptions::new()),
@@ -325,18 +374,19 @@ impl Requests {
             };
             match message? {
                 Some(response) => {
-                    if response.canceled()
-                        || response.events().iter().any(|e| {
-                            e.event_type() == EventType::Delete
-                                && e.kv().is_some_and(|kv| keys.iter().any(|k| k == kv.key()))
-                        })
-                    {
-                        return Ok(());
+                    if response.canceled() {
+                        return Ok(0);
+                    }
+                    if response.events().iter().any(|e| {
+                        e.event_type() == EventType::Delete
+                            && e.kv().is_some_and(|kv| keys.iter().any(|k| k == kv.key()))
+                    }) {
+                        return Ok(response.header().map_or(0, |h| h.revision()));
                     }
                     if response.created() && !looked {
                         looked = true;
-                        if !self.all_present(&keys, range).await? {
-                            return Ok(());
+                        if let Some(at) = self.one_gone(&keys, range).await? {
+                            return Ok(at);
                         }
                     }
                 }
@@ -349,8 +399,8 @@ impl Requests {
         }
     }
 
-    /// Whether every one of `keys` (in the range `range`) exists.
-    async fn all_present(&self, keys: &[Vec<u8>], range: &str) -> Result<bool, Fail> {
+    /// The revision read at, if one of `keys` (in the range `range`) is gone.
+    async fn one_gone(&self, keys: &[Vec<u8>], range: &str) -> Result<Option<i64>, Fail> {
         let (start, options) = match keys {
             [key] => (key.clone(), GetOptions::new().with_keys_only()),
             _ => (
@@ -366,9 +416,10 @@ impl Requests {
             async move { kv.get(start, Some(options)).await }
         })
         .await?;
-        Ok(keys
+        let all_present = keys
             .iter()
-            .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice())))
+            .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice()));
+        Ok((!all_present).then(|| found.header().map_or(0, |h| h.revision())))
     }
 
     /// Deletes `key` if its create revision is `revision` (and with it our pending
