@@ -145,6 +145,7 @@
 //! connect revokes every listed lease from a fresh connection as the runtime drops it,
 //! within a second. A process killed outright leaves its keys until their lease's TTL.
 
+mod ahead;
 mod config;
 mod election;
 mod error;

@@ -434,6 +434,9 @@ impl EtcdLock {
                         .turn_and_move(rule, own, revision, lease, marker)
                         .await
                 }
+                None if Requests::watches_ahead(rule, own) => {
+                    self.requests().watch_turn(rule, own, revision, seen).await
+                }
                 None => self.requests().turn(rule, own, revision, seen).await,
             };
             let outcome = match turn {

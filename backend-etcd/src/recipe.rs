@@ -677,7 +677,7 @@ fn moves(key: &str, lease: i64, marker: Option<&str>) -> Vec<TxnOp> {
 /// holder releases or dies. Anything else (another name, a deeper path, a key without
 /// a lease, which would never go) is data of another tool under this prefix: waiting
 /// behind it could last forever, so the acquire fails with [`Fail::Foreign`] instead.
-fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
+pub(crate) fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
     let name = kv
         .key()
         .strip_prefix(rule.range.as_bytes())
