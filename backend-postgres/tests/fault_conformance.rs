@@ -1,5 +1,6 @@
 //! The fault scenarios of the conformance kit against a real PostgreSQL server, every
-//! client behind its own proxy and named, so its session can be terminated.
+//! client behind its own proxy and named, so its session can be terminated, with an
+//! election, a semaphore and a read-write lock.
 //!
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Caveats" and the README's fault table): keep them in step.

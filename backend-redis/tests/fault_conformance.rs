@@ -1,5 +1,7 @@
 //! The fault scenarios of the conformance kit against real redis-servers: a single
-//! node (no persistence) and a 3-node Redlock, every client behind its own proxies.
+//! node (no persistence) and a 3-node Redlock, every client behind its own proxies
+//! with an election, a semaphore and a read-write lock (Redlock offers none of the
+//! three, so their scenarios skip there).
 //!
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Guarantees and caveats" and the README's fault table): keep them in step.

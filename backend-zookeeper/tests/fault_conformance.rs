@@ -1,6 +1,7 @@
 //! The fault scenarios of the conformance kit against real ZooKeeper: a standalone
 //! server (every scenario that applies) and a 3-node ensemble (leader loss), every
-//! client behind its own proxies with a 2 s session.
+//! client behind its own proxies with a 2 s session, with an election, a semaphore
+//! and a read-write lock on the standalone server.
 //!
 //! ZooKeeper claims safety under every fault the kit injects (the crate docs'
 //! "Caveats" and the README's fault table), so the harness states no exceptions.
