@@ -1,5 +1,6 @@
 //! The fault scenarios of the conformance kit against a real PostgreSQL server, every
-//! client behind its own proxy and named, so its session can be terminated.
+//! client behind its own proxy and named, so its session can be terminated, with an
+//! election, a semaphore and a read-write lock.
 //!
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Caveats" and the README's fault table): keep them in step.
@@ -9,9 +10,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LeaderElection};
+use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{Claim, ElectionConnector, Fault, FaultHarness, ServerHarness};
+use distlock_conformance_faults::{
+    Claim, ElectionConnector, Fault, FaultHarness, RwConnector, SemaphoreConnector, ServerHarness,
+};
 use distlock_postgres::PostgresLock;
 use distlock_test_servers::{terminate_sessions_at, PostgresServerOptions, Provider, ServerError};
 
@@ -44,11 +47,32 @@ async fn harness() -> Arc<dyn FaultHarness> {
         })
     };
     // The election of a client of its own, through the same proxy.
-    let elections: ElectionConnector = Arc::new(move |url: String| {
+    let elections: ElectionConnector = {
+        let config = config.clone();
+        Arc::new(move |url: String| {
+            let config = config.clone();
+            Box::pin(async move {
+                let lock = PostgresLock::connect_with(&url, config).await?;
+                Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+            })
+        })
+    };
+    // The semaphore and read-write lock likewise, each a client of its own.
+    let semaphores: SemaphoreConnector = {
+        let config = config.clone();
+        Arc::new(move |url: String| {
+            let config = config.clone();
+            Box::pin(async move {
+                let lock = PostgresLock::connect_with(&url, config).await?;
+                Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
+            })
+        })
+    };
+    let rw_locks: RwConnector = Arc::new(move |url: String| {
         let config = config.clone();
         Box::pin(async move {
             let lock = PostgresLock::connect_with(&url, config).await?;
-            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
         })
     });
     // 16 contending clients with a few sessions each, and the waits'.
@@ -71,7 +95,8 @@ async fn harness() -> Arc<dyn FaultHarness> {
             })
         }))
         .with_timing(ttl, crash_bound)
-        .with_election(elections);
+        .with_election(elections)
+        .with_primitives(semaphores, rw_locks);
     Arc::new(harness)
 }
 
@@ -80,6 +105,8 @@ distlock_conformance_faults::fault_conformance_tests!(
     must_pass = [
         partitioned_holder_is_fenced_off,
         paused_holder_wakes_to_a_refused_write,
+        paused_permit_holders_free_their_permits,
+        paused_writer_frees_the_key_for_readers,
         paused_leader_wakes_to_a_refused_write,
         partitioned_leader_is_fenced_off,
         server_paused_during_acquire,

@@ -1,5 +1,7 @@
 //! The fault scenarios of the conformance kit against real redis-servers: a single
-//! node (no persistence) and a 3-node Redlock, every client behind its own proxies.
+//! node (no persistence) and a 3-node Redlock, every client behind its own proxies
+//! with an election, a semaphore and a read-write lock (Redlock offers none of the
+//! three, so their scenarios skip there).
 //!
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Guarantees and caveats" and the README's fault table): keep them in step.
@@ -7,10 +9,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LeaderElection};
+use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, Claim, ElectionConnector, Fault, FaultHarness, FaultVerdict, ServerHarness,
+    run_selected_faults, Claim, ElectionConnector, Fault, FaultHarness, FaultVerdict, RwConnector,
+    SemaphoreConnector, ServerHarness,
 };
 use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{Provider, ServerControl, ServerError};
@@ -30,6 +33,26 @@ fn election_connector() -> ElectionConnector {
         Box::pin(async move {
             let election = RedisLock::connect(&url).await?.election()?;
             Ok(Arc::new(election) as Arc<dyn LeaderElection>)
+        })
+    })
+}
+
+/// Semaphore clients by URL; Redlock refuses them, so its clients get none.
+fn semaphore_connector() -> SemaphoreConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let semaphore = RedisLock::connect(&url).await?.semaphore()?;
+            Ok(Arc::new(semaphore) as Arc<dyn DistributedSemaphore>)
+        })
+    })
+}
+
+/// Read-write lock clients by URL; Redlock refuses them, so its clients get none.
+fn rw_connector() -> RwConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let rw = RedisLock::connect(&url).await?.rw_lock()?;
+            Ok(Arc::new(rw) as Arc<dyn DistributedRwLock>)
         })
     })
 }
@@ -71,6 +94,7 @@ async fn harness(nodes: usize) -> Arc<dyn FaultHarness> {
         .with_claims(claims(nodes))
         .with_timing(ttl, ttl)
         .with_election(election_connector())
+        .with_primitives(semaphore_connector(), rw_connector())
         // A killed FIFO waiter's queue entry lives until its entry TTL runs out.
         .with_dead_waiter_bound(RedisConfig::default().fifo_entry_ttl);
     Arc::new(harness)
@@ -82,6 +106,8 @@ mod single_node {
         must_pass = [
             partitioned_holder_is_fenced_off,
             paused_holder_wakes_to_a_refused_write,
+            paused_permit_holders_free_their_permits,
+            paused_writer_frees_the_key_for_readers,
             paused_leader_wakes_to_a_refused_write,
             partitioned_leader_is_fenced_off,
             server_paused_during_acquire,

@@ -1,6 +1,7 @@
 //! The fault scenarios of the conformance kit against real ZooKeeper: a standalone
 //! server (every scenario that applies) and a 3-node ensemble (leader loss), every
-//! client behind its own proxies with a 2 s session.
+//! client behind its own proxies with a 2 s session, with an election, a semaphore
+//! and a read-write lock on the standalone server.
 //!
 //! ZooKeeper claims safety under every fault the kit injects (the crate docs'
 //! "Caveats" and the README's fault table), so the harness states no exceptions.
@@ -10,10 +11,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LeaderElection};
+use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, ServerHarness,
+    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
+    SemaphoreConnector, ServerHarness,
 };
 use distlock_test_servers::{Provider, ZooKeeperEnsemble};
 use distlock_zookeeper::ZooKeeperLock;
@@ -41,6 +43,28 @@ fn election_connector() -> ElectionConnector {
     })
 }
 
+/// Semaphore clients of the same session settings.
+fn semaphore_connector() -> SemaphoreConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock =
+                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
+            Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
+        })
+    })
+}
+
+/// Read-write lock clients of the same session settings.
+fn rw_connector() -> RwConnector {
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            let lock =
+                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
+            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
+        })
+    })
+}
+
 /// A cut-off holder keeps its lock until its session expires: the timeout rounded up
 /// to the server's tick, plus a tick for the sweep.
 fn timed(harness: ServerHarness) -> Arc<dyn FaultHarness> {
@@ -60,7 +84,8 @@ async fn standalone() -> Arc<dyn FaultHarness> {
         .unwrap_or_else(|e| cannot_start(e));
     timed(
         ServerHarness::new(vec![server], URL_TEMPLATE, connector())
-            .with_election(election_connector()),
+            .with_election(election_connector())
+            .with_primitives(semaphore_connector(), rw_connector()),
     )
 }
 
@@ -69,6 +94,8 @@ distlock_conformance_faults::fault_conformance_tests!(
     must_pass = [
         partitioned_holder_is_fenced_off,
         paused_holder_wakes_to_a_refused_write,
+        paused_permit_holders_free_their_permits,
+        paused_writer_frees_the_key_for_readers,
         server_paused_during_acquire,
         lost_reply_after_applied_acquire,
         server_restart_while_held_and_waited,
