@@ -38,15 +38,25 @@
 //!   have a contender's shape (named by a lease id in lowercase hex, attached to a
 //!   lease) is another tool's data under this prefix, which may never go: the acquire
 //!   fails with [`distlock_api::LockError::Config`] naming it, and revokes its lease.
-//! - A waiter watches only the youngest contender older than itself for deletion (no
-//!   herd), then looks again: the lock passes on in FIFO order of arrival. It waits
-//!   under a lease of its own of 3 s (when the lock's TTL is longer; its key moves
-//!   there, keeping its create revision) kept alive every second, so a waiter whose
-//!   process dies holds up the queue for seconds, not for the lock's TTL; once granted,
-//!   its key moves to a lease of the lock's TTL (back to the one granted for it while
-//!   two thirds of that lease's TTL are left, in the transaction that finds the turn
-//!   ours: one round trip from the predecessor's deletion to the grant). Retryable
-//!   errors (a member going away, a leader election) are retried within the wait.
+//! - A waiter reads, once, every contender older than its own (up to 64 of them), then
+//!   counts their deletions down in one watch of the range (etcd filters out the puts),
+//!   so the deletion that makes the turn ours is seen in the watch event itself, with
+//!   no read after it: the lock passes on in FIFO order of arrival, one raft write (the
+//!   release) and one event from holder to holder. No contender older than ours can
+//!   appear later (create revisions only rise), and the watch is made before the read,
+//!   so the count is exact. With more than 64 ahead, a waiter watches only the youngest
+//!   contender older than itself (the recipe's way, no herd) and looks again, with one
+//!   serializable read of the range, when it goes. A waiter waits under a lease of its
+//!   own of 3 s (when the lock's TTL is longer; its key moves there, keeping its create
+//!   revision) kept alive every second, so a waiter whose process dies holds up the
+//!   queue for seconds, not for the lock's TTL. A mutex or election waiter is granted on
+//!   that lease (valid until the send time of its last answered keep-alive plus 3 s,
+//!   less the margin, and kept alive) and its key moves back to a lease of the lock's
+//!   TTL behind the grant, a write off the hand-off's path: to the lease granted for it
+//!   while two thirds of that lease's TTL are left, else to a fresh one; the validity
+//!   deadline is then that lease's. A release before the move has landed deletes the
+//!   key by its create revision; an extend waits for the move. Retryable errors (a
+//!   member going away, a leader election) are retried within the wait.
 //! - **release** of a lock this client holds is one lease revoke: the lease carries
 //!   that key alone, so etcd deletes the key in the same raft entry, and the lock is
 //!   free for others when the release returns. When the lease is gone (it ran out, or
@@ -88,17 +98,19 @@
 //! A marker whose deletion was lost goes with its grant's release or lease (holding
 //! back the next waiter's stamp till then).
 //!
-//! A semaphore waiter parks on the short waiting lease as a mutex waiter does; with
-//! room for one permit its grant is found and moved back in one transaction as the
-//! mutex's, with more the move is a second request (a range compare cannot count).
+//! A semaphore waiter parks on the short waiting lease as a mutex waiter does, but its
+//! key moves back before the grant (its stamp is written under the lock's lease): with
+//! room for one permit in the transaction that finds the turn ours, with more in a
+//! second request (a range compare cannot count).
 //! Foreign keys of another shape ahead of ours, in a primitive's range or among the
 //! pending markers, are configuration errors, as in a lock's range.
 //!
 //! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
 //!   `P/+semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
-//!   oldest hold a permit. A waiter watches the `max` youngest contenders older than
-//!   its own (it can be granted only once one of them goes), so no deletion wakes the
-//!   whole queue; permits pass on in FIFO order. An acquire whose count differs from
+//!   oldest hold a permit. A waiter counts down the contenders ahead as a mutex
+//!   waiter does, except one parked on the waiting lease: it watches the `max` youngest
+//!   contenders older than its own (it can be granted only once one of them goes), so
+//!   no deletion wakes the whole queue; permits pass on in FIFO order. An acquire whose count differs from
 //!   one recorded by the oldest contenders is
 //!   [`distlock_api::LockError::PermitMismatch`] and leaves nothing behind. etcd has
 //!   no semaphore recipe of its own.
@@ -114,7 +126,8 @@
 //!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
-//! answered before the grant) plus the TTL less a margin (1 % + 2 ms). One watch per
+//! answered before the grant) plus the TTL less a margin (1 % + 2 ms); for a waiter
+//! granted on its waiting lease, that lease's until its key has moved (see above). One watch per
 //! client over the prefix marks a held lock lost as soon as its key is deleted: the
 //! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
 //! outside; a lock lost by its deadline has its lease revoked at once. The
