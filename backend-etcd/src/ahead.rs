@@ -143,9 +143,9 @@ impl Requests {
         for kv in older {
             contender_shape(rule, kv)?;
         }
-        // Ours among them.
-        let counted = usize::try_from(read.count()).unwrap_or(usize::MAX);
-        if counted.saturating_sub(1) > WATCHED_AHEAD {
+        // More older ones than the read returned (etcd's count would take in the
+        // younger ones too: it is made before the create-revision filter).
+        if read.more() {
             let youngest = older.iter().take(rule.room);
             return Ok(Err(Turn::After(
                 youngest.map(|kv| kv.key().to_vec()).collect(),

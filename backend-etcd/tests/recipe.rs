@@ -602,3 +602,61 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
         etcdctl(port, &["lease", "list"])
     );
 }
+
+/// A queue longer than a waiter counts down (64 ahead) is waited out the recipe's way,
+/// and in order: the waiter is granted only once the last contender ahead is gone,
+/// whichever order they leave in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_behind_a_long_queue_is_granted_after_the_last_one_ahead() {
+    let port = shared_port();
+    let lock = direct(port).await;
+    let key = key("long-queue");
+    let prefix = lock.lock_prefix(&key);
+    let mut raw = etcd_client::Client::connect([format!("http://127.0.0.1:{port}")], None)
+        .await
+        .unwrap();
+    let mut ahead = Vec::new();
+    for _ in 0..70 {
+        let lease = raw.lease_grant(30, None).await.unwrap().id();
+        let foreign = format!("{prefix}{lease:x}");
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        raw.put(foreign, "", Some(put)).await.unwrap();
+        ahead.push(lease);
+    }
+    let mut waiter = {
+        let (lock, key) = (lock.clone(), key.clone());
+        tokio::spawn(async move {
+            lock.acquire(
+                &key,
+                &waiting(Duration::from_secs(30), Duration::from_secs(30)),
+            )
+            .await
+        })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 71)
+        .await,
+        "the waiter did not queue"
+    );
+    // The youngest first, each the one just ahead of the waiter, down to 60 ahead
+    // (within what a waiter counts down); then the others, one by one, but for the
+    // oldest, left for last (a waiter that counted only the 64 youngest would go
+    // before it).
+    let oldest = ahead.remove(0);
+    let youngest: Vec<i64> = ahead.drain(59..).rev().collect();
+    for lease in youngest.into_iter().chain(ahead) {
+        raw.lease_revoke(lease).await.unwrap();
+    }
+    assert_eq!(keys_under(port, &prefix).len(), 2);
+    let early = tokio::time::timeout(Duration::from_millis(500), &mut waiter).await;
+    assert!(early.is_err(), "granted with a contender ahead: {early:?}");
+    raw.lease_revoke(oldest).await.unwrap();
+    let guard = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("granted once the queue ahead is gone")
+        .unwrap()
+        .unwrap();
+    guard.release().await.unwrap();
+    assert!(keys_under(port, &prefix).is_empty());
+}
