@@ -26,7 +26,7 @@ use crate::ETCD_BACKEND;
 
 mod settle;
 
-use settle::{Parked, Settle};
+use settle::{Parked, Settle, Stage};
 
 /// What the etcd backend promises: the mutex, the semaphore
 /// ([`crate::EtcdSemaphore`]), the read-write lock ([`crate::EtcdRwLock`]) and leader
@@ -399,8 +399,9 @@ impl EtcdLock {
                 settle: None,
             },
         );
+        // The settle task has the parked grant's leases in charge from here.
         if let Some(parked) = settling {
-            self.settle_later(parked, owner, ttl, &monitor, current, undo.hand_over());
+            self.settle_later(parked, owner, ttl, &monitor, current);
         }
         undo.disarm();
         if let Some(marker) = stamped {
@@ -704,17 +705,26 @@ impl EtcdLock {
     ) -> Result<ReleaseOutcome, LockError> {
         let (prefix, own, revision, marker) = self.place_of(kind, lease);
         let held = self.held().remove(&lease.owner().as_u128());
+        // A parked grant's move stops here. The leases it had in charge are revoked
+        // (in the background, as `spare` drops) but for the one revoked below.
+        let mut spare = Undo::new(self.clone());
+        let mut moving = false;
+        if let Some(settle) = held.as_ref().and_then(|h| h.settle.as_ref()) {
+            let (stage, leases) = settle.release();
+            moving = matches!(stage, Stage::Moving { .. });
+            spare.leases = leases;
+        }
         if let Some(held) = &held {
             held.watch.abort();
             let present = self.inner.loss.watched.forget(&own);
             let lease_id = held.lease.load(Ordering::Acquire);
             // One request: the lease carries this key alone (and its pending marker, if
             // still there), so revoking it deletes the key (and frees the lock) in the
-            // same raft entry. Not when the loss watch
-            // saw the key deleted: the transaction below tells who holds the lock then.
-            // Nor while the key may still be on its waiting lease ([`settle`]).
-            let settling = held.settle.as_ref().is_some_and(Settle::pending);
-            if present && !settling {
+            // same raft entry. Not when the loss watch saw the key deleted: the
+            // transaction below tells who holds the lock then. Nor while a parked
+            // grant's key may be moving to another lease.
+            if present && !moving {
+                spare.leases.retain(|l| *l != lease_id);
                 let revoked = self
                     .requests()
                     .revoke(lease_id)
@@ -730,12 +740,12 @@ impl EtcdLock {
         let deleted = self
             .requests()
             .delete_own(&prefix, &own, revision, marker.as_deref())
-            .await;
-        // Only now that the key is deleted: the move's leases are revoked as it stops.
-        if let Some(settle) = held.as_ref().and_then(|h| h.settle.as_ref()) {
-            settle.abort();
+            .await
+            .map_err(|f| self.connection_error(f))?;
+        if let Some(held) = &held {
+            let lease_id = held.lease.load(Ordering::Acquire);
+            spare.leases.retain(|l| *l != lease_id);
         }
-        let deleted = deleted.map_err(|f| self.connection_error(f))?;
         let outcome = match deleted {
             Ok(attached) => {
                 let lease_id = held
@@ -770,7 +780,7 @@ impl EtcdLock {
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
         LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
-        self.settled(lease.owner()).await;
+        self.settled(lease.owner()).await?;
         let (prefix, own, revision, _) = self.place_of(kind, lease);
         let prefix = prefix.as_str();
         let (current, secs) = match self.current_lease(lease, prefix, &own, revision).await? {
@@ -864,14 +874,6 @@ impl Undo {
     /// The acquire succeeded: its lease now belongs to the guard.
     fn disarm(&mut self) {
         self.leases.clear();
-    }
-
-    /// Another `Undo` in charge of every lease this one was.
-    fn hand_over(&mut self) -> Undo {
-        Undo {
-            lock: self.lock.clone(),
-            leases: std::mem::take(&mut self.leases),
-        }
     }
 
     /// Revokes every lease in charge now.

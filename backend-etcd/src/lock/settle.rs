@@ -1,26 +1,29 @@
 //! A parked waiter's grant, handed out before its key is back on the lock's lease.
 //!
-//! A waiter whose lock has a longer TTL than [`super::WAITER_TTL_SECS`] waits with its key
-//! on a lease of that short TTL, so that a waiter whose process dies holds up the
+//! A waiter whose lock has a longer TTL than [`super::WAITER_TTL_SECS`] waits with its
+//! key on a lease of that short TTL, so that a waiter whose process dies holds up the
 //! queue for seconds, not for the lock's TTL. Moving the key back to a lease of the
-//! lock's TTL is a raft write; made before the grant, it put a second write on every
-//! hand-off's path (the release, then the move). So the grant is handed out as soon as
-//! the turn is seen ours, valid for as long as the short lease (which is kept alive
-//! meanwhile), and the key moves back behind it. Until the move has landed, a release
-//! deletes the key by its create revision rather than revoking a lease, and an extend
-//! waits for the move.
+//! lock's TTL is a raft write. Made before the grant, it put a second write on every
+//! hand-off's path (the release, then the move); made at once behind it, it still
+//! loaded etcd on every contended cycle, though most locks handed off under contention
+//! are held briefly. So the grant is handed out as soon as the turn is seen ours, valid
+//! for as long as the short lease, which is kept alive; the key moves back only once
+//! the grant has been held for one keep-alive period of that lease (a second), or at
+//! once when an extend asks for it. A grant released before then is one revoke of the
+//! short lease, which deletes the key.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::{LeaseMonitor, LeaseState, OwnerToken};
-use tokio::sync::watch;
+use distlock_api::{LeaseMonitor, LeaseState, LockError, OwnerToken};
+use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-use super::{margin, EtcdLock, Undo};
+use super::{margin, revoke_in_background, EtcdLock};
+use crate::ETCD_BACKEND;
 
 /// A parked grant whose key is still on its short waiting lease.
 pub(super) struct Parked {
@@ -34,42 +37,66 @@ pub(super) struct Parked {
     pub(super) full: (i64, i64, Instant),
 }
 
-/// The move of a parked grant's key, while under way.
+/// Where a parked grant's key is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// On the short lease; no move sent.
+    Parked,
+    /// A move is sent (or may have landed), to the lock's lease or to `fresh`, a lease
+    /// granted for it.
+    Moving { fresh: Option<i64> },
+    /// On the lock's lease or a fresh one, which the grant's records name.
+    Moved,
+    /// Released (or given up) while parked or moving: the release revokes the leases.
+    Released,
+}
+
+/// The move of a parked grant's key back to a lease of the lock's TTL.
 pub(super) struct Settle {
-    /// The task making it.
+    /// The task that keeps the short lease alive and then moves the key.
     task: AbortHandle,
+    stage: Arc<Mutex<Stage>>,
+    /// Wakes the task to move at once.
+    hurry: Arc<Notify>,
     /// Closed (its sender dropped) once the task has ended.
     done: watch::Receiver<()>,
+    /// The short lease and the lock's own lease.
+    short: i64,
+    full: i64,
 }
 
 impl Settle {
-    /// Whether the move is still under way.
-    pub(super) fn pending(&self) -> bool {
-        !self.task.is_finished()
-    }
-
-    /// Stops the move; the leases it was in charge of are revoked in the background.
-    pub(super) fn abort(&self) {
+    /// Marks the grant released and stops the task; returns where the key was and the
+    /// leases it was in charge of (for the release to revoke).
+    pub(super) fn release(&self) -> (Stage, Vec<i64>) {
+        let stage = std::mem::replace(&mut *stage_of(&self.stage), Stage::Released);
         self.task.abort();
-    }
-
-    /// Resolves once the move has ended, or after `patience`.
-    pub(super) async fn ended(mut self, patience: Duration) {
-        let _ = tokio::time::timeout(patience, self.done.changed()).await;
-    }
-
-    fn clone_waiter(&self) -> Settle {
-        Settle {
-            task: self.task.clone(),
-            done: self.done.clone(),
-        }
+        (stage, leases_at(stage, self.short, self.full))
     }
 }
 
+/// The leases a grant's move is in charge of at `stage`: all but the one the key ends
+/// on, once it has moved.
+fn leases_at(stage: Stage, short: i64, full: i64) -> Vec<i64> {
+    match stage {
+        Stage::Parked => vec![short, full],
+        Stage::Moving { fresh } => [Some(short), Some(full), fresh]
+            .into_iter()
+            .flatten()
+            .collect(),
+        Stage::Moved | Stage::Released => Vec::new(),
+    }
+}
+
+fn stage_of(stage: &Mutex<Stage>) -> std::sync::MutexGuard<'_, Stage> {
+    stage.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl EtcdLock {
-    /// Moves a parked grant's key back to a lease of the lock's `ttl` in a background
-    /// task, keeping the short lease alive (and the grant's validity with it) until it
-    /// has; `undo` is in charge of the grant's leases until then.
+    /// Keeps a parked grant's short lease alive (and the grant's validity with it) in a
+    /// background task, and moves its key back to a lease of the lock's `ttl` after a
+    /// keep-alive period or when an extend hurries it; the grant `owner`'s records
+    /// (`current`, its TTL) follow the move.
     pub(super) fn settle_later(
         &self,
         parked: Parked,
@@ -77,49 +104,89 @@ impl EtcdLock {
         ttl: Duration,
         monitor: &LeaseMonitor,
         current: Arc<AtomicI64>,
-        undo: Undo,
     ) {
         let (signal, done) = watch::channel(());
-        let lock = self.clone();
-        let monitor = monitor.clone();
-        let task = tokio::spawn(async move {
-            let _signal = signal;
-            lock.settle(parked, owner, ttl, &monitor, &current, undo)
-                .await;
-        })
-        .abort_handle();
+        let stage = Arc::new(Mutex::new(Stage::Parked));
+        let hurry = Arc::new(Notify::new());
+        let (short, full) = (parked.short, parked.full.0);
+        let task = {
+            let (lock, monitor) = (self.clone(), monitor.clone());
+            let (stage, hurry) = (stage.clone(), hurry.clone());
+            tokio::spawn(async move {
+                let _signal = signal;
+                let moving = Moving {
+                    parked: &parked,
+                    owner,
+                    ttl,
+                    monitor: &monitor,
+                    current: &current,
+                    stage: &stage,
+                };
+                lock.settle(&moving, &hurry).await;
+                // Ended with the key neither moved nor released (the key gone, the lease
+                // run out): its leases are nobody else's to revoke.
+                let ended = std::mem::replace(&mut *stage_of(&stage), Stage::Released);
+                for lease in leases_at(ended, short, full) {
+                    revoke_in_background(lock.clone(), lease);
+                }
+            })
+            .abort_handle()
+        };
         if let Some(held) = self.held().get_mut(&owner.as_u128()) {
-            held.settle = Some(Settle { task, done });
+            held.settle = Some(Settle {
+                task,
+                stage,
+                hurry,
+                done,
+                short,
+                full,
+            });
         }
     }
 
-    /// Waits (up to the request timeout) for the move of the key of the grant
-    /// `owner`, if one is under way.
-    pub(super) async fn settled(&self, owner: OwnerToken) {
-        let settle = self
-            .held()
-            .get(&owner.as_u128())
-            .and_then(|held| held.settle.as_ref().map(Settle::clone_waiter));
-        if let Some(settle) = settle {
-            settle.ended(self.requests().timeout).await;
+    /// Has the key of the grant `owner` moved back at once if it is still parked, and
+    /// waits (up to the request timeout) until it has.
+    ///
+    /// # Errors
+    /// A retryable [`LockError::Connection`] when the move has not ended by then (an
+    /// extend must not move the key beside it).
+    pub(super) async fn settled(&self, owner: OwnerToken) -> Result<(), LockError> {
+        let pending = self.held().get(&owner.as_u128()).and_then(|held| {
+            let settle = held.settle.as_ref()?;
+            settle.hurry.notify_one();
+            Some(settle.done.clone())
+        });
+        if let Some(mut done) = pending {
+            let limit = self.requests().timeout;
+            if tokio::time::timeout(limit, done.changed()).await.is_err() {
+                return Err(LockError::connection(
+                    ETCD_BACKEND,
+                    format!(
+                        "the granted key's move to its lock's lease did not end within {limit:?}"
+                    ),
+                ));
+            }
         }
+        Ok(())
     }
 
-    async fn settle(
-        &self,
-        parked: Parked,
-        owner: OwnerToken,
-        ttl: Duration,
-        monitor: &LeaseMonitor,
-        current: &AtomicI64,
-        mut undo: Undo,
-    ) {
+    async fn settle(&self, moving: &Moving<'_>, hurry: &Notify) {
+        let Moving {
+            parked, monitor, ..
+        } = moving;
         let short_ttl = Duration::from_secs(u64::try_from(parked.short_secs).unwrap_or(1));
         let alive = |sent: Instant| {
             monitor.renewed(sent + short_ttl - margin(short_ttl));
         };
+        let later = async {
+            tokio::select! {
+                () = tokio::time::sleep(short_ttl / 3) => {}
+                () = hurry.notified() => {}
+            }
+            self.move_back(moving).await;
+        };
         tokio::select! {
-            () = self.move_back(&parked, owner, ttl, monitor, current, &mut undo) => {}
+            () = later => {}
             // The short lease ran out: the loss watch sees the key go.
             _ = self.keep_alive_while_waiting(parked.short, parked.short_secs, alive) => {}
             () = monitor.lost() => {}
@@ -128,16 +195,16 @@ impl EtcdLock {
 
     /// Moves the key to the lock's own lease while two thirds of its TTL are left (the
     /// watchdog's first renewal comes at a third), else to a fresh one; retries what
-    /// fails while the grant lasts.
-    async fn move_back(
-        &self,
-        parked: &Parked,
-        owner: OwnerToken,
-        ttl: Duration,
-        monitor: &LeaseMonitor,
-        current: &AtomicI64,
-        undo: &mut Undo,
-    ) {
+    /// fails while the grant lasts, unless it is released.
+    async fn move_back(&self, moving: &Moving<'_>) {
+        let Moving {
+            parked,
+            owner,
+            ttl,
+            monitor,
+            current,
+            stage,
+        } = *moving;
         let (prefix, own, revision) = &parked.place;
         let (full, full_secs, full_sent) = parked.full;
         let mut fresh = None;
@@ -148,30 +215,47 @@ impl EtcdLock {
             } else if let Some(granted) = fresh {
                 Ok(granted)
             } else {
+                let id = super::new_lease_id();
+                self.live().add(id);
+                if !self.mark(stage, Stage::Moving { fresh: Some(id) }) {
+                    self.live().remove(id);
+                    return;
+                }
                 let sent = Instant::now();
-                self.fresh_lease(ttl, undo).await.map(|(id, secs)| {
-                    fresh = Some((id, secs, sent));
-                    (id, secs, sent)
-                })
+                let secs = super::ttl_seconds(ttl);
+                self.requests()
+                    .grant(id, secs)
+                    .await
+                    .map(|_| {
+                        fresh = Some((id, secs, sent));
+                        (id, secs, sent)
+                    })
+                    .map_err(|f| self.connection_error(f))
             };
             let error = match target {
                 Ok((lease, secs, sent)) => {
+                    let fresh_id = fresh.map(|(id, _, _)| id);
+                    if !self.mark(stage, Stage::Moving { fresh: fresh_id }) {
+                        return;
+                    }
                     let moved = self
                         .requests()
                         .move_to_lease(prefix, own, *revision, lease, None)
                         .await;
                     match moved {
                         Ok(Ok(_)) => {
+                            if !self.mark(stage, Stage::Moved) {
+                                return;
+                            }
                             current.store(lease, Ordering::Release);
                             if let Some(held) = self.held().get_mut(&owner.as_u128()) {
                                 held.ttl_secs = secs;
                             }
                             monitor.renewed(sent + ttl - margin(ttl));
-                            undo.let_go(parked.short);
+                            revoke_in_background(self.clone(), parked.short);
                             if lease != full {
-                                undo.let_go(full);
+                                revoke_in_background(self.clone(), full);
                             }
-                            undo.disarm();
                             return;
                         }
                         // The key is gone: the loss watch reports it.
@@ -186,4 +270,25 @@ impl EtcdLock {
             pause = (pause * 2).min(Duration::from_secs(1));
         }
     }
+
+    /// Moves `stage` on to `next` unless the grant was released; whether it did.
+    fn mark(&self, stage: &Mutex<Stage>, next: Stage) -> bool {
+        let mut stage = stage_of(stage);
+        if *stage == Stage::Released {
+            return false;
+        }
+        *stage = next;
+        true
+    }
+}
+
+/// What the move of one grant's key works with.
+#[derive(Clone, Copy)]
+struct Moving<'a> {
+    parked: &'a Parked,
+    owner: OwnerToken,
+    ttl: Duration,
+    monitor: &'a LeaseMonitor,
+    current: &'a AtomicI64,
+    stage: &'a Mutex<Stage>,
 }
