@@ -13,6 +13,7 @@
 //!     .acquire(&LockKey::new("nightly-report")?, &LockOptions::new(Duration::from_secs(30)))
 //!     .await?;
 //! guard.release().await?;
+//! # std::fs::remove_dir_all(&dir).expect("removes the example's directory");
 //! # Ok(()) }
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```

@@ -6,7 +6,7 @@
 
 use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
@@ -36,8 +36,15 @@ fn waiting(limit: Duration) -> LockOptions {
 /// directory and election it is given, says so, and holds on until it is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_process() {
-    let own = tempfile::tempdir().expect("temp dir");
-    let dir = std::env::var_os("DISTLOCK_ELECTION_DIR").map_or(own.path().to_owned(), Into::into);
+    // Run by `spawn_leader`, it is killed: a directory of its own would stay behind.
+    let (_own, dir) = match std::env::var_os("DISTLOCK_ELECTION_DIR") {
+        Some(dir) => (None, PathBuf::from(dir)),
+        None => {
+            let own = tempfile::tempdir().expect("temp dir");
+            let dir = own.path().to_owned();
+            (Some(own), dir)
+        }
+    };
     let name = std::env::var("DISTLOCK_ELECTION_NAME").unwrap_or_else(|_| "solo".into());
     let name = LockKey::new(name).expect("valid name");
     let me = candidate(&format!("process-{}", std::process::id()));

@@ -73,7 +73,7 @@ async fn server_restart_while_tasks_wait_and_hold() {
         )
         .await;
     }
-    h.server
+    h.server()
         .lock()
         .await
         .restart()
@@ -112,7 +112,7 @@ async fn server_restart_while_tasks_wait_and_hold() {
 async fn acquire_retries_through_a_short_outage() {
     let h = common::start().await;
     let lock = h.client().await;
-    h.server.lock().await.kill();
+    h.server().lock().await.kill();
     let k = key("outage");
     // The server is down: a no-wait attempt fails cleanly, as a connection error.
     let started = Instant::now();
@@ -129,7 +129,7 @@ async fn acquire_retries_through_a_short_outage() {
                 .await
         })
     };
-    h.server
+    h.server()
         .lock()
         .await
         .restart()
@@ -149,7 +149,7 @@ async fn paused_server_gives_clean_errors_then_recovers() {
     let lock = h.client().await;
     let k = key("pause");
     let guard = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
-    h.server.lock().await.pause().unwrap();
+    h.server().lock().await.pause().unwrap();
     let started = Instant::now();
     let result = lock.try_acquire(&key("pause-other"), &no_wait(LONG)).await;
     let took = started.elapsed();
@@ -162,7 +162,7 @@ async fn paused_server_gives_clean_errors_then_recovers() {
     assert!(took < h.config.request_timeout * 3, "took {took:?}");
     // The stuck session was given up, with the lease on it.
     assert_eq!(guard.state(), LeaseState::Lost);
-    h.server.lock().await.resume().unwrap();
+    h.server().lock().await.resume().unwrap();
     let again = lock
         .acquire(&key("pause-other"), &waiting(LONG, Duration::from_secs(10)))
         .await
@@ -181,12 +181,12 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
     let k = key("paused-wait");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
-    h.server.lock().await.pause().unwrap();
+    h.server().lock().await.pause().unwrap();
     let wait = Duration::from_secs(1);
     let started = Instant::now();
     let result = lock.acquire(&k, &waiting(LONG, wait)).await;
     let took = started.elapsed();
-    h.server.lock().await.resume().unwrap();
+    h.server().lock().await.resume().unwrap();
     eprintln!("acquire against a paused server returned after {took:?}: {result:?}");
     // Nothing said the key is held: the state is unknown, a connection error.
     assert!(
@@ -238,10 +238,10 @@ async fn a_wait_in_the_queue_is_bounded_when_the_server_pauses() {
         |e| e.contains(&("waiter".into(), false)),
     )
     .await;
-    h.server.lock().await.pause().unwrap();
+    h.server().lock().await.pause().unwrap();
     let result = task.await.expect("the acquire panicked");
     let took = started.elapsed();
-    h.server.lock().await.resume().unwrap();
+    h.server().lock().await.resume().unwrap();
     eprintln!("queued acquire against a paused server returned after {took:?}: {result:?}");
     // The server had said the key is held: a timeout.
     assert!(

@@ -4,20 +4,98 @@
 
 mod common;
 
-use std::sync::Arc;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_postgres::{parse_url, PostgresConfig, PostgresLock, PostgresXactLock};
-use distlock_test_servers::{CertUse, PostgresServer, PostgresTlsServer, CLIENT_CERT_DATABASE};
+use distlock_test_servers::{
+    CertUse, IssuedCert, PostgresServer, PostgresTlsServer, ServerError, CLIENT_CERT_DATABASE,
+};
 use sqlx::{Connection, PgConnection};
 
-async fn tls_server() -> PostgresTlsServer {
-    PostgresTlsServer::start().await.unwrap_or_else(|e| {
-        panic!("could not start PostgreSQL with TLS (run scripts/test.sh, which installs it and openssl): {e}")
+static SHARED: Mutex<Option<PostgresTlsServer>> = Mutex::new(None);
+
+extern "C" fn stop_shared_server() {
+    // Dropping the handle stops the server and deletes its directory and certificates.
+    if let Ok(mut shared) = SHARED.lock() {
+        shared.take();
+    }
+}
+
+/// The addresses and certificates of the binary's shared TLS server.
+struct TlsServer {
+    port: u16,
+    ca: PathBuf,
+    other_ca: PathBuf,
+    client: IssuedCert,
+    /// A client certificate from the other CA, which the server does not trust.
+    stranger: IssuedCert,
+}
+
+/// One TLS server (with its CAs and certificates) for every test of this binary that
+/// needs TLS: started on first use, stopped when the test process exits. Making the
+/// certificates, `initdb` and the start take seconds, most of a test. The tests only
+/// connect to it, each under names (keys, `application_name`) of its own.
+#[allow(unsafe_code)] // FFI: see the SAFETY note
+fn tls_server() -> &'static TlsServer {
+    static SERVER: OnceLock<TlsServer> = OnceLock::new();
+    SERVER.get_or_init(|| {
+        // The handle does not depend on a runtime; start it on a private one.
+        let (server, stranger) = std::thread::spawn(|| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start PostgreSQL on")
+                .block_on(async {
+                    let server = PostgresTlsServer::start().await?;
+                    let stranger = server
+                        .other_ca()
+                        .issue("stranger", "postgres", CertUse::Client)
+                        .await?;
+                    Ok::<_, ServerError>((server, stranger))
+                })
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the TLS PostgreSQL server panicked"))
+        .unwrap_or_else(|e| {
+            panic!("could not start PostgreSQL with TLS (run scripts/test.sh, which installs it and openssl): {e}")
+        });
+        let shared = TlsServer {
+            port: server.port(),
+            ca: server.ca_cert(),
+            other_ca: server.other_ca_cert(),
+            client: server.client_cert().clone(),
+            stranger,
+        };
+        *SHARED.lock().expect("shared server slot") = Some(server);
+        // SAFETY: registers a plain `extern "C"` function with no captured state.
+        unsafe {
+            libc::atexit(stop_shared_server);
+        }
+        shared
     })
+}
+
+impl TlsServer {
+    /// `postgres://postgres@127.0.0.1:PORT/postgres?QUERY` (no `?` when `query` is
+    /// empty), as [`PostgresTlsServer::url`].
+    fn url(&self, query: &str) -> String {
+        self.url_to("127.0.0.1", "postgres", query)
+    }
+
+    /// `postgres://postgres@HOST:PORT/DATABASE?QUERY`, as [`PostgresTlsServer::url_to`].
+    fn url_to(&self, host: &str, database: &str, query: &str) -> String {
+        let base = format!("postgres://postgres@{host}:{}/{database}", self.port);
+        if query.is_empty() {
+            base
+        } else {
+            format!("{base}?{query}")
+        }
+    }
 }
 
 /// `sslmode=MODE&sslrootcert=CA`.
@@ -66,15 +144,15 @@ async fn lock_cycle(locks: &dyn DistributedLock) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_tls_mode_connects_and_locks_over_tls() {
-    let server = tls_server().await;
-    let ca = server.ca_cert();
+    let server = tls_server();
+    let ca = server.ca.as_path();
     for query in [
         String::new(), // prefer, the default
         "sslmode=prefer".into(),
         "sslmode=require".into(),
-        verified("require", &ca),
-        verified("verify-ca", &ca),
-        verified("verify-full", &ca),
+        verified("require", ca),
+        verified("verify-ca", ca),
+        verified("verify-full", ca),
     ] {
         let url = server.url(&format!("{query}&application_name=tls_modes"));
         assert!(session_is_tls(&url).await, "{query}: not encrypted");
@@ -88,7 +166,7 @@ async fn every_tls_mode_connects_and_locks_over_tls() {
         drop(xact);
     }
     // `localhost` is in the certificate too.
-    let url = server.url_to("localhost", "postgres", &verified("verify-full", &ca));
+    let url = server.url_to("localhost", "postgres", &verified("verify-full", ca));
     assert!(session_is_tls(&url).await);
     let plain = server.url("sslmode=disable");
     assert!(!session_is_tls(&plain).await, "sslmode=disable encrypted");
@@ -96,10 +174,10 @@ async fn every_tls_mode_connects_and_locks_over_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lock_sessions_themselves_are_encrypted() {
-    let server = tls_server().await;
+    let server = tls_server();
     let url = server.url(&format!(
         "{}&application_name=tls_sessions",
-        verified("verify-full", &server.ca_cert())
+        verified("verify-full", &server.ca)
     ));
     let locks = PostgresLock::connect(&url).await.expect("connects");
     let key = LockKey::new("tls/held").expect("key");
@@ -124,11 +202,11 @@ async fn the_lock_sessions_themselves_are_encrypted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_opens_the_database_that_demands_one() {
-    let server = tls_server().await;
-    let client = server.client_cert();
+    let server = tls_server();
+    let client = &server.client;
     let with_cert = format!(
         "{}&sslcert={}&sslkey={}",
-        verified("verify-full", &server.ca_cert()),
+        verified("verify-full", &server.ca),
         client.cert.display(),
         client.key.display()
     );
@@ -140,17 +218,13 @@ async fn a_client_certificate_opens_the_database_that_demands_one() {
     // Without the certificate, with one from a CA the server does not trust, or
     // without TLS, the server refuses: a configuration error (retrying cannot fix it)
     // naming the address.
-    let stranger = server
-        .other_ca()
-        .issue("stranger", "postgres", CertUse::Client)
-        .await
-        .expect("issues a certificate");
-    let address = format!("127.0.0.1:{}", server.port());
+    let stranger = &server.stranger;
+    let address = format!("127.0.0.1:{}", server.port);
     for query in [
-        verified("verify-full", &server.ca_cert()),
+        verified("verify-full", &server.ca),
         format!(
             "{}&sslcert={}&sslkey={}",
-            verified("verify-full", &server.ca_cert()),
+            verified("verify-full", &server.ca),
             stranger.cert.display(),
             stranger.key.display()
         ),
@@ -203,24 +277,24 @@ async fn refused(url: &str, server_url: &str, expect: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_full_refuses_a_wrong_ca_and_a_wrong_host_name() {
-    let server = tls_server().await;
-    let address = format!("127.0.0.1:{}", server.port());
+    let server = tls_server();
+    let address = format!("127.0.0.1:{}", server.port);
     let base = server.url("");
     refused(
-        &server.url(&verified("verify-full", &server.other_ca_cert())),
+        &server.url(&verified("verify-full", &server.other_ca)),
         &base,
         &address,
     )
     .await;
     // `require` with a root certificate verifies the chain, as libpq's does.
     refused(
-        &server.url(&verified("require", &server.other_ca_cert())),
+        &server.url(&verified("require", &server.other_ca)),
         &base,
         "certificate",
     )
     .await;
     refused(
-        &server.url(&verified("verify-ca", &server.other_ca_cert())),
+        &server.url(&verified("verify-ca", &server.other_ca)),
         &base,
         "certificate",
     )
@@ -232,14 +306,10 @@ async fn verify_full_refuses_a_wrong_ca_and_a_wrong_host_name() {
     let other_name = server.url_to(
         "127.0.0.2",
         "postgres",
-        &verified("verify-full", &server.ca_cert()),
+        &verified("verify-full", &server.ca),
     );
     refused(&other_name, &base, "127.0.0.2").await;
-    let chain_only = server.url_to(
-        "127.0.0.2",
-        "postgres",
-        &verified("verify-ca", &server.ca_cert()),
-    );
+    let chain_only = server.url_to("127.0.0.2", "postgres", &verified("verify-ca", &server.ca));
     refused(&chain_only, &base, "127.0.0.2").await;
 }
 
@@ -292,22 +362,14 @@ async fn bad_tls_parameters_are_config_errors_before_connecting() {
 /// What `distlock conformance --backend postgres://…?sslmode=verify-full&…` runs: plain
 /// clients with the default settings, every session over verified TLS.
 struct TlsHarness {
-    _server: PostgresTlsServer,
-    _slot: tokio::sync::OwnedSemaphorePermit,
     url: String,
     config: PostgresConfig,
 }
 
 async fn tls_harness() -> Arc<dyn Harness> {
-    let slot = common::server_slots()
-        .acquire_owned()
-        .await
-        .expect("the server slots are never closed");
-    let server = tls_server().await;
-    let url = server.url(&verified("verify-full", &server.ca_cert()));
+    let server = tls_server();
+    let url = server.url(&verified("verify-full", &server.ca));
     Arc::new(TlsHarness {
-        _server: server,
-        _slot: slot,
         url,
         config: PostgresConfig::default(),
     })

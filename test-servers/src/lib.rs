@@ -11,7 +11,9 @@
 //! free loopback port with all of its state in a fresh temporary directory,
 //! waits until the server answers its own wire protocol, and tears everything
 //! down again when the handle is dropped: the process tree is stopped, the
-//! process is reaped and the temporary directory is removed.
+//! process is reaped and the temporary directory is removed. A PostgreSQL cluster is
+//! a copy of one `initdb` made on the process's first start (the template is deleted
+//! when the process exits), since `initdb` takes most of a start.
 //!
 //! Two Redis topologies are built from `redis-server` processes:
 //! [`RedisSentinelGroup`] (a master, a replica and three Sentinels) and

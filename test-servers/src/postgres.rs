@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use tempfile::TempDir;
@@ -63,7 +64,8 @@ impl PostgresServer {
         Self::start_with(PostgresServerOptions::default()).await
     }
 
-    /// Runs `initdb -A trust -U postgres` into a temporary directory, starts
+    /// Makes a fresh cluster in a temporary directory (a copy of one `initdb -A trust
+    /// -U postgres` made once per process, deleted when the process exits), starts
     /// `postgres -D DATA -p PORT -k SOCKDIR -c listen_addresses=127.0.0.1 -c
     /// fsync=off ...` on a free port, and waits (at most 15 s) until a
     /// protocol startup handshake as `postgres` reaches `ReadyForQuery`.
@@ -77,7 +79,7 @@ impl PostgresServer {
     ///
     /// [`ServerError::NotInstalled`] when no PostgreSQL binaries are found,
     /// or when running as root and there is no `postgres` user;
-    /// [`ServerError::Setup`] when `initdb` fails (with its output);
+    /// [`ServerError::Setup`] when `initdb` or the copy fails (with its output);
     /// [`ServerError::Exited`] or [`ServerError::StartTimeout`] (with the log
     /// tail) when the server does not come up; [`ServerError::Io`] for
     /// file-system or spawn failures.
@@ -99,7 +101,7 @@ impl PostgresServer {
                     })?;
                 }
             }
-            initdb(&bin, &data_dir, dir.path(), run_as).await?;
+            new_cluster(&bin, &data_dir, run_as).await?;
 
             let port = free_port()?;
             let mut args: Vec<OsString> = vec![
@@ -378,6 +380,91 @@ pub(super) fn postgres_identity() -> Result<Option<(u32, u32)>, ServerError> {
         return Err(not_found("user `postgres` has uid 0".into()));
     }
     Ok(Some((uid, gid)))
+}
+
+/// A cluster `initdb` made once for this process, which every server copies: a copy
+/// takes a fraction of `initdb`'s time (its bootstrap runs hundreds of SQL
+/// statements), and test binaries start dozens of servers. Deleted at exit.
+static TEMPLATE: Mutex<Option<TempDir>> = Mutex::new(None);
+
+extern "C" fn remove_template() {
+    if let Ok(mut template) = TEMPLATE.lock() {
+        template.take();
+    }
+}
+
+/// The template cluster's data directory and the binaries that made it.
+async fn template(
+    bin: &Path,
+    run_as: Option<(u32, u32)>,
+) -> Result<&'static (PathBuf, PathBuf), ServerError> {
+    static MADE: tokio::sync::OnceCell<(PathBuf, PathBuf)> = tokio::sync::OnceCell::const_new();
+    MADE.get_or_try_init(|| async {
+        let dir = temp_dir("postgres-template")?;
+        if let Some((uid, gid)) = run_as {
+            std::os::unix::fs::chown(dir.path(), Some(uid), Some(gid)).map_err(|e| {
+                ServerError::io(format!("chown {} to postgres", dir.path().display()), e)
+            })?;
+        }
+        let data_dir = dir.path().join("data");
+        initdb(bin, &data_dir, dir.path(), run_as).await?;
+        let mut kept = TEMPLATE.lock().unwrap_or_else(PoisonError::into_inner);
+        if kept.is_none() {
+            register_template_removal();
+        }
+        *kept = Some(dir);
+        Ok((bin.to_path_buf(), data_dir))
+    })
+    .await
+}
+
+#[allow(unsafe_code)] // FFI: see the SAFETY note
+fn register_template_removal() {
+    // SAFETY: registers a plain `extern "C"` function with no captured state.
+    unsafe {
+        libc::atexit(remove_template);
+    }
+}
+
+/// Makes a fresh cluster in `data_dir`: a copy (`cp -a`, keeping owners and modes) of
+/// this process's template, or `initdb` itself when `bin` is not the template's.
+async fn new_cluster(
+    bin: &Path,
+    data_dir: &Path,
+    run_as: Option<(u32, u32)>,
+) -> Result<(), ServerError> {
+    let (made_by, template) = template(bin, run_as).await?;
+    if made_by != bin {
+        let cwd = data_dir.parent().unwrap_or(data_dir);
+        return initdb(bin, data_dir, cwd, run_as).await;
+    }
+    let copy = tokio::process::Command::new("cp")
+        .arg("-a")
+        .arg(template)
+        .arg(data_dir)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .output();
+    let output = tokio::time::timeout(INITDB_TIMEOUT, copy)
+        .await
+        .map_err(|_| ServerError::Setup {
+            server: SERVER,
+            step: "copying the template cluster".into(),
+            detail: format!("did not finish within {INITDB_TIMEOUT:?}"),
+        })?
+        .map_err(|e| ServerError::io("running cp", e))?;
+    if output.status.success() {
+        return Ok(());
+    }
+    Err(ServerError::Setup {
+        server: SERVER,
+        step: "copying the template cluster".into(),
+        detail: format!(
+            "{}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        ),
+    })
 }
 
 async fn initdb(

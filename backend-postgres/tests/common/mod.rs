@@ -1,5 +1,6 @@
-//! A conformance harness over a real PostgreSQL server started for the test, with each
-//! client behind its own fault proxy so it can be cut off like a crashed host.
+//! A conformance harness over a real PostgreSQL server, started for the test or shared
+//! by every test of the binary, with each client behind its own fault proxy so it can
+//! be cut off like a crashed host.
 
 #![allow(dead_code)]
 
@@ -12,7 +13,7 @@ use distlock_api::{DistributedLock, LockError};
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_postgres::{PostgresConfig, PostgresLock};
 use distlock_test_servers::FaultProxy;
-use distlock_test_servers::{PostgresServer, PostgresServerOptions};
+use distlock_test_servers::{PostgresServer, PostgresServerOptions, ServerError};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
@@ -39,7 +40,8 @@ pub fn test_config() -> PostgresConfig {
 
 /// A throwaway PostgreSQL server and the clients the tests make of it.
 pub struct PgHarness {
-    pub server: Mutex<PostgresServer>,
+    /// The server when the harness owns it (`None` on the binary's shared server).
+    server: Option<Mutex<PostgresServer>>,
     pub port: u16,
     pub config: PostgresConfig,
     /// Every client's proxy, kept for the harness's life: scenarios keep a client's
@@ -47,7 +49,14 @@ pub struct PgHarness {
     proxies: std::sync::Mutex<Vec<FaultProxy>>,
     /// Whether `Harness::client` gives clients fault hooks (behind proxies).
     faults: bool,
-    _slot: OwnedSemaphorePermit,
+    _slot: Option<OwnedSemaphorePermit>,
+}
+
+/// The server settings every harness starts with; `start_with` adds to them.
+const SETTINGS: [(&str, &str); 1] = [("max_connections", "400")];
+
+fn cannot_start(e: ServerError) -> ! {
+    panic!("could not start PostgreSQL (run scripts/test.sh, which installs it): {e}")
 }
 
 /// Starts a server with `settings` (`-c name=value`); a server that cannot start fails
@@ -58,40 +67,93 @@ pub async fn start_with(settings: &[(&str, &str)]) -> PgHarness {
         .await
         .expect("the server slots are never closed");
     let mut config = PostgresServerOptions::default();
-    config.settings = [("max_connections", "400")]
+    config.settings = SETTINGS
         .iter()
         .chain(settings)
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
-    let server = match PostgresServer::start_with(config).await {
-        Ok(server) => server,
-        Err(e) => {
-            panic!("could not start PostgreSQL (run scripts/test.sh, which installs it): {e}")
-        }
-    };
+    let server = PostgresServer::start_with(config)
+        .await
+        .unwrap_or_else(|e| cannot_start(e));
     let port = server.port();
     PgHarness {
-        server: Mutex::new(server),
+        server: Some(Mutex::new(server)),
         port,
         config: test_config(),
         proxies: std::sync::Mutex::new(Vec::new()),
         faults: true,
-        _slot: slot,
+        _slot: Some(slot),
     }
 }
 
+/// A server of the test's own, for tests that kill, pause or reconfigure it.
 pub async fn start() -> PgHarness {
     start_with(&[]).await
 }
 
+static SHARED: std::sync::Mutex<Option<PostgresServer>> = std::sync::Mutex::new(None);
+
+extern "C" fn stop_shared_server() {
+    // Dropping the handle stops the server and deletes its directory.
+    if let Ok(mut shared) = SHARED.lock() {
+        shared.take();
+    }
+}
+
+/// The port of one server (the settings of [`start`]) shared by every test of this
+/// binary: started on first use, stopped when the test process exits. A cluster's
+/// `initdb` and start take seconds, most of a short test. For tests that neither
+/// stop nor pause it, and that use keys of their own.
+#[allow(unsafe_code)] // FFI: see the SAFETY note
+pub fn shared_port() -> u16 {
+    static PORT: OnceLock<u16> = OnceLock::new();
+    *PORT.get_or_init(|| {
+        // The handle does not depend on a runtime; start it on a private one.
+        let server = std::thread::spawn(|| {
+            let mut options = PostgresServerOptions::default();
+            for (name, value) in SETTINGS {
+                options = options.with_setting(name, value);
+            }
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("a runtime to start PostgreSQL on")
+                .block_on(PostgresServer::start_with(options))
+        })
+        .join()
+        .unwrap_or_else(|_| panic!("starting the shared PostgreSQL server panicked"))
+        .unwrap_or_else(|e| cannot_start(e));
+        let port = server.port();
+        *SHARED.lock().expect("shared server slot") = Some(server);
+        // SAFETY: registers a plain `extern "C"` function with no captured state.
+        unsafe {
+            libc::atexit(stop_shared_server);
+        }
+        port
+    })
+}
+
+/// A harness on the binary's shared server (see [`shared_port`]).
+pub fn shared() -> PgHarness {
+    PgHarness {
+        server: None,
+        port: shared_port(),
+        config: test_config(),
+        proxies: std::sync::Mutex::new(Vec::new()),
+        faults: true,
+        _slot: None,
+    }
+}
+
+/// The kit's harness: short session timeouts, crashable clients, on the shared server.
 pub async fn harness() -> Arc<dyn Harness> {
-    Arc::new(start().await)
+    Arc::new(shared())
 }
 
 /// What `distlock conformance --backend postgres://…` runs: default settings, plain
-/// clients without fault hooks.
+/// clients without fault hooks, on the shared server.
 pub async fn default_harness() -> Arc<dyn Harness> {
-    let mut h = start().await;
+    let mut h = shared();
     h.config = PostgresConfig::default();
     h.faults = false;
     Arc::new(h)
@@ -102,6 +164,17 @@ pub fn url_for(port: u16) -> String {
 }
 
 impl PgHarness {
+    /// The server this harness started (for its fault controls).
+    ///
+    /// # Panics
+    ///
+    /// On a harness of the shared server, which no test may stop or pause.
+    pub fn server(&self) -> &Mutex<PostgresServer> {
+        self.server
+            .as_ref()
+            .expect("a harness of the shared server has no server handle")
+    }
+
     /// The direct URL (no proxy).
     pub fn url(&self) -> String {
         url_for(self.port)
