@@ -51,11 +51,13 @@
 //!   revision) kept alive every second, so a waiter whose process dies holds up the
 //!   queue for seconds, not for the lock's TTL. A mutex or election waiter is granted on
 //!   that lease (valid until the send time of its last answered keep-alive plus 3 s,
-//!   less the margin, and kept alive) and its key moves back to a lease of the lock's
-//!   TTL behind the grant, a write off the hand-off's path: to the lease granted for it
-//!   while two thirds of that lease's TTL are left, else to a fresh one; the validity
-//!   deadline is then that lease's. A release before the move has landed deletes the
-//!   key by its create revision; an extend waits for the move. Retryable errors (a
+//!   less the margin, and kept alive), and its key moves back to a lease of the lock's
+//!   TTL once the grant has been held for a second, or when an extend asks: to the
+//!   lease granted for it while two thirds of that lease's TTL are left, else to a
+//!   fresh one; the validity deadline is then that lease's. So the move is off the
+//!   hand-off's path, and a lock held briefly never moves: its release is one revoke
+//!   of the waiting lease. A release while the move is under way deletes the key by its
+//!   create revision; an extend waits for the move. Retryable errors (a
 //!   member going away, a leader election) are retried within the wait.
 //! - **release** of a lock this client holds is one lease revoke: the lease carries
 //!   that key alone, so etcd deletes the key in the same raft entry, and the lock is

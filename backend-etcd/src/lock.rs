@@ -289,8 +289,8 @@ impl EtcdLock {
         // contender waits (then its stamp's, see `stamp_grant`).
         let mut token = placed.revision;
         let mut stamped = None;
-        // A parked grant whose key is still to move back ([`settle`]), and how long the
-        // grant is valid for from `sent`: the short lease's TTL until the move lands.
+        // A parked grant whose key is still to move back (see `settle`), and how long
+        // the grant is valid for from `sent`: the short lease's TTL until the move lands.
         let mut settling = None;
         let mut valid_for = ttl;
         if !placed.first {
@@ -323,8 +323,8 @@ impl EtcdLock {
                 Self::while_waiting(marked.map_err(|f| self.connection_error(f))?)?;
             }
             // A parked lock or candidate is granted on its short lease, and its key
-            // moves back behind the grant ([`crate::settle`]): no write on the
-            // hand-off's path. Others move back in the transaction that finds the turn
+            // moves back behind the grant (see `settle`): no write on the hand-off's
+            // path. Others move back in the transaction that finds the turn
             // ours, while two thirds of the lock's TTL are left (the watchdog's first
             // renewal comes at a third), else to a fresh lease below.
             let later = parked.is_some() && marker.is_none();
