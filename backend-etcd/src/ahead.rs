@@ -17,11 +17,11 @@
 
 use std::collections::HashSet;
 
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, WatchFilterType, WatchOptions};
 
 use crate::error::{sent, within, Fail};
 use crate::keys::prefix_end;
-use crate::recipe::{contender_shape, Requests, Rule, Turn};
+use crate::recipe::{Requests, Rule, Turn};
 
 /// The most older contenders a waiter reads and counts down.
 const WATCHED_AHEAD: usize = 64;
@@ -106,52 +106,19 @@ impl Requests {
         revision: i64,
         at: i64,
     ) -> Result<Result<HashSet<Vec<u8>>, Turn>, Fail> {
-        let limit = i64::try_from(WATCHED_AHEAD + 1).unwrap_or(i64::MAX);
-        let ours_and_older = GetOptions::new()
-            .with_range(prefix_end(&rule.blocking))
-            .with_max_create_revision(revision)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(limit)
-            .with_keys_only();
-        // Serializable first (no raft read index), linearizable if that member lags.
-        let mut read = None;
-        for options in [ours_and_older.clone().with_serializable(), ours_and_older] {
-            let answer = sent(self.timeout, || {
-                let (mut kv, options) = (self.client.kv_client(), options.clone());
-                async move { kv.get(rule.blocking.as_str(), Some(options)).await }
-            })
-            .await?;
-            if answer.header().is_some_and(|h| h.revision() >= at) {
-                read = Some(answer);
-                break;
-            }
-        }
-        let Some(read) = read else {
-            return Err(Fail::Etcd(etcd_client::Error::Internal(
-                "etcd answered a linearizable read at a revision older than one it had shown"
-                    .into(),
-            )));
-        };
-        let kvs = read.kvs();
-        if kvs
-            .first()
-            .is_none_or(|kv| kv.create_revision() != revision || kv.key() != key.as_bytes())
-        {
-            return Ok(Err(Turn::Gone));
-        }
-        let older = kvs.get(1..).unwrap_or_default();
-        for kv in older {
-            contender_shape(rule, kv)?;
-        }
-        // More older ones than the read returned (etcd's count would take in the
-        // younger ones too: it is made before the create-revision filter).
-        if read.more() {
-            let youngest = older.iter().take(rule.room);
-            return Ok(Err(Turn::After(
-                youngest.map(|kv| kv.key().to_vec()).collect(),
-            )));
-        }
-        Ok(Ok(older.iter().map(|kv| kv.key().to_vec()).collect()))
+        Ok(
+            match self
+                .older_than_ours(rule, key, revision, WATCHED_AHEAD, at)
+                .await?
+            {
+                Err(gone) => Err(gone),
+                Ok((mut older, true)) => {
+                    older.truncate(rule.room);
+                    Err(Turn::After(older))
+                }
+                Ok((older, false)) => Ok(older.into_iter().collect()),
+            },
+        )
     }
 }
 

@@ -229,11 +229,10 @@ impl Requests {
     /// stood at revision `seen` or later (when the last deletion we waited for was
     /// known).
     ///
-    /// Where our key is in the blocking range, one serializable read of the range up to
-    /// our revision (no round of the raft read index): it may lag the cluster, but a
-    /// contender older than ours is never created later, so none older at the revision
-    /// it read means none older from then on. A read that lags `seen` (a lagging member)
-    /// is made again as a linearizable transaction.
+    /// Where our key is in the blocking range, [`Requests::older_than_ours`]: a read
+    /// that may lag the cluster (though not `seen`), but a contender older than ours is
+    /// never created later, so none older at the revision it read means none older from
+    /// then on. Else a linearizable transaction.
     pub(crate) async fn turn(
         &self,
         rule: &Rule,
@@ -242,39 +241,17 @@ impl Requests {
         seen: i64,
     ) -> Result<Turn, Fail> {
         if key.starts_with(&rule.blocking) {
-            let ours_and_older = GetOptions::new()
-                .with_range(prefix_end(&rule.blocking))
-                .with_max_create_revision(revision)
-                .with_sort(SortTarget::Create, SortOrder::Descend)
-                .with_limit(rule.limit().saturating_add(1))
-                .with_keys_only()
-                .with_serializable();
-            let read = sent(self.timeout, || {
-                let (mut kv, options) = (self.client.kv_client(), ours_and_older.clone());
-                async move { kv.get(rule.blocking.as_str(), Some(options)).await }
-            })
-            .await?;
-            if read
-                .header()
-                .is_some_and(|h| h.revision() >= seen.max(revision))
-            {
-                let kvs = read.kvs();
-                if kvs
-                    .first()
-                    .is_none_or(|kv| kv.create_revision() != revision || kv.key() != key.as_bytes())
+            let at = seen.max(revision);
+            return Ok(
+                match self
+                    .older_than_ours(rule, key, revision, rule.room, at)
+                    .await?
                 {
-                    return Ok(Turn::Gone);
-                }
-                let older = kvs.get(1..).unwrap_or_default();
-                for kv in older {
-                    contender_shape(rule, kv)?;
-                }
-                return Ok(if older.len() < rule.room {
-                    Turn::Ours
-                } else {
-                    Turn::After(older.iter().map(|kv| kv.key().to_vec()).collect())
-                });
-            }
+                    Err(gone) => gone,
+                    Ok((older, _)) if older.len() < rule.room => Turn::Ours,
+                    Ok((older, _)) => Turn::After(older),
+                },
+            );
         }
         let txn = Txn::new().and_then([
             Self::before(rule, revision),
@@ -282,6 +259,64 @@ impl Requests {
         ]);
         let response = self.txn(txn).await?;
         Self::turn_of(rule, &response.op_responses(), revision)
+    }
+
+    /// Reads our `key` (create revision `revision`) and up to `count` of
+    /// `rule.blocking`'s contenders older than it, youngest first, as etcd stood at
+    /// revision `at` or later: one serializable read (no round of the raft read index),
+    /// made again linearizable when that member lags `at`. Returns the older keys
+    /// (checked for shape) and whether more are older, or [`Turn::Gone`] when our key is
+    /// not there. Our key must be in the blocking range.
+    pub(crate) async fn older_than_ours(
+        &self,
+        rule: &Rule,
+        key: &str,
+        revision: i64,
+        count: usize,
+        at: i64,
+    ) -> Result<Result<(Vec<Vec<u8>>, bool), Turn>, Fail> {
+        let limit = i64::try_from(count.saturating_add(1)).unwrap_or(i64::MAX);
+        let ours_and_older = GetOptions::new()
+            .with_range(prefix_end(&rule.blocking))
+            .with_max_create_revision(revision)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(limit)
+            .with_keys_only();
+        let mut read = None;
+        for options in [ours_and_older.clone().with_serializable(), ours_and_older] {
+            let answer = sent(self.timeout, || {
+                let (mut kv, options) = (self.client.kv_client(), options.clone());
+                async move { kv.get(rule.blocking.as_str(), Some(options)).await }
+            })
+            .await?;
+            if answer.header().is_some_and(|h| h.revision() >= at) {
+                read = Some(answer);
+                break;
+            }
+        }
+        let Some(read) = read else {
+            return Err(Fail::Etcd(etcd_client::Error::Internal(
+                "etcd answered a linearizable read at a revision older than one it had shown"
+                    .into(),
+            )));
+        };
+        let kvs = read.kvs();
+        if kvs
+            .first()
+            .is_none_or(|kv| kv.create_revision() != revision || kv.key() != key.as_bytes())
+        {
+            return Ok(Err(Turn::Gone));
+        }
+        let older = kvs.get(1..).unwrap_or_default();
+        for kv in older {
+            contender_shape(rule, kv)?;
+        }
+        // `more` (not etcd's count, which takes in the younger contenders too: it is
+        // made before the create-revision filter).
+        Ok(Ok((
+            older.iter().map(|kv| kv.key().to_vec()).collect(),
+            read.more(),
+        )))
     }
 
     /// [`Requests::turn`], and when the turn is ours, moves our `key` (and our pending
@@ -677,7 +712,7 @@ fn moves(key: &str, lease: i64, marker: Option<&str>) -> Vec<TxnOp> {
 /// holder releases or dies. Anything else (another name, a deeper path, a key without
 /// a lease, which would never go) is data of another tool under this prefix: waiting
 /// behind it could last forever, so the acquire fails with [`Fail::Foreign`] instead.
-pub(crate) fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
+fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
     let name = kv
         .key()
         .strip_prefix(rule.range.as_bytes())
