@@ -17,9 +17,9 @@
 
 use std::collections::HashSet;
 
-use etcd_client::{EventType, WatchFilterType, WatchOptions};
+use etcd_client::{EventType, WatchOptions};
 
-use crate::error::{sent, within, Fail};
+use crate::error::{within, Fail};
 use crate::keys::prefix_end;
 use crate::recipe::{Requests, Rule, Turn};
 
@@ -47,15 +47,10 @@ impl Requests {
         revision: i64,
         seen: i64,
     ) -> Result<Turn, Fail> {
-        let options = WatchOptions::new()
-            .with_range(prefix_end(&rule.blocking))
-            .with_filters([WatchFilterType::NoPut]);
-        let watch = self.client.watch_client();
-        let mut stream = sent(self.timeout, || {
-            let (mut watch, options) = (watch.clone(), options.clone());
-            async move { watch.watch(rule.blocking.as_str(), Some(options)).await }
-        })
-        .await?;
+        let options = WatchOptions::new().with_range(prefix_end(&rule.blocking));
+        let mut stream = self
+            .watch_deletions(rule.blocking.as_bytes(), options)
+            .await?;
         let watched_from = loop {
             match within(self.timeout, stream.message()).await? {
                 Some(response) if response.created() => {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, KeyValue, LeaseGrantOptions,
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchStream,
 };
 
 use crate::error::{sent, within, Fail};
@@ -374,6 +375,22 @@ impl Requests {
         }
     }
 
+    /// Opens a watch of the deletions of `start` (up to `options`' range end, if any)
+    /// from the current revision, within the request timeout.
+    pub(crate) async fn watch_deletions(
+        &self,
+        start: &[u8],
+        options: WatchOptions,
+    ) -> Result<WatchStream, Fail> {
+        let options = options.with_filters([WatchFilterType::NoPut]);
+        let watch = self.client.watch_client();
+        sent(self.timeout, || {
+            let (mut watch, start, options) = (watch.clone(), start.to_vec(), options.clone());
+            async move { watch.watch(start, Some(options)).await }
+        })
+        .await
+    }
+
     /// Resolves once one of `keys` (in the range `range`) is deleted (at once if one
     /// is gone already), with a revision at which the deletion was known (0 if not
     /// known). One key is watched alone; several (a semaphore's) through a
@@ -386,20 +403,14 @@ impl Requests {
     /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
     /// under contention most hand-offs would wait for it.)
     pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<i64, Fail> {
-        let watch = self.client.watch_client();
-        let (start, mut options) = match keys.as_slice() {
-            [key] => (key.clone(), WatchOptions::new()),
+        let (start, options) = match keys.as_slice() {
+            [key] => (key.as_slice(), WatchOptions::new()),
             _ => (
-                range.as_bytes().to_vec(),
+                range.as_bytes(),
                 WatchOptions::new().with_range(prefix_end(range)),
             ),
         };
-        options = options.with_filters([WatchFilterType::NoPut]);
-        let mut stream = sent(self.timeout, || {
-            let (mut watch, start, options) = (watch.clone(), start.clone(), options.clone());
-            async move { watch.watch(start, Some(options)).await }
-        })
-        .await?;
+        let mut stream = self.watch_deletions(start, options).await?;
         let mut looked = false;
         loop {
             let message = if looked {
