@@ -296,8 +296,8 @@ async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
     // A round only tests the race if the waiter was seen queued before the release. On
     // a loaded machine the waiter can reach the server with little or none of its wait
     // left, and then times out before (or without) being seen queued: the key is held
-    // until the test releases it, so a waiter not seen queued ends only by timing out.
-    // Such a round is checked (a timeout, nothing left behind) and run again, up to
+    // until the test releases it, so a waiter not seen queued ends only by giving up.
+    // Such a round is checked (it gave up, nothing left behind) and run again, up to
     // MISSED_ROUNDS times, so that ROUNDS rounds race.
     const ROUNDS: u32 = 24;
     const MISSED_ROUNDS: u32 = 48;
@@ -337,6 +337,10 @@ async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
             );
             match task.await.unwrap() {
                 Err(LockError::Timeout { .. }) => {}
+                // Its first try was not even answered within the wait and its grace:
+                // the acquire cannot tell whether it was granted, and says so (a late
+                // grant would be released; here the key is held, so none can come).
+                Err(LockError::Connection { .. }) => {}
                 other => panic!("round {round}: a waiter on a held key got {other:?}"),
             }
             assert!(started.elapsed() >= wait);
