@@ -282,11 +282,17 @@ async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
         other => panic!("expected a timeout, got {other:?}"),
     }
     assert!(started.elapsed() >= limit);
-    assert_eq!(
-        lock_entries(&mut raw, hash).await,
-        vec![("holder".to_string(), true)],
-        "after its lock_timeout the waiter must hold nothing and wait no more"
-    );
+    // When the server's answer is later than the wait's grace (a loaded machine), the
+    // acquire returns Timeout and its session ends the wait in the background (the
+    // documented cancel path): that must land, leaving the holder alone.
+    wait_for_entries(
+        &mut raw,
+        hash,
+        Duration::from_secs(5),
+        "after its lock_timeout the waiter must hold nothing and wait no more",
+        |e| e == [("holder".to_string(), true)],
+    )
+    .await;
     guard.release().await.unwrap();
     assert!(lock_entries(&mut raw, hash).await.is_empty());
 
@@ -344,12 +350,19 @@ async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
                 other => panic!("round {round}: a waiter on a held key got {other:?}"),
             }
             assert!(started.elapsed() >= wait);
-            assert_eq!(
-                lock_entries(&mut raw, hash).await,
-                vec![("holder".to_string(), true)],
-                "round {round}: the waiter timed out before it was seen queued, and must \
-                 hold nothing and wait no more"
-            );
+            // A wait that reached the server after the last poll is ended in the
+            // background once the acquire gave up, as above.
+            wait_for_entries(
+                &mut raw,
+                hash,
+                Duration::from_secs(5),
+                &format!(
+                    "round {round}: the waiter gave up before it was seen queued, and must \
+                     hold nothing and wait no more"
+                ),
+                |e| e == [("holder".to_string(), true)],
+            )
+            .await;
             guard.release().await.unwrap();
             continue;
         }
