@@ -53,6 +53,11 @@
 //! are not pooled, and a session whose state is unknown (a reply timed out, a wait
 //! was abandoned) is closed, which ends its locks.
 //!
+//! A dropped `acquire` future leaves nothing held: a try or wait still queued in its
+//! session when the future goes is never sent (the key is never granted), and one on
+//! the wire is undone by the session as its answer comes in (a shared session unlocks
+//! at once; an abandoned wait's session is closed).
+//!
 //! # Lease and loss
 //! The lock lives as long as its session, and the lease is enforced on top of it:
 //! - **TTL.** The holding client unlocks a lease at `acquired_at + TTL` unless extended,

@@ -573,6 +573,24 @@ impl Task {
     }
 
     async fn try_grants(&mut self, group: Vec<Command>) -> Result<(), End> {
+        // A try whose caller went away while it was queued is never sent: its key is
+        // not granted at all, rather than granted late and then released. (One whose
+        // caller leaves while it is on the wire is undone in `grant`.)
+        let group: Vec<Command> = group
+            .into_iter()
+            .filter(|command| match command {
+                Command::TryGrant {
+                    hash, owner, reply, ..
+                } if reply.is_closed() => {
+                    self.forget_pending(*hash, *owner);
+                    false
+                }
+                _ => true,
+            })
+            .collect();
+        if group.is_empty() {
+            return Ok(());
+        }
         let hashes: Vec<i64> = group
             .iter()
             .filter_map(|c| match c {
@@ -1061,6 +1079,13 @@ impl Task {
         else {
             return Ok(());
         };
+        if reply.is_closed() {
+            // The caller went away while the wait was queued: never start it, so the
+            // key is not granted late, and the session stays usable.
+            self.return_if_idle();
+            drop(slot);
+            return Ok(());
+        }
         let started = Instant::now();
         let shared = self.settings.clone();
         let limit = match lock_timeout_ms {
