@@ -6,21 +6,21 @@
 //! The recipe's waiter watches only the contender just before its own and reads the
 //! range again when it goes (to find any older one still there). That read is a round
 //! trip on the path of every hand-off. Here the waiter reads, once, every contender
-//! older than its own, then counts their deletions in a watch of the whole range. The
-//! count is exact: no contender older than ours can appear later (create revisions only
-//! rise), and the watch is in place before the read, so a deletion is either already
-//! missing from the read or delivered after it. Each waiter then hears every deletion
-//! in the range (puts are filtered out by etcd), not only its predecessor's; past
+//! older than its own, then counts their deletions as the client's watch of its prefix
+//! passes them on ([`crate::loss::Feed`]). The count is exact: no contender older than
+//! ours can appear later (create revisions only rise), and the waiter listens before
+//! the read, at or after the revision the watch has passed on up to, so a deletion is
+//! either already missing from the read or passed on after it. etcd sends each
+//! deletion (puts are filtered out) once per client, not once per waiter, and a wait
+//! opens no watch of its own; each waiter then hears every deletion under the prefix,
+//! not only its predecessor's, a check in memory. Past
 //! [`WATCHED_AHEAD`] older contenders the waiter waits the recipe's way instead until
 //! the queue ahead is shorter, so a long queue does not make every waiter read it
 //! whole.
 
 use std::collections::HashSet;
 
-use etcd_client::{EventType, WatchOptions};
-
-use crate::error::{within, Fail};
-use crate::keys::prefix_end;
+use crate::error::Fail;
 use crate::recipe::{Requests, Rule, Turn};
 
 /// The most older contenders a waiter reads and counts down.
@@ -38,8 +38,8 @@ impl Requests {
     /// ours (`key`, create revision `revision`), reading etcd at revision `seen` or
     /// later: [`Turn::Ours`] or [`Turn::Gone`] as soon as a watch event shows it, or,
     /// with more than [`WATCHED_AHEAD`] older contenders, [`Turn::After`] with the
-    /// youngest of them, to be waited for the recipe's way. Errors when the watch
-    /// cannot be made or breaks.
+    /// youngest of them, to be waited for the recipe's way. Errors when no watch of
+    /// the prefix is in place within the request timeout, or when it breaks.
     pub(crate) async fn watch_turn(
         &self,
         rule: &Rule,
@@ -47,46 +47,20 @@ impl Requests {
         revision: i64,
         seen: i64,
     ) -> Result<Turn, Fail> {
-        let options = WatchOptions::new().with_range(prefix_end(&rule.blocking));
-        let mut stream = self
-            .watch_deletions(rule.blocking.as_bytes(), options)
-            .await?;
-        let watched_from = loop {
-            match within(self.timeout, stream.message()).await? {
-                Some(response) if response.created() => {
-                    break response.header().map_or(0, |h| h.revision())
-                }
-                Some(_) => {}
-                None => return Err(stream_ended()),
-            }
-        };
+        let mut listener = self.feed.listen(self.timeout).await?;
         let mut older = match self
-            .ahead(rule, key, revision, seen.max(watched_from))
+            .ahead(rule, key, revision, seen.max(listener.from))
             .await?
         {
             Ok(older) => older,
             Err(turn) => return Ok(turn),
         };
         while older.len() >= rule.room {
-            let Some(response) = stream.message().await.map_err(Fail::Etcd)? else {
-                return Err(stream_ended());
-            };
-            if response.canceled() {
-                return Err(Fail::Etcd(etcd_client::Error::WatchError(
-                    "etcd cancelled the watch of the contenders ahead".into(),
-                )));
-            }
-            for event in response.events() {
-                let Some(kv) = event
-                    .kv()
-                    .filter(|_| event.event_type() == EventType::Delete)
-                else {
-                    continue;
-                };
-                if kv.key() == key.as_bytes() {
+            for deleted in listener.next().await?.iter() {
+                if deleted == key.as_bytes() {
                     return Ok(Turn::Gone);
                 }
-                older.remove(kv.key());
+                older.remove(deleted);
             }
         }
         Ok(Turn::Ours)
@@ -115,10 +89,4 @@ impl Requests {
             },
         )
     }
-}
-
-fn stream_ended() -> Fail {
-    Fail::Etcd(etcd_client::Error::WatchError(
-        "the watch stream ended".into(),
-    ))
 }

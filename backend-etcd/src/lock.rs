@@ -108,11 +108,12 @@ impl EtcdLock {
     /// As [`EtcdLock::connect`].
     pub async fn connect_parsed(url: &EtcdUrl, config: EtcdConfig) -> Result<EtcdLock, LockError> {
         let session = Session::connect(url, &config).await?;
+        let loss = LossWatch::spawn(session.client.clone(), &url.prefix, config.request_timeout);
         let requests = Requests {
             client: session.client.clone(),
             timeout: config.request_timeout,
+            feed: loss.feed.clone(),
         };
-        let loss = LossWatch::spawn(session.client.clone(), &url.prefix, config.request_timeout);
         Ok(EtcdLock {
             inner: Arc::new(Inner {
                 session,

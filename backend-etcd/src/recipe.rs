@@ -5,6 +5,7 @@
 //! range for the mutex and the election, `max` for a semaphore's permit, one writer for
 //! a reader. Semaphore and read-write waiters also stamp their grants ([`Stamp`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
@@ -15,12 +16,15 @@ use etcd_client::{
 
 use crate::error::{sent, within, Fail};
 use crate::keys::{prefix_end, Kind};
+use crate::loss::Feed;
 
 /// The etcd requests of one client.
 #[derive(Clone)]
 pub(crate) struct Requests {
     pub(crate) client: Client,
     pub(crate) timeout: Duration,
+    /// The deletions the client's watch of its prefix sees (waiters count them down).
+    pub(crate) feed: Arc<Feed>,
 }
 
 /// What putting our contender found.
