@@ -39,12 +39,14 @@
 //!   lease) is another tool's data under this prefix, which may never go: the acquire
 //!   fails with [`distlock_api::LockError::Config`] naming it, and revokes its lease.
 //! - A waiter reads, once, every contender older than its own (up to 64 of them), then
-//!   counts their deletions down in one watch of the range (etcd filters out the puts),
-//!   so the deletion that makes the turn ours is seen in the watch event itself, with
-//!   no read after it: the lock passes on in FIFO order of arrival, one raft write (the
-//!   release) and one event from holder to holder. No contender older than ours can
-//!   appear later (create revisions only rise), and the watch is made before the read,
-//!   so the count is exact. With more than 64 ahead, a waiter watches only the youngest
+//!   counts their deletions down as the client's one watch of its prefix (see below;
+//!   etcd filters out the puts) passes them on, so the deletion that makes the turn
+//!   ours is seen in the watch event itself, with no read after it: the lock passes on
+//!   in FIFO order of arrival, one raft write (the release) and one event from holder
+//!   to holder. No contender older than ours can appear later (create revisions only
+//!   rise), and the waiter listens before the read, which is made at or after the
+//!   revision the watch has passed on up to, so the count is exact. A wait opens no
+//!   watch of its own: etcd sends each deletion once per client, not once per waiter. With more than 64 ahead, a waiter watches only the youngest
 //!   contender older than itself (the recipe's way, no herd) and looks again, with one
 //!   serializable read of the range, when it goes. A waiter waits under a lease of its
 //!   own of 3 s (when the lock's TTL is longer; its key moves there, keeping its create
@@ -129,10 +131,11 @@
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
 //! answered before the grant) plus the TTL less a margin (1 % + 2 ms); for a waiter
-//! granted on its waiting lease, that lease's until its key has moved (see above). One watch per
-//! client over the prefix marks a held lock lost as soon as its key is deleted: the
-//! lease expired, was revoked (`etcdctl lease revoke`), or the key was deleted from
-//! outside; a lock lost by its deadline has its lease revoked at once. The
+//! granted on its waiting lease, that lease's until its key has moved (see above). One
+//! watch per client over the prefix (which also feeds its waiters) marks a held lock
+//! lost as soon as its key is deleted: the lease expired, was revoked (`etcdctl lease
+//! revoke`), or the key was deleted from outside; a lock lost by its deadline has its
+//! lease revoked at once. The
 //! mutex's fencing token is the key's create revision (for the other primitives, see
 //! above): etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
