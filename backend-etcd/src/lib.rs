@@ -46,7 +46,8 @@
 //!   to holder. No contender older than ours can appear later (create revisions only
 //!   rise), and the waiter listens before the read, which is made at or after the
 //!   revision the watch has passed on up to, so the count is exact. A wait opens no
-//!   watch of its own: etcd sends each deletion once per client, not once per waiter. With more than 64 ahead, a waiter watches only the youngest
+//!   watch of its own: etcd sends each deletion once per client, not once per waiter.
+//!   With more than 64 ahead, a waiter watches only the youngest
 //!   contender older than itself (the recipe's way, no herd) and looks again, with one
 //!   serializable read of the range, when it goes. A waiter waits under a lease of its
 //!   own of 3 s (when the lock's TTL is longer; its key moves there, keeping its create
@@ -61,6 +62,13 @@
 //!   of the waiting lease. A release while the move is under way deletes the key by its
 //!   create revision; an extend waits for the move. Retryable errors (a
 //!   member going away, a leader election) are retried within the wait.
+//! - An acquire (that may wait) of a key whose last acquire by this client found it
+//!   held puts its key straight under a waiting lease, granting no lease of the lock's
+//!   TTL first: a contended cycle is then three raft writes (that lease's grant, the
+//!   put, its revoke) instead of six. Found free all the same, the grant is a parked
+//!   one, as a waiter's: valid for the waiting lease's 3 s (kept alive) until its key
+//!   moves to a fresh lease of the lock's TTL a second later. An acquire that finds the
+//!   key free clears the hint, so an uncontended key always gets its own lease at once.
 //! - **release** of a lock this client holds is one lease revoke: the lease carries
 //!   that key alone, so etcd deletes the key in the same raft entry, and the lock is
 //!   free for others when the release returns. When the lease is gone (it ran out, or

@@ -24,8 +24,10 @@ use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
+mod contended;
 mod settle;
 
+use contended::Contended;
 use settle::{Parked, Settle, Stage};
 
 /// What the etcd backend promises: the mutex, the semaphore
@@ -57,6 +59,8 @@ struct Inner {
     held: Mutex<HashMap<u128, Held>>,
     /// The watch that marks held locks lost when their keys go.
     loss: LossWatch,
+    /// The keys whose last acquire waited.
+    contended: Contended,
 }
 
 /// A lock this client holds.
@@ -121,6 +125,7 @@ impl EtcdLock {
                 prefix: url.prefix.clone(),
                 held: Mutex::new(HashMap::new()),
                 loss,
+                contended: Contended::default(),
             }),
         })
     }
@@ -271,8 +276,25 @@ impl EtcdLock {
         let ttl = options.ttl();
         let mut undo = Undo::new(self.clone());
         let mut sent = Instant::now();
-        let (mut lease, mut ttl_secs) = self.fresh_lease(ttl, &mut undo).await?;
         let prefix = kind.range(self.prefix(), key);
+        // Whether a waiter waits under the short waiting lease (see below), and whether
+        // this contender goes under it straight away: a key this client last had to
+        // wait for is likely held again, so its contender is placed on that lease with
+        // no lease of the lock's TTL yet, sparing a contended cycle that lease's grant
+        // and revoke and the move onto the short lease. Granted at once all the same,
+        // it is a parked grant (see `settle`), as a waiter's would be.
+        let parks = ttl_seconds(ttl) > WAITER_TTL_SECS && kind.parks();
+        let straight = parks && wait && self.inner.contended.expects(&prefix);
+        // The lock's own lease, when granted here: its id, TTL in seconds, and when its
+        // grant was sent.
+        let mut full = None;
+        let (mut lease, mut ttl_secs) = if straight {
+            self.grant_lease(WAITER_TTL_SECS, &mut undo).await?
+        } else {
+            let (id, secs) = self.fresh_lease(ttl, &mut undo).await?;
+            full = Some((id, secs, sent));
+            (id, secs)
+        };
         // The key keeps the first lease's id as its name when it moves to others.
         let named = lease;
         let own = kind.own_key(&prefix, named);
@@ -286,6 +308,9 @@ impl EtcdLock {
             undo.revoke_now().await;
             return Err(mismatch);
         }
+        if parks {
+            self.inner.contended.record(&prefix, !placed.first);
+        }
         // The fencing token: the placement's revision, unless a semaphore or read-write
         // contender waits (then its stamp's, see `stamp_grant`).
         let mut token = placed.revision;
@@ -294,6 +319,16 @@ impl EtcdLock {
         // the grant is valid for from `sent`: the short lease's TTL until the move lands.
         let mut settling = None;
         let mut valid_for = ttl;
+        let short_lived = |secs: i64| Duration::from_secs(u64::try_from(secs).unwrap_or(1));
+        if placed.first && straight {
+            settling = Some(Parked {
+                place: (prefix.clone(), own.clone(), placed.revision),
+                short: lease,
+                short_secs: ttl_secs,
+                full: None,
+            });
+            valid_for = short_lived(ttl_secs);
+        }
         if !placed.first {
             report.saw_held();
             if !wait {
@@ -302,19 +337,17 @@ impl EtcdLock {
             }
             // Wait under a short lease, so that a waiter whose process dies holds up
             // the queue behind it for seconds, not for the lock's TTL. The lock's own
-            // lease is kept (not renewed) to move back to when the wait was short.
-            // Not for the read-write lock (see `Kind::parks`). A semaphore or
-            // read-write waiter marks its grant pending (with the move, if any).
+            // lease, if granted, is kept (not renewed) to move back to when the wait
+            // was short. Not for the read-write lock (see `Kind::parks`). A semaphore
+            // or read-write waiter marks its grant pending (with the move, if any).
             let pending = kind.pending_range(self.prefix(), key);
             let marker = pending
                 .as_deref()
                 .map(|p| pending_marker(p, placed.revision));
             let place = (prefix.as_str(), own.as_str(), placed.revision);
-            let mut parked = None;
-            if ttl_secs > WAITER_TTL_SECS && kind.parks() {
+            if parks && !straight {
                 let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
                 self.rehome(place, short, marker.as_deref()).await?;
-                parked = Some((lease, ttl_secs, sent));
                 (lease, ttl_secs) = (short, short_secs);
             } else if let Some(marker) = &marker {
                 let marked = self
@@ -328,44 +361,46 @@ impl EtcdLock {
             // path. Others move back in the transaction that finds the turn
             // ours, while two thirds of the lock's TTL are left (the watchdog's first
             // renewal comes at a third), else to a fresh lease below.
-            let later = parked.is_some() && marker.is_none();
-            let back = parked
-                .filter(|_| !later)
-                .map(|(full, _, granted_at)| (full, granted_at + ttl / 3));
+            let later = parks && marker.is_none();
+            let back = full
+                .filter(|_| parks && !later)
+                .map(|(id, _, granted_at)| (id, granted_at + ttl / 3));
             let alive_since = Mutex::new(sent);
             let moved = tokio::select! {
                 turn = self.wait_turn(&rule, &own, placed.revision, back, marker.as_deref()) => turn?,
                 lost = self.keep_alive_while_waiting(lease, ttl_secs, |at| record(&alive_since, at)) => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
-            match parked {
-                Some((full, full_secs, granted_at)) if later => {
+            match full {
+                _ if later => {
                     settling = Some(Parked {
                         place: (prefix.clone(), own.clone(), placed.revision),
                         short: lease,
                         short_secs: ttl_secs,
-                        full: (full, full_secs, granted_at),
+                        full,
                     });
-                    valid_for = Duration::from_secs(u64::try_from(ttl_secs).unwrap_or(1));
+                    valid_for = short_lived(ttl_secs);
                 }
                 // The short lease goes only once the key has left it: revoking it
                 // would delete the key.
-                Some((full, full_secs, granted_at)) if moved => {
+                Some((id, secs, granted_at)) if parks && moved => {
                     undo.let_go(lease);
                     sent = granted_at;
-                    (lease, ttl_secs) = (full, full_secs);
+                    (lease, ttl_secs) = (id, secs);
                 }
-                Some((full, _, _)) => {
-                    // `full` too only once the key is on the fresh lease: a move to it
-                    // whose answer was lost may have landed.
+                _ if parks => {
+                    // The lock's own lease too only once the key is on the fresh lease:
+                    // a move to it whose answer was lost may have landed.
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
                     self.rehome(place, fresh, marker.as_deref()).await?;
-                    undo.let_go(full);
+                    if let Some((id, _, _)) = full {
+                        undo.let_go(id);
+                    }
                     undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
-                None => {}
+                _ => {}
             }
             if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
                 let alive_since = Mutex::new(sent);

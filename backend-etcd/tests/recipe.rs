@@ -603,6 +603,77 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
     );
 }
 
+/// An acquire of a key this client last had to wait for places its contender straight
+/// on the 3 s waiting lease. Found free, it is granted at once all the same, as a
+/// parked grant: valid for that lease's TTL until its key moves to a lease of the
+/// lock's TTL a second later. The next acquire, finding the key free again, goes the
+/// usual way. Nothing is left: checked on a server of its own, where every lease is ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease() {
+    let server = common::start_server().await;
+    let port = server.port();
+    let (a, b) = (direct(port).await, direct(port).await);
+    let key = key("straight");
+    let prefix = a.lock_prefix(&key);
+    let ttl = Duration::from_secs(30);
+    let options = waiting(ttl, Duration::from_secs(30));
+    let held = a.acquire(&key, &options).await.unwrap();
+    let waiter = {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        tokio::spawn(async move { b.acquire(&key, &options).await })
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
+            == 2)
+        .await,
+        "the waiter did not queue"
+    );
+    held.release().await.unwrap();
+    let waited = waiter.await.unwrap().unwrap();
+    assert_eq!(waited.release().await.unwrap(), ReleaseOutcome::Released);
+
+    let asked = tokio::time::Instant::now();
+    let granted = b.acquire(&key, &options).await.unwrap();
+    let lease = lease_of(port, &keys_under(port, &prefix)[0]);
+    let first = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    assert!(first.contains("granted with TTL(3s)"), "{first}");
+    assert!(
+        granted.valid_until() < asked + Duration::from_secs(4),
+        "a grant on the waiting lease claims more than that lease's TTL"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let lease = lease_of(port, &keys_under(port, &prefix)[0]);
+            etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")])
+                .contains("granted with TTL(30s)")
+        })
+        .await,
+        "the granted key did not move to a lease of the lock's TTL"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || granted.valid_until()
+            > tokio::time::Instant::now() + Duration::from_secs(20))
+        .await,
+        "the validity did not follow the key to the lock's lease"
+    );
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+
+    // Found free last time: the usual way, on a lease of the lock's TTL at once.
+    let again = b.acquire(&key, &options).await.unwrap();
+    let lease = lease_of(port, &keys_under(port, &prefix)[0]);
+    let usual = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    assert!(usual.contains("granted with TTL(30s)"), "{usual}");
+    assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
+    assert!(keys_under(port, &prefix).is_empty());
+    assert!(
+        eventually(Duration::from_secs(5), || etcdctl(port, &["lease", "list"])
+            .contains("found 0 leases"))
+        .await,
+        "{}",
+        etcdctl(port, &["lease", "list"])
+    );
+}
+
 /// A queue longer than a waiter counts down (64 ahead) is waited out the recipe's way,
 /// and in order: the waiter is granted only once the last contender ahead is gone,
 /// whichever order they leave in.

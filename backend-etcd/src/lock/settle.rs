@@ -33,8 +33,9 @@ pub(super) struct Parked {
     pub(super) short: i64,
     pub(super) short_secs: i64,
     /// The lock's own lease (granted when the acquire began, not renewed since), its
-    /// TTL in seconds, and when its grant was sent.
-    pub(super) full: (i64, i64, Instant),
+    /// TTL in seconds, and when its grant was sent; none when the contender was placed
+    /// on the short lease straight away (a fresh one is granted for the move).
+    pub(super) full: Option<(i64, i64, Instant)>,
 }
 
 /// Where a parked grant's key is.
@@ -60,9 +61,9 @@ pub(super) struct Settle {
     hurry: Arc<Notify>,
     /// Closed (its sender dropped) once the task has ended.
     done: watch::Receiver<()>,
-    /// The short lease and the lock's own lease.
+    /// The short lease and the lock's own lease, if any.
     short: i64,
-    full: i64,
+    full: Option<i64>,
 }
 
 impl Settle {
@@ -77,13 +78,10 @@ impl Settle {
 
 /// The leases a grant's move is in charge of at `stage`: all but the one the key ends
 /// on, once it has moved.
-fn leases_at(stage: Stage, short: i64, full: i64) -> Vec<i64> {
+fn leases_at(stage: Stage, short: i64, full: Option<i64>) -> Vec<i64> {
     match stage {
-        Stage::Parked => vec![short, full],
-        Stage::Moving { fresh } => [Some(short), Some(full), fresh]
-            .into_iter()
-            .flatten()
-            .collect(),
+        Stage::Parked => [Some(short), full].into_iter().flatten().collect(),
+        Stage::Moving { fresh } => [Some(short), full, fresh].into_iter().flatten().collect(),
         Stage::Moved | Stage::Released => Vec::new(),
     }
 }
@@ -108,7 +106,7 @@ impl EtcdLock {
         let (signal, done) = watch::channel(());
         let stage = Arc::new(Mutex::new(Stage::Parked));
         let hurry = Arc::new(Notify::new());
-        let (short, full) = (parked.short, parked.full.0);
+        let (short, full) = (parked.short, parked.full.map(|(id, _, _)| id));
         let task = {
             let (lock, monitor) = (self.clone(), monitor.clone());
             let (stage, hurry) = (stage.clone(), hurry.clone());
@@ -206,12 +204,14 @@ impl EtcdLock {
             stage,
         } = *moving;
         let (prefix, own, revision) = &parked.place;
-        let (full, full_secs, full_sent) = parked.full;
         let mut fresh = None;
         let mut pause = Duration::from_millis(20);
         while monitor.state() != LeaseState::Lost {
-            let target = if Instant::now() < full_sent + ttl / 3 {
-                Ok((full, full_secs, full_sent))
+            let usable = parked
+                .full
+                .filter(|(_, _, full_sent)| Instant::now() < *full_sent + ttl / 3);
+            let target = if let Some(full) = usable {
+                Ok(full)
             } else if let Some(granted) = fresh {
                 Ok(granted)
             } else {
@@ -253,7 +253,9 @@ impl EtcdLock {
                             }
                             monitor.renewed(sent + ttl - margin(ttl));
                             revoke_in_background(self.clone(), parked.short);
-                            if lease != full {
+                            if let Some((full, _, _)) =
+                                parked.full.filter(|(id, _, _)| *id != lease)
+                            {
                                 revoke_in_background(self.clone(), full);
                             }
                             return;
