@@ -26,9 +26,11 @@ use crate::ETCD_BACKEND;
 
 mod contended;
 mod settle;
+mod waiting;
 
 use contended::Contended;
 use settle::{Parked, Settle, Stage};
+use waiting::{Parking, WaitingLease};
 
 /// What the etcd backend promises: the mutex, the semaphore
 /// ([`crate::EtcdSemaphore`]), the read-write lock ([`crate::EtcdRwLock`]) and leader
@@ -61,6 +63,8 @@ struct Inner {
     loss: LossWatch,
     /// The keys whose last acquire waited.
     contended: Contended,
+    /// The lease this client's waiters wait under.
+    waiting: WaitingLease,
 }
 
 /// A lock this client holds.
@@ -126,6 +130,7 @@ impl EtcdLock {
                 held: Mutex::new(HashMap::new()),
                 loss,
                 contended: Contended::default(),
+                waiting: WaitingLease::default(),
             }),
         })
     }
@@ -288,16 +293,25 @@ impl EtcdLock {
         // The lock's own lease, when granted here: its id, TTL in seconds, and when its
         // grant was sent.
         let mut full = None;
-        let (mut lease, mut ttl_secs) = if straight {
-            self.grant_lease(WAITER_TTL_SECS, &mut undo).await?
+        // This contender's use of the client's waiting lease, while its key is on it.
+        let mut parking = None;
+        // The key is named by the first lease's id, and keeps that name when it moves
+        // to others; on the shared waiting lease, by an id of its own.
+        let (named, mut lease, mut ttl_secs) = if straight {
+            let parked = self.park().await?;
+            sent = parked.alive_since().unwrap_or(sent);
+            let placing = (new_lease_id(), parked.id, parked.secs);
+            parking = Some(parked);
+            placing
         } else {
             let (id, secs) = self.fresh_lease(ttl, &mut undo).await?;
             full = Some((id, secs, sent));
-            (id, secs)
+            (id, id, secs)
         };
-        // The key keeps the first lease's id as its name when it moves to others.
-        let named = lease;
         let own = kind.own_key(&prefix, named);
+        if let Some(parked) = &parking {
+            undo.delete_if_failed(&own, None, parked);
+        }
         let rule = Rule::of(kind, &prefix);
         let placed = self
             .requests()
@@ -320,14 +334,15 @@ impl EtcdLock {
         let mut settling = None;
         let mut valid_for = ttl;
         let short_lived = |secs: i64| Duration::from_secs(u64::try_from(secs).unwrap_or(1));
-        if placed.first && straight {
-            settling = Some(Parked {
-                place: (prefix.clone(), own.clone(), placed.revision),
-                short: lease,
-                short_secs: ttl_secs,
-                full: None,
-            });
-            valid_for = short_lived(ttl_secs);
+        if placed.first {
+            if let Some(parked) = parking.take() {
+                settling = Some(Parked {
+                    place: (prefix.clone(), own.clone(), placed.revision),
+                    short: parked,
+                    full: None,
+                });
+                valid_for = short_lived(ttl_secs);
+            }
         }
         if !placed.first {
             report.saw_held();
@@ -346,10 +361,15 @@ impl EtcdLock {
                 .map(|p| pending_marker(p, placed.revision));
             let place = (prefix.as_str(), own.as_str(), placed.revision);
             if parks && !straight {
-                let (short, short_secs) = self.grant_lease(WAITER_TTL_SECS, &mut undo).await?;
-                self.rehome(place, short, marker.as_deref()).await?;
-                (lease, ttl_secs) = (short, short_secs);
+                let parked = self.park().await?;
+                undo.delete_if_failed(&own, marker.as_deref(), &parked);
+                self.rehome(place, parked.id, marker.as_deref()).await?;
+                (lease, ttl_secs) = (parked.id, parked.secs);
+                parking = Some(parked);
             } else if let Some(marker) = &marker {
+                if let Some(parked) = &parking {
+                    undo.delete_if_failed(&own, Some(marker), parked);
+                }
                 let marked = self
                     .requests()
                     .mark_pending(&prefix, &own, placed.revision, marker, lease)
@@ -366,41 +386,50 @@ impl EtcdLock {
                 .filter(|_| parks && !later)
                 .map(|(id, _, granted_at)| (id, granted_at + ttl / 3));
             let alive_since = Mutex::new(sent);
+            let keep_alive = async {
+                match &parking {
+                    Some(parked) => parked.follow(|at| record(&alive_since, at)).await,
+                    None => {
+                        self.keep_alive_while_waiting(lease, ttl_secs, |at| {
+                            record(&alive_since, at)
+                        })
+                        .await
+                    }
+                }
+            };
             let moved = tokio::select! {
                 turn = self.wait_turn(&rule, &own, placed.revision, back, marker.as_deref()) => turn?,
-                lost = self.keep_alive_while_waiting(lease, ttl_secs, |at| record(&alive_since, at)) => return Err(lost),
+                lost = keep_alive => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
-            match full {
-                _ if later => {
+            match (full, parking.take()) {
+                (full, Some(parked)) if later => {
                     settling = Some(Parked {
                         place: (prefix.clone(), own.clone(), placed.revision),
-                        short: lease,
-                        short_secs: ttl_secs,
+                        short: parked,
                         full,
                     });
                     valid_for = short_lived(ttl_secs);
                 }
-                // The short lease goes only once the key has left it: revoking it
-                // would delete the key.
-                Some((id, secs, granted_at)) if parks && moved => {
-                    undo.let_go(lease);
+                // The key has left the waiting lease (which is dropped here).
+                (Some((id, secs, granted_at)), Some(_)) if moved => {
+                    undo.moved_off_waiting();
                     sent = granted_at;
                     (lease, ttl_secs) = (id, secs);
                 }
-                _ if parks => {
-                    // The lock's own lease too only once the key is on the fresh lease:
-                    // a move to it whose answer was lost may have landed.
+                (full, Some(_parked)) => {
+                    // The lock's own lease only once the key is on the fresh lease: a
+                    // move to it whose answer was lost may have landed.
                     sent = Instant::now();
                     let (fresh, fresh_secs) = self.fresh_lease(ttl, &mut undo).await?;
                     self.rehome(place, fresh, marker.as_deref()).await?;
+                    undo.moved_off_waiting();
                     if let Some((id, _, _)) = full {
                         undo.let_go(id);
                     }
-                    undo.let_go(lease);
                     (lease, ttl_secs) = (fresh, fresh_secs);
                 }
-                _ => {}
+                (_, None) => {}
             }
             if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
                 let alive_since = Mutex::new(sent);
@@ -420,8 +449,7 @@ impl EtcdLock {
         let current = Arc::new(AtomicI64::new(lease));
         self.inner.loss.watched.watch(&own, monitor.clone());
         let watch = tokio::spawn(revoke_when_lost(
-            self.requests().clone(),
-            self.live().clone(),
+            self.clone(),
             current.clone(),
             monitor.clone(),
         ))
@@ -758,8 +786,9 @@ impl EtcdLock {
             // still there), so revoking it deletes the key (and frees the lock) in the
             // same raft entry. Not when the loss watch saw the key deleted: the
             // transaction below tells who holds the lock then. Nor while a parked
-            // grant's key may be moving to another lease.
-            if present && !moving {
+            // grant's key is on the waiting lease, which carries others' keys too, or
+            // may be moving to another lease.
+            if present && !moving && !self.inner.waiting.carries(lease_id) {
                 spare.leases.retain(|l| *l != lease_id);
                 let revoked = self
                     .requests()
@@ -787,7 +816,7 @@ impl EtcdLock {
                 let lease_id = held
                     .as_ref()
                     .map_or(attached, |h| h.lease.load(Ordering::Acquire));
-                if lease_id != 0 {
+                if lease_id != 0 && !self.inner.waiting.carries(lease_id) {
                     // The key is gone already; an empty lease would only run out.
                     if let Err(fail) = self.requests().revoke(lease_id).await {
                         tracing::debug!(error = %LockError::from(fail), "revoking a released lock's lease failed; it runs out");
@@ -799,8 +828,10 @@ impl EtcdLock {
             Err(other) => {
                 if let Some(held) = &held {
                     let lease_id = held.lease.load(Ordering::Acquire);
-                    let _ = self.requests().revoke(lease_id).await;
-                    self.live().remove(lease_id);
+                    if !self.inner.waiting.carries(lease_id) {
+                        let _ = self.requests().revoke(lease_id).await;
+                        self.live().remove(lease_id);
+                    }
                 }
                 Self::not_ours(other, ReleaseOutcome::HeldByOther, ReleaseOutcome::Expired)
             }
@@ -875,10 +906,12 @@ impl EtcdLock {
                 held.lease.store(fresh, Ordering::Release);
                 held.ttl_secs = fresh_secs;
             }
-            if let Err(fail) = self.requests().revoke(current).await {
-                tracing::debug!(error = %LockError::from(fail), "revoking the replaced lease failed; it runs out");
+            if !self.inner.waiting.carries(current) {
+                if let Err(fail) = self.requests().revoke(current).await {
+                    tracing::debug!(error = %LockError::from(fail), "revoking the replaced lease failed; it runs out");
+                }
+                self.live().remove(current);
             }
-            self.live().remove(current);
         }
         Ok(ExtendOutcome::Extended {
             valid_until: sent + ttl - margin(ttl),
@@ -887,10 +920,14 @@ impl EtcdLock {
 }
 
 /// Revokes a contender's leases unless disarmed: on a failed or dropped acquire, at
-/// once when awaited ([`Undo::revoke_now`]), else in the background on drop.
+/// once when awaited ([`Undo::revoke_now`]), else in the background on drop. A key on
+/// the client's waiting lease, which is not revoked for one contender, is deleted.
 struct Undo {
     lock: EtcdLock,
     leases: Vec<i64>,
+    /// Our key and pending marker while they may be on the waiting lease, and a use of
+    /// that lease that lasts until they are deleted.
+    parked: Option<(String, Option<String>, Parking)>,
 }
 
 impl Undo {
@@ -898,6 +935,7 @@ impl Undo {
         Undo {
             lock,
             leases: Vec::new(),
+            parked: None,
         }
     }
 
@@ -907,18 +945,38 @@ impl Undo {
         self.leases.push(lease);
     }
 
-    /// The acquire succeeded: its lease now belongs to the guard.
-    fn disarm(&mut self) {
-        self.leases.clear();
+    /// Takes charge of our key `own` (and pending `marker`), which may be put on the
+    /// waiting lease of `parked` from now on.
+    fn delete_if_failed(&mut self, own: &str, marker: Option<&str>, parked: &Parking) {
+        self.parked = Some((own.to_owned(), marker.map(str::to_owned), parked.share()));
     }
 
-    /// Revokes every lease in charge now.
+    /// Our key (and marker) have moved off the waiting lease.
+    fn moved_off_waiting(&mut self) {
+        self.parked = None;
+    }
+
+    /// The acquire succeeded: its lease and key now belong to the grant.
+    fn disarm(&mut self) {
+        self.leases.clear();
+        self.parked = None;
+    }
+
+    /// Deletes a parked key and revokes every lease in charge now.
     async fn revoke_now(&mut self) {
+        if let Some((own, marker, parked)) = self.parked.take() {
+            if delete_keys(&self.lock, &own, marker.as_deref())
+                .await
+                .is_err()
+            {
+                // Left to the background, which tries once more.
+                self.parked = Some((own, marker, parked));
+            }
+        }
         for lease in std::mem::take(&mut self.leases) {
             if self.lock.requests().revoke(lease).await.is_ok() {
                 self.lock.live().remove(lease);
             } else {
-                // Leave it to the background, which tries once more.
                 self.leases.push(lease);
             }
         }
@@ -933,10 +991,31 @@ impl Undo {
 
 impl Drop for Undo {
     fn drop(&mut self) {
+        if let Some((own, marker, parked)) = self.parked.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                let lock = self.lock.clone();
+                spawn_cleanup(&runtime, async move {
+                    if let Err(fail) = delete_keys(&lock, &own, marker.as_deref()).await {
+                        tracing::warn!(error = %LockError::from(fail), "deleting an abandoned contender's key failed; it goes with the waiting lease");
+                    }
+                    drop(parked);
+                });
+            }
+        }
         for lease in std::mem::take(&mut self.leases) {
             revoke_in_background(self.lock.clone(), lease);
         }
     }
+}
+
+/// Deletes our key `own` (named by an id no other contender uses) and its pending
+/// `marker`, if any.
+async fn delete_keys(lock: &EtcdLock, own: &str, marker: Option<&str>) -> Result<(), Fail> {
+    lock.requests().unmark(own).await?;
+    if let Some(marker) = marker {
+        lock.requests().unmark(marker).await?;
+    }
+    Ok(())
 }
 
 /// Deletes a stamped grant's pending `marker` in the background, letting the next
@@ -968,17 +1047,17 @@ fn revoke_in_background(lock: EtcdLock, lease: i64) {
 /// Revokes a lost lock's lease (`lease`, the current one) once `monitor` reads lost,
 /// by its deadline passing unrenewed, a refused renewal, or the key's deletion (see
 /// [`crate::loss`]), so that etcd does not keep the key for the rest of its
-/// (whole-second) TTL. Runs until aborted, which the release does.
-async fn revoke_when_lost(
-    requests: Requests,
-    live: Arc<LiveLeases>,
-    lease: Arc<AtomicI64>,
-    monitor: LeaseMonitor,
-) {
+/// (whole-second) TTL; not the waiting lease, which carries other contenders' keys
+/// (a grant lost on it is lost with it, or by its key's deletion). Runs until
+/// aborted, which the release does.
+async fn revoke_when_lost(lock: EtcdLock, lease: Arc<AtomicI64>, monitor: LeaseMonitor) {
     monitor.lost().await;
     let id = lease.load(Ordering::Acquire);
-    match requests.revoke(id).await {
-        Ok(_) => live.remove(id),
+    if lock.inner.waiting.carries(id) {
+        return;
+    }
+    match lock.requests().revoke(id).await {
+        Ok(_) => lock.live().remove(id),
         Err(fail) => {
             tracing::debug!(error = %LockError::from(fail), "revoking a lost lock's lease failed; it runs out")
         }

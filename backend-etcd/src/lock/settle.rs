@@ -1,16 +1,16 @@
 //! A parked waiter's grant, handed out before its key is back on the lock's lease.
 //!
 //! A waiter whose lock has a longer TTL than [`super::WAITER_TTL_SECS`] waits with its
-//! key on a lease of that short TTL, so that a waiter whose process dies holds up the
-//! queue for seconds, not for the lock's TTL. Moving the key back to a lease of the
+//! key on the client's waiting lease of that short TTL ([`super::waiting`]), so that a
+//! waiter whose process dies holds up the queue for seconds, not for the lock's TTL. Moving the key back to a lease of the
 //! lock's TTL is a raft write. Made before the grant, it put a second write on every
 //! hand-off's path (the release, then the move); made at once behind it, it still
 //! loaded etcd on every contended cycle, though most locks handed off under contention
 //! are held briefly. So the grant is handed out as soon as the turn is seen ours, valid
 //! for as long as the short lease, which is kept alive; the key moves back only once
 //! the grant has been held for one keep-alive period of that lease (a second), or at
-//! once when an extend asks for it. A grant released before then is one revoke of the
-//! short lease, which deletes the key.
+//! once when an extend asks for it. A grant released before then is one delete of its
+//! key.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,6 +22,7 @@ use tokio::sync::{watch, Notify};
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
+use super::waiting::Parking;
 use super::{margin, revoke_in_background, EtcdLock};
 use crate::ETCD_BACKEND;
 
@@ -29,9 +30,8 @@ use crate::ETCD_BACKEND;
 pub(super) struct Parked {
     /// The key's range, the key, and its create revision.
     pub(super) place: (String, String, i64),
-    /// The short lease the key is on, and its TTL in seconds.
-    pub(super) short: i64,
-    pub(super) short_secs: i64,
+    /// The use of the waiting lease the key is on.
+    pub(super) short: Parking,
     /// The lock's own lease (granted when the acquire began, not renewed since), its
     /// TTL in seconds, and when its grant was sent; none when the contender was placed
     /// on the short lease straight away (a fresh one is granted for the move).
@@ -48,7 +48,8 @@ pub(super) enum Stage {
     Moving { fresh: Option<i64> },
     /// On the lock's lease or a fresh one, which the grant's records name.
     Moved,
-    /// Released (or given up) while parked or moving: the release revokes the leases.
+    /// Released (or given up) while parked or moving: the release deletes the key and
+    /// revokes the leases.
     Released,
 }
 
@@ -61,8 +62,7 @@ pub(super) struct Settle {
     hurry: Arc<Notify>,
     /// Closed (its sender dropped) once the task has ended.
     done: watch::Receiver<()>,
-    /// The short lease and the lock's own lease, if any.
-    short: i64,
+    /// The lock's own lease, if any.
     full: Option<i64>,
 }
 
@@ -72,16 +72,16 @@ impl Settle {
     pub(super) fn release(&self) -> (Stage, Vec<i64>) {
         let stage = std::mem::replace(&mut *stage_of(&self.stage), Stage::Released);
         self.task.abort();
-        (stage, leases_at(stage, self.short, self.full))
+        (stage, leases_at(stage, self.full))
     }
 }
 
-/// The leases a grant's move is in charge of at `stage`: all but the one the key ends
-/// on, once it has moved.
-fn leases_at(stage: Stage, short: i64, full: Option<i64>) -> Vec<i64> {
+/// The leases a grant's move is in charge of at `stage` (never the waiting lease, which
+/// is not revoked for one grant): all but the one the key ends on, once it has moved.
+fn leases_at(stage: Stage, full: Option<i64>) -> Vec<i64> {
     match stage {
-        Stage::Parked => [Some(short), full].into_iter().flatten().collect(),
-        Stage::Moving { fresh } => [Some(short), full, fresh].into_iter().flatten().collect(),
+        Stage::Parked => full.into_iter().collect(),
+        Stage::Moving { fresh } => [full, fresh].into_iter().flatten().collect(),
         Stage::Moved | Stage::Released => Vec::new(),
     }
 }
@@ -106,7 +106,7 @@ impl EtcdLock {
         let (signal, done) = watch::channel(());
         let stage = Arc::new(Mutex::new(Stage::Parked));
         let hurry = Arc::new(Notify::new());
-        let (short, full) = (parked.short, parked.full.map(|(id, _, _)| id));
+        let full = parked.full.map(|(id, _, _)| id);
         let task = {
             let (lock, monitor) = (self.clone(), monitor.clone());
             let (stage, hurry) = (stage.clone(), hurry.clone());
@@ -124,7 +124,7 @@ impl EtcdLock {
                 // Ended with the key neither moved nor released (the key gone, the lease
                 // run out): its leases are nobody else's to revoke.
                 let ended = std::mem::replace(&mut *stage_of(&stage), Stage::Released);
-                for lease in leases_at(ended, short, full) {
+                for lease in leases_at(ended, full) {
                     revoke_in_background(lock.clone(), lease);
                 }
             })
@@ -136,7 +136,6 @@ impl EtcdLock {
                 stage,
                 hurry,
                 done,
-                short,
                 full,
             });
         }
@@ -172,7 +171,7 @@ impl EtcdLock {
         let Moving {
             parked, monitor, ..
         } = moving;
-        let short_ttl = Duration::from_secs(u64::try_from(parked.short_secs).unwrap_or(1));
+        let short_ttl = Duration::from_secs(u64::try_from(parked.short.secs).unwrap_or(1));
         let alive = |sent: Instant| {
             monitor.renewed(sent + short_ttl - margin(short_ttl));
         };
@@ -185,8 +184,8 @@ impl EtcdLock {
         };
         tokio::select! {
             () = later => {}
-            // The short lease ran out: the loss watch sees the key go.
-            _ = self.keep_alive_while_waiting(parked.short, parked.short_secs, alive) => {}
+            // The waiting lease ran out: the loss watch sees the key go.
+            _ = parked.short.follow(alive) => {}
             () = monitor.lost() => {}
         }
     }
@@ -252,7 +251,6 @@ impl EtcdLock {
                                 held.ttl_secs = secs;
                             }
                             monitor.renewed(sent + ttl - margin(ttl));
-                            revoke_in_background(self.clone(), parked.short);
                             if let Some((full, _, _)) =
                                 parked.full.filter(|(id, _, _)| *id != lease)
                             {
