@@ -47,28 +47,33 @@
 //!   rise), and the waiter listens before the read, which is made at or after the
 //!   revision the watch has passed on up to, so the count is exact. A wait opens no
 //!   watch of its own: etcd sends each deletion once per client, not once per waiter.
-//!   With more than 64 ahead, a waiter watches only the youngest
-//!   contender older than itself (the recipe's way, no herd) and looks again, with one
-//!   serializable read of the range, when it goes. A waiter waits under a lease of its
-//!   own of 3 s (when the lock's TTL is longer; its key moves there, keeping its create
-//!   revision) kept alive every second, so a waiter whose process dies holds up the
-//!   queue for seconds, not for the lock's TTL. A mutex or election waiter is granted on
-//!   that lease (valid until the send time of its last answered keep-alive plus 3 s,
-//!   less the margin, and kept alive), and its key moves back to a lease of the lock's
-//!   TTL once the grant has been held for a second, or when an extend asks: to the
-//!   lease granted for it while two thirds of that lease's TTL are left, else to a
-//!   fresh one; the validity deadline is then that lease's. So the move is off the
-//!   hand-off's path, and a lock held briefly never moves: its release is one revoke
-//!   of the waiting lease. A release while the move is under way deletes the key by its
-//!   create revision; an extend waits for the move. Retryable errors (a
-//!   member going away, a leader election) are retried within the wait.
+//!   With more than 64 ahead, a waiter watches only the youngest contender older than
+//!   itself (the recipe's way, no herd) and looks again, with one serializable read of
+//!   the range, when it goes.
+//! - A waiter waits under the client's waiting lease of 3 s (when the lock's TTL is
+//!   longer; its key moves there, keeping its create revision): one lease shared by
+//!   every waiter of the client, kept alive every second while any is on it and revoked
+//!   once none has been for two seconds. So a waiter whose process dies holds up the
+//!   queue for seconds, not for the lock's TTL, and waiting costs no lease grant or
+//!   revoke of its own. A mutex or election waiter is granted on that lease (valid
+//!   until the send time of its last answered keep-alive plus 3 s, less the margin),
+//!   and its key moves back to a lease of the lock's TTL once the grant has been held
+//!   for a second, or when an extend asks: to the lease granted for it while two thirds
+//!   of that lease's TTL are left, else to a fresh one; the validity deadline is then
+//!   that lease's. So the move is off the hand-off's path, and a lock held briefly
+//!   never moves: its release is one delete of its key (the shared lease is never
+//!   revoked for one contender; a failed or dropped acquire deletes its key too). A
+//!   release while the move is under way deletes the key by its create revision; an
+//!   extend waits for the move. Retryable errors (a member going away, a leader
+//!   election) are retried within the wait.
 //! - An acquire (that may wait) of a key whose last acquire by this client found it
-//!   held puts its key straight under a waiting lease, granting no lease of the lock's
-//!   TTL first: a contended cycle is then three raft writes (that lease's grant, the
-//!   put, its revoke) instead of six. Found free all the same, the grant is a parked
-//!   one, as a waiter's: valid for the waiting lease's 3 s (kept alive) until its key
-//!   moves to a fresh lease of the lock's TTL a second later. An acquire that finds the
-//!   key free clears the hint, so an uncontended key always gets its own lease at once.
+//!   held puts its key straight on the waiting lease (named by an id of its own),
+//!   granting no lease of the lock's TTL first: a contended cycle is then two raft
+//!   writes (the put and, at the release, the delete) instead of six. Found free all
+//!   the same, the grant is a parked one, as a waiter's: valid for the waiting lease's
+//!   3 s until its key moves to a fresh lease of the lock's TTL a second later. An
+//!   acquire that finds the key free clears the hint, so an uncontended key always gets
+//!   its own lease at once.
 //! - **release** of a lock this client holds is one lease revoke: the lease carries
 //!   that key alone, so etcd deletes the key in the same raft entry, and the lock is
 //!   free for others when the release returns. When the lease is gone (it ran out, or

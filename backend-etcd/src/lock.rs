@@ -207,7 +207,19 @@ impl EtcdLock {
         let moved = self
             .requests()
             .move_to_lease(prefix, own, revision, lease, marker);
-        Self::while_waiting(moved.await.map_err(|f| self.connection_error(f))?).map(drop)
+        let moved = moved.await.map_err(|f| self.put_failed(f, lease))?;
+        Self::while_waiting(moved).map(drop)
+    }
+
+    /// The error of a write that put our key (or marker) under `lease`. When that is
+    /// the waiting lease and etcd no longer has it (it ran out before its keep-alive
+    /// task saw it), the lease is retired and the acquire tries again on a fresh one.
+    fn put_failed(&self, fail: Fail, lease: i64) -> LockError {
+        if fail.is_lease_not_found() && self.inner.waiting.carries(lease) {
+            self.inner.waiting.retire(lease);
+            return vanished();
+        }
+        self.connection_error(fail)
     }
 
     /// A semaphore or read-write waiter's fencing token, once granted: the revision of
@@ -282,12 +294,12 @@ impl EtcdLock {
         let mut undo = Undo::new(self.clone());
         let mut sent = Instant::now();
         let prefix = kind.range(self.prefix(), key);
-        // Whether a waiter waits under the short waiting lease (see below), and whether
-        // this contender goes under it straight away: a key this client last had to
-        // wait for is likely held again, so its contender is placed on that lease with
-        // no lease of the lock's TTL yet, sparing a contended cycle that lease's grant
-        // and revoke and the move onto the short lease. Granted at once all the same,
-        // it is a parked grant (see `settle`), as a waiter's would be.
+        // Whether a waiter waits under the client's waiting lease (see below), and
+        // whether this contender goes there straight away: a key this client last had
+        // to wait for is likely held again, so its contender is placed on that lease
+        // with no lease of the lock's TTL yet, sparing a contended cycle that lease's
+        // grant and revoke and the move onto the waiting lease. Granted at once all the
+        // same, it is a parked grant (see `settle`), as a waiter's would be.
         let parks = ttl_seconds(ttl) > WAITER_TTL_SECS && kind.parks();
         let straight = parks && wait && self.inner.contended.expects(&prefix);
         // The lock's own lease, when granted here: its id, TTL in seconds, and when its
@@ -317,7 +329,8 @@ impl EtcdLock {
             .requests()
             .place(&rule, &own, value, lease)
             .await
-            .map_err(|f| self.connection_error(f))?;
+            .map_err(|f| self.put_failed(f, lease))?;
+        undo.placed();
         if let Err(mismatch) = crate::semaphore::check_count(kind, key, &own, &placed.seen) {
             undo.revoke_now().await;
             return Err(mismatch);
@@ -330,7 +343,7 @@ impl EtcdLock {
         let mut token = placed.revision;
         let mut stamped = None;
         // A parked grant whose key is still to move back (see `settle`), and how long
-        // the grant is valid for from `sent`: the short lease's TTL until the move lands.
+        // the grant is valid for from `sent`: the waiting lease's TTL until the move lands.
         let mut settling = None;
         let mut valid_for = ttl;
         let short_lived = |secs: i64| Duration::from_secs(u64::try_from(secs).unwrap_or(1));
@@ -350,8 +363,9 @@ impl EtcdLock {
                 undo.revoke_now().await;
                 return Ok(None);
             }
-            // Wait under a short lease, so that a waiter whose process dies holds up
-            // the queue behind it for seconds, not for the lock's TTL. The lock's own
+            // Wait under the client's short waiting lease, so that a waiter whose process
+            // dies holds up the queue behind it for seconds, not for the lock's TTL
+            // (see `waiting`). The lock's own
             // lease, if granted, is kept (not renewed) to move back to when the wait
             // was short. Not for the read-write lock (see `Kind::parks`). A semaphore
             // or read-write waiter marks its grant pending (with the move, if any).
@@ -365,6 +379,8 @@ impl EtcdLock {
                 undo.delete_if_failed(&own, marker.as_deref(), &parked);
                 self.rehome(place, parked.id, marker.as_deref()).await?;
                 (lease, ttl_secs) = (parked.id, parked.secs);
+                // Valid, while the key is on it, as of that lease's last keep-alive.
+                sent = parked.alive_since().unwrap_or(sent);
                 parking = Some(parked);
             } else if let Some(marker) = &marker {
                 if let Some(parked) = &parking {
@@ -374,9 +390,9 @@ impl EtcdLock {
                     .requests()
                     .mark_pending(&prefix, &own, placed.revision, marker, lease)
                     .await;
-                Self::while_waiting(marked.map_err(|f| self.connection_error(f))?)?;
+                Self::while_waiting(marked.map_err(|f| self.put_failed(f, lease))?)?;
             }
-            // A parked lock or candidate is granted on its short lease, and its key
+            // A parked lock or candidate is granted on the waiting lease, and its key
             // moves back behind the grant (see `settle`): no write on the hand-off's
             // path. Others move back in the transaction that finds the turn
             // ours, while two thirds of the lock's TTL are left (the watchdog's first
@@ -564,17 +580,24 @@ impl EtcdLock {
         }
     }
 
-    /// The lease a held lock's key is attached to now, and its TTL in seconds: from this
-    /// client's records, else read from etcd. `Err(held_by_other)` when the key is gone.
+    /// The lease a held lock's key is attached to now, its TTL in seconds, and whether
+    /// it is the grant's own to revoke: from this client's records, else read from
+    /// etcd. `Err(held_by_other)` when the key is gone.
+    ///
+    /// Read from etcd, a lease is known to be the grant's own only when it is the one
+    /// the key is named by; any other (another client's waiting lease, which carries
+    /// others' keys, or one of unknown TTL) reads as TTL 0, so that an extend moves the
+    /// key off it, and is not revoked.
     async fn current_lease(
         &self,
         lease: &Lease,
         prefix: &str,
         own: &str,
         revision: i64,
-    ) -> Result<Result<(i64, i64), bool>, LockError> {
+    ) -> Result<Result<(i64, i64, bool), bool>, LockError> {
         if let Some(held) = self.held().get(&lease.owner().as_u128()) {
-            return Ok(Ok((held.lease.load(Ordering::Acquire), held.ttl_secs)));
+            let id = held.lease.load(Ordering::Acquire);
+            return Ok(Ok((id, held.ttl_secs, !self.inner.waiting.carries(id))));
         }
         match self
             .requests()
@@ -582,7 +605,10 @@ impl EtcdLock {
             .await
             .map_err(|f| self.connection_error(f))?
         {
-            Ok(kv) => Ok(Ok((kv.lease(), ttl_seconds(lease.ttl())))),
+            Ok(kv) if kv.lease() == named_by(lease) => {
+                Ok(Ok((kv.lease(), ttl_seconds(lease.ttl()), true)))
+            }
+            Ok(kv) => Ok(Ok((kv.lease(), 0, false))),
             Err(other) => Ok(Err(other)),
         }
     }
@@ -604,6 +630,11 @@ fn owner_token(named: i64, revision: i64, kind: Kind) -> OwnerToken {
     OwnerToken::from_u128(
         (u128::from(named as u64) << 64) | u128::from((revision as u64) << 1) | u128::from(tag),
     )
+}
+
+/// The id a grant's key is named by (see [`owner_token`]).
+fn named_by(lease: &Lease) -> i64 {
+    (lease.owner().as_u128() >> 64) as u64 as i64
 }
 
 /// Whether `lease` is a reader's (by its owner token's tag, see [`owner_token`]).
@@ -752,8 +783,7 @@ impl EtcdLock {
     /// A permit's count does not matter here.
     fn place_of(&self, kind: Kind, lease: &Lease) -> (String, String, i64, Option<String>) {
         let prefix = kind.range(self.prefix(), lease.key());
-        let id = (lease.owner().as_u128() >> 64) as u64 as i64;
-        let own = kind.own_key(&prefix, id);
+        let own = kind.own_key(&prefix, named_by(lease));
         let revision = (lease.owner().as_u128() as u64 >> 1) as i64;
         let marker = kind
             .pending_range(self.prefix(), lease.key())
@@ -802,20 +832,35 @@ impl EtcdLock {
                 // The lease ran out (or was revoked from outside), taking the key.
             }
         }
-        let deleted = self
+        let deleted = match self
             .requests()
             .delete_own(&prefix, &own, revision, marker.as_deref())
             .await
-            .map_err(|f| self.connection_error(f))?;
+        {
+            Ok(deleted) => deleted,
+            Err(fail) => {
+                // A key left on the waiting lease goes with it, once retired.
+                if let Some(held) = &held {
+                    self.inner
+                        .waiting
+                        .retire(held.lease.load(Ordering::Acquire));
+                }
+                return Err(self.connection_error(fail));
+            }
+        };
         if let Some(held) = &held {
             let lease_id = held.lease.load(Ordering::Acquire);
             spare.leases.retain(|l| *l != lease_id);
         }
         let outcome = match deleted {
             Ok(attached) => {
-                let lease_id = held
-                    .as_ref()
-                    .map_or(attached, |h| h.lease.load(Ordering::Acquire));
+                // A lease read from etcd is revoked only when it is the one the key is
+                // named by: another may be another client's waiting lease.
+                let lease_id = match &held {
+                    Some(held) => held.lease.load(Ordering::Acquire),
+                    None if attached == named_by(lease) => attached,
+                    None => 0,
+                };
                 if lease_id != 0 && !self.inner.waiting.carries(lease_id) {
                     // The key is gone already; an empty lease would only run out.
                     if let Err(fail) = self.requests().revoke(lease_id).await {
@@ -850,16 +895,17 @@ impl EtcdLock {
         self.settled(lease.owner()).await?;
         let (prefix, own, revision, _) = self.place_of(kind, lease);
         let prefix = prefix.as_str();
-        let (current, secs) = match self.current_lease(lease, prefix, &own, revision).await? {
-            Ok(found) => found,
-            Err(other) => {
-                return Ok(Self::not_ours(
-                    other,
-                    ExtendOutcome::HeldByOther,
-                    ExtendOutcome::Expired,
-                ))
-            }
-        };
+        let (current, secs, revocable) =
+            match self.current_lease(lease, prefix, &own, revision).await? {
+                Ok(found) => found,
+                Err(other) => {
+                    return Ok(Self::not_ours(
+                        other,
+                        ExtendOutcome::HeldByOther,
+                        ExtendOutcome::Expired,
+                    ))
+                }
+            };
         let sent = Instant::now();
         // A TTL up to the lease's own is a keep-alive (etcd then holds the key up to
         // the lease's TTL, the validity deadline says `ttl`); a longer one needs a
@@ -906,7 +952,7 @@ impl EtcdLock {
                 held.lease.store(fresh, Ordering::Release);
                 held.ttl_secs = fresh_secs;
             }
-            if !self.inner.waiting.carries(current) {
+            if revocable {
                 if let Err(fail) = self.requests().revoke(current).await {
                     tracing::debug!(error = %LockError::from(fail), "revoking the replaced lease failed; it runs out");
                 }
@@ -928,6 +974,9 @@ struct Undo {
     /// Our key and pending marker while they may be on the waiting lease, and a use of
     /// that lease that lasts until they are deleted.
     parked: Option<(String, Option<String>, Parking)>,
+    /// Whether the put of our key was answered: one whose answer was not may still
+    /// land after the key's deletion.
+    placed: bool,
 }
 
 impl Undo {
@@ -936,6 +985,7 @@ impl Undo {
             lock,
             leases: Vec::new(),
             parked: None,
+            placed: false,
         }
     }
 
@@ -949,6 +999,11 @@ impl Undo {
     /// waiting lease of `parked` from now on.
     fn delete_if_failed(&mut self, own: &str, marker: Option<&str>, parked: &Parking) {
         self.parked = Some((own.to_owned(), marker.map(str::to_owned), parked.share()));
+    }
+
+    /// The put of our key was answered.
+    fn placed(&mut self) {
+        self.placed = true;
     }
 
     /// Our key (and marker) have moved off the waiting lease.
@@ -965,10 +1020,11 @@ impl Undo {
     /// Deletes a parked key and revokes every lease in charge now.
     async fn revoke_now(&mut self) {
         if let Some((own, marker, parked)) = self.parked.take() {
-            if delete_keys(&self.lock, &own, marker.as_deref())
-                .await
-                .is_err()
-            {
+            let deleted = delete_keys(&self.lock, &own, marker.as_deref()).await;
+            if deleted.is_err() || !self.placed {
+                self.lock.inner.waiting.retire(parked.id);
+            }
+            if deleted.is_err() {
                 // Left to the background, which tries once more.
                 self.parked = Some((own, marker, parked));
             }
@@ -992,14 +1048,20 @@ impl Undo {
 impl Drop for Undo {
     fn drop(&mut self) {
         if let Some((own, marker, parked)) = self.parked.take() {
+            if !self.placed {
+                self.lock.inner.waiting.retire(parked.id);
+            }
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 let lock = self.lock.clone();
                 spawn_cleanup(&runtime, async move {
                     if let Err(fail) = delete_keys(&lock, &own, marker.as_deref()).await {
-                        tracing::warn!(error = %LockError::from(fail), "deleting an abandoned contender's key failed; it goes with the waiting lease");
+                        lock.inner.waiting.retire(parked.id);
+                        tracing::warn!(error = %LockError::from(fail), "deleting an abandoned contender's key failed; it goes with the waiting lease, retired");
                     }
                     drop(parked);
                 });
+            } else {
+                self.lock.inner.waiting.retire(parked.id);
             }
         }
         for lease in std::mem::take(&mut self.leases) {
@@ -1047,13 +1109,14 @@ fn revoke_in_background(lock: EtcdLock, lease: i64) {
 /// Revokes a lost lock's lease (`lease`, the current one) once `monitor` reads lost,
 /// by its deadline passing unrenewed, a refused renewal, or the key's deletion (see
 /// [`crate::loss`]), so that etcd does not keep the key for the rest of its
-/// (whole-second) TTL; not the waiting lease, which carries other contenders' keys
-/// (a grant lost on it is lost with it, or by its key's deletion). Runs until
-/// aborted, which the release does.
+/// (whole-second) TTL; not the waiting lease, which carries other contenders' keys:
+/// that is retired, so that it goes (with the key) once its other users have. Runs
+/// until aborted, which the release does.
 async fn revoke_when_lost(lock: EtcdLock, lease: Arc<AtomicI64>, monitor: LeaseMonitor) {
     monitor.lost().await;
     let id = lease.load(Ordering::Acquire);
     if lock.inner.waiting.carries(id) {
+        lock.inner.waiting.retire(id);
         return;
     }
     match lock.requests().revoke(id).await {

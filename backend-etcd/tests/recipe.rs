@@ -674,6 +674,63 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     );
 }
 
+/// A parked grant released through another client, which knows only its lease, loses
+/// its key alone: the waiting lease it is on, which carries the owner's other waiters,
+/// is not revoked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releasing_a_parked_grant_from_another_client_spares_the_waiting_lease() {
+    let port = shared_port();
+    let (a, b, c) = (direct(port).await, direct(port).await, direct(port).await);
+    let (first, second) = (key("spare-first"), key("spare-second"));
+    let (first_range, second_range) = (a.lock_prefix(&first), a.lock_prefix(&second));
+    let options = waiting(Duration::from_secs(30), Duration::from_secs(30));
+    let queue = |key: &LockKey, range: String| {
+        let (b, key, options) = (b.clone(), key.clone(), options.clone());
+        let waiter = tokio::spawn(async move { b.acquire(&key, &options).await });
+        async move {
+            assert!(
+                eventually(Duration::from_secs(5), || keys_under(port, &range).len()
+                    == 2)
+                .await,
+                "the waiter did not queue"
+            );
+            waiter
+        }
+    };
+    let holder = a.acquire(&second, &options).await.unwrap();
+    let queued = queue(&second, second_range.clone()).await;
+    let held = a.acquire(&first, &options).await.unwrap();
+    let waiter = queue(&first, first_range.clone()).await;
+    held.release().await.unwrap();
+    let parked = waiter.await.unwrap().unwrap();
+    let holders_key = format!("{second_range}{:x}", holder.lease().owner().as_u128() >> 64);
+    let waiters_key = keys_under(port, &second_range)
+        .into_iter()
+        .find(|k| *k != holders_key)
+        .expect("the waiter's key");
+    let waiting_lease = lease_of(port, &waiters_key);
+    assert_eq!(
+        lease_of(port, &keys_under(port, &first_range)[0]),
+        waiting_lease,
+        "the grant and the waiter are not on one waiting lease"
+    );
+    assert_eq!(
+        c.release(parked.lease()).await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert!(keys_under(port, &first_range).is_empty());
+    let ttl = etcdctl(
+        port,
+        &["lease", "timetolive", &format!("{waiting_lease:x}")],
+    );
+    assert!(ttl.contains("granted with TTL(3s)"), "{ttl}");
+    assert_eq!(keys_under(port, &second_range).len(), 2);
+    holder.release().await.unwrap();
+    let granted = queued.await.unwrap().unwrap();
+    assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
+    drop(parked);
+}
+
 /// A queue longer than a waiter counts down (64 ahead) is waited out the recipe's way,
 /// and in order: the waiter is granted only once the last contender ahead is gone,
 /// whichever order they leave in.

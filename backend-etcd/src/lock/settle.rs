@@ -2,15 +2,15 @@
 //!
 //! A waiter whose lock has a longer TTL than [`super::WAITER_TTL_SECS`] waits with its
 //! key on the client's waiting lease of that short TTL ([`super::waiting`]), so that a
-//! waiter whose process dies holds up the queue for seconds, not for the lock's TTL. Moving the key back to a lease of the
-//! lock's TTL is a raft write. Made before the grant, it put a second write on every
-//! hand-off's path (the release, then the move); made at once behind it, it still
-//! loaded etcd on every contended cycle, though most locks handed off under contention
-//! are held briefly. So the grant is handed out as soon as the turn is seen ours, valid
-//! for as long as the short lease, which is kept alive; the key moves back only once
-//! the grant has been held for one keep-alive period of that lease (a second), or at
-//! once when an extend asks for it. A grant released before then is one delete of its
-//! key.
+//! waiter whose process dies holds up the queue for seconds, not for the lock's TTL.
+//! Moving the key back to a lease of the lock's TTL is a raft write. Made before the
+//! grant, it put a second write on every hand-off's path (the release, then the move);
+//! made at once behind it, it still loaded etcd on every contended cycle, though most
+//! locks handed off under contention are held briefly. So the grant is handed out as
+//! soon as the turn is seen ours, valid for as long as the waiting lease, which is kept
+//! alive; the key moves back only once the grant has been held for one keep-alive
+//! period of that lease (a second), or at once when an extend asks for it. A grant
+//! released before then is one delete of its key.
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -26,7 +26,7 @@ use super::waiting::Parking;
 use super::{margin, revoke_in_background, EtcdLock};
 use crate::ETCD_BACKEND;
 
-/// A parked grant whose key is still on its short waiting lease.
+/// A parked grant whose key is still on the waiting lease.
 pub(super) struct Parked {
     /// The key's range, the key, and its create revision.
     pub(super) place: (String, String, i64),
@@ -34,7 +34,7 @@ pub(super) struct Parked {
     pub(super) short: Parking,
     /// The lock's own lease (granted when the acquire began, not renewed since), its
     /// TTL in seconds, and when its grant was sent; none when the contender was placed
-    /// on the short lease straight away (a fresh one is granted for the move).
+    /// on the waiting lease straight away (a fresh one is granted for the move).
     pub(super) full: Option<(i64, i64, Instant)>,
 }
 
@@ -64,6 +64,10 @@ pub(super) struct Settle {
     done: watch::Receiver<()>,
     /// The lock's own lease, if any.
     full: Option<i64>,
+    /// A use of the waiting lease, which outlives the task: held until the key has
+    /// moved off it or the release has deleted it, so that the lease is not revoked as
+    /// idle before.
+    _parking: Arc<Mutex<Option<Parking>>>,
 }
 
 impl Settle {
@@ -107,9 +111,10 @@ impl EtcdLock {
         let stage = Arc::new(Mutex::new(Stage::Parked));
         let hurry = Arc::new(Notify::new());
         let full = parked.full.map(|(id, _, _)| id);
+        let parking = Arc::new(Mutex::new(Some(parked.short.share())));
         let task = {
             let (lock, monitor) = (self.clone(), monitor.clone());
-            let (stage, hurry) = (stage.clone(), hurry.clone());
+            let (stage, hurry, parking) = (stage.clone(), hurry.clone(), parking.clone());
             tokio::spawn(async move {
                 let _signal = signal;
                 let moving = Moving {
@@ -121,6 +126,13 @@ impl EtcdLock {
                     stage: &stage,
                 };
                 lock.settle(&moving, &hurry).await;
+                // Moved off the waiting lease, or the key gone with it.
+                drop(
+                    parking
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .take(),
+                );
                 // Ended with the key neither moved nor released (the key gone, the lease
                 // run out): its leases are nobody else's to revoke.
                 let ended = std::mem::replace(&mut *stage_of(&stage), Stage::Released);
@@ -137,6 +149,7 @@ impl EtcdLock {
                 hurry,
                 done,
                 full,
+                _parking: parking,
             });
         }
     }

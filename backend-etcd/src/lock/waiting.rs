@@ -29,6 +29,8 @@ pub(super) struct WaitingLease {
     /// Every waiting lease of this client not yet revoked or run out: never revoked
     /// for one grant's sake (see [`WaitingLease::carries`]).
     ids: Mutex<HashSet<i64>>,
+    /// Those of them given no new users (see [`WaitingLease::retire`]).
+    retired: Mutex<HashSet<i64>>,
 }
 
 #[derive(Debug)]
@@ -111,9 +113,29 @@ impl WaitingLease {
         self.ids().contains(&id)
     }
 
-    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
-        self.ids.lock().unwrap_or_else(PoisonError::into_inner)
+    /// Gives waiting lease `id` no new users: it is revoked once its present ones are
+    /// gone. For when a key of ours may be left on it (a clean-up that failed, a put
+    /// whose answer was lost, a grant lost on it), which would otherwise live as long
+    /// as the client keeps contending.
+    pub(super) fn retire(&self, id: i64) {
+        if self.carries(id) {
+            lock(&self.retired).insert(id);
+        }
     }
+
+    fn ids(&self) -> std::sync::MutexGuard<'_, HashSet<i64>> {
+        lock(&self.ids)
+    }
+
+    /// Forgets lease `id`, revoked or run out.
+    fn ended(&self, id: i64) {
+        self.ids().remove(&id);
+        lock(&self.retired).remove(&id);
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl EtcdLock {
@@ -125,7 +147,14 @@ impl EtcdLock {
         let waiting = &self.inner.waiting;
         let mut slot = waiting.slot.lock().await;
         if let Some(shared) = slot.as_ref() {
-            if *shared.alive.borrow() != Alive::Gone {
+            // Not one retired, nor one whose last keep-alive is so old that it may
+            // have run out on the server (a put onto it would be refused).
+            let ttl = Duration::from_secs(u64::try_from(shared.secs).unwrap_or(1));
+            let usable = match *shared.alive.borrow() {
+                Alive::Since(at) => Instant::now() + super::margin(ttl) < at + ttl,
+                Alive::Gone => false,
+            };
+            if usable && !lock(&waiting.retired).contains(&shared.id) {
                 shared.users.fetch_add(1, Ordering::AcqRel);
                 return Ok(Parking {
                     id: shared.id,
@@ -143,7 +172,7 @@ impl EtcdLock {
             Ok(secs) => secs,
             Err(fail) => {
                 // The grant may have landed: revoked (or left to run out) behind.
-                waiting.ids().remove(&id);
+                waiting.ended(id);
                 super::revoke_in_background(self.clone(), id);
                 return Err(self.connection_error(fail));
             }
@@ -168,9 +197,10 @@ impl EtcdLock {
         })
     }
 
-    /// Keeps the waiting lease `id` alive every third of its TTL while it has users,
-    /// telling `told` each answered keep-alive's send time; revokes it once it has had
-    /// none at two keep-alive times in a row. Ends when it is revoked or gone.
+    /// Keeps the waiting lease `id` alive every third of its TTL while it has users
+    /// (each keep-alive bounded by that period, a failed one tried again soon), telling
+    /// `told` each answered keep-alive's send time; revokes it once it has had none at
+    /// two keep-alive times in a row. Ends when it is revoked or gone.
     async fn keep_waiting_lease(
         self,
         id: i64,
@@ -180,8 +210,10 @@ impl EtcdLock {
     ) {
         let period = Duration::from_secs(u64::try_from(secs).unwrap_or(1)) / 3;
         let mut idle = 0;
+        let mut pause = period;
         loop {
-            tokio::time::sleep(period).await;
+            tokio::time::sleep(pause).await;
+            pause = period;
             if users.load(Ordering::Acquire) == 0 {
                 idle += 1;
             } else {
@@ -201,27 +233,33 @@ impl EtcdLock {
                             tracing::debug!(error = %LockError::from(fail), "revoking the idle waiting lease failed; it runs out")
                         }
                     }
-                    self.inner.waiting.ids().remove(&id);
+                    self.inner.waiting.ended(id);
                     return;
                 }
             }
             let sent = Instant::now();
-            match self.requests().keep_alive(id).await {
-                Ok(()) => {
+            let answered = tokio::time::timeout(period, self.requests().keep_alive(id)).await;
+            match answered {
+                Ok(Ok(())) => {
                     told.send_replace(Alive::Since(sent));
                 }
-                Err(fail) if fail.is_lease_not_found() => {
+                Ok(Err(fail)) if fail.is_lease_not_found() => {
                     let mut slot = self.inner.waiting.slot.lock().await;
                     if slot.as_ref().is_some_and(|shared| shared.id == id) {
                         *slot = None;
                     }
                     told.send_replace(Alive::Gone);
                     self.live().remove(id);
-                    self.inner.waiting.ids().remove(&id);
+                    self.inner.waiting.ended(id);
                     return;
                 }
-                Err(fail) => {
+                Ok(Err(fail)) => {
                     tracing::debug!(error = %LockError::from(fail), "keep-alive of the waiting lease failed; retrying");
+                    pause = Duration::from_millis(100);
+                }
+                Err(_) => {
+                    tracing::debug!("keep-alive of the waiting lease unanswered; retrying");
+                    pause = Duration::from_millis(100);
                 }
             }
         }
