@@ -674,6 +674,17 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     );
 }
 
+/// Waits (up to 5 s) until `count` contenders are in `range`.
+async fn until_queued(port: u16, range: &str, count: usize) {
+    assert!(
+        eventually(Duration::from_secs(5), || keys_under(port, range).len()
+            == count)
+        .await,
+        "the waiter did not queue: {:?}",
+        keys_under(port, range)
+    );
+}
+
 /// A parked grant released through another client, which knows only its lease, loses
 /// its key alone: the waiting lease it is on, which carries the owner's other waiters,
 /// is not revoked.
@@ -684,23 +695,16 @@ async fn releasing_a_parked_grant_from_another_client_spares_the_waiting_lease()
     let (first, second) = (key("spare-first"), key("spare-second"));
     let (first_range, second_range) = (a.lock_prefix(&first), a.lock_prefix(&second));
     let options = waiting(Duration::from_secs(30), Duration::from_secs(30));
-    let queue = |key: &LockKey, range: String| {
+    let queue = |key: &LockKey| {
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
-        let waiter = tokio::spawn(async move { b.acquire(&key, &options).await });
-        async move {
-            assert!(
-                eventually(Duration::from_secs(5), || keys_under(port, &range).len()
-                    == 2)
-                .await,
-                "the waiter did not queue"
-            );
-            waiter
-        }
+        tokio::spawn(async move { b.acquire(&key, &options).await })
     };
     let holder = a.acquire(&second, &options).await.unwrap();
-    let queued = queue(&second, second_range.clone()).await;
+    let queued = queue(&second);
+    until_queued(port, &second_range, 2).await;
     let held = a.acquire(&first, &options).await.unwrap();
-    let waiter = queue(&first, first_range.clone()).await;
+    let waiter = queue(&first);
+    until_queued(port, &first_range, 2).await;
     held.release().await.unwrap();
     let parked = waiter.await.unwrap().unwrap();
     let holders_key = format!("{second_range}{:x}", holder.lease().owner().as_u128() >> 64);
