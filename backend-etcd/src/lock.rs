@@ -365,10 +365,10 @@ impl EtcdLock {
             }
             // Wait under the client's short waiting lease, so that a waiter whose process
             // dies holds up the queue behind it for seconds, not for the lock's TTL
-            // (see `waiting`). The lock's own
-            // lease, if granted, is kept (not renewed) to move back to when the wait
-            // was short. Not for the read-write lock (see `Kind::parks`). A semaphore
-            // or read-write waiter marks its grant pending (with the move, if any).
+            // (see `waiting`). The lock's own lease, if granted, is kept (not renewed)
+            // to move back to when the wait was short. Not for the read-write lock (see
+            // `Kind::parks`). A semaphore or read-write waiter marks its grant pending
+            // (with the move, if any).
             let pending = kind.pending_range(self.prefix(), key);
             let marker = pending
                 .as_deref()
