@@ -147,11 +147,13 @@ impl EtcdLock {
         let waiting = &self.inner.waiting;
         let mut slot = waiting.slot.lock().await;
         if let Some(shared) = slot.as_ref() {
-            // Not one retired, nor one whose last keep-alive is so old that it may
-            // have run out on the server (a put onto it would be refused).
+            // Not one retired, nor one whose keep-alives are late (a keep-alive period
+            // and a half since the last answered one): a grant on it would be valid
+            // for little, and it may have run out on the server (a put onto it would
+            // be refused). Its present users keep it; a fresh one serves the others.
             let ttl = Duration::from_secs(u64::try_from(shared.secs).unwrap_or(1));
             let usable = match *shared.alive.borrow() {
-                Alive::Since(at) => Instant::now() + super::margin(ttl) < at + ttl,
+                Alive::Since(at) => Instant::now() < at + ttl / 2,
                 Alive::Gone => false,
             };
             if usable && !lock(&waiting.retired).contains(&shared.id) {
