@@ -5,8 +5,10 @@
 //!
 //! The recipe's waiter watches only the contender just before its own and reads the
 //! range again when it goes (to find any older one still there). That read is a round
-//! trip on the path of every hand-off. Here the waiter reads, once, every contender
-//! older than its own, then counts their deletions as the client's watch of its prefix
+//! trip on the path of every hand-off. Here the waiter learns, once, every contender
+//! older than its own (from the transaction that put its key, which reads them when
+//! the waiter listens before it, else in one read), then counts their deletions as the
+//! client's watch of its prefix
 //! passes them on ([`crate::loss::Feed`]). The count is exact: no contender older than
 //! ours can appear later (create revisions only rise), and the waiter listens before
 //! the read, at or after the revision the watch has passed on up to, so a deletion is
@@ -21,10 +23,11 @@
 use std::collections::HashSet;
 
 use crate::error::Fail;
+use crate::loss::Listener;
 use crate::recipe::{Requests, Rule, Turn};
 
 /// The most older contenders a waiter reads and counts down.
-const WATCHED_AHEAD: usize = 64;
+pub(crate) const WATCHED_AHEAD: usize = 64;
 
 impl Requests {
     /// Whether [`Requests::watch_turn`] serves a `rule` contender with `key`: when our
@@ -38,22 +41,31 @@ impl Requests {
     /// ours (`key`, create revision `revision`), reading etcd at revision `seen` or
     /// later: [`Turn::Ours`] or [`Turn::Gone`] as soon as a watch event shows it, or,
     /// with more than [`WATCHED_AHEAD`] older contenders, [`Turn::After`] with the
-    /// youngest of them, to be waited for the recipe's way. Errors when no watch of
-    /// the prefix is in place within the request timeout, or when it breaks.
+    /// youngest of them, to be waited for the recipe's way. With a `head_start` (a
+    /// listener started before our key's put, and the older contenders that put's
+    /// transaction read), the count starts from it, with no read of its own. Errors
+    /// when no watch of the prefix is in place within the request timeout, or when it
+    /// breaks.
     pub(crate) async fn watch_turn(
         &self,
         rule: &Rule,
         key: &str,
         revision: i64,
         seen: i64,
+        head_start: Option<(Listener, HashSet<Vec<u8>>)>,
     ) -> Result<Turn, Fail> {
-        let mut listener = self.feed.listen(self.timeout).await?;
-        let mut older = match self
-            .ahead(rule, key, revision, seen.max(listener.from))
-            .await?
-        {
-            Ok(older) => older,
-            Err(turn) => return Ok(turn),
+        let (mut listener, mut older) = match head_start {
+            Some(started) => started,
+            None => {
+                let listener = self.feed.listen(self.timeout).await?;
+                match self
+                    .ahead(rule, key, revision, seen.max(listener.from))
+                    .await?
+                {
+                    Ok(older) => (listener, older),
+                    Err(turn) => return Ok(turn),
+                }
+            }
         };
         while older.len() >= rule.room {
             for deleted in listener.next().await?.iter() {

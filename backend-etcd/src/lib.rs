@@ -38,7 +38,8 @@
 //!   have a contender's shape (named by a lease id in lowercase hex, attached to a
 //!   lease) is another tool's data under this prefix, which may never go: the acquire
 //!   fails with [`distlock_api::LockError::Config`] naming it, and revokes its lease.
-//! - A waiter reads, once, every contender older than its own (up to 64 of them), then
+//! - A waiter learns every contender older than its own (up to 64 of them) from the
+//!   transaction that put its key (which reads them, oldest first), else one read, then
 //!   counts their deletions down as the client's one watch of its prefix (see below;
 //!   etcd filters out the puts) passes them on, so the deletion that makes the turn
 //!   ours is seen in the watch event itself, with no read after it: the lock passes on

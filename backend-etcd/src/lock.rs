@@ -1,6 +1,6 @@
 //! [`EtcdLock`]: the mutex on etcd's `concurrency.Mutex` recipe.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
 use crate::keys::{lock_prefix, pending_marker, Kind};
-use crate::loss::LossWatch;
+use crate::loss::{Listener, LossWatch};
 use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
@@ -325,7 +325,15 @@ impl EtcdLock {
             undo.delete_if_failed(&own, None, parked);
         }
         let rule = Rule::of(kind, &prefix);
-        let placed = self
+        // A waiter listens to the client's watch before its put, whose transaction
+        // reads the contenders ahead: it then counts them down with no read of its own.
+        let listener = if wait && Requests::watches_ahead(&rule, &own) {
+            let listened = self.requests().feed.listen(self.requests().timeout).await;
+            Some(listened.map_err(|f| self.connection_error(f))?)
+        } else {
+            None
+        };
+        let mut placed = self
             .requests()
             .place(&rule, &own, value, lease)
             .await
@@ -401,6 +409,7 @@ impl EtcdLock {
             let back = full
                 .filter(|_| parks && !later)
                 .map(|(id, _, granted_at)| (id, granted_at + ttl / 3));
+            let head_start = listener.zip(placed.ahead.take());
             let alive_since = Mutex::new(sent);
             let keep_alive = async {
                 match &parking {
@@ -414,7 +423,7 @@ impl EtcdLock {
                 }
             };
             let moved = tokio::select! {
-                turn = self.wait_turn(&rule, &own, placed.revision, back, marker.as_deref()) => turn?,
+                turn = self.wait_turn((&rule, &own, placed.revision), back, marker.as_deref(), head_start) => turn?,
                 lost = keep_alive => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -494,14 +503,14 @@ impl EtcdLock {
     /// (create revision `revision`). With `back` = (lease, deadline), the look that
     /// finds the turn ours also moves our key (and pending `marker`) to that lease if
     /// sent before the deadline (in the same transaction, see
-    /// [`Requests::turn_and_move`]); returns whether it did.
+    /// [`Requests::turn_and_move`]); returns whether it did. A `head_start` (see
+    /// [`Requests::watch_turn`]) serves the first look.
     async fn wait_turn(
         &self,
-        rule: &Rule,
-        own: &str,
-        revision: i64,
+        (rule, own, revision): (&Rule, &str, i64),
         back: Option<(i64, Instant)>,
         marker: Option<&str>,
+        mut head_start: Option<(Listener, HashSet<Vec<u8>>)>,
     ) -> Result<bool, LockError> {
         let mut pause = Duration::from_millis(20);
         // The revision the next look must read at or after: that of the last deletion
@@ -516,7 +525,10 @@ impl EtcdLock {
                         .await
                 }
                 None if Requests::watches_ahead(rule, own) => {
-                    self.requests().watch_turn(rule, own, revision, seen).await
+                    let started = head_start.take();
+                    self.requests()
+                        .watch_turn(rule, own, revision, seen, started)
+                        .await
                 }
                 None => self.requests().turn(rule, own, revision, seen).await,
             };

@@ -5,6 +5,7 @@
 //! range for the mutex and the election, `max` for a semaphore's permit, one writer for
 //! a reader. Semaphore and read-write waiters also stamp their grants ([`Stamp`]).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use etcd_client::{
     WatchStream,
 };
 
+use crate::ahead::WATCHED_AHEAD;
 use crate::error::{sent, within, Fail};
 use crate::keys::{prefix_end, Kind};
 use crate::loss::Feed;
@@ -38,6 +40,9 @@ pub(crate) struct Placed {
     /// The oldest blocking contenders (up to the room, ours among them if it blocks),
     /// with their values when the rule asked for them.
     pub(crate) seen: Vec<KeyValue>,
+    /// Every blocking contender older than ours, when the put's read saw them all
+    /// (keys only, up to [`WATCHED_AHEAD`]): a waiter counts them down from there.
+    pub(crate) ahead: Option<HashSet<Vec<u8>>>,
 }
 
 /// Which contenders keep ours from holding: `room` or more contenders of the range
@@ -157,10 +162,16 @@ impl Requests {
         value: &[u8],
         lease: i64,
     ) -> Result<Placed, Fail> {
+        // Without values, enough keys for a waiter to count down (ours among them).
+        let limit = if rule.values {
+            rule.limit()
+        } else {
+            rule.limit().max(WATCHED_AHEAD as i64 + 1)
+        };
         let mut oldest = GetOptions::new()
             .with_range(prefix_end(&rule.blocking))
             .with_sort(SortTarget::Create, SortOrder::Ascend)
-            .with_limit(rule.limit());
+            .with_limit(limit);
         if !rule.values {
             oldest = oldest.with_keys_only();
         }
@@ -193,10 +204,22 @@ impl Requests {
             .iter()
             .filter(|kv| kv.create_revision() < revision)
             .count();
+        // Read oldest first: with ours among them, every older one is too.
+        let all_older = !rule.values
+            && seen
+                .iter()
+                .any(|kv| kv.key() == key.as_bytes() && kv.create_revision() == revision);
+        let ahead = all_older.then(|| {
+            seen.iter()
+                .filter(|kv| kv.create_revision() < revision)
+                .map(|kv| kv.key().to_vec())
+                .collect()
+        });
         Ok(Placed {
             revision,
             first: older < rule.room,
             seen,
+            ahead,
         })
     }
 
