@@ -8,14 +8,13 @@
 //! trip on the path of every hand-off. Here the waiter learns, once, every contender
 //! older than its own (from the transaction that put its key, which reads them when
 //! the waiter listens before it, else in one read), then counts their deletions as the
-//! client's watch of its prefix
-//! passes them on ([`crate::loss::Feed`]). The count is exact: no contender older than
-//! ours can appear later (create revisions only rise), and the waiter listens before
-//! the read, at or after the revision the watch has passed on up to, so a deletion is
-//! either already missing from the read or passed on after it. etcd sends each
-//! deletion (puts are filtered out) once per client, not once per waiter, and a wait
-//! opens no watch of its own; each waiter then hears every deletion under the prefix,
-//! not only its predecessor's, a check in memory. Past
+//! client's watch of its prefix passes them on ([`crate::loss::Feed`]). The count is
+//! exact: no contender older than ours can appear later (create revisions only rise),
+//! and the waiter listens before the read, at or after the revision the watch has
+//! passed on up to, so a deletion is either already missing from the read or passed
+//! on after it. etcd sends each deletion (puts are filtered out) once per client, not
+//! once per waiter, and a wait opens no watch of its own; each waiter then hears every
+//! deletion under the prefix, not only its predecessor's, a check in memory. Past
 //! [`WATCHED_AHEAD`] older contenders the waiter waits the recipe's way instead until
 //! the queue ahead is shorter, so a long queue does not make every waiter read it
 //! whole.
