@@ -517,6 +517,23 @@ async fn refused_acquires_leave_no_lease_behind() {
     assert_eq!(keys_under(port, &lock.lock_prefix(&key)), vec![foreign]);
 }
 
+/// `etcdctl lease timetolive` of the lease `key` is attached to.
+fn lease_ttl_of(port: u16, key: &str) -> String {
+    let lease = lease_of(port, key);
+    etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")])
+}
+
+/// Waits (up to 5 s) until etcd lists no lease at all (a server of the test's own).
+async fn until_no_lease(port: u16) {
+    assert!(
+        eventually(Duration::from_secs(5), || etcdctl(port, &["lease", "list"])
+            .contains("found 0 leases"))
+        .await,
+        "{}",
+        etcdctl(port, &["lease", "list"])
+    );
+}
+
 /// The lease `key` is attached to, from `etcdctl get -w json` (0 for none or no key).
 fn lease_of(port: u16, key: &str) -> u64 {
     let json = etcdctl(port, &["get", key, "-w", "json"]);
@@ -578,9 +595,7 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
     let granted = hand_over(a.acquire(&key, &options).await.unwrap()).await;
     assert!(
         eventually(Duration::from_secs(5), || {
-            let lease = lease_of(port, &keys_under(port, &prefix)[0]);
-            etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")])
-                .contains("granted with TTL(30s)")
+            lease_ttl_of(port, &keys_under(port, &prefix)[0]).contains("granted with TTL(30s)")
         })
         .await,
         "the granted key did not move to a lease of the lock's TTL"
@@ -594,13 +609,7 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
         .unwrap()
         .is_none());
     assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
-    assert!(
-        eventually(Duration::from_secs(5), || etcdctl(port, &["lease", "list"])
-            .contains("found 0 leases"))
-        .await,
-        "{}",
-        etcdctl(port, &["lease", "list"])
-    );
+    until_no_lease(port).await;
 }
 
 /// An acquire of a key this client last had to wait for places its contender straight
@@ -622,20 +631,14 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
         tokio::spawn(async move { b.acquire(&key, &options).await })
     };
-    assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
-            == 2)
-        .await,
-        "the waiter did not queue"
-    );
+    until_queued(port, &prefix, 2).await;
     held.release().await.unwrap();
     let waited = waiter.await.unwrap().unwrap();
     assert_eq!(waited.release().await.unwrap(), ReleaseOutcome::Released);
 
     let asked = tokio::time::Instant::now();
     let granted = b.acquire(&key, &options).await.unwrap();
-    let lease = lease_of(port, &keys_under(port, &prefix)[0]);
-    let first = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    let first = lease_ttl_of(port, &keys_under(port, &prefix)[0]);
     assert!(first.contains("granted with TTL(3s)"), "{first}");
     assert!(
         granted.valid_until() < asked + Duration::from_secs(4),
@@ -643,9 +646,7 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     );
     assert!(
         eventually(Duration::from_secs(5), || {
-            let lease = lease_of(port, &keys_under(port, &prefix)[0]);
-            etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")])
-                .contains("granted with TTL(30s)")
+            lease_ttl_of(port, &keys_under(port, &prefix)[0]).contains("granted with TTL(30s)")
         })
         .await,
         "the granted key did not move to a lease of the lock's TTL"
@@ -660,18 +661,11 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
 
     // Found free last time: the usual way, on a lease of the lock's TTL at once.
     let again = b.acquire(&key, &options).await.unwrap();
-    let lease = lease_of(port, &keys_under(port, &prefix)[0]);
-    let usual = etcdctl(port, &["lease", "timetolive", &format!("{lease:x}")]);
+    let usual = lease_ttl_of(port, &keys_under(port, &prefix)[0]);
     assert!(usual.contains("granted with TTL(30s)"), "{usual}");
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
     assert!(keys_under(port, &prefix).is_empty());
-    assert!(
-        eventually(Duration::from_secs(5), || etcdctl(port, &["lease", "list"])
-            .contains("found 0 leases"))
-        .await,
-        "{}",
-        etcdctl(port, &["lease", "list"])
-    );
+    until_no_lease(port).await;
 }
 
 /// Waits (up to 5 s) until `count` contenders are in `range`.
