@@ -29,7 +29,8 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), distlock::LockError> {
 //! // Every client connected by the same `memory://` URL shares the same locks.
-//! let locks = distlock::connect("memory://orders").await?;
+//! let client = distlock::connect("memory://orders").await?;
+//! let locks = client.lock();
 //! let key = LockKey::new("invoices/2026-11")?;
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
@@ -71,8 +72,7 @@ pub use distlock_etcd as etcd;
 #[cfg(feature = "zookeeper")]
 pub use distlock_zookeeper as zookeeper;
 
-use std::sync::Arc;
-
+mod legacy;
 mod primitives;
 
 pub use primitives::{connect_election, connect_rw, connect_semaphore};
@@ -161,48 +161,52 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// Every backend crate parses its URLs with `parse_url` (for example
 /// `distlock_redis::parse_url`), whose docs give the forms and options.
 ///
-/// Each call returns a new, independent client, wrapped in [`observe::Observed`] so
-/// that acquires are measured (see [`observe`]). Error messages never repeat the URL
-/// beyond its scheme, because server URLs may carry passwords.
+/// Each call returns a new, independent [`Client`]: one connection (or pool, or
+/// session) that its mutex, semaphore, read-write lock and election share, each
+/// measured as [`observe`] says. Error messages never repeat the URL beyond its
+/// scheme, because server URLs may carry passwords.
 ///
 /// # Errors
 /// [`LockError::Config`] when `url` is empty, contains whitespace or control
 /// characters, lacks a `scheme://` prefix, has an unknown scheme, names a backend not
 /// available in this build, or is a memory URL with options; the backend's own
 /// connection and configuration errors otherwise.
-pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
-    connect_backend(url).await.map(observe::observed)
-}
-
-/// [`connect`] without the metrics wrapper.
-async fn connect_backend(url: &str) -> Result<Arc<dyn DistributedLock>, LockError> {
+pub async fn connect(url: &str) -> Result<Client, LockError> {
     let (backend, rest) = backend_for(url)?;
     match backend {
-        Backend::Memory => Ok(Arc::new(memory_client(rest)?)),
+        Backend::Memory => Ok(memory_client(rest)?.client()),
         #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(distlock_file::FileLock::connect(url).await?)),
-        #[cfg(not(feature = "file"))]
-        Backend::File => Err(feature_off(url, backend)),
+        Backend::File => {
+            let lock = distlock_file::FileLock::connect(url).await?;
+            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
+            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
+        }
         #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(distlock_redis::RedisLock::connect(url).await?)),
-        #[cfg(not(feature = "redis"))]
-        Backend::Redis => Err(feature_off(url, backend)),
+        Backend::Redis => {
+            let lock = distlock_redis::RedisLock::connect(url).await?;
+            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
+            Ok(legacy::client(lock, s.ok(), r.ok(), e.ok()))
+        }
         #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(Arc::new(
-            distlock_zookeeper::ZooKeeperLock::connect(url).await?,
-        )),
-        #[cfg(not(feature = "zookeeper"))]
-        Backend::ZooKeeper => Err(feature_off(url, backend)),
+        Backend::ZooKeeper => {
+            let lock = distlock_zookeeper::ZooKeeperLock::connect(url).await?;
+            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
+            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
+        }
         #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url).await?,
-        )),
-        #[cfg(not(feature = "postgres"))]
-        Backend::Postgres => Err(feature_off(url, backend)),
+        Backend::Postgres => {
+            let lock = distlock_postgres::PostgresLock::connect(url).await?;
+            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
+            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
+        }
         #[cfg(feature = "etcd")]
-        Backend::Etcd => Ok(Arc::new(distlock_etcd::EtcdLock::connect(url).await?)),
-        #[cfg(not(feature = "etcd"))]
-        Backend::Etcd => Err(feature_off(url, backend)),
+        Backend::Etcd => {
+            let lock = distlock_etcd::EtcdLock::connect(url).await?;
+            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
+            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
+        }
+        #[allow(unreachable_patterns)] // every feature on
+        off => Err(feature_off(url, off)),
     }
 }
 
@@ -456,7 +460,10 @@ mod tests {
     async fn file_urls_reach_the_file_backend() {
         let dir = std::env::temp_dir().join(format!("distlock-facade-{}", std::process::id()));
         let url = format!("file://{}", dir.display());
-        let (a, b) = (connect(&url).await.unwrap(), connect(&url).await.unwrap());
+        let (a, b) = (
+            connect(&url).await.unwrap().lock(),
+            connect(&url).await.unwrap().lock(),
+        );
         assert_eq!(a.info().name, "file");
         let guard = a.acquire(&key(), &no_wait()).await.unwrap();
         assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
@@ -512,8 +519,8 @@ mod tests {
 
     #[tokio::test]
     async fn same_memory_url_shares_locks() {
-        let a = connect("memory://facade-shared").await.unwrap();
-        let b = connect("memory://facade-shared").await.unwrap();
+        let a = connect("memory://facade-shared").await.unwrap().lock();
+        let b = connect("memory://facade-shared").await.unwrap().lock();
         assert_eq!(a.info().name, "memory");
         let guard = a.acquire(&key(), &no_wait()).await.unwrap();
         assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
@@ -528,9 +535,9 @@ mod tests {
 
     #[tokio::test]
     async fn scheme_is_case_insensitive_and_name_is_verbatim() {
-        let a = connect("memory://facade-case").await.unwrap();
-        let b = connect("MEMORY://facade-case").await.unwrap();
-        let c = connect("memory://FACADE-CASE").await.unwrap();
+        let a = connect("memory://facade-case").await.unwrap().lock();
+        let b = connect("MEMORY://facade-case").await.unwrap().lock();
+        let c = connect("memory://FACADE-CASE").await.unwrap().lock();
         let _held = a.acquire(&key(), &no_wait()).await.unwrap();
         assert!(b.try_acquire(&key(), &no_wait()).await.unwrap().is_none());
         assert!(c.try_acquire(&key(), &no_wait()).await.unwrap().is_some());
@@ -538,8 +545,8 @@ mod tests {
 
     #[tokio::test]
     async fn different_memory_names_are_independent() {
-        let a = connect("memory://facade-one").await.unwrap();
-        let b = connect("memory://facade-two").await.unwrap();
+        let a = connect("memory://facade-one").await.unwrap().lock();
+        let b = connect("memory://facade-two").await.unwrap().lock();
         let _one = a.acquire(&key(), &no_wait()).await.unwrap();
         let two = b.try_acquire(&key(), &no_wait()).await.unwrap();
         assert!(two.is_some(), "another name is another store");
@@ -547,8 +554,8 @@ mod tests {
 
     #[tokio::test]
     async fn bare_memory_url_is_the_default_named_store() {
-        let url = connect("memory://").await.unwrap();
-        let direct = MemoryLock::with_store(memory::MemoryStore::named(""));
+        let url = connect("memory://").await.unwrap().lock();
+        let direct = MemoryLock::with_store(memory::MemoryStore::named("")).lock();
         let key = LockKey::new("facade-tests/default-store").unwrap();
         let _held = url.acquire(&key, &no_wait()).await.unwrap();
         assert!(direct
@@ -556,7 +563,7 @@ mod tests {
             .await
             .unwrap()
             .is_none());
-        let other = connect("memory://facade-not-default").await.unwrap();
+        let other = connect("memory://facade-not-default").await.unwrap().lock();
         assert!(other.try_acquire(&key, &no_wait()).await.unwrap().is_some());
     }
 }

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::{Backend, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError};
+use crate::{DistributedRwLock, DistributedSemaphore, LeaderElection, LockError};
 
 /// Connects a semaphore client to the backend named by `url` (the URLs of
 /// [`crate::connect`]). Clients connected by the same URL share permits.
@@ -30,36 +30,7 @@ use crate::{Backend, DistributedRwLock, DistributedSemaphore, LeaderElection, Lo
 /// them), the backend's connection errors, and [`LockError::Unsupported`] for a Redlock
 /// URL, after connecting: its nodes cannot agree on a count of holders.
 pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore>, LockError> {
-    let (backend, rest) = crate::backend_for(url)?;
-    match backend {
-        Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.semaphore())),
-        #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(
-            distlock_file::FileLock::connect(url).await?.semaphore(),
-        )),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(
-            distlock_redis::RedisLock::connect(url).await?.semaphore()?,
-        )),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url)
-                .await?
-                .semaphore(),
-        )),
-        #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(Arc::new(
-            distlock_zookeeper::ZooKeeperLock::connect(url)
-                .await?
-                .semaphore(),
-        )),
-        #[cfg(feature = "etcd")]
-        Backend::Etcd => Ok(Arc::new(
-            distlock_etcd::EtcdLock::connect(url).await?.semaphore(),
-        )),
-        #[allow(unreachable_patterns)] // every feature on
-        off => Err(crate::feature_off(url, off)),
-    }
+    Ok(crate::connect(url).await?.semaphore())
 }
 
 /// Connects a read-write lock client to the backend named by `url` (the URLs of
@@ -87,36 +58,7 @@ pub async fn connect_semaphore(url: &str) -> Result<Arc<dyn DistributedSemaphore
 /// them), the backend's connection errors, and [`LockError::Unsupported`] for a Redlock
 /// URL, after connecting.
 pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockError> {
-    let (backend, rest) = crate::backend_for(url)?;
-    match backend {
-        Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.rw_lock())),
-        #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(
-            distlock_file::FileLock::connect(url).await?.rw_lock(),
-        )),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(
-            distlock_redis::RedisLock::connect(url).await?.rw_lock()?,
-        )),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url)
-                .await?
-                .rw_lock(),
-        )),
-        #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(Arc::new(
-            distlock_zookeeper::ZooKeeperLock::connect(url)
-                .await?
-                .rw_lock(),
-        )),
-        #[cfg(feature = "etcd")]
-        Backend::Etcd => Ok(Arc::new(
-            distlock_etcd::EtcdLock::connect(url).await?.rw_lock(),
-        )),
-        #[allow(unreachable_patterns)] // every feature on
-        off => Err(crate::feature_off(url, off)),
-    }
+    Ok(crate::connect(url).await?.rw_lock())
 }
 
 /// Connects an election client to the backend named by `url` (the URLs of
@@ -145,36 +87,7 @@ pub async fn connect_rw(url: &str) -> Result<Arc<dyn DistributedRwLock>, LockErr
 /// them), the backend's connection errors, and [`LockError::Unsupported`] from a
 /// backend without elections (its reason says why), after connecting.
 pub async fn connect_election(url: &str) -> Result<Arc<dyn LeaderElection>, LockError> {
-    let (backend, rest) = crate::backend_for(url)?;
-    match backend {
-        Backend::Memory => Ok(Arc::new(crate::memory_client(rest)?.election())),
-        #[cfg(feature = "file")]
-        Backend::File => Ok(Arc::new(
-            distlock_file::FileLock::connect(url).await?.election(),
-        )),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(Arc::new(
-            distlock_redis::RedisLock::connect(url).await?.election()?,
-        )),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(Arc::new(
-            distlock_postgres::PostgresLock::connect(url)
-                .await?
-                .election(),
-        )),
-        #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(Arc::new(
-            distlock_zookeeper::ZooKeeperLock::connect(url)
-                .await?
-                .election(),
-        )),
-        #[cfg(feature = "etcd")]
-        Backend::Etcd => Ok(Arc::new(
-            distlock_etcd::EtcdLock::connect(url).await?.election(),
-        )),
-        #[allow(unreachable_patterns)] // every feature on
-        off => Err(crate::feature_off(url, off)),
-    }
+    Ok(crate::connect(url).await?.election())
 }
 
 #[cfg(test)]

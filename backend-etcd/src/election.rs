@@ -194,7 +194,7 @@ impl LeaderElection for EtcdElection {
         candidate: &Candidate,
         options: &LockOptions,
     ) -> Result<Option<Leadership>, LockError> {
-        check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.fifo)?;
+        check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.election.fifo)?;
         let won = self
             .lock
             .contend(
@@ -227,7 +227,7 @@ impl LeaderElection for EtcdElection {
         candidate: &Candidate,
         options: &LockOptions,
     ) -> Result<Leadership, LockError> {
-        check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.fifo)?;
+        check_campaign_request(ETCD_BACKEND, options, ETCD_CAPABILITIES.election.fifo)?;
         self.lock
             .wait_for(
                 Kind::Candidate,

@@ -666,7 +666,7 @@ impl DistributedLock for EtcdLock {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.mutex.fifo)?;
         let won = self
             .contend(Kind::Mutex, key, b"", options, &WaitReport::new(), false)
             .await?;
@@ -675,7 +675,7 @@ impl DistributedLock for EtcdLock {
 
     async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
         options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)?;
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.mutex.fifo)?;
         self.wait_for(Kind::Mutex, key, b"", options, |lease, monitor| {
             Ok(self.guard(lease, monitor, options))
         })

@@ -109,7 +109,7 @@ fn kind_of(lease: &Lease) -> Kind {
 impl EtcdRwLock {
     fn checked(options: &LockOptions) -> Result<(), LockError> {
         options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.fifo)
+        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.rw_lock.fifo)
     }
 
     fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {

@@ -117,7 +117,12 @@ fn recorded_count(value: &[u8]) -> Option<u32> {
 
 impl EtcdSemaphore {
     fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        check_permit_request(ETCD_BACKEND, max_permits, options, ETCD_CAPABILITIES.fifo)
+        check_permit_request(
+            ETCD_BACKEND,
+            max_permits,
+            options,
+            ETCD_CAPABILITIES.semaphore.fifo,
+        )
     }
 
     fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {

@@ -208,6 +208,13 @@ pub(crate) fn unlock(file: &File) {
 
 const NO_TTL: &str = "a file lock is held until it is released or its process exits; the TTL only sets the holder's local validity deadline";
 
+/// Why the file semaphore and read-write lock hand out no fencing token.
+const UNFENCED: &str =
+    "the slot and gate files keep no counter: permits and read-write grants carry no fencing token";
+
+/// Why the file semaphore's and read-write lock's waiters are not woken.
+const POLLED: &str = "waiters retry at the options' backoff rather than block in the kernel";
+
 /// Why the file backend reports no FIFO waiting: the kernel, not this crate, picks the
 /// next holder among processes.
 pub(crate) const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linux wakes every waiter of a released file and the first to run takes it";
@@ -215,9 +222,14 @@ pub(crate) const NOT_FIFO: &str = "flock(2) promises no order among blocked proc
 #[async_trait]
 impl DistributedLock for FileLock {
     fn info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.ttl_expiry = Capability::Unsupported(NO_TTL);
-        capabilities.fifo = Capability::Unsupported(NOT_FIFO);
+        let mut capabilities = Capabilities::all_supported().with_every(|g| {
+            g.ttl_expiry = Capability::Unsupported(NO_TTL);
+            g.fifo = Capability::Unsupported(NOT_FIFO);
+        });
+        for polled in [&mut capabilities.semaphore, &mut capabilities.rw_lock] {
+            polled.fencing = Capability::Unsupported(UNFENCED);
+            polled.wake_on_release = Capability::Unsupported(POLLED);
+        }
         BackendInfo::new(FILE_BACKEND, capabilities)
     }
 

@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
 use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
 use distlock_api::{
-    check_ttl, BackendInfo, BackoffDelays, Capabilities, DistributedLock, ExtendOutcome,
-    FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions,
-    OwnerToken, PermitMismatch, ReleaseOutcome,
+    check_ttl, BackendInfo, BackoffDelays, Capabilities, Capability, DistributedLock,
+    ExtendOutcome, FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey,
+    LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, Notify, Semaphore};
@@ -764,7 +764,10 @@ impl PostgresLock {
 #[async_trait]
 impl DistributedLock for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(POSTGRES_BACKEND, Capabilities::all_supported())
+        let mut capabilities = Capabilities::all_supported();
+        capabilities.semaphore.fifo = Capability::Unsupported(crate::semaphore::POLLED);
+        capabilities.semaphore.wake_on_release = Capability::Unsupported(crate::semaphore::POLLED);
+        BackendInfo::new(POSTGRES_BACKEND, capabilities)
     }
 
     async fn try_acquire(

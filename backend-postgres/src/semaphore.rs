@@ -29,7 +29,8 @@ use crate::mailbox::{Grab, Probe};
 use crate::{PostgresLock, POSTGRES_BACKEND};
 
 /// Why a semaphore acquire does not wait in FIFO order.
-const POLLED: &str = "a permit waiter polls the slots at the options' backoff; it does not queue";
+pub(crate) const POLLED: &str =
+    "a permit waiter polls the slots at the options' backoff; it does not queue";
 
 /// A semaphore client of the Postgres backend, made by [`PostgresLock::semaphore`]:
 /// sessions, leases and fencing as the mutex's (see the crate docs).

@@ -288,10 +288,11 @@ async fn bad_input_is_refused_before_the_server() {
         Err(LockError::InvalidOptions { .. })
     ));
     let info = DistributedSemaphore::info(&sem);
-    assert!(info.capabilities.semaphore.is_supported());
+    assert!(info.capabilities.semaphore.offered.is_supported());
     assert!(DistributedRwLock::info(&rw)
         .capabilities
         .rw_lock
+        .offered
         .is_supported());
     let mut raw = h.raw().await;
     assert!(advisory_entries(&mut raw).await.is_empty());

@@ -601,22 +601,30 @@ impl Drop for Compensation<'_> {
     }
 }
 
-#[async_trait]
-impl DistributedLock for RedisLock {
-    fn info(&self) -> BackendInfo {
+impl RedisLock {
+    /// What every primitive of this client offers: every handle reports this.
+    pub(crate) fn capabilities(&self) -> Capabilities {
         let mut capabilities = Capabilities::all_supported();
+        capabilities.mutex.fifo = self.fifo_capability();
+        capabilities.semaphore.fifo = Capability::Unsupported(primitive::PRIMITIVES_NOT_FIFO);
+        capabilities.rw_lock.fifo = Capability::Unsupported(primitive::PRIMITIVES_NOT_FIFO);
+        capabilities.election.fifo = Capability::Unsupported(election::ELECTION_NOT_FIFO);
         if self.is_redlock() {
-            capabilities.fencing = Capability::Unsupported(
+            capabilities.mutex.fencing = Capability::Unsupported(
                 "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
-        }
-        capabilities.fifo = self.fifo_capability();
-        if self.is_redlock() {
             capabilities = capabilities
                 .mutex_only(primitive::REDLOCK_NO_PRIMITIVES)
                 .without_election(election::REDLOCK_NO_ELECTION);
         }
-        BackendInfo::new(self.name(), capabilities)
+        capabilities
+    }
+}
+
+#[async_trait]
+impl DistributedLock for RedisLock {
+    fn info(&self) -> BackendInfo {
+        BackendInfo::new(self.name(), self.capabilities())
     }
 
     async fn try_acquire(

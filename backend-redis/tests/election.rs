@@ -253,7 +253,7 @@ async fn fifo_campaigns_are_refused() {
         matches!(refused, Err(LockError::Unsupported { .. })),
         "{refused:?}"
     );
-    assert!(!elections.info().capabilities.fifo.is_supported());
+    assert!(!elections.info().capabilities.election.fifo.is_supported());
     let mut raw = h.raw(0).await;
     let size: usize = redis::cmd("DBSIZE").query_async(&mut raw).await.unwrap();
     assert_eq!(size, 0);
@@ -264,7 +264,7 @@ async fn fifo_campaigns_are_refused() {
 async fn redlock_refuses_elections() {
     let h = common::start(3).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
-    let reason = match lock.info().capabilities.election {
+    let reason = match lock.info().capabilities.election.offered {
         distlock_api::Capability::Unsupported(reason) => reason,
         other => panic!("Redlock reports elections {other:?}"),
     };

@@ -341,13 +341,14 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
 /// grant the servers apply late is released by the dropped attempt's compensation: the
 /// key frees long before its TTL, and (on a single node) the next grant's token shows the
 /// late one happened.
-/// `observed`: through `distlock_api::observe::observed`, as `distlock::connect` returns.
+/// `observed`: through a `distlock_api::Client`'s mutex handle, as `distlock::connect`
+/// returns it.
 async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) {
     let h = common::start(nodes).await;
     let mut lock: std::sync::Arc<dyn DistributedLock> =
         std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap());
     if observed {
-        lock = distlock_api::observe::observed(lock);
+        lock = distlock_api::Client::from_parts(lock, None, None, None).lock();
     }
     let k = key(&format!("paused-{nodes}-{observed}"));
     // Long, so a key freed within the second acquire's wait was released, not expired.
@@ -432,14 +433,18 @@ async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
     paused_servers_bound_acquire_by_its_wait(3, false).await;
 }
 
-/// A zero wait through the facade's wrapper is one try, as `NoWait` is: granted on a
+/// A zero wait through a client's mutex handle is one try, as `NoWait` is: granted on a
 /// free key, `Timeout` on a held one (not cut short by the wait's bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observed_zero_wait_is_one_try() {
     let h = common::start(1).await;
-    let lock = distlock_api::observe::observed(std::sync::Arc::new(
-        RedisLock::connect(&h.url()).await.unwrap(),
-    ));
+    let lock = distlock_api::Client::from_parts(
+        std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap()),
+        None,
+        None,
+        None,
+    )
+    .lock();
     let k = key("observed-zero-wait");
     let zero = waiting(Duration::from_secs(5), Duration::ZERO);
     let guard = lock

@@ -25,7 +25,7 @@ fn options() -> LockOptions {
 async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     let h = common::start(3).await;
     let lock = Arc::new(RedisLock::connect(&h.url()).await.unwrap());
-    assert!(!lock.info().capabilities.fencing.is_supported());
+    assert!(!lock.info().capabilities.mutex.fencing.is_supported());
     let k = key("redlock");
     for round in 0..5 {
         let guard = lock.acquire(&k, &options()).await.unwrap();
@@ -58,7 +58,7 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
 async fn single_node_tokens_rise_and_the_record_expires() {
     let h = common::start(1).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
-    assert!(lock.info().capabilities.fencing.is_supported());
+    assert!(lock.info().capabilities.mutex.fencing.is_supported());
     let k = key("single");
     let names = KeyNames::for_key(&k);
     let mut last = 0;

@@ -577,7 +577,7 @@ async fn bad_fifo_parameters_are_typed_errors() {
     let err = RedisLock::connect(&redlock_fifo).await.unwrap_err();
     assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
     let redlock = RedisLock::connect(&h.url()).await.unwrap();
-    assert!(!redlock.info().capabilities.fifo.is_supported());
+    assert!(!redlock.info().capabilities.mutex.fifo.is_supported());
     let fifo = LockOptions::new(LONG_TTL).with_order(WaitOrder::Fifo);
     let k = key("redlock");
     let err = redlock.acquire(&k, &fifo).await.unwrap_err();
@@ -591,7 +591,7 @@ async fn bad_fifo_parameters_are_typed_errors() {
     let plain = RedisLock::connect(&format!("redis://127.0.0.1:{port}?fifo=false"))
         .await
         .unwrap();
-    assert!(plain.info().capabilities.fifo.is_supported());
+    assert!(plain.info().capabilities.mutex.fifo.is_supported());
 }
 
 /// The lock key keeps its plain layout in FIFO mode: a foreign `SET NX PX` holder

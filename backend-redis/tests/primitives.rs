@@ -234,7 +234,7 @@ async fn redlock_refuses_both_with_its_reason() {
     let harness = common::start(3).await;
     let lock = RedisLock::connect(&harness.url()).await.expect("connects");
     let capabilities = DistributedLock::info(&lock).capabilities;
-    for capability in [capabilities.semaphore, capabilities.rw_lock] {
+    for capability in [capabilities.semaphore.offered, capabilities.rw_lock.offered] {
         match capability {
             distlock_api::Capability::Unsupported(reason) => {
                 assert!(reason.contains("majorit"), "{reason}")
@@ -251,16 +251,21 @@ async fn redlock_refuses_both_with_its_reason() {
         .await
         .expect("connects");
     let capabilities = DistributedLock::info(&single).capabilities;
-    assert!(capabilities.semaphore.is_supported() && capabilities.rw_lock.is_supported());
+    assert!(
+        capabilities.semaphore.offered.is_supported()
+            && capabilities.rw_lock.offered.is_supported()
+    );
     let semaphore = single.semaphore().unwrap();
     assert!(DistributedSemaphore::info(&semaphore)
         .capabilities
         .semaphore
+        .offered
         .is_supported());
     let rw = single.rw_lock().unwrap();
     assert!(DistributedRwLock::info(&rw)
         .capabilities
         .rw_lock
+        .offered
         .is_supported());
 }
 

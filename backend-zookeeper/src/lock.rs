@@ -526,10 +526,11 @@ impl ZooKeeperLock {
 #[async_trait]
 impl DistributedLock for ZooKeeperLock {
     fn info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.ttl_expiry = Capability::Unsupported(
-            "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
-        );
+        let capabilities = Capabilities::all_supported().with_every(|g| {
+            g.ttl_expiry = Capability::Unsupported(
+                "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
+            )
+        });
         BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
     }
 

@@ -57,7 +57,7 @@ where
 {
     let connections_before = settled(url, &connections).await?;
     let rss_before = rss_kib()?;
-    let lock = distlock::connect(url).await?;
+    let lock = distlock::connect(url).await?.lock();
     let options = LockOptions::new(TTL).with_wait(WaitPolicy::Timeout(Duration::from_secs(30)));
     let started = Instant::now();
     let mut set = JoinSet::new();

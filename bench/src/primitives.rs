@@ -28,17 +28,24 @@ fn options() -> LockOptions {
 /// for each it does not.
 pub(crate) async fn add_sides(url: &str, sides: &mut Vec<Box<dyn Side>>, notes: &mut Vec<String>) {
     match distlock::connect_semaphore(url).await {
-        Ok(semaphore) if semaphore.info().capabilities.semaphore.is_supported() => {
+        Ok(semaphore)
+            if semaphore
+                .info()
+                .capabilities
+                .semaphore
+                .offered
+                .is_supported() =>
+        {
             sides.push(Box::new(Permits { semaphore }));
         }
         Ok(semaphore) => notes.push(format!(
             "semaphore rows left out: {:?}",
-            semaphore.info().capabilities.semaphore
+            semaphore.info().capabilities.semaphore.offered
         )),
         Err(e) => notes.push(format!("semaphore rows left out: {e}")),
     }
     match distlock::connect_rw(url).await {
-        Ok(rw) if rw.info().capabilities.rw_lock.is_supported() => {
+        Ok(rw) if rw.info().capabilities.rw_lock.offered.is_supported() => {
             for mode in [RwMode::Write, RwMode::Read] {
                 sides.push(Box::new(ReadWrite {
                     rw: rw.clone(),
@@ -48,7 +55,7 @@ pub(crate) async fn add_sides(url: &str, sides: &mut Vec<Box<dyn Side>>, notes: 
         }
         Ok(rw) => notes.push(format!(
             "read-write rows left out: {:?}",
-            rw.info().capabilities.rw_lock
+            rw.info().capabilities.rw_lock.offered
         )),
         Err(e) => notes.push(format!("read-write rows left out: {e}")),
     }

@@ -48,7 +48,7 @@ pub(crate) struct Ours {
 impl Ours {
     pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
         Ok(Ours {
-            lock: distlock::connect(url).await?,
+            lock: distlock::connect(url).await?.lock(),
             order: WaitOrder::Any,
         })
     }

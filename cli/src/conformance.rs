@@ -66,7 +66,7 @@ pub async fn self_test(json: bool) -> Result<(), CliError> {
 /// [`UrlHarness`] otherwise. Connects once first, so a bad or unreachable backend is
 /// one clear error rather than a report full of failures.
 async fn harness(url: &str) -> Result<Arc<dyn Harness>, CliError> {
-    let probe = distlock::connect(url).await?;
+    let probe = distlock::connect(url).await?.lock();
     if probe.info().name == MEMORY_BACKEND {
         // `connect` accepted the URL, so it has a `scheme://` prefix; the store name is
         // what follows, exactly as `connect` reads it.

@@ -74,8 +74,8 @@ impl Account {
 /// an acquire times out, or any act's result is not the expected one.
 pub async fn run(url: &str) -> Result<(), CliError> {
     // Two clients, as if the two requests ran in two processes.
-    let first = distlock::connect(url).await?;
-    let second = distlock::connect(url).await?;
+    let first = distlock::connect(url).await?.lock();
+    let second = distlock::connect(url).await?.lock();
     let key = LockKey::new(KEY).map_err(LockError::from)?;
     say(format!(
         "account 42 holds {START}; a withdrawal of {WITHDRAW} and a transfer of {TRANSFER} arrive at once (backend: {})",
@@ -187,8 +187,11 @@ async fn fencing(
 ) -> Result<bool, CliError> {
     let info = first.info();
     for (capability, what) in [
-        (info.capabilities.fencing, "fencing tokens"),
-        (info.capabilities.ttl_expiry, "leases that expire by TTL"),
+        (info.capabilities.mutex.fencing, "fencing tokens"),
+        (
+            info.capabilities.mutex.ttl_expiry,
+            "leases that expire by TTL",
+        ),
     ] {
         if let Capability::Unsupported(why) = capability {
             say(format!(

@@ -46,7 +46,13 @@ fn short_session(url: String) -> String {
 
 /// `distlock::connect`, with a short ZooKeeper session.
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| Box::pin(async move { distlock::connect(&short_session(url)).await }))
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            distlock::connect(&short_session(url))
+                .await
+                .map(|c| c.lock())
+        })
+    })
 }
 
 /// `distlock::connect_semaphore`, with a short ZooKeeper session.
@@ -263,7 +269,7 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
         ));
     }
     // Connect once first, so a bad or unreachable backend is one clear error.
-    let probe = distlock::connect(url).await?;
+    let probe = distlock::connect(url).await?.lock();
     if probe.info().name == MEMORY_BACKEND {
         let name = url.split_once("://").map_or("", |(_, name)| name);
         return Ok(Arc::new(MemoryHarness::with_store(MemoryStore::named(

@@ -28,7 +28,7 @@ struct StatusJson<'a> {
 /// or cannot look at keys.
 pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = LockKey::new(key).map_err(|e| CliError::usage(format!("invalid key: {e}")))?;
-    let locks = distlock::connect(url).await?;
+    let locks = distlock::connect(url).await?.lock();
     let info = locks.info();
     let backend = info.name;
     let status = locks.inspect(&key).await?;
@@ -48,7 +48,7 @@ pub async fn run(url: &str, key: &str, json: bool) -> Result<(), CliError> {
         table(
             &key,
             backend,
-            info.capabilities.fencing.is_supported(),
+            info.capabilities.mutex.fencing.is_supported(),
             &status,
         )
     };

@@ -22,7 +22,7 @@ impl UrlHarness {
 
 /// A connector that is [`distlock::connect`].
 pub fn connector() -> UrlConnector {
-    Arc::new(|url: String| Box::pin(async move { distlock::connect(&url).await }))
+    Arc::new(|url: String| Box::pin(async move { distlock::connect(&url).await.map(|c| c.lock()) }))
 }
 
 /// `url` with any password replaced by `***`, for reports.
@@ -48,17 +48,18 @@ impl Harness for UrlHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        let lock = distlock::connect(&self.url).await?;
-        let offers = lock.info().capabilities;
-        let mut client = Client::new(lock);
-        if offers.semaphore.is_supported() {
-            client = client.with_semaphore(distlock::connect_semaphore(&self.url).await?);
+        // One connection for every primitive, as an application's client has.
+        let connected = distlock::connect(&self.url).await?;
+        let offers = connected.info().capabilities;
+        let mut client = Client::new(connected.lock());
+        if offers.semaphore.offered.is_supported() {
+            client = client.with_semaphore(connected.semaphore());
         }
-        if offers.rw_lock.is_supported() {
-            client = client.with_rw_lock(distlock::connect_rw(&self.url).await?);
+        if offers.rw_lock.offered.is_supported() {
+            client = client.with_rw_lock(connected.rw_lock());
         }
-        if offers.election.is_supported() {
-            client = client.with_election(distlock::connect_election(&self.url).await?);
+        if offers.election.offered.is_supported() {
+            client = client.with_election(connected.election());
         }
         Ok(client)
     }

@@ -73,7 +73,7 @@ async fn demo_and_conformance_pass_on_zookeeper() {
 
 /// `distlock status --json` on `url` while this process holds `key` through it.
 async fn status_sees_the_holder(url: &str) {
-    let locks = distlock::connect(url).await.unwrap();
+    let locks = distlock::connect(url).await.unwrap().lock();
     let key = distlock::LockKey::new("status/secure").unwrap();
     let options = distlock::LockOptions::new(std::time::Duration::from_secs(30));
     let guard = locks.acquire(&key, &options).await.unwrap();
@@ -128,7 +128,7 @@ async fn a_wrong_zookeeper_password_is_a_one_line_configuration_error() {
         .await
         .unwrap_or_else(|e| panic!("could not start ZooKeeper (run scripts/test.sh): {e}"));
     let url = |password: &str| format!("zookeeper://app:{password}@{}", server.connect_string());
-    let owner = distlock::connect(&url("right")).await.unwrap();
+    let owner = distlock::connect(&url("right")).await.unwrap().lock();
     let key = distlock::LockKey::new("guarded").unwrap();
     let guard = owner
         .acquire(

@@ -38,7 +38,7 @@ fn assert_inert(what: &str, bytes: &[u8]) {
 async fn status_and_exec_escape_a_hostile_key_on_the_file_backend() {
     let dir = tempfile::tempdir().unwrap();
     let url = format!("file://{}", dir.path().display());
-    let locks = distlock::connect(&url).await.unwrap();
+    let locks = distlock::connect(&url).await.unwrap().lock();
     let key = LockKey::new(HOSTILE_KEY).unwrap();
     let guard = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))

@@ -149,7 +149,7 @@ async fn outlast_the_lease(locks: &dyn DistributedLock, key: &LockKey, ttl: Dura
 /// with 3; on resume the release finds the lock still ours, so exec exits 3, warns
 /// about the pause, and does not claim to signal the finished command.
 async fn nobody_took_it_so_the_command_code_is_passed_on(url: &str, ttl: Duration) {
-    let locks = distlock::connect(url).await.expect("connects");
+    let locks = distlock::connect(url).await.expect("connects").lock();
     let ttl_flag = format!("{}ms", ttl.as_millis());
     for round in 0..ROUNDS {
         let key = format!("exec-paused/kept-{round}");
@@ -211,7 +211,7 @@ async fn redis_lease_taken_during_a_pause_exits_124_naming_the_command_code() {
         return;
     };
     let url = server.url();
-    let locks = distlock::connect(&url).await.expect("connects");
+    let locks = distlock::connect(&url).await.expect("connects").lock();
     for round in 0..ROUNDS {
         let key = format!("exec-paused/taken-{round}");
         let lock_key = LockKey::new(&key).unwrap();

@@ -629,7 +629,7 @@ async fn waiting_execs_run_in_arrival_order_on_redis() {
     let url = server.url();
     let key = "exec-fifo";
     let lock_key = distlock::LockKey::new(key).unwrap();
-    let locks = distlock::connect(&url).await.unwrap();
+    let locks = distlock::connect(&url).await.unwrap().lock();
     let holder = locks
         .acquire(&lock_key, &distlock::LockOptions::default())
         .await

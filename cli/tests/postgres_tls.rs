@@ -38,7 +38,10 @@ async fn conformance_and_status_work_over_a_tls_url() {
     let last = table.lines().last().unwrap_or_default();
     assert!(last.contains(" passed, 0 failed"), "{table}");
 
-    let locks = distlock::connect(&url).await.expect("connects over TLS");
+    let locks = distlock::connect(&url)
+        .await
+        .expect("connects over TLS")
+        .lock();
     let key = LockKey::new("tls/status").expect("key");
     let guard = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))

@@ -34,7 +34,7 @@ async fn conformance_and_status_work(url: &str) {
         "{table}"
     );
 
-    let locks = distlock::connect(url).await.expect("connects");
+    let locks = distlock::connect(url).await.expect("connects").lock();
     let key = LockKey::new("}topology/status").expect("valid key");
     let guard = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))

@@ -28,7 +28,7 @@ fn json(out: &Output) -> serde_json::Value {
 async fn status_reports_a_held_key_then_a_free_one() {
     let dir = tempfile::tempdir().expect("temp dir");
     let url = format!("file://{}", dir.path().display());
-    let locks = distlock::connect(&url).await.expect("connects");
+    let locks = distlock::connect(&url).await.expect("connects").lock();
     let key = LockKey::new("reports/Nightly").expect("valid key");
     let guard = locks
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))

@@ -180,10 +180,10 @@ impl DistributedLock for BrokenLock {
         // claims FIFO: the memory store under them wakes every waiter at once.
         let mut capabilities = Capabilities::all_supported();
         if self.mistake == Mistake::TokenWithoutFencing {
-            capabilities.fencing =
+            capabilities.mutex.fencing =
                 Capability::Unsupported("the counters are best effort (but handed out anyway)");
         }
-        capabilities.fifo = Capability::Unsupported(
+        capabilities.mutex.fifo = Capability::Unsupported(
             "built on the memory store, which wakes every waiter of a released key at once",
         );
         BackendInfo::new(BROKEN_BACKEND, capabilities)

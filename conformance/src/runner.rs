@@ -20,7 +20,7 @@ async fn skip_reason(harness: &dyn Harness, scenario: &Scenario) -> Result<Optio
         .map_err(|e| format!("could not create a client: {e}"))?;
     let caps = client.lock.info().capabilities;
     for requirement in scenario.requires {
-        let missing = match requirement.capability(&caps) {
+        let missing = match requirement.capability(&caps, scenario.primitive()) {
             Some(capability) => match capability {
                 distlock_api::Capability::Supported => None,
                 distlock_api::Capability::Unsupported(why) => {

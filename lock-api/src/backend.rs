@@ -1,12 +1,18 @@
-//! For backend authors: what implementing [`DistributedLock`]
-//! takes beyond the user's API (applications need none of it).
+//! For backend authors: the [`Engine`] trait a backend implements, and what
+//! implementing it takes beyond the user's API (applications need none of it).
+//!
+//! - [`Engine`] is the one trait: one attempt at a grant of a [`Claim`] (waiting
+//!   natively up to the [`Request`]'s deadline), owner-checked release and extend,
+//!   inspect, and the current leader. [`crate::Client`] implements the four public
+//!   primitives over it, with every check, the wait rule and the metrics.
 //!
 //! - [`bounded_wait`] runs a waiting acquire's attempts until the wait's deadline plus
 //!   a grace for an answer on its way, then fails the way every backend does: with
 //!   [`LockError::Timeout`] if an answer showed the key held, else with the backend's
 //!   connection error, since nobody said who holds it. It also marks the guard when the
-//!   acquire met a held key ([`LockGuard::contended`]), which is what
-//!   [`crate::observe::Observed`] counts as contention.
+//!   acquire met a held key ([`LockGuard::contended`]), which the metrics count as
+//!   contention. Backends not yet on [`Engine`] use it; the generic primitives have
+//!   their own.
 //! - [`WaitReport`] is what the attempts tell it.
 //! - [`NewGuard`], [`NewLease`], [`MonitorWriter`] and [`OwnerBits`] make and update
 //!   what a grant hands out: a guard, its lease and the monitor the backend reports
@@ -28,6 +34,7 @@ use std::time::Duration;
 use tokio::time::{timeout_at, Instant};
 
 pub use crate::cleanup::spawn_cleanup;
+pub use crate::engine::{unanswered_message, Claim, Engine, Grant, Request};
 
 use crate::{
     check_permits, AutoRenew, Candidate, Capability, DistributedLock, DistributedRwLock,
@@ -167,7 +174,7 @@ pub trait NewLease {
     /// deadlines computed from it are conservative.
     ///
     /// `fencing_token` is `Some` exactly when the backend reports
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) supported: a backend that
+    /// [`Guarantees::fencing`](crate::Guarantees::fencing) supported: a backend that
     /// cannot promise ordered tokens passes `None` rather than a best-effort number.
     /// That rule is the mutex's; a semaphore permit or a read or write grant carries a
     /// token only where the backend documents one (see

@@ -72,10 +72,10 @@ where
 ///
 /// ```
 /// use std::time::Duration;
-/// use distlock_api::{DistributedLock, LockKey, LockOptions, MemoryLock};
+/// use distlock_api::{LockKey, LockOptions, MemoryLock};
 ///
 /// # async fn demo() -> Result<(), distlock_api::LockError> {
-/// let locks = MemoryLock::new();
+/// let locks = MemoryLock::new().lock();
 /// let guard = locks.acquire(&LockKey::new("k")?, &LockOptions::new(Duration::from_secs(10))).await?;
 /// drop(guard); // released in the background
 /// // Before the runtime shuts down (`main` returning, say):

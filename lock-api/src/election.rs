@@ -124,7 +124,7 @@ impl Leader {
 /// - After a leader crashes, another candidate leads within the backend's lease bound
 ///   (the TTL, session timeout or lease) plus one hand-off; after a resign, within one
 ///   hand-off. Waiting candidates are woken by the backend where it can (its
-///   [`Capabilities::wake_on_release`](crate::Capabilities::wake_on_release)).
+///   [`Guarantees::wake_on_release`](crate::Guarantees::wake_on_release)).
 /// - [`LeaderElection::leader`] reads the current leader (identity and term) without
 ///   campaigning; [`LeaderWatch`] follows the changes in term order.
 ///

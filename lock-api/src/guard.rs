@@ -73,6 +73,11 @@ impl LockGuard {
         self
     }
 
+    /// The name of the backend that granted it.
+    pub(crate) fn backend_name(&self) -> &'static str {
+        self.backend.name()
+    }
+
     /// Whether the acquire that granted this guard found the key held by another owner
     /// first (and so waited for it), as the backend reported it. `false` for a
     /// `try_acquire` grant.
@@ -88,7 +93,7 @@ impl LockGuard {
     /// This grant's fencing token: above every earlier grant's for this key.
     ///
     /// `None` when the backend cannot promise ordered tokens (its
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is unsupported, as on
+    /// [`Guarantees::fencing`](crate::Guarantees::fencing) is unsupported, as on
     /// Redlock); see [`Lease::fencing_token`] for what to do instead.
     pub fn fencing_token(&self) -> Option<FencingToken> {
         self.lease.fencing_token()

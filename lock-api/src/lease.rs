@@ -18,7 +18,7 @@ use crate::LockKey;
 /// cannot overwrite the work of the next holder.
 ///
 /// Only backends that can promise this order hand tokens out
-/// ([`Capabilities::fencing`](crate::Capabilities::fencing)); the others' grants carry
+/// ([`Guarantees::fencing`](crate::Guarantees::fencing)); the others' grants carry
 /// none (see [`Lease::fencing_token`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct FencingToken(u64);
@@ -117,7 +117,7 @@ impl Lease {
     /// The fencing token of this grant: above every earlier grant's for this key.
     ///
     /// `None` when the backend cannot promise ordered tokens (its
-    /// [`Capabilities::fencing`](crate::Capabilities::fencing) is unsupported, as on
+    /// [`Guarantees::fencing`](crate::Guarantees::fencing) is unsupported, as on
     /// Redlock). Then nothing stops a holder that stalled past its lease from writing
     /// after the next holder: use a backend with fencing (a consensus store such as
     /// ZooKeeper) for such resources, or make every write idempotent or conditional on

@@ -1,12 +1,16 @@
-//! The distlock API: one object-safe async trait, [`DistributedLock`], for every lock
-//! backend, with the types its operations share, and the in-memory reference backend.
+//! The distlock API: the four primitives ([`DistributedLock`],
+//! [`DistributedSemaphore`], [`DistributedRwLock`], [`LeaderElection`]) as object-safe
+//! async traits, the [`Client`] that hands them out over any backend, the types their
+//! operations share, the in-memory reference backend, and in [`backend`] the one trait
+//! a backend implements ([`backend::Engine`]).
 //!
 //! ```
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
 //! use std::time::Duration;
-//! use distlock_api::{DistributedLock, LockKey, LockOptions, MemoryLock, WaitPolicy};
+//! use distlock_api::{LockKey, LockOptions, MemoryLock, WaitPolicy};
 //!
-//! let locks = MemoryLock::new();
+//! let client = MemoryLock::new().client();
+//! let locks = client.lock();
 //! let key = LockKey::new("invoices/2026-11")?;
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
@@ -48,7 +52,9 @@ pub mod backend;
 mod backoff;
 mod capabilities;
 mod cleanup;
+mod client;
 mod election;
+mod engine;
 mod error;
 mod guard;
 mod key;
@@ -60,6 +66,7 @@ mod metrics;
 pub mod observe;
 mod options;
 mod outcome;
+mod primitives;
 mod renew;
 mod rw;
 mod scoped;
@@ -67,8 +74,9 @@ mod semaphore;
 mod status;
 
 pub use backoff::{Backoff, BackoffDelays, MIN_BACKOFF};
-pub use capabilities::{BackendInfo, Capabilities, Capability, NOT_YET};
+pub use capabilities::{BackendInfo, Capabilities, Capability, Guarantees, Primitive, NOT_YET};
 pub use cleanup::settle_cleanups;
+pub use client::Client;
 pub use election::{
     Candidate, Leader, LeaderElection, LeaderWatch, Leadership, MAX_CANDIDATE_LEN, OBSERVE_POLL,
 };
@@ -79,10 +87,10 @@ pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::DistributedLock;
-pub use memory::{MemoryElection, MemoryLock, MemoryRwLock, MemorySemaphore};
+pub use memory::MemoryLock;
 pub use options::{
-    check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, FIFO_OPERATION, MAX_TTL,
-    MIN_RENEW_INTERVAL, MIN_TTL,
+    check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, DEFAULT_ERROR_PATIENCE,
+    FIFO_OPERATION, MAX_TTL, MIN_RENEW_INTERVAL, MIN_TTL,
 };
 pub use outcome::{ExtendOutcome, ReleaseOutcome};
 pub use rw::{DistributedRwLock, RwMode};

@@ -1,37 +1,30 @@
 //! The in-memory reference backend: same semantics as the server backends, in-process.
 //!
 //! [`MemoryStore`] plays the server: a key-value table with per-key expiry and a few
-//! Redis-like commands, each atomic. [`MemoryLock`] is a client of it, implementing
-//! [`DistributedLock`] with atomic compound commands, just as the Redis backend does
-//! with Lua scripts. Several clients may share one store, like processes sharing a
-//! server; each client can be crashed on purpose to test liveness.
+//! Redis-like commands, each atomic. [`MemoryLock`] is a client of it: the memory
+//! backend's [`Engine`](crate::backend::Engine), the reference implementation of that
+//! trait, granting every primitive with atomic compound commands, just as the Redis
+//! backend does with Lua scripts. Several clients may share one store, like processes
+//! sharing a server; each client can be crashed on purpose to test liveness.
 //!
 //! Fencing tokens come from one counter per store, shared by all keys, so they
 //! strictly increase per key and no per-key state outlives a free key.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-mod election;
-mod rw;
-mod semaphore;
+mod engine;
 mod shared;
 
-pub use election::MemoryElection;
-pub use rw::MemoryRwLock;
-pub use semaphore::MemorySemaphore;
+pub use engine::MemoryLock;
 
-use crate::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    ReleaseOutcome,
-};
+use crate::backend::WaitReport;
+use crate::{ExtendOutcome, FencingToken, LockError, LockKey, OwnerToken, ReleaseOutcome};
 
 /// The backend name in errors and reports.
 pub const MEMORY_BACKEND: &str = "memory";
@@ -312,26 +305,33 @@ impl MemoryStore {
             .clone()
     }
 
-    raw_command! {
-        /// The waiting loop of an acquire: calls `attempt` until it grants, waking on every
-        /// delete of `key` and at the holder's expiry (no polling), until the wait policy
-        /// runs out. `attempt` returns the guard, or the live holder's expiry.
-        ///
-        /// # Errors
-        /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
-        async fn acquire_woken<F>(
-            &self,
-            key: &LockKey,
-            options: &LockOptions,
-            backend: &'static str,
-            attempt: F,
-        ) -> Result<LockGuard, LockError>
-        where
-            F: FnMut() -> Result<Result<LockGuard, Option<Instant>>, LockError>,
-        {
-            let (guard, met_held) =
-                wait_woken(self.wake_handle(key), key, options, backend, attempt).await?;
-            Ok(crate::backend::mark_contended(guard, met_held))
+    /// The waiting loop of an acquire: calls `attempt` until it grants, waking on every
+    /// delete of `key` and at the holder's expiry (no polling), until the wait policy
+    /// runs out. `attempt` returns the guard, or the live holder's expiry.
+    ///
+    /// # Errors
+    /// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
+    #[cfg(feature = "test-util")]
+    pub async fn acquire_woken<F>(
+        &self,
+        key: &LockKey,
+        options: &crate::LockOptions,
+        backend: &'static str,
+        attempt: F,
+    ) -> Result<crate::LockGuard, LockError>
+    where
+        F: FnMut() -> Result<Result<crate::LockGuard, Option<Instant>>, LockError>,
+    {
+        let start = Instant::now();
+        let report = WaitReport::new();
+        let deadline = options.wait().deadline_from(start);
+        match wait_woken(self.wake_handle(key), deadline, &report, attempt).await? {
+            Some(guard) => Ok(crate::backend::mark_contended(guard, report.held_seen())),
+            None => Err(LockError::Timeout {
+                backend,
+                key: key.clone(),
+                waited: start.elapsed(),
+            }),
         }
     }
 
@@ -342,41 +342,33 @@ impl MemoryStore {
     }
 }
 
-/// The waiting loop behind [`MemoryStore::acquire_woken`] and the memory primitives'
+/// The waiting loop behind [`MemoryStore::acquire_woken`] and the memory engine's
 /// acquires: calls `attempt` until it grants, waking on every notification of `wake`
-/// and at the holder's expiry (no polling), until the wait policy runs out. Register
+/// and at the holder's expiry (no polling), until `deadline` (`None`: forever). Register
 /// nothing before calling: the loop enables its wake-up before each attempt, so a
-/// release in between is not lost. Returns the grant and whether an attempt met the
-/// key held first (what [`LockGuard::contended`] reports).
+/// release in between is not lost. Returns the grant, or `None` when the key is still
+/// held at the deadline; notes in `report` each attempt that met the key held.
 pub(crate) async fn wait_woken<T, F>(
     wake: Arc<Notify>,
-    key: &LockKey,
-    options: &LockOptions,
-    backend: &'static str,
+    deadline: Option<Instant>,
+    report: &WaitReport,
     mut attempt: F,
-) -> Result<(T, bool), LockError>
+) -> Result<Option<T>, LockError>
 where
     F: FnMut() -> Result<Result<T, Option<Instant>>, LockError>,
 {
-    let start = Instant::now();
-    let deadline = options.wait().deadline_from(start);
-    let mut met_held = false;
     loop {
         let woken = wake.notified();
         tokio::pin!(woken);
         // Registered before the attempt, so a delete in between still wakes us.
         woken.as_mut().enable();
         let holder_expiry = match attempt()? {
-            Ok(granted) => return Ok((granted, met_held)),
+            Ok(granted) => return Ok(Some(granted)),
             Err(expiry) => expiry,
         };
-        met_held = true;
+        report.saw_held();
         if deadline.is_some_and(|d| Instant::now() >= d) {
-            return Err(LockError::Timeout {
-                backend,
-                key: key.clone(),
-                waited: start.elapsed(),
-            });
+            return Ok(None);
         }
         let wake_at = match (holder_expiry, deadline) {
             (Some(e), Some(d)) => Some(e.min(d)),
@@ -391,161 +383,5 @@ where
             }
             None => woken.await,
         }
-    }
-}
-
-/// A client of a [`MemoryStore`]: the in-memory [`DistributedLock`].
-///
-/// Waiting is woken by releases, or at the holder's expiry; there is no polling.
-/// Cloning gives another handle on the same client.
-#[derive(Debug, Clone)]
-pub struct MemoryLock {
-    store: Arc<MemoryStore>,
-    crashed: Arc<AtomicBool>,
-}
-
-impl Default for MemoryLock {
-    fn default() -> Self {
-        MemoryLock::new()
-    }
-}
-
-impl MemoryLock {
-    /// A client of a fresh, private store.
-    pub fn new() -> Self {
-        MemoryLock::with_store(MemoryStore::new())
-    }
-
-    /// A client of `store`.
-    pub fn with_store(store: Arc<MemoryStore>) -> Self {
-        MemoryLock {
-            store,
-            crashed: Arc::new(AtomicBool::new(false)),
-        }
-    }
-
-    /// Another independent client of the same store, as if from another process.
-    pub fn new_client(&self) -> Self {
-        MemoryLock::with_store(self.store.clone())
-    }
-
-    /// The store this client talks to.
-    pub fn store(&self) -> &Arc<MemoryStore> {
-        &self.store
-    }
-
-    /// Fault injection: this client behaves from now on like a process that died.
-    /// Every call fails with [`LockError::Connection`], so drops and renewals do not
-    /// reach the store and its locks are freed only by their TTL.
-    pub fn simulate_crash(&self) {
-        self.crashed.store(true, Ordering::SeqCst);
-    }
-
-    /// A semaphore client of the same store, crashed together with this client.
-    pub fn semaphore(&self) -> MemorySemaphore {
-        MemorySemaphore::from_client(self.clone())
-    }
-
-    /// A read-write lock client of the same store, crashed together with this client.
-    pub fn rw_lock(&self) -> MemoryRwLock {
-        MemoryRwLock::from_client(self.clone())
-    }
-
-    /// An election client of the same store, crashed together with this client.
-    pub fn election(&self) -> MemoryElection {
-        MemoryElection::from_client(self.clone())
-    }
-
-    fn check_alive(&self) -> Result<(), LockError> {
-        if self.crashed.load(Ordering::SeqCst) {
-            return Err(LockError::connection(
-                MEMORY_BACKEND,
-                "this memory client was crashed by fault injection",
-            ));
-        }
-        Ok(())
-    }
-
-    fn guard(&self, lease: Lease, options: &LockOptions) -> LockGuard {
-        let valid_until = lease.acquired_at() + lease.ttl();
-        let backend: Arc<dyn DistributedLock> = Arc::new(self.clone());
-        LockGuard::from_grant(
-            lease,
-            LeaseMonitor::held_until(valid_until),
-            Arc::new(backend),
-            options.auto_renew(),
-        )
-    }
-
-    /// One attempt: the guard, or the holder's expiry.
-    fn attempt(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Result<LockGuard, Option<Instant>>, LockError> {
-        self.check_alive()?;
-        let requested_at = Instant::now();
-        if requested_at.checked_add(options.ttl()).is_none() {
-            return Err(LockError::config(MEMORY_BACKEND, "ttl overflows the clock"));
-        }
-        let owner = OwnerToken::random();
-        Ok(self.store.grant(key, owner, options.ttl()).map(|fence| {
-            let lease =
-                Lease::describe(key.clone(), owner, Some(fence), options.ttl(), requested_at);
-            self.guard(lease, options)
-        }))
-    }
-}
-
-#[async_trait]
-impl DistributedLock for MemoryLock {
-    fn info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.fifo = Capability::Unsupported(NOT_FIFO);
-        BackendInfo::new(MEMORY_BACKEND, capabilities)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        options.validate_for(MEMORY_BACKEND)?;
-        options.check_order(MEMORY_BACKEND, Capability::Unsupported(NOT_FIFO))?;
-        Ok(self.attempt(key, options)?.ok())
-    }
-
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        options.validate_for(MEMORY_BACKEND)?;
-        options.check_order(MEMORY_BACKEND, Capability::Unsupported(NOT_FIFO))?;
-        self.store
-            .acquire_woken(key, options, MEMORY_BACKEND, || self.attempt(key, options))
-            .await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.check_alive()?;
-        Ok(self.store.delete_if_owner(lease.key(), lease.owner()))
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(MEMORY_BACKEND, e))?;
-        self.check_alive()?;
-        Ok(self
-            .store
-            .expire_if_owner(lease.key(), lease.owner(), ttl, Instant::now()))
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        self.check_alive()?;
-        let Some(entry) = self.store.get(key) else {
-            return Ok(KeyStatus::free());
-        };
-        let remaining = entry
-            .expires_at
-            .map(|at| at.saturating_duration_since(Instant::now()));
-        Ok(KeyStatus::held()
-            .with_fencing_token(entry.fencing_token)
-            .with_remaining(remaining))
     }
 }

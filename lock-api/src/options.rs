@@ -60,7 +60,7 @@ pub enum WaitOrder {
     #[default]
     Any,
     /// Strict arrival order. A backend that cannot honour it (its
-    /// [`crate::Capabilities::fifo`] is unsupported) refuses the acquire with
+    /// [`crate::Guarantees::fifo`] is unsupported) refuses the acquire with
     /// [`crate::LockError::Unsupported`] rather than ignore the request.
     Fifo,
 }
@@ -119,7 +119,12 @@ pub struct LockOptions {
     backoff: Backoff,
     auto_renew: Option<AutoRenew>,
     order: WaitOrder,
+    error_patience: Duration,
 }
+
+/// How long a waiting acquire retries retryable errors (a server down or restarting)
+/// by default: see [`LockOptions::with_error_patience`].
+pub const DEFAULT_ERROR_PATIENCE: Duration = Duration::from_secs(30);
 
 impl LockOptions {
     /// A lease of `ttl`, waiting forever, with the default backoff, no auto-renew and
@@ -131,7 +136,27 @@ impl LockOptions {
             backoff: Backoff::default(),
             auto_renew: None,
             order: WaitOrder::Any,
+            error_patience: DEFAULT_ERROR_PATIENCE,
         }
+    }
+
+    /// Sets how long a waiting acquire keeps retrying while every attempt fails with a
+    /// [retryable](crate::LockError::is_retryable) error (the server down, restarting
+    /// or asking to retry): from the first failure of a run of failures, it retries with
+    /// the options' backoff until this much has passed or the wait's deadline comes,
+    /// whichever is first, then returns the last error. An attempt that reaches the
+    /// server ends the run. The same on every backend; the default is
+    /// [`DEFAULT_ERROR_PATIENCE`] (30 s). `Duration::ZERO` fails at the first error.
+    /// A `try_acquire` (and [`WaitPolicy::NoWait`]) makes one attempt and never retries.
+    pub fn with_error_patience(mut self, patience: Duration) -> Self {
+        self.error_patience = patience;
+        self
+    }
+
+    /// How long a waiting acquire retries retryable errors; see
+    /// [`LockOptions::with_error_patience`].
+    pub fn error_patience(&self) -> Duration {
+        self.error_patience
     }
 
     /// Sets the order waiters are granted in; see [`WaitOrder`].
@@ -231,7 +256,7 @@ impl LockOptions {
 impl LockOptions {
     /// Refuses [`WaitOrder::Fifo`] on a backend whose `fifo` capability is
     /// unsupported, so an explicit request for FIFO is never silently ignored.
-    /// Backends call it with their own [`crate::Capabilities::fifo`].
+    /// The generic primitives call it with the primitive's [`crate::Guarantees::fifo`].
     ///
     /// # Errors
     /// [`crate::LockError::Unsupported`] naming `backend` and its reason.
@@ -325,11 +350,12 @@ mod tests {
 
     #[tokio::test]
     async fn memory_refuses_fifo() {
-        use crate::{DistributedLock, LockKey, MemoryLock};
-        let lock = MemoryLock::new();
+        use crate::{LockKey, MemoryLock};
+        let memory = MemoryLock::new();
+        let lock = memory.lock();
         let key = LockKey::new("k").unwrap();
         let fifo = LockOptions::default().with_order(WaitOrder::Fifo);
-        assert!(!lock.info().capabilities.fifo.is_supported());
+        assert!(!lock.info().capabilities.mutex.fifo.is_supported());
         assert!(matches!(
             lock.acquire(&key, &fifo).await,
             Err(crate::LockError::Unsupported { .. })
@@ -338,7 +364,7 @@ mod tests {
             lock.try_acquire(&key, &fifo).await,
             Err(crate::LockError::Unsupported { .. })
         ));
-        assert!(lock.store().get(&key).is_none());
+        assert!(memory.store().get(&key).is_none());
     }
 
     #[test]

@@ -11,7 +11,7 @@ use crate::{
 /// and releases the lock when `work` finishes.
 ///
 /// The token is `None` on backends that cannot promise ordered tokens
-/// ([`Capabilities::fencing`](crate::Capabilities::fencing) unsupported, as on Redlock);
+/// ([`Guarantees::fencing`](crate::Guarantees::fencing) unsupported, as on Redlock);
 /// [`Lease::fencing_token`](crate::Lease::fencing_token) says what to do instead.
 ///
 /// If `options` has no auto-renew, the default watchdog (every TTL/3) is turned on. If

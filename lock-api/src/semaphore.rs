@@ -46,7 +46,7 @@ pub fn check_permits(max_permits: u32) -> Result<(), OptionsError> {
 ///
 /// **Fencing tokens.** Where the backend gives them (its docs say; the memory backend
 /// does, the file backend does not, whatever
-/// [`Capabilities::fencing`](crate::Capabilities::fencing) says of its mutex), a
+/// [`Guarantees::fencing`](crate::Guarantees::fencing) says of its mutex), a
 /// permit's token is above every earlier permit grant's on the key.
 /// Several permits are valid at once, so a resource cannot refuse "everything below the
 /// highest token seen" as it does for a mutex: the token identifies and orders grants,

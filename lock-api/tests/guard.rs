@@ -19,7 +19,7 @@ fn key(name: &str) -> LockKey {
 /// Counts the extends that reach the wrapped backend.
 #[derive(Debug)]
 struct CountingExtends {
-    inner: MemoryLock,
+    inner: Arc<dyn DistributedLock>,
     extends: AtomicUsize,
 }
 
@@ -50,7 +50,7 @@ impl DistributedLock for CountingExtends {
 #[tokio::test]
 async fn watchdog_renews_then_stops_at_once_on_release() {
     let counting = Arc::new(CountingExtends {
-        inner: MemoryLock::new(),
+        inner: MemoryLock::new().lock(),
         extends: AtomicUsize::new(0),
     });
     let ttl = Duration::from_millis(150);
@@ -85,7 +85,8 @@ async fn watchdog_renews_then_stops_at_once_on_release() {
 #[test]
 fn drop_after_the_runtime_is_gone_does_not_panic() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let locks = MemoryLock::new();
+    let memory = MemoryLock::new();
+    let locks = memory.lock();
     let guard = runtime
         .block_on(locks.acquire(
             &key("d"),
@@ -95,12 +96,12 @@ fn drop_after_the_runtime_is_gone_does_not_panic() {
     drop(runtime);
     drop(guard);
     // The release could not run: the lease stays until its TTL, as documented.
-    assert!(locks.store().get(&key("d")).is_some());
+    assert!(memory.store().get(&key("d")).is_some());
 }
 
 #[tokio::test]
 async fn extend_after_expiry_marks_the_guard_lost() {
-    let locks = MemoryLock::new();
+    let locks = MemoryLock::new().lock();
     let guard = locks
         .acquire(&key("e"), &LockOptions::new(Duration::from_millis(20)))
         .await
@@ -115,12 +116,12 @@ async fn extend_after_expiry_marks_the_guard_lost() {
 
 #[tokio::test]
 async fn with_lock_renews_for_long_work_and_releases() {
-    let locks = MemoryLock::new();
+    let locks = MemoryLock::new().lock();
     let k = key("work");
     // Work of four TTLs; the TTL leaves a renewal (every third of it) room for a
     // scheduler stall on a loaded machine (90 ms lost the lease at load 14).
     let options = LockOptions::new(Duration::from_millis(750));
-    let token = with_lock(&locks, &k, &options, |token| async move {
+    let token = with_lock(&*locks, &k, &options, |token| async move {
         tokio::time::sleep(Duration::from_secs(3)).await;
         token
     })
@@ -139,13 +140,14 @@ async fn with_lock_renews_for_long_work_and_releases() {
 
 #[tokio::test]
 async fn with_lock_stops_the_work_when_the_lock_is_lost() {
-    let locks = MemoryLock::new();
+    let memory = MemoryLock::new();
+    let locks = memory.lock();
     let k = key("lost-work");
     let finished = Arc::new(AtomicUsize::new(0));
-    let crash = locks.clone();
+    let crash = memory.clone();
     let done = finished.clone();
     let result = with_lock(
-        &locks,
+        &*locks,
         &k,
         &LockOptions::new(Duration::from_millis(90)),
         |_| async move {
@@ -176,7 +178,7 @@ async fn with_lock_stops_the_work_when_the_lock_is_lost() {
 /// Every extend fails with the error `fail` makes.
 #[derive(Debug)]
 struct FailingExtends {
-    inner: MemoryLock,
+    inner: Arc<dyn DistributedLock>,
     fail: fn() -> LockError,
 }
 
@@ -206,7 +208,7 @@ impl DistributedLock for FailingExtends {
 /// A guard renewed through `fail`ing extends, with a TTL of `ttl`.
 async fn guard_failing_with(fail: fn() -> LockError, ttl: Duration) -> LockGuard {
     let failing = Arc::new(FailingExtends {
-        inner: MemoryLock::new(),
+        inner: MemoryLock::new().lock(),
         fail,
     });
     let raw = failing

@@ -72,7 +72,7 @@ async fn acquire_contention_renewal_and_loss_are_counted() {
         .expect("the only recorder of this binary");
 
     let memory = MemoryLock::new();
-    let locks: Arc<dyn DistributedLock> = observe::observed(Arc::new(memory.clone()));
+    let locks: Arc<dyn DistributedLock> = memory.lock();
     let key = LockKey::new("observe/one").unwrap();
     let ttl = Duration::from_secs(5);
 
@@ -84,7 +84,7 @@ async fn acquire_contention_renewal_and_loss_are_counted() {
     let v = totals.read();
     assert_eq!(get(&v, observe::ACQUIRE_SECONDS), 1);
     assert_eq!(get(&v, observe::CONTENTION_TOTAL), 0);
-    // The wrapper passes inspect through to the backend.
+    // Inspect reaches the backend.
     assert!(locks.inspect(&key).await.expect("memory inspects").held);
 
     // Contention: a failed try, and a bounded wait that times out.

@@ -7,9 +7,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::backend::{check_campaign_request, leadership};
 use distlock_api::{
-    BackendInfo, Candidate, Capabilities, Capability, ExtendOutcome, FencingToken, Leader,
-    LeaderElection, Leadership, Lease, LockError, LockKey, LockOptions, ReleaseOutcome,
-    OBSERVE_POLL,
+    BackendInfo, Candidate, Capability, ExtendOutcome, FencingToken, Leader, LeaderElection,
+    Leadership, Lease, LockError, LockKey, LockOptions, ReleaseOutcome, OBSERVE_POLL,
 };
 use redis::Value;
 use tokio::time::Instant;
@@ -26,7 +25,7 @@ const OPERATION: &str = "election";
 pub(crate) const REDLOCK_NO_ELECTION: &str = "Redlock has no consensus: its nodes keep no common counter (a node that missed a grant lags, a restarted one starts over), so terms could not rise strictly, and the leader a majority recorded is not every node's; use a single node, Sentinel or Cluster, or a consensus store (ZooKeeper)";
 
 /// Why campaigns are not granted in arrival order.
-const ELECTION_NOT_FIFO: &str = "the Redis election keeps no queue of candidates: after a resign or an expiry, any waiting candidate may win";
+pub(crate) const ELECTION_NOT_FIFO: &str = "the Redis election keeps no queue of candidates: after a resign or an expiry, any waiting candidate may win";
 
 /// How long an observer waits at most before it looks again (and refreshes its
 /// `:watched` marker), whatever its patience.
@@ -229,9 +228,7 @@ fn changed_channel(names: &KeyNames) -> String {
 #[async_trait]
 impl LeaderElection for RedisElection {
     fn info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.fifo = Capability::Unsupported(ELECTION_NOT_FIFO);
-        BackendInfo::new(self.lock.name(), capabilities)
+        BackendInfo::new(self.lock.name(), self.lock.capabilities())
     }
 
     async fn try_campaign(

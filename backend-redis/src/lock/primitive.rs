@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, ExtendOutcome, FencingToken, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    check_ttl, BackendInfo, Capability, ExtendOutcome, FencingToken, Lease, LeaseMonitor,
+    LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
 };
 use redis::{Cmd, Script};
 use tokio::time::Instant;
@@ -44,9 +44,7 @@ impl RedisLock {
     /// What the semaphore and the read-write lock of this client offer: the mutex's
     /// guarantees without FIFO waiting.
     pub(crate) fn primitive_info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.fifo = Capability::Unsupported(PRIMITIVES_NOT_FIFO);
-        BackendInfo::new(self.name(), capabilities)
+        BackendInfo::new(self.name(), self.capabilities())
     }
 
     /// The options check of every semaphore and read-write acquire: valid options, no

@@ -122,14 +122,14 @@ pub async fn acquire(
             })
         }
         Mode::Exclusive => {
-            let locks = distlock::connect(url).await.map_err(failed)?;
+            let locks = distlock::connect(url).await.map_err(failed)?.lock();
             let info = locks.info();
-            let mutex_options = match fifo && info.capabilities.fifo.is_supported() {
+            let mutex_options = match fifo && info.capabilities.mutex.fifo.is_supported() {
                 true => options.clone().with_order(distlock::WaitOrder::Fifo),
                 false => options.clone(),
             };
             let primary = locks.acquire(key, &mutex_options).await.map_err(failed)?;
-            let companion = if info.capabilities.rw_lock.is_supported() {
+            let companion = if info.capabilities.rw_lock.offered.is_supported() {
                 write_side(url, key, &remaining(options, started.elapsed()))
                     .await
                     .map_err(failed)?

@@ -8,7 +8,7 @@ pub(super) async fn paused_holder_wakes_to_a_refused_write(
     let history = History::new();
     let a = h.fault_client().await?;
     let caps = a.client.lock.info().capabilities;
-    if a.net.is_none() && !caps.ttl_expiry.is_supported() {
+    if a.net.is_none() && !caps.mutex.ttl_expiry.is_supported() {
         return Err(skip(
             "needs TTL expiry or a network hook to stop the holder's session renewing",
         ));

@@ -219,6 +219,7 @@ fn fencing(h_client: &FaultClient) -> bool {
         .lock
         .info()
         .capabilities
+        .mutex
         .fencing
         .is_supported()
 }

@@ -14,9 +14,9 @@ const PERMITS: u32 = 2;
 
 /// Skips unless the paused holder can be stopped renewing: TTL expiry, or a network
 /// hook that silences its session.
-fn check_pausable(client: &FaultClient) -> Result<(), Failure> {
+fn check_pausable(client: &FaultClient, primitive: distlock_api::Primitive) -> Result<(), Failure> {
     let caps = client.client.lock.info().capabilities;
-    if client.net.is_none() && !caps.ttl_expiry.is_supported() {
+    if client.net.is_none() && !caps.of(primitive).ttl_expiry.is_supported() {
         return Err(skip(
             "needs TTL expiry or a network hook to stop the holder's session renewing",
         ));
@@ -57,7 +57,7 @@ pub(super) async fn paused_permit_holders_free_their_permits(
     let holders = [h.fault_client().await?, h.fault_client().await?];
     let takers = [h.fault_client().await?, h.fault_client().await?];
     for client in holders.iter().chain(&takers) {
-        check_pausable(client)?;
+        check_pausable(client, distlock_api::Primitive::Semaphore)?;
         semaphore_of(client)?;
     }
     let key = unique_key("permit-pause");
@@ -114,7 +114,7 @@ pub(super) async fn paused_writer_frees_the_key_for_readers(
     let writer = h.fault_client().await?;
     let readers = [h.fault_client().await?, h.fault_client().await?];
     for client in std::iter::once(&writer).chain(&readers) {
-        check_pausable(client)?;
+        check_pausable(client, distlock_api::Primitive::RwLock)?;
         rw_lock_of(client)?;
     }
     let key = unique_key("writer-pause");

@@ -38,7 +38,7 @@ pub(super) async fn crashed_clients_do_not_stall_the_fifo_queue(
     let history = History::new();
     let observer = h.fault_client().await?;
     if let distlock_api::Capability::Unsupported(why) =
-        observer.client.lock.info().capabilities.fifo
+        observer.client.lock.info().capabilities.mutex.fifo
     {
         return Err(skip(format!("needs FIFO waiting: {why}")));
     }

@@ -8,8 +8,7 @@ use async_trait::async_trait;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
     BackendInfo, DistributedRwLock, DistributedSemaphore, ExtendOutcome, Lease, LockError,
-    LockGuard, LockKey, LockOptions, MemoryLock, MemoryRwLock, MemorySemaphore, ReleaseOutcome,
-    RwMode,
+    LockGuard, LockKey, LockOptions, MemoryLock, ReleaseOutcome, RwMode,
 };
 use tokio::time::Instant;
 
@@ -48,7 +47,7 @@ pub(super) fn with_primitives(
     client
         .with_semaphore(Arc::new(semaphore))
         .with_rw_lock(Arc::new(rw_lock))
-        .with_election(Arc::new(election))
+        .with_election(election)
         .with_faults(Arc::new(faults))
 }
 
@@ -69,7 +68,7 @@ impl ClientFaults for CrashBoth {
 /// Admits `extra` more holders than asked for.
 #[derive(Debug)]
 struct BrokenSemaphore {
-    inner: MemorySemaphore,
+    inner: Arc<dyn DistributedSemaphore>,
     extra: u32,
 }
 
@@ -110,7 +109,7 @@ impl DistributedSemaphore for BrokenSemaphore {
 
 #[derive(Debug)]
 struct BrokenRwLock {
-    inner: MemoryRwLock,
+    inner: Arc<dyn DistributedRwLock>,
     mistake: Mistake,
 }
 

@@ -149,7 +149,7 @@ pub(super) async fn release_twice_is_a_typed_outcome(h: &dyn Harness) -> Result<
         second == ReleaseOutcome::Expired,
         "second release gave {second:?}, expected Expired"
     );
-    if lock.info().capabilities.extend.is_supported() {
+    if lock.info().capabilities.mutex.extend.is_supported() {
         let extended = lock.extend(&lease, LONG_TTL).await?;
         check!(
             extended == distlock_api::ExtendOutcome::Expired,

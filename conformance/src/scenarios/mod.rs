@@ -4,7 +4,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
-use distlock_api::{Capabilities, Capability, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{
+    Capabilities, Capability, LockError, LockKey, LockOptions, Primitive, WaitPolicy,
+};
 use serde::Serialize;
 
 use crate::Harness;
@@ -50,21 +52,24 @@ impl Category {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Requirement {
-    /// [`Capabilities::ttl_expiry`].
+    /// [`distlock_api::Guarantees::ttl_expiry`] of the scenario's primitive.
     TtlExpiry,
-    /// [`Capabilities::extend`].
+    /// [`distlock_api::Guarantees::extend`] of the scenario's primitive.
     Extend,
-    /// [`Capabilities::fencing`].
+    /// [`distlock_api::Guarantees::fencing`] of the scenario's primitive.
     Fencing,
-    /// [`Capabilities::wake_on_release`].
+    /// [`distlock_api::Guarantees::wake_on_release`] of the scenario's primitive.
     WakeOnRelease,
-    /// [`Capabilities::fifo`].
+    /// [`distlock_api::Guarantees::fifo`] of the scenario's primitive.
     Fifo,
-    /// [`Capabilities::semaphore`], and a semaphore handle on the harness's clients.
+    /// The semaphore offered ([`Capabilities::semaphore`]), and a semaphore handle on
+    /// the harness's clients. Makes the semaphore the scenario's primitive.
     Semaphore,
-    /// [`Capabilities::rw_lock`], and a read-write lock handle on the harness's clients.
+    /// The read-write lock offered ([`Capabilities::rw_lock`]), and a read-write lock
+    /// handle on the harness's clients. Makes it the scenario's primitive.
     RwLock,
-    /// [`Capabilities::election`], and an election handle on the harness's clients.
+    /// Election offered ([`Capabilities::election`]), and an election handle on the
+    /// harness's clients. Makes it the scenario's primitive.
     Election,
     /// The harness can crash a client ([`crate::ClientFaults::crash`]).
     CrashFault,
@@ -73,17 +78,23 @@ pub enum Requirement {
 }
 
 impl Requirement {
-    /// The capability this requirement reads, if it is one.
-    pub(crate) fn capability(self, caps: &Capabilities) -> Option<Capability> {
+    /// The capability this requirement reads, if it is one, for a scenario of
+    /// `primitive`.
+    pub(crate) fn capability(
+        self,
+        caps: &Capabilities,
+        primitive: Primitive,
+    ) -> Option<Capability> {
+        let of = caps.of(primitive);
         match self {
-            Requirement::TtlExpiry => Some(caps.ttl_expiry),
-            Requirement::Extend => Some(caps.extend),
-            Requirement::Fencing => Some(caps.fencing),
-            Requirement::WakeOnRelease => Some(caps.wake_on_release),
-            Requirement::Fifo => Some(caps.fifo),
-            Requirement::Semaphore => Some(caps.semaphore),
-            Requirement::RwLock => Some(caps.rw_lock),
-            Requirement::Election => Some(caps.election),
+            Requirement::TtlExpiry => Some(of.ttl_expiry),
+            Requirement::Extend => Some(of.extend),
+            Requirement::Fencing => Some(of.fencing),
+            Requirement::WakeOnRelease => Some(of.wake_on_release),
+            Requirement::Fifo => Some(of.fifo),
+            Requirement::Semaphore => Some(caps.semaphore.offered),
+            Requirement::RwLock => Some(caps.rw_lock.offered),
+            Requirement::Election => Some(caps.election.offered),
             Requirement::CrashFault | Requirement::UrlConnector => None,
         }
     }
@@ -105,6 +116,22 @@ pub struct Scenario {
     /// What it needs; it is skipped, with the backend's reason, when one is missing.
     pub requires: &'static [Requirement],
     pub(crate) run: for<'a> fn(&'a dyn Harness) -> ScenarioFuture<'a>,
+}
+
+impl Scenario {
+    /// The primitive the scenario exercises: the one its requirements name, else the
+    /// mutex. Its capability requirements are read from that primitive's guarantees.
+    pub fn primitive(&self) -> Primitive {
+        self.requires
+            .iter()
+            .find_map(|r| match r {
+                Requirement::Semaphore => Some(Primitive::Semaphore),
+                Requirement::RwLock => Some(Primitive::RwLock),
+                Requirement::Election => Some(Primitive::Election),
+                _ => None,
+            })
+            .unwrap_or(Primitive::Mutex)
+    }
 }
 
 impl std::fmt::Debug for Scenario {

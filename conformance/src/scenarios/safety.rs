@@ -145,7 +145,7 @@ pub(super) async fn release_by_non_owner_is_refused(h: &dyn Harness) -> Result<S
         released == ReleaseOutcome::HeldByOther,
         "non-owner release gave {released:?}, expected HeldByOther"
     );
-    if b.info().capabilities.extend.is_supported() {
+    if b.info().capabilities.mutex.extend.is_supported() {
         let extended = b.extend(&forged, LONG_TTL).await?;
         check!(
             extended == ExtendOutcome::HeldByOther,
@@ -322,7 +322,7 @@ pub(super) async fn fencing_token_iff_fencing_supported(
 ) -> Result<String, Failure> {
     let key = unique_key("token-presence");
     let lock = h.client().await?.lock;
-    let fencing = lock.info().capabilities.fencing;
+    let fencing = lock.info().capabilities.mutex.fencing;
     let waited = lock.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
     let by_acquire = waited.fencing_token();
     waited.release().await?;

@@ -10,8 +10,8 @@ use tokio::time::Instant;
 
 use super::MEMORY_BACKEND;
 use crate::{
-    Candidate, ExtendOutcome, FencingToken, Leader, Lease, LeaseMonitor, LockError, LockKey,
-    LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
+    Candidate, ExtendOutcome, FencingToken, Leader, Lease, LockError, LockKey, LockOptions,
+    OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 
 /// Which primitive a key belongs to: each is a namespace of its own.
@@ -327,7 +327,7 @@ pub(super) fn attempt(
         return Err(LockError::config(MEMORY_BACKEND, "ttl overflows the clock"));
     };
     let owner = OwnerToken::random();
-    let store = &client.store;
+    let store = client.store();
     let next_token = || store.next_fencing_token();
     match store
         .shared
@@ -348,16 +348,11 @@ pub(super) fn attempt(
     }
 }
 
-/// The monitor of a fresh memory lease.
-pub(super) fn monitor(lease: &Lease) -> LeaseMonitor {
-    LeaseMonitor::held_until(lease.acquired_at() + lease.ttl())
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
-    use crate::{DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions};
+    use crate::{DistributedSemaphore, LockError, LockKey, LockOptions};
     use crate::{MemoryLock, RwMode, WaitPolicy};
 
     #[tokio::test(start_paused = true)]
@@ -436,7 +431,7 @@ mod tests {
         let lease = guard.lease().clone();
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
         assert_eq!(
-            DistributedSemaphore::release(&semaphore, &lease)
+            DistributedSemaphore::release(&*semaphore, &lease)
                 .await
                 .unwrap(),
             ReleaseOutcome::Expired
@@ -444,7 +439,7 @@ mod tests {
         let other = semaphore.try_acquire(&key, 1, &no_wait).await.unwrap();
         assert!(other.is_some());
         assert_eq!(
-            DistributedSemaphore::extend(&semaphore, &lease, ttl)
+            DistributedSemaphore::extend(&*semaphore, &lease, ttl)
                 .await
                 .unwrap(),
             ExtendOutcome::HeldByOther,
