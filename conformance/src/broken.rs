@@ -47,6 +47,9 @@ pub enum Mistake {
     ExtendWithoutOwnerCheck,
     /// The semaphore admits one holder more than its count.
     SemaphoreAdmitsOneMore,
+    /// The semaphore claims FIFO waiting, yet its waiters queue on a stack: the newest
+    /// is served first.
+    SemaphoreFifoClaimedLifo,
     /// The read-write lock grants reads without looking at the writer.
     ReadBesideWrite,
     /// The read-write lock's writer polls for a moment with no reader, and readers
@@ -58,7 +61,7 @@ pub enum Mistake {
 
 impl Mistake {
     /// Every mistake.
-    pub const ALL: [Mistake; 11] = [
+    pub const ALL: [Mistake; 12] = [
         Mistake::NoTtl,
         Mistake::PlainDelete,
         Mistake::CheckThenDelete,
@@ -67,6 +70,7 @@ impl Mistake {
         Mistake::TokenWithoutFencing,
         Mistake::ExtendWithoutOwnerCheck,
         Mistake::SemaphoreAdmitsOneMore,
+        Mistake::SemaphoreFifoClaimedLifo,
         Mistake::ReadBesideWrite,
         Mistake::WriterStarved,
         Mistake::TwoLeaders,
@@ -83,6 +87,7 @@ impl Mistake {
             Mistake::TokenWithoutFencing => "token-without-fencing",
             Mistake::ExtendWithoutOwnerCheck => "extend-without-owner-check",
             Mistake::SemaphoreAdmitsOneMore => "semaphore-admits-n-plus-1",
+            Mistake::SemaphoreFifoClaimedLifo => "semaphore-fifo-claimed-lifo",
             Mistake::ReadBesideWrite => "read-beside-write",
             Mistake::WriterStarved => "writer-starved-by-readers",
             Mistake::TwoLeaders => "election-two-leaders",
@@ -102,6 +107,9 @@ impl Mistake {
             }
             Mistake::ExtendWithoutOwnerCheck => "extend is PEXPIRE without checking the owner",
             Mistake::SemaphoreAdmitsOneMore => "the semaphore admits max + 1 holders",
+            Mistake::SemaphoreFifoClaimedLifo => {
+                "the semaphore claims FIFO waiting, yet serves the newest waiter first"
+            }
             Mistake::ReadBesideWrite => "a read lock is granted beside a write lock",
             Mistake::WriterStarved => {
                 "readers never wait for a waiting writer, which polls for a gap that never comes"
@@ -178,14 +186,18 @@ impl DistributedLock for BrokenLock {
     fn info(&self) -> BackendInfo {
         // Each claims everything, as the real mistakes' authors did, but one; and none
         // claims FIFO: the memory store under them wakes every waiter at once.
-        let mut capabilities = Capabilities::all_supported();
+        let mut capabilities = Capabilities::all_supported().with_every(|g| {
+            g.fifo = Capability::Unsupported(
+                "built on the memory store, which wakes every waiter of a released key at once",
+            );
+        });
         if self.mistake == Mistake::TokenWithoutFencing {
             capabilities.mutex.fencing =
                 Capability::Unsupported("the counters are best effort (but handed out anyway)");
         }
-        capabilities.mutex.fifo = Capability::Unsupported(
-            "built on the memory store, which wakes every waiter of a released key at once",
-        );
+        if self.mistake == Mistake::SemaphoreFifoClaimedLifo {
+            capabilities.semaphore.fifo = Capability::Supported;
+        }
         BackendInfo::new(BROKEN_BACKEND, capabilities)
     }
 

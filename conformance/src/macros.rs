@@ -70,6 +70,10 @@ macro_rules! conformance_tests {
             election_cancelled_campaign_leaves_nothing,
             election_lost_fires_by_deadline,
             election_bad_input_is_typed,
+            every_primitive_keeps_its_fifo_claim,
+            every_primitive_keeps_its_fencing_claim,
+            every_primitive_keeps_its_extend_claim,
+            unoffered_primitives_are_refused,
         );
     };
 }

@@ -1,14 +1,15 @@
 //! The semaphore and read-write lock of the broken clients: correct memory ones, except
 //! for the mistakes about them.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
     BackendInfo, DistributedRwLock, DistributedSemaphore, ExtendOutcome, Lease, LockError,
-    LockGuard, LockKey, LockOptions, MemoryLock, ReleaseOutcome, RwMode,
+    LockGuard, LockKey, LockOptions, MemoryLock, ReleaseOutcome, RwMode, WaitOrder,
 };
 use tokio::time::Instant;
 
@@ -30,6 +31,7 @@ pub(super) fn with_primitives(
     let semaphore = BrokenSemaphore {
         inner: memory.semaphore(),
         extra: u32::from(mistake == Mistake::SemaphoreAdmitsOneMore),
+        stacked: mistake == Mistake::SemaphoreFifoClaimedLifo,
     };
     let rw_lock = BrokenRwLock {
         inner: memory.rw_lock(),
@@ -65,17 +67,91 @@ impl ClientFaults for CrashBoth {
     }
 }
 
-/// Admits `extra` more holders than asked for.
+/// Admits `extra` more holders than asked for; when `stacked`, claims FIFO waiting but
+/// serves waiters newest first.
 #[derive(Debug)]
 struct BrokenSemaphore {
     inner: Arc<dyn DistributedSemaphore>,
     extra: u32,
+    stacked: bool,
+}
+
+/// The waiters of [`Mistake::SemaphoreFifoClaimedLifo`], per key, newest last: shared
+/// by every client in the process, as a server's queue would be.
+static STACKS: Mutex<Vec<(LockKey, u64)>> = Mutex::new(Vec::new());
+
+/// How often a stacked waiter looks whether it is the newest.
+const STACK_POLL: Duration = Duration::from_millis(5);
+
+/// A waiter's place on [`STACKS`], left when dropped.
+struct Stacked(LockKey, u64);
+
+impl Stacked {
+    fn push(key: &LockKey) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let id = NEXT.fetch_add(1, Ordering::Relaxed);
+        stacks().push((key.clone(), id));
+        Stacked(key.clone(), id)
+    }
+
+    fn is_newest(&self) -> bool {
+        let newest = stacks()
+            .iter()
+            .rev()
+            .find(|(k, _)| *k == self.0)
+            .map(|&(_, id)| id);
+        newest == Some(self.1)
+    }
+}
+
+impl Drop for Stacked {
+    fn drop(&mut self) {
+        stacks().retain(|(k, id)| !(*k == self.0 && *id == self.1));
+    }
+}
+
+fn stacks() -> std::sync::MutexGuard<'static, Vec<(LockKey, u64)>> {
+    STACKS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl BrokenSemaphore {
+    /// The stacked mistake's wait: only the newest waiter tries, every few ms.
+    async fn acquire_stacked(
+        &self,
+        key: &LockKey,
+        max: u32,
+        options: &LockOptions,
+    ) -> Result<LockGuard, LockError> {
+        let started = Instant::now();
+        let deadline = options.wait().deadline_from(started);
+        let mut place = None;
+        loop {
+            if place.as_ref().is_none_or(Stacked::is_newest) {
+                if let Some(guard) = self.inner.try_acquire(key, max, options).await? {
+                    return Ok(guard);
+                }
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(LockError::Timeout {
+                    backend: "broken",
+                    key: key.clone(),
+                    waited: started.elapsed(),
+                });
+            }
+            place.get_or_insert_with(|| Stacked::push(key));
+            tokio::time::sleep(STACK_POLL).await;
+        }
+    }
 }
 
 #[async_trait]
 impl DistributedSemaphore for BrokenSemaphore {
     fn info(&self) -> BackendInfo {
-        self.inner.info()
+        let mut info = self.inner.info();
+        if self.stacked {
+            info.capabilities.semaphore.fifo = distlock_api::Capability::Supported;
+        }
+        info
     }
 
     async fn try_acquire(
@@ -85,7 +161,9 @@ impl DistributedSemaphore for BrokenSemaphore {
         options: &LockOptions,
     ) -> Result<Option<LockGuard>, LockError> {
         let max = max_permits.saturating_add(self.extra);
-        self.inner.try_acquire(key, max, options).await
+        // A FIFO request reaches the memory semaphore, which has no FIFO, as a plain one.
+        let options = options.clone().with_order(WaitOrder::Any);
+        self.inner.try_acquire(key, max, &options).await
     }
 
     async fn acquire(
@@ -95,7 +173,11 @@ impl DistributedSemaphore for BrokenSemaphore {
         options: &LockOptions,
     ) -> Result<LockGuard, LockError> {
         let max = max_permits.saturating_add(self.extra);
-        self.inner.acquire(key, max, options).await
+        let options = options.clone().with_order(WaitOrder::Any);
+        if self.stacked {
+            return self.acquire_stacked(key, max, &options).await;
+        }
+        self.inner.acquire(key, max, &options).await
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {

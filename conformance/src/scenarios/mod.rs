@@ -12,6 +12,7 @@ use serde::Serialize;
 use crate::Harness;
 
 mod bad_input;
+mod claims;
 mod election;
 pub mod fifo;
 mod liveness;
@@ -183,6 +184,7 @@ macro_rules! scenario {
 }
 
 use bad_input::*;
+use claims::*;
 use election::*;
 use fifo::*;
 use liveness::*;
@@ -293,6 +295,14 @@ pub static SCENARIOS: &[Scenario] = &[
         "an unrenewed leadership's lost() fires at its validity deadline, not before, and the next leader's term is higher"),
     scenario!(election_bad_input_is_typed, BadInput, [Election],
         "empty and over-long identities are OptionsError::Candidate; zero and sub-minimum TTLs are InvalidOptions, and nothing is held"),
+    scenario!(every_primitive_keeps_its_fifo_claim, Liveness, [],
+        "on every primitive offered (a permit of one, a write, a leadership), FIFO waits are granted in arrival order where FIFO is claimed (3 waiters), and refused as Unsupported, leaving nothing held, where it is not"),
+    scenario!(every_primitive_keeps_its_fencing_claim, Safety, [],
+        "on every primitive offered, two successive grants carry rising fencing tokens where fencing is claimed, and none where it is not"),
+    scenario!(every_primitive_keeps_its_extend_claim, Ttl, [],
+        "on every primitive offered, extending a held grant succeeds where extend is claimed, and is refused as Unsupported where it is not"),
+    scenario!(unoffered_primitives_are_refused, BadInput, [],
+        "every primitive the backend does not offer refuses an acquire and a try as Unsupported; skipped where every primitive is offered"),
 ];
 
 /// A key no other scenario or run uses.
