@@ -218,6 +218,7 @@ mod election;
 mod error;
 mod keys;
 mod lock;
+mod probe;
 mod recipe;
 mod rw;
 mod security;

@@ -21,24 +21,54 @@ use crate::{Backoff, LockError};
 pub const CONNECT_BACKOFF: Backoff =
     Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
 
+/// How a connect attempt was refused.
+#[derive(Debug)]
+pub enum Refused {
+    /// A refusal that may pass (the server is starting, restarting, has no leader):
+    /// try again.
+    Passing(LockError),
+    /// A refusal retrying cannot fix (credentials, address, TLS on one side only, a
+    /// server of another kind): give up now with this error.
+    Lasting(LockError),
+}
+
+impl Refused {
+    /// [`Refused::Passing`] for an error a retry may fix
+    /// ([`LockError::is_retryable`]), else [`Refused::Lasting`].
+    pub fn by_kind(error: LockError) -> Refused {
+        if error.is_retryable() {
+            Refused::Passing(error)
+        } else {
+            Refused::Lasting(error)
+        }
+    }
+}
+
+impl From<Refused> for LockError {
+    fn from(refused: Refused) -> LockError {
+        match refused {
+            Refused::Passing(error) | Refused::Lasting(error) => error,
+        }
+    }
+}
+
 /// Runs `attempt` (given the deadline) until it succeeds or `limit` has passed since
 /// the call, pausing between attempts by [`CONNECT_BACKOFF`] (never past the deadline).
 ///
-/// An attempt's error for which `retry` is false is returned at once. When the deadline
-/// passes, the answer is `gave_up(last)`, `last` being the error of the last attempt
-/// that failed (`None` when every attempt was still waiting for an answer: the attempt
+/// A [`Refused::Lasting`] error is returned at once. When the deadline passes, the
+/// answer is `gave_up(last)`, `last` being the error of the last attempt that was
+/// refused (`None` when every attempt was still waiting for an answer: the attempt
 /// running at the deadline is cut off there).
 ///
 /// # Errors
-/// As described: a permanent error of an attempt, or `gave_up`'s error.
+/// As described: a lasting refusal, or `gave_up`'s error.
 pub async fn retry_connect<T, Fut>(
     limit: Duration,
-    retry: impl Fn(&LockError) -> bool,
     mut attempt: impl FnMut(Instant) -> Fut,
     gave_up: impl FnOnce(Option<LockError>) -> LockError,
 ) -> Result<T, LockError>
 where
-    Fut: Future<Output = Result<T, LockError>>,
+    Fut: Future<Output = Result<T, Refused>>,
 {
     let deadline = Instant::now() + limit;
     let mut delays = CONNECT_BACKOFF.delays();
@@ -46,8 +76,8 @@ where
     loop {
         match timeout_at(deadline, attempt(deadline)).await {
             Ok(Ok(connected)) => return Ok(connected),
-            Ok(Err(error)) if !retry(&error) => return Err(error),
-            Ok(Err(error)) => {
+            Ok(Err(Refused::Lasting(error))) => return Err(error),
+            Ok(Err(Refused::Passing(error))) => {
                 tracing::debug!(%error, "connect attempt refused; retrying");
                 last = Some(error);
             }
@@ -73,10 +103,9 @@ mod tests {
         let tries = AtomicU32::new(0);
         let connected = retry_connect(
             Duration::from_secs(5),
-            LockError::is_retryable,
             |_| async {
                 match tries.fetch_add(1, Ordering::Relaxed) {
-                    0..=2 => Err(LockError::connection("x", "connection refused")),
+                    0..=2 => Err(Refused::by_kind(LockError::connection("x", "refused"))),
                     n => Ok(n),
                 }
             },
@@ -88,10 +117,9 @@ mod tests {
         let tries = AtomicU32::new(0);
         let refused: Result<(), _> = retry_connect(
             Duration::from_secs(5),
-            LockError::is_retryable,
             |_| async {
                 tries.fetch_add(1, Ordering::Relaxed);
-                Err(LockError::config("x", "wrong password"))
+                Err(Refused::by_kind(LockError::config("x", "wrong password")))
             },
             |_| LockError::connection("x", "gave up"),
         )
@@ -105,8 +133,12 @@ mod tests {
         let start = Instant::now();
         let failed: Result<(), _> = retry_connect(
             Duration::from_secs(3),
-            LockError::is_retryable,
-            |_| async { Err(LockError::connection("x", "connection refused")) },
+            |_| async {
+                Err(Refused::Passing(LockError::connection(
+                    "x",
+                    "connection refused",
+                )))
+            },
             |last| last.unwrap_or_else(|| LockError::connection("x", "no answer")),
         )
         .await;
@@ -117,7 +149,6 @@ mod tests {
         let start = Instant::now();
         let hung: Result<(), _> = retry_connect(
             Duration::from_secs(2),
-            LockError::is_retryable,
             |_| std::future::pending(),
             |last| last.unwrap_or_else(|| LockError::connection("x", "no answer")),
         )

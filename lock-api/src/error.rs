@@ -109,8 +109,8 @@ pub fn looks_like_debug(text: &str) -> bool {
 /// The cause of a connection-level `error`, in words for an operator: an I/O error
 /// anywhere in its [`source`](std::error::Error::source) chain by its kind
 /// ("connection refused", "timed out", "the server closed the connection", …), else
-/// the first message of the chain that is not a `Debug` dump (see
-/// [`looks_like_debug`]), else a note that the driver gave no readable reason (the
+/// the deepest message of the chain (the most specific) that is not a `Debug` dump
+/// (see [`looks_like_debug`]), else a note that the driver gave no readable reason (the
 /// whole error stays reachable as the source of an [`InWords`]).
 pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
     let chain = || std::iter::successors(Some(error), |e| e.source());
@@ -122,7 +122,8 @@ pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
     }
     chain()
         .map(|e| e.to_string())
-        .find(|text| !text.trim().is_empty() && !looks_like_debug(text))
+        .filter(|text| !text.trim().is_empty() && !looks_like_debug(text))
+        .last()
         .unwrap_or_else(|| "the driver failed without a readable reason".to_owned())
 }
 
