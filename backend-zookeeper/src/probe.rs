@@ -97,7 +97,7 @@ pub(crate) async fn probe(host: &str, tls: bool, deadline: Instant) -> Finding {
     })
     .await;
     let finding = classify(&reply, tls, asked.is_err());
-    if reply.is_empty() && !tls && !asked.is_err() && speaks_tls(host, deadline).await {
+    if reply.is_empty() && !tls && asked.is_ok() && speaks_tls(host, deadline).await {
         return Finding::Lasting(
             Lasting::TlsMismatch,
             "the server speaks TLS on this port: use a zookeeper+tls:// URL".to_owned(),
