@@ -3,7 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use distlock_api::connect::Refused;
+use distlock_api::connect_retry::Refused;
 use distlock_api::LockError;
 use etcd_client::Error as EtcdError;
 use tonic::Code;

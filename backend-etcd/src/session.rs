@@ -16,7 +16,7 @@ use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use distlock_api::connect::retry_connect;
+use distlock_api::connect_retry::retry_connect;
 use distlock_api::LockError;
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use tokio::sync::oneshot;

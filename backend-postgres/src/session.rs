@@ -20,7 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::connect::{retry_connect, Refused};
+use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};

@@ -8,7 +8,7 @@
 //! are connection errors. Every message names the address and never the URL, which may
 //! carry a password.
 
-use distlock_api::connect::Refused;
+use distlock_api::connect_retry::Refused;
 use distlock_api::{AtAddress, InWords, LockError};
 use redis::{ErrorKind, RedisError};
 
@@ -78,7 +78,7 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
     LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
 }
 
-/// [`connect_error`], sorted for [`distlock_api::connect::retry_connect`]: a refused
+/// [`connect_error`], sorted for [`distlock_api::connect_retry::retry_connect`]: a refused
 /// or silent port and a server still loading its dataset may pass; everything else
 /// (credentials, database, a server that is not Redis or wants TLS) does not.
 pub(crate) fn connect_refused(address: &str, db: i64, error: RedisError) -> Refused {

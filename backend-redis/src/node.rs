@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::connect::retry_connect;
+use distlock_api::connect_retry::retry_connect;
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{

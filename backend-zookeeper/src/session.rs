@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::connect::{retry_connect, Refused};
+use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{InWords, LeaseMonitor, LockError, OwnerToken};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;

@@ -53,7 +53,7 @@ mod backoff;
 mod capabilities;
 mod cleanup;
 mod client;
-pub mod connect;
+pub mod connect_retry;
 mod election;
 mod engine;
 mod error;
