@@ -3,6 +3,7 @@
 use std::future::Future;
 use std::time::Duration;
 
+use distlock_api::connect_retry::Refused;
 use distlock_api::LockError;
 use etcd_client::Error as EtcdError;
 use tonic::Code;
@@ -39,9 +40,10 @@ impl Fail {
 impl From<Fail> for LockError {
     fn from(fail: Fail) -> Self {
         match fail {
-            Fail::TimedOut(limit) => {
-                LockError::connection(ETCD_BACKEND, format!("no reply from etcd within {limit:?}"))
-            }
+            Fail::TimedOut(limit) => LockError::connection(
+                ETCD_BACKEND,
+                format!("no reply from etcd within {} ms", limit.as_millis()),
+            ),
             Fail::Etcd(error) => etcd_error(error),
             Fail::Foreign(key) => LockError::config(
                 ETCD_BACKEND,
@@ -60,17 +62,19 @@ impl From<Fail> for LockError {
 /// answers [`LockError::Transient`], refused credentials and permissions
 /// [`LockError::Config`], anything else [`LockError::Backend`].
 pub(crate) fn etcd_error(error: EtcdError) -> LockError {
+    // The message in words; the driver's error stays the source.
+    let said = |error: EtcdError| distlock_api::InWords::with_words(etcd_words(&error), error);
     match error {
         EtcdError::TransportError(_) | EtcdError::IoError(_) => {
-            LockError::connection(ETCD_BACKEND, error)
+            LockError::connection(ETCD_BACKEND, said(error))
         }
         EtcdError::GRpcStatus(ref status) => {
             let message = status.message();
             match status.code() {
                 Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Aborted => {
-                    LockError::connection(ETCD_BACKEND, error)
+                    LockError::connection(ETCD_BACKEND, said(error))
                 }
-                Code::ResourceExhausted => LockError::transient(ETCD_BACKEND, error),
+                Code::ResourceExhausted => LockError::transient(ETCD_BACKEND, said(error)),
                 Code::Unauthenticated | Code::PermissionDenied => LockError::config(
                     ETCD_BACKEND,
                     format!("etcd refused this client's credentials or permissions: {message}"),
@@ -86,22 +90,22 @@ pub(crate) fn etcd_error(error: EtcdError) -> LockError {
                 // A connection that failed under the client (refused, reset) surfaces
                 // as an unknown status carrying the transport error.
                 Code::Unknown if message.contains("transport") || message.contains("connect") => {
-                    LockError::connection(ETCD_BACKEND, error)
+                    LockError::connection(ETCD_BACKEND, said(error))
                 }
                 _ if message.contains("leader changed")
                     || message.contains("no leader")
                     || message.contains("timed out")
                     || message.contains("too many requests") =>
                 {
-                    LockError::transient(ETCD_BACKEND, error)
+                    LockError::transient(ETCD_BACKEND, said(error))
                 }
-                _ => LockError::backend_error(ETCD_BACKEND, error),
+                _ => LockError::backend_error(ETCD_BACKEND, said(error)),
             }
         }
         EtcdError::WatchError(_) | EtcdError::LeaseKeepAliveError(_) => {
-            LockError::connection(ETCD_BACKEND, error)
+            LockError::connection(ETCD_BACKEND, said(error))
         }
-        other => LockError::backend_error(ETCD_BACKEND, other),
+        other => LockError::backend_error(ETCD_BACKEND, said(other)),
     }
 }
 
@@ -187,18 +191,68 @@ pub(crate) fn at_servers(hosts: &str, error: LockError) -> LockError {
     }
 }
 
-/// [`at_servers`] for a failed connect: a connection that opened and then broke before
-/// etcd answered (not refused, not silent) is most likely TLS on one side only, or a
-/// TLS handshake the server refused, and the error says what to check. It stays a
-/// [`LockError::Connection`], as a failed handshake is for the other backends.
-pub(crate) fn connect_failed(hosts: &str, tls: bool, error: LockError) -> LockError {
-    let hint = match &error {
-        LockError::Connection { source, .. } => {
-            let text = format!("{source:?}").to_ascii_lowercase();
-            let unreached = ["refused", "no reply", "timed out", "unreachable", "dns"]
-                .iter()
-                .any(|word| text.contains(word));
-            match (unreached, tls) {
+/// etcd's error told in words: the transport's I/O cause ("connection refused"), else
+/// the most specific message in the error's chain, never the `Debug` dump that
+/// `etcd-client` and `tonic` put in their `Display`.
+pub(crate) fn etcd_words(error: &EtcdError) -> String {
+    let words = match error {
+        EtcdError::GRpcStatus(status) => {
+            let words = distlock_api::in_words(status);
+            if distlock_api::looks_like_debug(status.message()) || status.message().is_empty() {
+                words
+            } else if words == "the driver failed without a readable reason" {
+                status.message().to_owned()
+            } else {
+                words
+            }
+        }
+        other => distlock_api::in_words(other),
+    };
+    if words.contains("connection closed") {
+        "the server closed the connection".to_owned()
+    } else {
+        words
+    }
+}
+
+/// A failed connect attempt to `hosts`, told in words (the driver's error stays the
+/// source) and sorted: a refused or silent port, a member without a leader and other
+/// unavailability may pass (retried until the connect timeout); refused credentials,
+/// a connection that opened and broke before etcd answered (TLS on one side only, a
+/// refused TLS handshake, another kind of server) and any other answer do not.
+pub(crate) fn connect_refused(hosts: &str, tls: bool, fail: Fail) -> Refused {
+    let words = match &fail {
+        Fail::Etcd(error) => etcd_words(error),
+        _ => String::new(),
+    };
+    let status = match &fail {
+        Fail::Etcd(EtcdError::GRpcStatus(status)) => status.message().to_ascii_lowercase(),
+        _ => String::new(),
+    };
+    match LockError::from(fail) {
+        LockError::Config {
+            backend,
+            message,
+            source,
+        } => Refused::Lasting(LockError::Config {
+            backend,
+            message: format!("etcd at {hosts}: {message}"),
+            source,
+        }),
+        LockError::Connection { backend, source } => {
+            let text = format!("{words} {status}").to_ascii_lowercase();
+            let passing = [
+                "refused",
+                "no reply",
+                "timed out",
+                "unreachable",
+                "dns",
+                "leader",
+            ]
+            .iter()
+            .any(|word| text.contains(word))
+                || words.is_empty();
+            let hint = match (passing, tls) {
                 (true, _) => None,
                 (false, true) => Some(
                     "the TLS session failed: check that the server serves TLS on this port, \
@@ -209,22 +263,37 @@ pub(crate) fn connect_failed(hosts: &str, tls: bool, error: LockError) -> LockEr
                     "the connection broke before etcd answered: if the server serves TLS, use \
                      an etcd+tls:// URL",
                 ),
+            };
+            let error = LockError::Connection {
+                backend,
+                source: Box::new(AtServers {
+                    hosts: hosts.to_owned(),
+                    error: source,
+                    hint,
+                }),
+            };
+            if passing {
+                Refused::Passing(error)
+            } else {
+                Refused::Lasting(error)
             }
         }
-        _ => None,
-    };
-    match (at_servers(hosts, error), hint) {
-        (LockError::Connection { backend, source }, Some(hint)) => {
-            let source = match source.downcast::<AtServers>() {
-                Ok(mut at) => {
-                    at.hint = Some(hint);
-                    at as distlock_api::BoxError
-                }
-                Err(other) => other,
-            };
-            LockError::Connection { backend, source }
-        }
-        (error, _) => error,
+        LockError::Transient { backend, source } => Refused::Passing(LockError::Connection {
+            backend,
+            source: Box::new(AtServers {
+                hosts: hosts.to_owned(),
+                error: source,
+                hint: None,
+            }),
+        }),
+        LockError::Backend { backend, source } => Refused::Lasting(LockError::Config {
+            backend,
+            message: format!(
+                "etcd at {hosts}: {words} (is this the client port of an etcd server?)"
+            ),
+            source: Some(source),
+        }),
+        other => Refused::Lasting(other),
     }
 }
 

@@ -176,6 +176,16 @@
 //! runtime shuts down first (a program exiting while it waits), a task spawned at
 //! connect revokes every listed lease from a fresh connection as the runtime drops it,
 //! within a second. A process killed outright leaves its keys until their lease's TTL.
+//!
+//! # Connecting
+//! [`EtcdLock::connect`] connects and reads the prefix once. A refused or silent port,
+//! a member without a leader and other unavailability are retried, with jittered
+//! backoff, until the connect timeout ([`EtcdConfig::connect_timeout`], default 5 s) has
+//! passed; then the connect fails with the last reason, naming the endpoints and the
+//! cause in words ("connection refused"; the driver's error is the `source()`).
+//! Refused credentials, a connection that opened and broke before etcd answered (TLS
+//! on one side only, a refused TLS handshake) and a server of another kind fail at
+//! once.
 
 mod ahead;
 mod config;

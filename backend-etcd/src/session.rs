@@ -16,12 +16,13 @@ use std::collections::HashSet;
 use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use distlock_api::connect_retry::retry_connect;
 use distlock_api::LockError;
 use etcd_client::{Client, ConnectOptions, GetOptions};
 use tokio::sync::oneshot;
 
 use crate::config::{EtcdConfig, EtcdUrl};
-use crate::error::{connect_failed, sent, within};
+use crate::error::{at_servers, connect_refused, sent, within};
 use crate::ETCD_BACKEND;
 
 /// How long a runtime shutdown may wait for this client's leases to be revoked.
@@ -82,26 +83,54 @@ impl Session {
         let hosts = url.hosts();
         let options = connect_options(url, config)?;
         let uris = url.uris();
-        let client = within(
+        let tls = url.tls.is_some();
+        let client = retry_connect(
             config.connect_timeout,
-            Client::connect(uris.clone(), Some(options.clone())),
-        )
-        .await
-        .map_err(|fail| connect_failed(&hosts, url.tls.is_some(), fail.into()))?;
-        let prefix = url.prefix.clone();
-        sent(config.request_timeout, || {
-            let (mut probe, prefix) = (client.kv_client(), prefix.clone());
-            async move {
-                probe
-                    .get(
-                        prefix,
-                        Some(GetOptions::new().with_limit(1).with_keys_only()),
-                    )
+            |deadline| {
+                let (uris, options, prefix, hosts) = (
+                    uris.clone(),
+                    options.clone(),
+                    url.prefix.clone(),
+                    hosts.as_str(),
+                );
+                async move {
+                    let client =
+                        within(config.connect_timeout, Client::connect(uris, Some(options)))
+                            .await
+                            .map_err(|fail| connect_refused(hosts, tls, fail))?;
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    sent(config.request_timeout.min(left), || {
+                        let (mut probe, prefix) = (client.kv_client(), prefix.clone());
+                        async move {
+                            probe
+                                .get(
+                                    prefix,
+                                    Some(GetOptions::new().with_limit(1).with_keys_only()),
+                                )
+                                .await
+                        }
+                    })
                     .await
-            }
-        })
-        .await
-        .map_err(|fail| connect_failed(&hosts, url.tls.is_some(), fail.into()))?;
+                    .map_err(|fail| connect_refused(hosts, tls, fail))?;
+                    Ok(client)
+                }
+            },
+            |last| {
+                last.unwrap_or_else(|| {
+                    at_servers(
+                        &hosts,
+                        LockError::connection(
+                            ETCD_BACKEND,
+                            format!(
+                                "no connection within the connect timeout of {} ms",
+                                config.connect_timeout.as_millis()
+                            ),
+                        ),
+                    )
+                })
+            },
+        )
+        .await?;
         let live = Arc::new(LiveLeases::default());
         let (alive, dropped) = oneshot::channel();
         let revoker = RevokeOnShutdown {

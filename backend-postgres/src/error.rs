@@ -162,7 +162,7 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
             message: format!("{address}: invalid connection settings"),
             source: Some(source),
         },
-        (None, error) => LockError::connection_at(POSTGRES_BACKEND, address, error),
+        (None, error) => LockError::connection_in_words(POSTGRES_BACKEND, address, error),
     }
 }
 

@@ -191,6 +191,14 @@
 //!   `client_connection_check_interval`).
 //! - A hash collision between two keys makes them contend as one lock; it never lets
 //!   two holders in.
+//!
+//! # Connecting
+//! [`PostgresLock::connect`] retries a refused or silent port, a server starting up or
+//! shutting down (`57P03`, `57P01`) and one without a free connection slot (`53300`),
+//! with jittered backoff, until the connect timeout ([`PostgresConfig::request_timeout`],
+//! default 5 s) has passed, then fails with the last reason, naming the address and the
+//! cause in words. Refused credentials, a missing database and TLS refusals fail at
+//! once. Sessions opened later (on demand) make one attempt within the request timeout.
 
 #![forbid(unsafe_code)]
 

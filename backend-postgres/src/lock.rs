@@ -137,7 +137,7 @@ impl PostgresLock {
         config.validate()?;
         let connect = session_options(&parse_url(url)?, &config);
         let sql = Statements::new(&config.schema);
-        let mut conn = session::connect(&connect, config.request_timeout).await?;
+        let mut conn = session::connect_retrying(&connect, config.request_timeout).await?;
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
             return Err(e);

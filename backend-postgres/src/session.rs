@@ -20,6 +20,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
+use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{LeaseMonitor, LeaseState, LockError};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
@@ -157,6 +158,73 @@ pub(crate) async fn connect(
             )
         })?
         .map_err(|e| connect_error(e, &address))
+}
+
+/// [`connect`] for a client's first connection: a refused or silent port, a server
+/// starting up or shutting down (`57P03`, `57P01`) and one with no connection slot
+/// free (`53300`) are retried with backoff until `limit` has passed since the call,
+/// then the last reason is returned; other refusals fail at once.
+///
+/// # Errors
+/// As [`connect`].
+pub(crate) async fn connect_retrying(
+    options: &PgConnectOptions,
+    limit: Duration,
+) -> Result<PgConnection, LockError> {
+    let address = server_address(options);
+    retry_connect(
+        limit,
+        |deadline| {
+            let address = address.as_str();
+            async move {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match tokio::time::timeout(left, PgConnection::connect_with(options)).await {
+                    Ok(Ok(conn)) => Ok(conn),
+                    Ok(Err(error)) => {
+                        let passing = connect_may_pass(&error);
+                        let error = connect_error(error, address);
+                        Err(if passing && error.is_retryable() {
+                            Refused::Passing(error)
+                        } else {
+                            Refused::Lasting(error)
+                        })
+                    }
+                    Err(_) => Err(Refused::Passing(LockError::connection_at(
+                        POSTGRES_BACKEND,
+                        address,
+                        format!(
+                            "no connection within the request timeout of {} ms",
+                            limit.as_millis()
+                        ),
+                    ))),
+                }
+            }
+        },
+        |last| {
+            last.unwrap_or_else(|| {
+                LockError::connection_at(
+                    POSTGRES_BACKEND,
+                    &address,
+                    format!(
+                        "no connection within the request timeout of {} ms",
+                        limit.as_millis()
+                    ),
+                )
+            })
+        },
+    )
+    .await
+}
+
+/// Whether a failed connect may succeed shortly: see [`connect_retrying`].
+fn connect_may_pass(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(io) => matches!(
+            io.kind(),
+            std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::TimedOut
+        ),
+        _ => sqlstate(error).is_some_and(|code| ["57P03", "57P01", "53300"].contains(&code)),
+    }
 }
 
 /// Starts the task of a session over `conn`.

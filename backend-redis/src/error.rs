@@ -8,7 +8,8 @@
 //! are connection errors. Every message names the address and never the URL, which may
 //! carry a password.
 
-use distlock_api::{AtAddress, LockError};
+use distlock_api::connect_retry::Refused;
+use distlock_api::{AtAddress, InWords, LockError};
 use redis::{ErrorKind, RedisError};
 
 use crate::REDIS_BACKEND;
@@ -55,7 +56,12 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
         return LockError::transient(REDIS_BACKEND, AtAddress::new(address, error));
     }
     if error.is_connection_refusal() || error.is_timeout() {
-        return LockError::connection_at(REDIS_BACKEND, address, error);
+        let words = if error.is_timeout() {
+            "timed out"
+        } else {
+            "connection refused"
+        };
+        return LockError::connection_at(REDIS_BACKEND, address, InWords::with_words(words, error));
     }
     if error.is_io_error() || error.is_connection_dropped() {
         // Connected, then cut off before the handshake's answer: something listens
@@ -70,6 +76,19 @@ pub(crate) fn connect_error(address: &str, db: i64, error: RedisError) -> LockEr
         );
     }
     LockError::backend_error(REDIS_BACKEND, AtAddress::new(address, error))
+}
+
+/// [`connect_error`], sorted for [`distlock_api::connect_retry::retry_connect`]: a refused
+/// or silent port and a server still loading its dataset may pass; everything else
+/// (credentials, database, a server that is not Redis or wants TLS) does not.
+pub(crate) fn connect_refused(address: &str, db: i64, error: RedisError) -> Refused {
+    let passing = is_transient(&error) || error.is_connection_refusal() || error.is_timeout();
+    let error = connect_error(address, db, error);
+    if passing && error.is_retryable() {
+        Refused::Passing(error)
+    } else {
+        Refused::Lasting(error)
+    }
 }
 
 /// The server's own words: its error code and message.
@@ -113,7 +132,7 @@ pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
         || error.is_connection_dropped()
         || error.is_connection_refusal()
     {
-        LockError::connection_at(REDIS_BACKEND, address, error)
+        LockError::connection_in_words(REDIS_BACKEND, address, error)
     } else if is_transient(&error) {
         LockError::transient(REDIS_BACKEND, AtAddress::new(address, error))
     } else {

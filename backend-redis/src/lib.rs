@@ -152,6 +152,15 @@
 //!   with idempotent or conditional writes, or use a backend with fencing.
 //! - Cancel-safety: a dropped acquire runs an owner-checked release in the background
 //!   for any grant that may have landed.
+//!
+//! # Connecting
+//! [`RedisLock::connect`] to one node retries a refused or silent port and a server
+//! still loading its dataset (`LOADING`), with jittered backoff, until the connect
+//! timeout ([`RedisConfig::request_timeout`], default 2 s) has passed, then fails with
+//! the last reason (a [`distlock_api::LockError::Connection`] naming the address and
+//! the cause in words, such as "connection refused"). Refused credentials or
+//! database, and a server that is not Redis (or wants TLS), fail at once. Redlock,
+//! Sentinel and Cluster URLs make one attempt per node within that timeout.
 
 #![forbid(unsafe_code)]
 

@@ -47,7 +47,7 @@ pub(crate) async fn connect_nodes(
         .map(|url| Node::new(url, connect_timeout))
         .collect::<Result<Vec<_>, _>>()?;
     if let [node] = nodes.as_slice() {
-        node.join(node.open().await?);
+        node.join(node.open_retrying().await?);
         return Ok(nodes);
     }
     refuse_shared_addresses(&nodes, connect_timeout).await?;

@@ -4,6 +4,7 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
+use distlock_api::connect_retry::retry_connect;
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{
@@ -198,6 +199,46 @@ impl Node {
     }
 }
 
+impl Node {
+    /// [`Node::open`], retrying a refused or silent port and a server still loading
+    /// its dataset (with backoff) until the node's connect timeout has passed since the
+    /// call, then failing with the last reason; other refusals fail at once.
+    ///
+    /// # Errors
+    /// As [`Node::open`].
+    pub(crate) async fn open_retrying(&self) -> Result<NodeConn, LockError> {
+        let Some(client) = &self.link.client else {
+            return self.open().await;
+        };
+        let limit = self.link.connect_timeout;
+        retry_connect(
+            limit,
+            |_| async {
+                let manager =
+                    open_manager_with(client, self.link.connect_timeout, self.link.wakeups.clone())
+                        .await
+                        .map_err(|e| {
+                            crate::error::connect_refused(&self.address, self.link.db, e)
+                        })?;
+                Ok(NodeConn::Direct(manager))
+            },
+            |last| {
+                last.unwrap_or_else(|| {
+                    LockError::connection_at(
+                        REDIS_BACKEND,
+                        &self.address,
+                        format!(
+                            "no connection within the connect timeout of {} ms",
+                            limit.as_millis()
+                        ),
+                    )
+                })
+            },
+        )
+        .await
+    }
+}
+
 /// rustls needs one process-wide crypto provider when more than one is compiled in (a
 /// build with `zookeeper-tls` also has aws-lc-rs), and the driver panics without one:
 /// installs ring unless the program (or another crate) installed a provider first.
@@ -250,6 +291,17 @@ pub(crate) async fn open_manager(
     timeout: Duration,
     router: Arc<Wakeups>,
 ) -> Result<ConnectionManager, LockError> {
+    open_manager_with(client, timeout, router)
+        .await
+        .map_err(|e| crate::error::connect_error(address, db, e))
+}
+
+/// [`open_manager`], with the driver's error as it is.
+async fn open_manager_with(
+    client: &redis::Client,
+    timeout: Duration,
+    router: Arc<Wakeups>,
+) -> Result<ConnectionManager, redis::RedisError> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
         .set_response_timeout(Some(timeout))
@@ -260,10 +312,7 @@ pub(crate) async fn open_manager(
             router.on_push(push);
             Ok::<(), ()>(())
         });
-    client
-        .get_connection_manager_with_config(config)
-        .await
-        .map_err(|e| crate::error::connect_error(address, db, e))
+    client.get_connection_manager_with_config(config).await
 }
 
 impl Node {

@@ -210,6 +210,20 @@
 //!   only for a client of the same identity: see *Security*).
 //! - Every acquire writes the lock directory's (empty) data, so its data version
 //!   counts acquires; nothing, Curator included, reads it.
+//!
+//! # Connecting
+//! A session is opened with one pass over the connect string's servers per attempt. A
+//! pass that no server answered is explained by asking each server `srvr` (which
+//! ZooKeeper answers from the moment it listens): a refused or silent port, a server
+//! not serving requests yet and a handshake that failed are retried, with jittered
+//! backoff, until the connect timeout ([`ZooKeeperConfig::connect_timeout`]; by default
+//! the session timeout, 10 s unless `?session_timeout_ms=` says otherwise) has passed;
+//! then the connect fails with the last reason in words. A server that is not
+//! ZooKeeper (a [`distlock_api::LockError::Config`]), a `+tls` URL at a plaintext port
+//! and a plaintext URL at a TLS port (both [`distlock_api::LockError::Connection`])
+//! fail at once. A TLS handshake that a TLS port refuses (a CA that did not sign the
+//! server's certificate) cannot be told from a server not serving yet, so it is
+//! retried until the timeout and the message says what to check.
 
 #![forbid(unsafe_code)]
 
@@ -218,6 +232,7 @@ mod election;
 mod error;
 mod keys;
 mod lock;
+mod probe;
 mod recipe;
 mod rw;
 mod security;

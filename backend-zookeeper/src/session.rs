@@ -6,11 +6,13 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::{LeaseMonitor, LockError, OwnerToken};
+use distlock_api::connect_retry::{retry_connect, Refused};
+use distlock_api::{InWords, LeaseMonitor, LockError, OwnerToken};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::config::{ZooKeeperConfig, MIN_SESSION_TIMEOUT};
+use crate::probe::{probe_all, Lasting, PROBE_PATIENCE};
 use crate::security::{node_acls, Identity};
 use crate::shutdown::ShutdownWatch;
 use crate::ZOOKEEPER_BACKEND;
@@ -49,48 +51,81 @@ impl Session {
             )
         })?;
         let limit = config.connect_timeout.unwrap_or(config.session_timeout);
-        let connector = zk::Client::connector()
-            .with_session_timeout(config.session_timeout)
-            .with_fail_eagerly();
-        let connecting = identity.connect(connector, hosts);
-        // A TLS handshake that fails (a plaintext port, a certificate the CA did not
-        // sign or that names another host) shows as a server that did not answer.
-        let tls_hint = if identity.uses_tls() {
-            " (over TLS: is it the server's secureClientPort, and does the ?ca= file sign \
-             its certificate, issued for this host name?)"
-        } else {
-            ""
-        };
-        let client = match tokio::time::timeout(limit, connecting).await {
-            Ok(Ok(client)) => client,
-            Ok(Err(zk::Error::BadArguments(why))) => {
-                return Err(LockError::config(
-                    ZOOKEEPER_BACKEND,
-                    format!("bad ZooKeeper connect string {hosts:?}: {why}"),
-                ))
-            }
-            Ok(Err(zk::Error::NoHosts)) => {
-                return Err(LockError::connection(
+        let tls = identity.uses_tls();
+        // One eager pass over the servers per attempt; a pass that no server answered
+        // is explained by probing them, and retried unless every refusal is lasting.
+        let client = retry_connect(
+            limit,
+            |deadline| async move {
+                let connector = zk::Client::connector()
+                    .with_session_timeout(config.session_timeout)
+                    .with_fail_eagerly();
+                // Leave time before the deadline to find out why a pass hangs.
+                let reserve = (PROBE_PATIENCE * 2)
+                    .min(deadline.saturating_duration_since(Instant::now()) / 2);
+                let cutoff = deadline.checked_sub(reserve).unwrap_or(deadline);
+                let error =
+                    match tokio::time::timeout_at(cutoff, identity.connect(connector, hosts)).await
+                    {
+                        Ok(Ok(client)) => return Ok(client),
+                        Ok(Err(error)) => Some(error),
+                        Err(_) => None,
+                    };
+                Err(match error {
+                    Some(zk::Error::BadArguments(why)) => Refused::Lasting(LockError::config(
+                        ZOOKEEPER_BACKEND,
+                        format!("bad ZooKeeper connect string {hosts:?}: {why}"),
+                    )),
+                    None
+                    | Some(zk::Error::NoHosts | zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                        let found = probe_all(hosts, tls, deadline).await;
+                        match found.lasting {
+                            // Config errors do not pass through `at_servers`: name them here.
+                            Some(Lasting::NotZooKeeper) => Refused::Lasting(LockError::config(
+                                ZOOKEEPER_BACKEND,
+                                format!("ZooKeeper at {hosts}: {}", found.words),
+                            )),
+                            Some(Lasting::TlsMismatch) => Refused::Lasting(LockError::connection(
+                                ZOOKEEPER_BACKEND,
+                                found.words,
+                            )),
+                            None => Refused::Passing(LockError::connection(
+                                ZOOKEEPER_BACKEND,
+                                found.words,
+                            )),
+                        }
+                    }
+                    Some(error @ (zk::Error::AuthFailed | zk::Error::NoAuth)) => {
+                        Refused::Lasting(LockError::Config {
+                            backend: ZOOKEEPER_BACKEND,
+                            message: format!(
+                                "ZooKeeper at {hosts}: the server refused the URL's \
+                                 credentials (authentication failed)"
+                            ),
+                            source: Some(Box::new(error)),
+                        })
+                    }
+                    Some(error) => Refused::Passing(LockError::connection(
+                        ZOOKEEPER_BACKEND,
+                        InWords::with_words(format!("cannot establish a session: {error}"), error),
+                    )),
+                })
+            },
+            |last| {
+                let why = match &last {
+                    Some(LockError::Connection { source, .. }) => format!(" ({source})"),
+                    _ => String::new(),
+                };
+                LockError::connection(
                     ZOOKEEPER_BACKEND,
                     format!(
-                        "no server accepted a connection or answered the session \
-                         handshake{tls_hint}"
+                        "no session established within the connect timeout of {} ms{why}",
+                        limit.as_millis()
                     ),
-                ))
-            }
-            Ok(Err(error)) => {
-                return Err(LockError::connection(
-                    ZOOKEEPER_BACKEND,
-                    format!("cannot establish a session: {error}{tls_hint}"),
-                ))
-            }
-            Err(_) => {
-                return Err(LockError::connection(
-                    ZOOKEEPER_BACKEND,
-                    format!("no session established within {limit:?}{tls_hint}"),
-                ))
-            }
-        };
+                )
+            },
+        )
+        .await?;
         let timeout = client.session_timeout();
         if timeout < MIN_SESSION_TIMEOUT {
             // Dropping the only handle closes the session on the server.

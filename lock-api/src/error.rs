@@ -57,6 +57,104 @@ impl AtAddress {
     }
 }
 
+/// A driver error told in words: [`Display`](std::fmt::Display) is a short sentence for
+/// an operator (see [`in_words`]), and [`source`](std::error::Error::source) is the
+/// driver's error itself, for code and for logs that want every detail.
+#[derive(Debug)]
+pub struct InWords {
+    words: String,
+    source: BoxError,
+}
+
+impl InWords {
+    /// `source`, described by [`in_words`].
+    pub fn new(source: impl Into<BoxError>) -> Self {
+        let source = source.into();
+        InWords {
+            words: in_words(source.as_ref()),
+            source,
+        }
+    }
+
+    /// `source`, described as `words` (which should name the cause, not the driver's
+    /// types).
+    pub fn with_words(words: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        InWords {
+            words: words.into(),
+            source: source.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for InWords {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.words)
+    }
+}
+
+impl std::error::Error for InWords {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(self.source.as_ref())
+    }
+}
+
+/// Text that gives away a `Debug` rendering (`Os { code: 111, … }`,
+/// `tonic::transport::Error(…)`) rather than a sentence: what [`in_words`] avoids.
+pub fn looks_like_debug(text: &str) -> bool {
+    ["{ ", "Os {", "tonic::", "Error("]
+        .iter()
+        .any(|marker| text.contains(marker))
+}
+
+/// The cause of a connection-level `error`, in words for an operator: an I/O error
+/// anywhere in its [`source`](std::error::Error::source) chain by its kind
+/// ("connection refused", "timed out", "the server closed the connection", …), else
+/// the deepest message of the chain (the most specific) that is not a `Debug` dump
+/// (see [`looks_like_debug`]), else a note that the driver gave no readable reason (the
+/// whole error stays reachable as the source of an [`InWords`]).
+pub fn in_words(error: &(dyn std::error::Error + 'static)) -> String {
+    let chain = || std::iter::successors(Some(error), |e| e.source());
+    if let Some(words) = chain()
+        .filter_map(|e| e.downcast_ref::<std::io::Error>())
+        .find_map(io_words)
+    {
+        return words;
+    }
+    chain()
+        .map(|e| e.to_string())
+        .filter(|text| !text.trim().is_empty() && !looks_like_debug(text))
+        .last()
+        .unwrap_or_else(|| "the driver failed without a readable reason".to_owned())
+}
+
+/// An I/O error's kind in words, or its own message when that reads well; `None` for
+/// an error that only wraps another (which the chain names instead).
+fn io_words(error: &std::io::Error) -> Option<String> {
+    use std::io::ErrorKind as K;
+    let words = match error.kind() {
+        K::ConnectionRefused => "connection refused",
+        K::ConnectionReset => "the server reset the connection",
+        K::ConnectionAborted => "the connection was aborted",
+        K::UnexpectedEof | K::BrokenPipe => "the server closed the connection",
+        K::NotConnected => "not connected",
+        K::TimedOut => "timed out",
+        K::AddrNotAvailable => "the address is not available",
+        K::HostUnreachable => "the host is unreachable",
+        K::NetworkUnreachable => "the network is unreachable",
+        K::PermissionDenied => "permission denied",
+        K::NotFound => "not found",
+        _ => {
+            if let Some(inner) = error.get_ref() {
+                let text = inner.to_string();
+                return (!looks_like_debug(&text) && !text.trim().is_empty()).then_some(text);
+            }
+            let text = error.to_string();
+            return (!looks_like_debug(&text)).then_some(text);
+        }
+    };
+    Some(words.to_owned())
+}
+
 /// Why [`LockOptions`](crate::LockOptions) were refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -296,6 +394,17 @@ impl LockError {
         LockError::connection(backend, AtAddress::new(address, source))
     }
 
+    /// A connection error at `address` whose message tells `source` in words (see
+    /// [`in_words`]): `address: connection refused`. The driver's error stays
+    /// reachable through [`source`](std::error::Error::source).
+    pub fn connection_in_words(
+        backend: &'static str,
+        address: impl Into<String>,
+        source: impl Into<BoxError>,
+    ) -> Self {
+        LockError::connection_at(backend, address, InWords::new(source))
+    }
+
     /// Wraps a driver error the server marked as temporary as a [`LockError::Transient`].
     pub fn transient(backend: &'static str, source: impl Into<BoxError>) -> Self {
         LockError::Transient {
@@ -330,6 +439,46 @@ impl From<KeyError> for LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `ECONNRESET` on Linux (and its `Debug` is `Os { code: 104, … }`).
+    fn libc_econnreset() -> i32 {
+        104
+    }
+
+    #[test]
+    fn io_errors_read_as_words_and_keep_their_source() {
+        use std::error::Error as _;
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let error = LockError::connection_in_words("etcd", "127.0.0.1:1", refused);
+        assert_eq!(
+            error.to_string(),
+            "etcd: connection error: 127.0.0.1:1: connection refused"
+        );
+        let mut cause = error.source();
+        let mut found = false;
+        while let Some(e) = cause {
+            found |= e.is::<std::io::Error>();
+            cause = e.source();
+        }
+        assert!(found, "the io::Error is in the source chain");
+        #[derive(Debug)]
+        struct Dump(std::io::Error);
+        impl std::fmt::Display for Dump {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                write!(f, "transport: {:?}", self.0)
+            }
+        }
+        impl std::error::Error for Dump {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let reset = Dump(std::io::Error::from_raw_os_error(libc_econnreset()));
+        assert!(looks_like_debug(&reset.to_string()));
+        assert_eq!(in_words(&reset), "the server reset the connection");
+        let plain = std::io::Error::other("certificate not trusted");
+        assert_eq!(in_words(&plain), "certificate not trusted");
+    }
 
     #[test]
     fn retryable_kinds_are_the_ones_a_retry_can_fix() {

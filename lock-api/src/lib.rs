@@ -53,6 +53,7 @@ mod backoff;
 mod capabilities;
 mod cleanup;
 mod client;
+pub mod connect_retry;
 mod election;
 mod engine;
 mod error;
@@ -81,7 +82,8 @@ pub use election::{
     Candidate, Leader, LeaderElection, LeaderWatch, Leadership, MAX_CANDIDATE_LEN, OBSERVE_POLL,
 };
 pub use error::{
-    AtAddress, BoxError, LockError, NotHeldReason, OptionsError, PermitMismatch, API_BACKEND_NAME,
+    in_words, looks_like_debug, AtAddress, BoxError, InWords, LockError, NotHeldReason,
+    OptionsError, PermitMismatch, API_BACKEND_NAME,
 };
 pub use guard::LockGuard;
 pub use key::{KeyError, LockKey, MAX_KEY_LEN};
