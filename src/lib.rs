@@ -46,6 +46,9 @@
 //! # Ok(()) }
 //! ```
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #![forbid(unsafe_code)]
 
 pub use distlock_api::memory;

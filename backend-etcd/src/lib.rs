@@ -177,6 +177,9 @@
 //! connect revokes every listed lease from a fresh connection as the runtime drops it,
 //! within a second. A process killed outright leaves its keys until their lease's TTL.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod ahead;
 mod config;
 mod election;

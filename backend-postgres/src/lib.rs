@@ -192,6 +192,9 @@
 //! - A hash collision between two keys makes them contend as one lock; it never lets
 //!   two holders in.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #![forbid(unsafe_code)]
 
 mod client;

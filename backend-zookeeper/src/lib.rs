@@ -211,6 +211,9 @@
 //! - Every acquire writes the lock directory's (empty) data, so its data version
 //!   counts acquires; nothing, Curator included, reads it.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #![forbid(unsafe_code)]
 
 mod config;
