@@ -1,75 +1,36 @@
-//! distlock: one distributed-lock API over several backends.
-//!
-//! This crate re-exports the whole API of `distlock-api` ([`DistributedLock`],
-//! [`LockKey`], [`LockOptions`], [`LockGuard`], [`LockError`], [`with_lock`], the
-//! in-memory backend in [`memory`], …) and adds [`connect`], which picks a backend from
-//! a URL, sqlx-style.
-//!
-//! | URL | Backend |
-//! |-----|---------|
-//! | `memory://` | the process-wide default in-memory store |
-//! | `memory://NAME` | the process-wide in-memory store called `NAME` |
-//! | `file://`, `file:///DIR` | OS file locks for processes on one host (feature `file`, on by default) |
-//! | `redis://HOST:PORT[/DB][?fifo=true]`, `redis+redlock://H1:P1,H2:P2,H3:P3` | Redis, one node (`?fifo=true`: waiters granted in arrival order) or Redlock (feature `redis`) |
-//! | `redis+sentinel://S1:P1,S2:P2/MASTER[?db=N]`, `redis+cluster://H1:P1,H2:P2` | Redis behind Sentinel, or a Redis Cluster (feature `redis`; `rediss+…` with `redis-tls`) |
-//! | `postgres://…`, `postgresql://…` | Postgres advisory locks (feature `postgres`; TLS through libpq's `sslmode`, `sslrootcert`, `sslcert`, `sslkey` with feature `postgres-tls`) |
-//! | `zookeeper://[USER:PASS@]H1:P1[,H2:P2…][/chroot]`, `zk://…` | ZooKeeper (feature `zookeeper`) |
-//! | `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]`, `zk+tls://…` | ZooKeeper over TLS (feature `zookeeper-tls`) |
-//! | `etcd://[USER:PASS@]H1:P1[,H2:P2…][/prefix]` | etcd, `concurrency.Mutex`- and `concurrency.Election`-compatible (feature `etcd`) |
-//! | `etcd+tls://…?ca=PATH[&cert=PATH&key=PATH]` | etcd over TLS (feature `etcd-tls`) |
-//!
-//! Each server backend is turned on by a Cargo feature of this crate and re-exported
-//! as a module (`distlock::redis`). A scheme whose feature is off is refused with a
-//! [`LockError::Config`] that names the feature.
-//!
-//! ```
-//! use std::time::Duration;
-//! use distlock::{LockKey, LockOptions, WaitPolicy};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), distlock::LockError> {
-//! // Every client connected by the same `memory://` URL shares the same locks.
-//! let client = distlock::connect("memory://orders").await?;
-//! let locks = client.lock();
-//! let key = LockKey::new("invoices/2026-11")?;
-//! let options = LockOptions::new(Duration::from_secs(10))
-//!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
-//! let guard = locks.acquire(&key, &options).await?;
-//! // Send guard.fencing_token() with every write the lock protects (`None` where the
-//! // backend has no fencing: then make the writes idempotent or conditional).
-//! guard.release().await?;
-//!
-//! // Unknown or unavailable schemes are configuration errors, never panics.
-//! assert!(matches!(
-//!     distlock::connect("mysql://db").await,
-//!     Err(distlock::LockError::Config { .. })
-//! ));
-//! # Ok(()) }
-//! ```
-
+#![doc = include_str!("../README.md")]
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
+
+pub mod guide;
 
 pub use distlock_api::memory;
 pub use distlock_api::*;
 
 /// The file backend: OS file locks on one host (feature `file`, on by default).
 #[cfg(feature = "file")]
+#[cfg_attr(docsrs, doc(cfg(feature = "file")))]
 pub use distlock_file as file;
 
 /// The Postgres advisory-lock backend (feature `postgres`).
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use distlock_postgres as postgres;
 
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub use distlock_redis as redis;
 
 /// The etcd backend (feature `etcd`).
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use distlock_etcd as etcd;
 
 /// The ZooKeeper backend (feature `zookeeper`).
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use distlock_zookeeper as zookeeper;
 
 mod legacy;

@@ -187,6 +187,9 @@
 //! on one side only, a refused TLS handshake) and a server of another kind fail at
 //! once.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod ahead;
 mod config;
 mod election;

@@ -71,6 +71,9 @@
 //! so a dead leader's record never reads as leader. Campaigns wait in the kernel as
 //! the mutex's acquires do; observers poll. No TTL expiry, as for the mutex.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod config;
 mod election;
 mod error;

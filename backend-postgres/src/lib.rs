@@ -200,6 +200,8 @@
 //! cause in words. Refused credentials, a missing database and TLS refusals fail at
 //! once. Sessions opened later (on demand) make one attempt within the request timeout.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod client;

@@ -162,6 +162,8 @@
 //! database, and a server that is not Redis (or wants TLS), fail at once. Redlock,
 //! Sentinel and Cluster URLs make one attempt per node within that timeout.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod config;

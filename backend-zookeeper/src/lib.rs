@@ -225,6 +225,8 @@
 //! server's certificate) cannot be told from a server not serving yet, so it is
 //! retried until the timeout and the message says what to check.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 mod config;

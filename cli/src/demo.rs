@@ -17,7 +17,6 @@ use distlock::{
     Capability, DistributedLock, FencingToken, LockError, LockGuard, LockKey, LockOptions,
     ReleaseOutcome, WaitPolicy,
 };
-use distlock_conformance::FencedStore;
 use tokio::sync::Barrier;
 use tokio::time::timeout;
 
@@ -64,6 +63,44 @@ impl Account {
 
     fn balance(&self) -> i64 {
         self.balance.load(Ordering::SeqCst)
+    }
+}
+
+/// A balance guarded by fencing tokens, like a database row whose `UPDATE` compares a
+/// token column: a write whose token is below the highest accepted so far is refused
+/// (equal tokens are accepted: the same holder writing twice).
+struct FencedStore {
+    /// The highest token accepted, and the balance.
+    state: std::sync::Mutex<(Option<FencingToken>, i64)>,
+}
+
+impl FencedStore {
+    fn new(balance: i64) -> Self {
+        FencedStore {
+            state: std::sync::Mutex::new((None, balance)),
+        }
+    }
+
+    /// Writes `balance` unless `token` is below the highest seen; the refusal says why.
+    fn write(&self, token: FencingToken, balance: i64) -> Result<(), String> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(highest) = state.0.filter(|highest| token < *highest) {
+            return Err(format!(
+                "stale write refused: token {token} is below the highest seen, {highest}"
+            ));
+        }
+        *state = (Some(token), balance);
+        Ok(())
+    }
+
+    fn read(&self) -> i64 {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
     }
 }
 

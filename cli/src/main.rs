@@ -1,12 +1,16 @@
-//! The `distlock` command-line tool: a demo of why locks and fencing tokens matter, a
-//! conformance runner for any backend URL, and `status` for operators.
+//! The `distlock` command-line tool: `exec` runs a command under a lock, `elect` only
+//! while leading an election, `leader` and `status` show who holds what, and `demo`
+//! shows why locks and fencing tokens matter. With the `conformance` and `bench`
+//! features, `conformance` and `bench` evaluate a backend.
 //!
 //! Exit codes: 0 on success, 1 when a run fails (a conformance scenario, the demo's own
 //! checks, a backend that cannot be reached), 2 for usage and configuration errors;
 //! `exec` passes on its command's code and has its own codes (see `exec --help`).
 //! Every error is one line on stderr, starting with `error: `.
 
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "conformance")]
 mod conformance;
 mod demo;
 mod duration;
@@ -16,10 +20,13 @@ mod escape;
 // The command runner makes the process-control FFI calls (prctl, kill, raise).
 #[allow(unsafe_code)]
 mod exec;
+#[cfg(feature = "bench")]
 mod failover;
+#[cfg(feature = "conformance")]
 mod faults;
 mod leader;
 mod status;
+#[cfg(feature = "conformance")]
 mod url_harness;
 
 use std::process::ExitCode;
@@ -28,7 +35,9 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::error::CliError;
 
-/// One distributed-lock API over several backends.
+/// Runs commands under distributed locks and elections (exec, elect), shows who holds
+/// what (leader, status), and plays the fencing demo; on Redis, Postgres, ZooKeeper,
+/// etcd or file locks.
 #[derive(Debug, Parser)]
 #[command(name = "distlock", version, about)]
 struct Cli {
@@ -44,7 +53,9 @@ enum Command {
         #[command(flatten)]
         backend: BackendArgs,
     },
-    /// Runs the conformance scenarios against a backend and prints a report.
+    /// Runs the conformance scenarios against a backend and prints a report (Cargo
+    /// feature `conformance`).
+    #[cfg(feature = "conformance")]
     Conformance {
         #[command(flatten)]
         backend: BackendArgs,
@@ -101,7 +112,8 @@ enum Command {
         json: bool,
     },
     /// Benchmarks distlock on a backend; with --compare, beside the raw bound and the
-    /// peer crates, as figures and ratios from one run.
+    /// peer crates, as figures and ratios from one run (Cargo feature `bench`).
+    #[cfg(feature = "bench")]
     Bench {
         #[command(flatten)]
         backend: BackendArgs,
@@ -141,6 +153,7 @@ struct BackendArgs {
 }
 
 /// The fault-injection options of `conformance`.
+#[cfg(feature = "conformance")]
 #[derive(Debug, Args)]
 struct FaultArgs {
     /// Run the fault scenarios (partitions, lost replies, paused and restarted
@@ -212,6 +225,7 @@ async fn run(command: Command) -> Result<(), CliError> {
                 _ => status::run(url, &key, json).await,
             }
         }
+        #[cfg(feature = "conformance")]
         Command::Conformance {
             backend,
             json,
@@ -234,6 +248,7 @@ async fn run(command: Command) -> Result<(), CliError> {
             watch,
             json,
         } => leader::run(&backend.backend, &name, json, watch).await,
+        #[cfg(feature = "bench")]
         Command::Bench { backend, args } => bench::run(&backend.backend, args).await,
     }
 }

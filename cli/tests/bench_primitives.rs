@@ -1,6 +1,7 @@
 //! `distlock bench` on file:// and memory:// (no server, no comparators, so no
 //! `compare` feature): the semaphore and read-write rows beside the mutex's. Checks
 //! that the rows and ratios are there, never the figures.
+#![cfg(feature = "bench")]
 
 use std::process::Command;
 

@@ -1,4 +1,5 @@
 //! The CLI against real servers: the demo and an all-pass conformance table.
+#![cfg(feature = "conformance")]
 
 use std::process::Command;
 

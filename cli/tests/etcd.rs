@@ -4,7 +4,7 @@
 //! `bench --spawn etcd --compare --quick` prints the etcd rows (the figures are not
 //! checked), and `conformance --faults --spawn` runs the fault scenarios on a throwaway
 //! 3-member cluster.
-#![cfg(feature = "etcd")]
+#![cfg(all(feature = "etcd", feature = "conformance", feature = "bench"))]
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! The CLI over a Postgres TLS URL (`sslmode=verify-full` with the server's CA): the
 //! conformance table passes, `status` reports a lock this test holds, and a wrong CA
 //! is a one-line configuration error (exit code 2).
+#![cfg(feature = "conformance")]
 
 use std::process::{Command, Output};
 use std::time::Duration;

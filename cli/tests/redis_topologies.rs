@@ -1,5 +1,6 @@
 //! `distlock conformance` and `distlock status` on Redis behind Sentinel and on a
 //! Redis Cluster.
+#![cfg(feature = "conformance")]
 
 use std::process::{Command, Output};
 use std::time::Duration;

@@ -10,6 +10,9 @@
 //! for a [`FaultReport`]: a table, JSON, or a self-contained HTML page with a timeline
 //! of grants. Its public API follows semver, like `distlock-conformance`.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod checkers;
 mod harness;
 mod history;

@@ -13,6 +13,9 @@
 //! [`support`] are the exception and may change in any release. Fault scenarios are
 //! in `distlock-conformance-faults`, throwaway servers in `distlock-test-servers`.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 pub mod broken;
 mod fenced;
 mod harness;

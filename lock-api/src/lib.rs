@@ -46,6 +46,8 @@
 //! [`ExtendOutcome::Expired`] / [`ExtendOutcome::HeldByOther`]), never as an error;
 //! errors are for calls that could not find out.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
 pub mod backend;

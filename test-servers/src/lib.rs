@@ -46,6 +46,9 @@
 //! synchronous and may block the calling thread for a few milliseconds (at
 //! most a few seconds) while processes die and are reaped.
 
+// docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 #[cfg(feature = "testcontainers")]
 mod container;
 mod control;
