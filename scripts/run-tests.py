@@ -22,6 +22,12 @@ jobs ready to start, the slowest start first, by the times of the last run
 (target/test-times.json) or, on a first run, by the built-in estimates below. Each
 job's output is printed whole when it ends, then a summary of the wall times. Exits
 non-zero if a build or a job failed.
+
+No job can hang the run: each runs in a process group of its own under a time limit
+(time_limit below: several times its last or estimated time, at least 5 minutes;
+DISTLOCK_TEST_LIMIT overrides it, in seconds). A job past its limit is named, its last
+output printed, and its whole group (the servers it started included) terminated, then
+killed; it counts as failed.
 """
 
 import heapq
@@ -29,6 +35,7 @@ import itertools
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -61,6 +68,51 @@ ESTIMATES = {
     "backend-etcd/test:conformance": 33,
     "backend-zookeeper/test:conformance": 23,
 }
+
+
+# A job's time limit is this many times its last (or estimated) time...
+LIMIT_FACTOR = 4
+# ...but never under this many seconds, nor this for a job never timed.
+LIMIT_FLOOR = 300
+LIMIT_UNKNOWN = 900
+# The lines of a job's output printed when it runs past its limit.
+TAIL_LINES = 80
+
+
+def time_limit(label, times):
+    """Seconds `label` may run before it counts as hung."""
+    override = os.environ.get("DISTLOCK_TEST_LIMIT")
+    if override:
+        return float(override)
+    known = times.get(label, ESTIMATES.get(label))
+    if known is None:
+        return LIMIT_UNKNOWN
+    return max(LIMIT_FLOOR, LIMIT_FACTOR * known)
+
+
+def run_limited(cmd, cwd, shell, out, limit):
+    """Runs a job in a process group of its own; returns its exit code, or None when
+    it ran past `limit` seconds (the group is then terminated, and killed 10 s later)."""
+    child = subprocess.Popen(
+        cmd, cwd=cwd, shell=shell, executable="/bin/bash" if shell else None,
+        stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        return child.wait(timeout=limit)
+    except subprocess.TimeoutExpired:
+        for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, None)):
+            try:
+                os.killpg(child.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                child.wait(timeout=grace)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        child.wait()
+        return None
 
 
 class Jobs:
@@ -137,6 +189,7 @@ def main(argv):
     jobs = Jobs(times)
     lock = threading.Lock()
     results = {}  # label -> (ok, seconds)
+    hung = set()  # labels killed at their limit: their time is not a measurement
 
     def report(label, ok, took, text=""):
         with lock:
@@ -187,15 +240,18 @@ def main(argv):
     def work():
         while (job := jobs.take()) is not None:
             label, cmd, cwd, shell = job
+            limit = time_limit(label, times)
             with tempfile.TemporaryFile() as out:
                 start = time.monotonic()
-                code = subprocess.call(
-                    cmd, cwd=cwd, shell=shell, executable="/bin/bash" if shell else None,
-                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                )
+                code = run_limited(cmd, cwd, shell, out, limit)
                 took = time.monotonic() - start
                 out.seek(0)
                 text = out.read().decode("utf-8", "replace")
+            if code is None:
+                hung.add(label)
+                tail = "\n".join(text.splitlines()[-TAIL_LINES:])
+                text = (f"==> {label} ran past its limit of {limit:.0f}s and was killed; "
+                        f"its last {TAIL_LINES} lines:\n{tail}\n")
             report(label, code == 0, took, text)
 
     wall = time.monotonic()
@@ -208,7 +264,8 @@ def main(argv):
     wall = time.monotonic() - wall
 
     ran = {label: r for label, r in results.items() if not label.startswith("build ")}
-    times.update({label: round(took, 1) for label, (_, took) in ran.items()})
+    times.update({label: round(took, 1) for label, (_, took) in ran.items()
+                  if label not in hung})
     try:
         with open(TIMES, "w", encoding="utf-8") as f:
             json.dump(times, f, indent=1, sort_keys=True)
