@@ -11,7 +11,8 @@ use distlock_api::backend::prelude::*;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
     check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, MultiGuard, OwnerToken,
+    ReleaseOutcome,
 };
 use tokio::time::Instant;
 
@@ -25,6 +26,10 @@ const BROKEN_BACKEND: &str = "broken";
 /// The pause between the check and the delete of [`Mistake::CheckThenDelete`]: a slow
 /// round trip or a GC pause, the window the real bug needs.
 pub const CHECK_THEN_DELETE_GAP: Duration = Duration::from_millis(100);
+
+/// The pause before each key of [`Mistake::MultiKeyCallerOrder`]: a round trip, the
+/// window in which two callers each take their first key.
+const CALLER_ORDER_GAP: Duration = Duration::from_millis(20);
 
 /// One classic mistake.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +62,14 @@ pub enum Mistake {
     WriterStarved,
     /// Each client elects itself on a store of its own: a split brain, two leaders.
     TwoLeaders,
+    /// Several keys are taken in the order the caller names them, so two callers
+    /// naming overlapping sets differently can deadlock.
+    MultiKeyCallerOrder,
 }
 
 impl Mistake {
     /// Every mistake.
-    pub const ALL: [Mistake; 12] = [
+    pub const ALL: [Mistake; 13] = [
         Mistake::NoTtl,
         Mistake::PlainDelete,
         Mistake::CheckThenDelete,
@@ -74,6 +82,7 @@ impl Mistake {
         Mistake::ReadBesideWrite,
         Mistake::WriterStarved,
         Mistake::TwoLeaders,
+        Mistake::MultiKeyCallerOrder,
     ];
 
     /// A short name for tables.
@@ -91,6 +100,7 @@ impl Mistake {
             Mistake::ReadBesideWrite => "read-beside-write",
             Mistake::WriterStarved => "writer-starved-by-readers",
             Mistake::TwoLeaders => "election-two-leaders",
+            Mistake::MultiKeyCallerOrder => "multi-key-caller-order",
         }
     }
 
@@ -115,6 +125,9 @@ impl Mistake {
                 "readers never wait for a waiting writer, which polls for a gap that never comes"
             }
             Mistake::TwoLeaders => "each client elects itself on a store of its own",
+            Mistake::MultiKeyCallerOrder => {
+                "several keys are taken in the order the caller names them"
+            }
         }
     }
 }
@@ -199,6 +212,23 @@ impl DistributedLock for BrokenLock {
             capabilities.semaphore.fifo = Capability::Supported;
         }
         BackendInfo::new(BROKEN_BACKEND, capabilities)
+    }
+
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        options: &LockOptions,
+    ) -> Result<MultiGuard, LockError> {
+        if self.mistake != Mistake::MultiKeyCallerOrder {
+            return distlock_api::backend::acquire_all(self, keys, options).await;
+        }
+        // One round trip apart, each with the whole wait: what a hand-written loop does.
+        let mut parts = Vec::with_capacity(keys.len());
+        for key in keys {
+            tokio::time::sleep(CALLER_ORDER_GAP).await;
+            parts.push(self.acquire(key, options).await?);
+        }
+        Ok(distlock_api::backend::multi_guard(parts))
     }
 
     async fn try_acquire(

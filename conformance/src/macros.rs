@@ -73,6 +73,9 @@ macro_rules! conformance_tests {
             every_primitive_keeps_its_fifo_claim,
             every_primitive_keeps_its_fencing_claim,
             every_primitive_keeps_its_extend_claim,
+            multi_key_overlapping_sets_never_deadlock,
+            multi_key_timeout_leaves_nothing_held,
+            multi_key_lost_part_fires_lost,
             unoffered_primitives_are_refused,
         );
     };

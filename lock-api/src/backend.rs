@@ -35,6 +35,7 @@ use tokio::time::{timeout_at, Instant};
 
 pub use crate::cleanup::spawn_cleanup;
 pub use crate::engine::{unanswered_message, Claim, Engine, Grant, Request};
+pub use crate::multi::{acquire_all, multi_guard};
 
 use crate::{
     check_permits, AutoRenew, Candidate, Capability, DistributedLock, DistributedRwLock,

@@ -208,6 +208,9 @@ pub enum OptionsError {
         /// [`MAX_CANDIDATE_LEN`](crate::MAX_CANDIDATE_LEN).
         max: usize,
     },
+    /// An all-or-nothing acquire was given no key.
+    #[error("an acquire of several keys needs at least one key")]
+    NoKeys,
 }
 
 /// Every failure of a lock operation. Each variant names the backend that raised it.

@@ -66,6 +66,7 @@ mod lease_backend;
 mod lock;
 pub mod memory;
 mod metrics;
+mod multi;
 pub mod observe;
 mod options;
 mod outcome;
@@ -92,6 +93,7 @@ pub use key::{KeyError, LockKey, MAX_KEY_LEN};
 pub use lease::{FencingToken, Lease, LeaseMonitor, LeaseState, OwnerToken};
 pub use lock::DistributedLock;
 pub use memory::MemoryLock;
+pub use multi::MultiGuard;
 pub use options::{
     check_ttl, AutoRenew, LockOptions, WaitOrder, WaitPolicy, DEFAULT_ERROR_PATIENCE,
     FIFO_OPERATION, MAX_TTL, MIN_RENEW_INTERVAL, MIN_TTL,

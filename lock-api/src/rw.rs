@@ -6,6 +6,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 use crate::lease_backend::{inspect_unsupported, lease_backend_for};
+use crate::multi::{MultiGuard, Taking};
 use crate::{
     BackendInfo, ExtendOutcome, Lease, LockError, LockGuard, LockKey, LockOptions, ReleaseOutcome,
     RwStatus,
@@ -103,6 +104,58 @@ pub trait DistributedRwLock: Send + Sync + fmt::Debug {
     /// [`LockError::InvalidOptions`] for a TTL out of bounds, and connection and
     /// backend errors.
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError>;
+
+    /// Takes every key of `keys` in `mode`, all or nothing: in one canonical order (the
+    /// keys sorted, duplicates once), so that callers whose sets overlap never deadlock,
+    /// waiting as the options' wait allows for the whole set (one deadline). On a
+    /// failure or timeout part way, every part taken is released before this returns;
+    /// dropping the future releases them in the background. See [`MultiGuard`].
+    ///
+    /// # Errors
+    /// [`LockError::InvalidOptions`] for an empty set or bad options (before any key is
+    /// taken), [`LockError::Timeout`] when the wait runs out, and the errors of one
+    /// part's acquire.
+    async fn acquire_all(
+        &self,
+        keys: &[LockKey],
+        mode: RwMode,
+        options: &LockOptions,
+    ) -> Result<MultiGuard, LockError> {
+        let mut taking = Taking::new(self.info().name, keys, options, true)?;
+        for key in taking.keys() {
+            match self.acquire(&key, mode, &taking.next_options()).await {
+                Ok(part) => taking.took(part),
+                Err(error) => return Err(taking.abandon(error).await),
+            }
+        }
+        Ok(taking.done())
+    }
+
+    /// Tries once to take every key of `keys` in `mode`, all or nothing, in the canonical
+    /// order of [`Self::acquire_all`]: `Ok(None)`, with every part taken released, when
+    /// one is held.
+    ///
+    /// # Errors
+    /// Those of [`Self::acquire_all`] but the timeout.
+    async fn try_acquire_all(
+        &self,
+        keys: &[LockKey],
+        mode: RwMode,
+        options: &LockOptions,
+    ) -> Result<Option<MultiGuard>, LockError> {
+        let mut taking = Taking::new(self.info().name, keys, options, false)?;
+        for key in taking.keys() {
+            match self.try_acquire(&key, mode, &taking.next_options()).await {
+                Ok(Some(part)) => taking.took(part),
+                Ok(None) => {
+                    taking.refused().await;
+                    return Ok(None);
+                }
+                Err(error) => return Err(taking.abandon(error).await),
+            }
+        }
+        Ok(Some(taking.done()))
+    }
 
     /// Looks at `key` without taking it: who holds it, and whatever else the backend
     /// can tell (see [`RwStatus`]). A snapshot: it may be stale by the time it returns, so

@@ -16,6 +16,7 @@ mod claims;
 mod election;
 pub mod fifo;
 mod liveness;
+mod multi;
 mod rw;
 mod safety;
 mod semaphore;
@@ -188,6 +189,7 @@ use claims::*;
 use election::*;
 use fifo::*;
 use liveness::*;
+use multi::*;
 use rw::*;
 use safety::*;
 use semaphore::*;
@@ -301,6 +303,12 @@ pub static SCENARIOS: &[Scenario] = &[
         "on every primitive offered, two successive grants carry rising fencing tokens where fencing is claimed, and none where it is not"),
     scenario!(every_primitive_keeps_its_extend_claim, Ttl, [],
         "on every primitive offered, extending a held grant succeeds where extend is claimed, and is refused as Unsupported where it is not"),
+    scenario!(multi_key_overlapping_sets_never_deadlock, Liveness, [],
+        "two clients take the same three keys, named in opposite orders, at once, 10 rounds: acquire_all never waits out its deadline (keys are taken in one canonical order)"),
+    scenario!(multi_key_timeout_leaves_nothing_held, Liveness, [],
+        "an acquire_all that times out on a key held elsewhere, and a try_acquire_all refused by it, leave the set's other keys free and the holder's key held"),
+    scenario!(multi_key_lost_part_fires_lost, Ttl, [TtlExpiry],
+        "a set's lost() fires once one unrenewed part runs out, not before its deadline, while the renewed part stays held; each part's token reads by its key"),
     scenario!(unoffered_primitives_are_refused, BadInput, [],
         "every primitive the backend does not offer refuses an acquire and a try as Unsupported; skipped where every primitive is offered"),
 ];
