@@ -76,6 +76,8 @@ macro_rules! conformance_tests {
             multi_key_overlapping_sets_never_deadlock,
             multi_key_timeout_leaves_nothing_held,
             multi_key_lost_part_fires_lost,
+            scheduled_firings_run_once_under_skew,
+            scheduled_firing_of_a_dead_runner_waits_at_most_for,
             unoffered_primitives_are_refused,
         );
     };

@@ -208,6 +208,12 @@ pub enum OptionsError {
         /// [`MAX_CANDIDATE_LEN`](crate::MAX_CANDIDATE_LEN).
         max: usize,
     },
+    /// A schedule's period was below a second or not whole seconds.
+    #[error("a schedule's period must be whole seconds, at least 1 s; got {period:?}")]
+    Period {
+        /// The period given.
+        period: Duration,
+    },
     /// An all-or-nothing acquire was given no key.
     #[error("an acquire of several keys needs at least one key")]
     NoKeys,

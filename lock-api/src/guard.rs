@@ -186,6 +186,18 @@ impl LockGuard {
         outcome
     }
 
+    /// Lets the lease run out on its own instead of releasing it: renewal stops, and
+    /// the key stays held until the lease's TTL (from its last grant or extend)
+    /// passes. For a mark that must outlive the work, such as a scheduled firing's
+    /// "done" mark; on a backend without TTL expiry
+    /// ([`Guarantees::ttl_expiry`](crate::Guarantees::ttl_expiry)) the key stays held
+    /// until the client's session or process ends.
+    pub fn let_expire(mut self) {
+        self.stop_watchdog();
+        self.record_end();
+        self.released = true;
+    }
+
     /// Records the hold time, and the loss if the lease was lost; once.
     fn record_end(&mut self) {
         if !self.observed {

@@ -73,6 +73,7 @@ mod outcome;
 mod primitives;
 mod renew;
 mod rw;
+mod schedule;
 mod scoped;
 mod semaphore;
 mod status;
@@ -100,6 +101,7 @@ pub use options::{
 };
 pub use outcome::{ExtendOutcome, ReleaseOutcome};
 pub use rw::{DistributedRwLock, RwMode};
+pub use schedule::{run_once, Firing, OnceOptions, Ran, Schedule, Turn, MIN_PERIOD};
 pub use scoped::with_lock;
 pub use semaphore::{check_permits, DistributedSemaphore, MAX_PERMITS};
 pub use status::{HolderStatus, KeyStatus, RwStatus, SemaphoreStatus};

@@ -19,6 +19,7 @@ mod liveness;
 mod multi;
 mod rw;
 mod safety;
+mod schedule;
 mod semaphore;
 mod ttl;
 
@@ -192,6 +193,7 @@ use liveness::*;
 use multi::*;
 use rw::*;
 use safety::*;
+use schedule::*;
 use semaphore::*;
 use ttl::*;
 
@@ -309,6 +311,10 @@ pub static SCENARIOS: &[Scenario] = &[
         "an acquire_all that times out on a key held elsewhere, and a try_acquire_all refused by it, leave the set's other keys free and the holder's key held"),
     scenario!(multi_key_lost_part_fires_lost, Ttl, [TtlExpiry],
         "a set's lost() fires once one unrenewed part runs out, not before its deadline, while the renewed part stays held; each part's token reads by its key"),
+    scenario!(scheduled_firings_run_once_under_skew, Liveness, [TtlExpiry],
+        "three replicas of a 5 s schedule, their clocks 2 s behind, right and 2 s ahead, fire 10 times with a 10 ms job through run_once: every firing runs exactly once, none missed"),
+    scenario!(scheduled_firing_of_a_dead_runner_waits_at_most_for, Liveness, [TtlExpiry, CrashFault],
+        "a runner that dies mid-job keeps its firing from running elsewhere until its at_most_for lease ends, and not longer than that plus slack; the firing is not marked done"),
     scenario!(unoffered_primitives_are_refused, BadInput, [],
         "every primitive the backend does not offer refuses an acquire and a try as Unsupported; skipped where every primitive is offered"),
 ];
