@@ -43,3 +43,6 @@ pub mod conformance_kit {}
 
 #[doc = include_str!("../docs/guide/cli.md")]
 pub mod cli {}
+
+#[doc = include_str!("../docs/guide/scheduled-jobs.md")]
+pub mod scheduled_jobs {}
