@@ -301,15 +301,26 @@ async fn fencing(
         )?,
         other => {
             return Err(CliError::failed(format!(
-                "A's late release reported {other:?} while B held the lock"
+                "A's late release found {} while B held the lock",
+                release_words(other)
             )))
         }
     }
     match guard_b.release().await? {
         ReleaseOutcome::Released => Ok(true),
         other => Err(CliError::failed(format!(
-            "B's release reported {other:?} instead of Released"
+            "B's release found {} instead of releasing its lock",
+            release_words(other)
         ))),
+    }
+}
+
+/// What a release found, in words.
+fn release_words(outcome: ReleaseOutcome) -> &'static str {
+    match outcome {
+        ReleaseOutcome::Released => "its lock and released it",
+        ReleaseOutcome::Expired => "its lease expired and the key free",
+        ReleaseOutcome::HeldByOther => "the key held by another owner",
     }
 }
 

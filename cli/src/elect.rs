@@ -232,8 +232,10 @@ fn campaign_error(error: LockError, name: &LockKey) -> CliError {
         LockError::Config { .. }
         | LockError::InvalidKey { .. }
         | LockError::InvalidOptions { .. }
-        | LockError::Unsupported { .. } => CliError::with_code(error.to_string(), CliError::USAGE),
-        _ => CliError::with_code(error.to_string(), EXIT_UNREACHABLE),
+        | LockError::Unsupported { .. } => {
+            CliError::with_code(crate::error::describe(&error), CliError::USAGE)
+        }
+        _ => CliError::with_code(crate::error::describe(&error), EXIT_UNREACHABLE),
     }
 }
 

@@ -2,6 +2,27 @@
 
 use distlock::LockError;
 
+/// `error` as the CLI prints it: its message, and for a configuration error whose
+/// message does not give the cause (a URL the driver could not parse), the cause in
+/// words from its source, never the driver's `Debug` form.
+pub fn describe(error: &LockError) -> String {
+    let text = error.to_string();
+    if let LockError::Config {
+        source: Some(source),
+        ..
+    } = error
+    {
+        let cause = distlock::in_words(source.as_ref());
+        if !distlock::looks_like_debug(&cause)
+            && !text.contains(cause.as_str())
+            && cause != "the driver failed without a readable reason"
+        {
+            return format!("{text}: {cause}");
+        }
+    }
+    text
+}
+
 /// A command's failure: a one-line message and an exit code.
 #[derive(Debug)]
 pub struct CliError {
@@ -64,7 +85,7 @@ impl From<LockError> for CliError {
             _ => Self::FAILED,
         };
         CliError {
-            message: error.to_string(),
+            message: describe(&error),
             code,
         }
     }
@@ -87,5 +108,26 @@ mod tests {
         assert_eq!(e.exit_code(), CliError::USAGE);
         let e = CliError::from(LockError::connection("redis", "refused"));
         assert_eq!(e.exit_code(), CliError::FAILED);
+    }
+
+    #[test]
+    fn a_configuration_error_gives_its_cause_in_words() {
+        let bad_port = LockError::Config {
+            backend: "postgres",
+            message: "the Postgres URL could not be parsed".into(),
+            source: Some("invalid port number".into()),
+        };
+        assert_eq!(
+            describe(&bad_port),
+            "postgres: configuration error: the Postgres URL could not be parsed: invalid port number"
+        );
+        let dump = LockError::Config {
+            backend: "etcd",
+            message: "bad endpoint".into(),
+            source: Some("Error(Transport, Os { code: 111 })".into()),
+        };
+        assert_eq!(describe(&dump), "etcd: configuration error: bad endpoint");
+        let plain = LockError::config("redis", "timeouts must be above zero");
+        assert_eq!(describe(&plain), plain.to_string());
     }
 }

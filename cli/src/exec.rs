@@ -492,7 +492,7 @@ fn lock_error(error: LockError, mode: Mode, key: &LockKey) -> CliError {
             mode.describe(&format!("{:?}", key.as_str())),
             duration::format(*waited)
         ),
-        _ => error.to_string(),
+        _ => crate::error::describe(&error),
     };
     CliError::with_code(message, code)
 }

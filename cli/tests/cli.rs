@@ -136,3 +136,104 @@ fn usage_errors_exit_with_2() {
     let out = distlock(&[]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// The `Debug` forms of Rust errors that an operator must never read in an `error:` line.
+const DEBUG_MARKERS: [&str; 4] = ["{ ", "Os {", "tonic::", "Error("];
+
+/// A loopback port nothing listens on: bound, then freed.
+fn refused_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free loopback port")
+        .port()
+}
+
+/// Every server URL this build takes, against a port nothing listens on, through each
+/// subcommand that connects, and malformed URLs: each run ends with an `error:` line
+/// that names the address and gives the cause in words (a malformed URL: what is
+/// wrong), never a `Debug` dump. The runs
+/// go in parallel (each waits out its backend's connect timeout: Redis 2 s, Postgres and
+/// etcd 5 s, ZooKeeper the URL's 1 s session).
+#[test]
+fn refusals_are_sentences_naming_the_address() {
+    let port = refused_port();
+    let address = format!("127.0.0.1:{port}");
+    let mut urls = vec![
+        (format!("redis://{address}"), "connection refused"),
+        (
+            format!("postgres://distlock@{address}/db"),
+            "connection refused",
+        ),
+        (
+            format!("zookeeper://{address}?session_timeout_ms=1000"),
+            "connection refused",
+        ),
+    ];
+    if cfg!(feature = "etcd") {
+        urls.push((format!("etcd://{address}"), "connection refused"));
+    }
+    let commands: [&[&str]; 4] = [
+        &["exec", "k", "--", "true"],
+        &["status", "k"],
+        &["leader", "e"],
+        &["demo"],
+    ];
+    let mut runs = Vec::new();
+    for (url, cause) in &urls {
+        for command in commands {
+            let child = Command::new(env!("CARGO_BIN_EXE_distlock"))
+                .arg(command[0])
+                .args(["--backend", url])
+                .args(&command[1..])
+                .env_remove("DISTLOCK_BACKEND")
+                .stdin(std::process::Stdio::null())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("the distlock binary runs");
+            runs.push((
+                format!("{} {url}", command[0]),
+                child,
+                address.as_str(),
+                *cause,
+            ));
+        }
+    }
+    // Malformed URLs: a configuration error that says what is wrong (naming the
+    // address where the backend's message does).
+    let mut malformed = vec![
+        ("redis://127.0.0.1:99999", "invalid Redis URL"),
+        (
+            "postgres://distlock@127.0.0.1:99999/db",
+            "invalid port number",
+        ),
+        ("zookeeper://127.0.0.1:99999", "127.0.0.1:99999"),
+    ];
+    if cfg!(feature = "etcd") {
+        malformed.push(("etcd://127.0.0.1:99999", "127.0.0.1:99999"));
+    }
+    for (url, names) in &malformed {
+        let child = Command::new(env!("CARGO_BIN_EXE_distlock"))
+            .args(["status", "--backend", url, "k"])
+            .env_remove("DISTLOCK_BACKEND")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the distlock binary runs");
+        runs.push((format!("status {url}"), child, names, "configuration error"));
+    }
+    for (what, child, address, cause) in runs {
+        let out = child.wait_with_output().expect("distlock ends");
+        let stderr = text(&out.stderr);
+        assert!(!out.status.success(), "{what}: {stderr}");
+        let line = stderr
+            .lines()
+            .find(|line| line.starts_with("error: "))
+            .unwrap_or_else(|| panic!("{what}: no error line in {stderr:?}"));
+        for marker in DEBUG_MARKERS {
+            assert!(!line.contains(marker), "{what}: {marker:?} in {line}");
+        }
+        assert!(line.contains(address), "{what}: no {address} in {line}");
+        assert!(line.contains(cause), "{what}: no {cause:?} in {line}");
+    }
+}

@@ -160,7 +160,7 @@ pub async fn rw(url: &str, key: &str, json: bool) -> Result<(), CliError> {
 /// A backend without the primitive is the caller's mistake (exit 2), as for `exec`.
 fn unsupported(error: distlock::LockError) -> CliError {
     match error {
-        distlock::LockError::Unsupported { .. } => CliError::usage(error.to_string()),
+        distlock::LockError::Unsupported { .. } => CliError::usage(crate::error::describe(&error)),
         other => other.into(),
     }
 }
