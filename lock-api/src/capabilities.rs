@@ -87,6 +87,11 @@ pub struct Guarantees {
     /// FIFO report it too). Where unsupported, such an acquire is refused with
     /// [`crate::LockError::Unsupported`].
     pub fifo: Capability,
+    /// A lease left to run out ([`crate::LockGuard::let_expire`]) stays held until its
+    /// TTL even once its client closes or its process exits, so it can mark work done
+    /// for others to see ([`crate::run_once`]'s done mark). Unsupported where the
+    /// server frees a client's locks when its session or process ends.
+    pub outlives_client: Capability,
 }
 
 impl Guarantees {
@@ -99,6 +104,7 @@ impl Guarantees {
             fencing: Capability::Supported,
             wake_on_release: Capability::Supported,
             fifo: Capability::Supported,
+            outlives_client: Capability::Supported,
         }
     }
 
@@ -112,6 +118,7 @@ impl Guarantees {
             fencing: no,
             wake_on_release: no,
             fifo: no,
+            outlives_client: no,
         }
     }
 }

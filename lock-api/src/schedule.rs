@@ -184,8 +184,9 @@ pub struct Turn {
 /// returned: the firing ran.
 ///
 /// # Errors
-/// [`LockError::Unsupported`] on a backend whose mutex has no TTL expiry (neither the
-/// mark nor `at_most_for` could expire there); [`LockError::InvalidOptions`] for a
+/// [`LockError::Unsupported`] on a backend whose mutex has no TTL expiry, or whose
+/// leases do not outlive their client (`at_most_for` could not expire there, or the
+/// mark would vanish with this process: [`crate::Guarantees::outlives_client`]); [`LockError::InvalidOptions`] for a
 /// duration out of TTL bounds; connection and backend errors. A job that ran keeps
 /// its result only in [`Ran::Here`]: if setting the mark then fails, the error is
 /// returned and the firing may run again elsewhere.
@@ -200,12 +201,17 @@ where
     Fut: Future<Output = T>,
 {
     let info = lock.info();
-    if let Capability::Unsupported(reason) = info.capabilities.mutex.ttl_expiry {
-        return Err(LockError::Unsupported {
-            backend: info.name,
-            operation: "running once per firing",
-            reason,
-        });
+    let mutex = info.capabilities.mutex;
+    // The run's lease must end at `at_most_for`, and a mark (done, or at least for)
+    // must outlive this process.
+    for needed in [mutex.ttl_expiry, mutex.outlives_client] {
+        if let Capability::Unsupported(reason) = needed {
+            return Err(LockError::Unsupported {
+                backend: info.name,
+                operation: "running once per firing",
+                reason,
+            });
+        }
     }
     let no_wait = |ttl| LockOptions::new(ttl).with_wait(WaitPolicy::NoWait);
     let Some(run) = lock

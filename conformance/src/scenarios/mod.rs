@@ -65,6 +65,8 @@ pub enum Requirement {
     WakeOnRelease,
     /// [`distlock_api::Guarantees::fifo`] of the scenario's primitive.
     Fifo,
+    /// [`distlock_api::Guarantees::outlives_client`] of the scenario's primitive.
+    OutlivesClient,
     /// The semaphore offered ([`Capabilities::semaphore`]), and a semaphore handle on
     /// the harness's clients. Makes the semaphore the scenario's primitive.
     Semaphore,
@@ -95,6 +97,7 @@ impl Requirement {
             Requirement::Fencing => Some(of.fencing),
             Requirement::WakeOnRelease => Some(of.wake_on_release),
             Requirement::Fifo => Some(of.fifo),
+            Requirement::OutlivesClient => Some(of.outlives_client),
             Requirement::Semaphore => Some(caps.semaphore.offered),
             Requirement::RwLock => Some(caps.rw_lock.offered),
             Requirement::Election => Some(caps.election.offered),
@@ -311,9 +314,9 @@ pub static SCENARIOS: &[Scenario] = &[
         "an acquire_all that times out on a key held elsewhere, and a try_acquire_all refused by it, leave the set's other keys free and the holder's key held"),
     scenario!(multi_key_lost_part_fires_lost, Ttl, [TtlExpiry],
         "a set's lost() fires once one unrenewed part runs out, not before its deadline, while the renewed part stays held; each part's token reads by its key"),
-    scenario!(scheduled_firings_run_once_under_skew, Liveness, [TtlExpiry],
+    scenario!(scheduled_firings_run_once_under_skew, Liveness, [TtlExpiry, OutlivesClient],
         "three replicas of a 5 s schedule, their clocks 2 s behind, right and 2 s ahead, fire 10 times with a 10 ms job through run_once: every firing runs exactly once, none missed"),
-    scenario!(scheduled_firing_of_a_dead_runner_waits_at_most_for, Liveness, [TtlExpiry, CrashFault],
+    scenario!(scheduled_firing_of_a_dead_runner_waits_at_most_for, Liveness, [TtlExpiry, OutlivesClient, CrashFault],
         "a runner that dies mid-job keeps its firing from running elsewhere until its at_most_for lease ends, and not longer than that plus slack; the firing is not marked done"),
     scenario!(unoffered_primitives_are_refused, BadInput, [],
         "every primitive the backend does not offer refuses an acquire and a try as Unsupported; skipped where every primitive is offered"),
