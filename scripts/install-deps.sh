@@ -8,8 +8,9 @@
 # and javac (the Curator semaphore and read-write lock interoperability test), and
 # protoc with the protobuf well-known types (packages protobuf-compiler and
 # libprotobuf-dev), which the `etcd` feature's gRPC stubs are generated with at build
-# time. ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper
-# package pulls in.
+# time, and faketime (replicas with skewed clocks in the CLI's scheduled-job test).
+# ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper package
+# pulls in.
 #
 # As root it installs what is missing with apt-get; otherwise it names the packages
 # and exits non-zero. .ci/run calls it first (clippy with --all-features already needs
@@ -78,6 +79,11 @@ if [[ -z "${PROTOC:-}" ]] && ! command -v protoc >/dev/null 2>&1; then
 fi
 if [[ -z "${PROTOC_INCLUDE:-}" ]] && [[ ! -f /usr/include/google/protobuf/descriptor.proto ]]; then
     missing+=(libprotobuf-dev)
+fi
+
+# The CLI's scheduled-job test runs replicas whose clocks are off, with faketime.
+if ! command -v faketime >/dev/null 2>&1; then
+    missing+=(faketime)
 fi
 
 if ((${#missing[@]} > 0)); then

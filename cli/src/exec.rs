@@ -14,8 +14,11 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use clap::Args;
+use std::time::SystemTime;
+
 use distlock::{
-    AutoRenew, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+    AutoRenew, Capability, Client, ExtendOutcome, Firing, LeaseState, LockError, LockGuard,
+    LockKey, LockOptions, MultiGuard, ReleaseOutcome, Schedule, WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -62,7 +65,7 @@ Exit codes:
   2      usage or configuration error (bad flag, URL, key or duration)
   69     backend unreachable (or failing) before the command started
   75     lock not acquired within --wait (at once with --no-wait); with --permits N,
-         all N permits held
+         all N permits held; with --once-per, the firing runs or ran elsewhere
   78     --permits N disagrees with the count the key's current holders use
   124    lock lost while the command ran (the command was stopped if it still ran),
          or not shown to have lasted until it ended; stderr says which, with the
@@ -77,8 +80,9 @@ side, never beside a plain exec. --permits N takes one of N permits of the semap
 KEY: at most N such commands run at once; every exec on that key must give the same N.
 Semaphore keys are their own namespace: they do not exclude plain or --shared execs.
 
-The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (unset where the backend has no
-fencing, as on Redlock) and DISTLOCK_BACKEND in its environment and runs in its own
+The command gets DISTLOCK_KEY, DISTLOCK_FENCING_TOKEN (KEY's; unset where the backend
+has no fencing, as on Redlock), DISTLOCK_BACKEND and, with --once-per, DISTLOCK_FIRING
+in its environment and runs in its own
 process group. SIGINT, SIGTERM and SIGHUP sent to distlock are forwarded to that group.
 If the lock is lost while the command runs, the group gets SIGTERM, then SIGKILL after
 --kill-after. The lock is released when the command ends. If distlock was paused past
@@ -125,6 +129,27 @@ pub struct ExecArgs {
     /// new --shared ones back.
     #[arg(long)]
     shared: bool,
+    /// Also take KEY2 (repeat for more): every key is taken all or nothing, in one
+    /// canonical order, so execs naming the same keys in other orders never deadlock.
+    /// The command's DISTLOCK_FENCING_TOKEN is KEY's.
+    #[arg(long = "and", value_name = "KEY2", conflicts_with = "once_per")]
+    and: Vec<String>,
+    /// Run at most once per firing of a schedule of this period, across every host
+    /// running the same line (cron on each replica): the firing is the period's last
+    /// boundary on this host's clock (as cron fires on boundaries, replicas agree even
+    /// when their clocks differ by less than the period). Exits 75 at once if the
+    /// firing runs or ran elsewhere; a firing that ran keeps a done mark for one
+    /// period. The command gets the firing's nominal time in DISTLOCK_FIRING (Unix
+    /// seconds). Needs a backend whose leases expire and outlive their client (Redis,
+    /// etcd). Implies --no-wait.
+    #[arg(long, value_name = "PERIOD", value_parser = duration::parse,
+          conflicts_with_all = ["wait", "shared", "permits"])]
+    once_per: Option<Duration>,
+    /// Keep the lock until DURATION after the command started, even if it ended sooner
+    /// (ShedLock's lockAtLeastFor): a replica whose clock is behind by less than this
+    /// finds it held. Needs a backend whose leases outlive their client.
+    #[arg(long, value_name = "DURATION", value_parser = duration::parse)]
+    at_least: Option<Duration>,
     /// The lock key.
     #[arg(value_name = "KEY")]
     key: String,
@@ -137,7 +162,22 @@ pub struct ExecArgs {
 /// carrying the exit code (silent when the code is the command's own).
 pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let key = LockKey::new(&args.key).map_err(|e| CliError::usage(format!("invalid key: {e}")))?;
-    let wait = match (args.no_wait, args.wait) {
+    let firing = match args.once_per {
+        Some(period) => Some(
+            Schedule::new(args.key.as_str(), period)
+                .map_err(|e| CliError::usage(format!("invalid --once-per: {e}")))?
+                .firing_at(SystemTime::now())
+                .map_err(|e| CliError::usage(format!("invalid key: {e}")))?,
+        ),
+        None => None,
+    };
+    let mut keys = vec![firing
+        .as_ref()
+        .map_or_else(|| key.clone(), |f| f.key().clone())];
+    for and in &args.and {
+        keys.push(LockKey::new(and).map_err(|e| CliError::usage(format!("invalid key: {e}")))?);
+    }
+    let wait = match (args.no_wait || firing.is_some(), args.wait) {
         (true, _) => WaitPolicy::NoWait,
         (false, Some(d)) if d.is_zero() => WaitPolicy::NoWait,
         (false, Some(d)) => WaitPolicy::Timeout(d),
@@ -169,11 +209,33 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     let mut signals = Signals::new()?;
 
     let started = Instant::now();
+    let url = &args.backend.backend;
     // Waiting plain execs are served in arrival order wherever the backend can promise
     // it (README, "Operators"): a cron job must not starve behind newer ones.
-    let acquiring = hold::acquire(&args.backend.backend, &key, mode, &options, !args.no_fifo);
+    let acquiring = async {
+        let client = distlock::connect(url)
+            .await
+            .map_err(|e| lock_error(e, mode, &keys[0]))?;
+        if firing.is_some() || args.at_least.is_some() {
+            marks_outlive_us(&client)?;
+        }
+        let held = hold::acquire(&client, &keys, mode, &options, !args.no_fifo).await;
+        match (held, &firing) {
+            (Err(e), Some(firing)) if e.exit_code() == EXIT_NOT_ACQUIRED => {
+                Err(CliError::with_code(
+                    format!(
+                        "firing {} of {:?} runs elsewhere",
+                        firing_time(firing),
+                        args.key
+                    ),
+                    EXIT_NOT_ACQUIRED,
+                ))
+            }
+            (held, _) => Ok((client, held?)),
+        }
+    };
     tokio::pin!(acquiring);
-    let held = loop {
+    let (client, held) = loop {
         tokio::select! {
             acquired = &mut acquiring => break acquired?,
             signo = signals.next() => match signo {
@@ -188,10 +250,14 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     };
     let backend_name = held.backend;
     let waited = started.elapsed();
-    let token = held
-        .primary
-        .fencing_token()
-        .map_or_else(|| "none".to_owned(), |t| t.to_string());
+    if let Some(firing) = &firing {
+        if let Err(skip) = not_done_yet(&client, firing, &args.key).await {
+            let _ = release_all(held).await;
+            return Err(skip);
+        }
+    }
+    let first_token = held.first().and_then(LockGuard::fencing_token);
+    let token = first_token.map_or_else(|| "none".to_owned(), |t| t.to_string());
 
     let quoted_key = escape::quoted(&args.key);
     let subject = format!("lock {quoted_key}");
@@ -204,7 +270,10 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         unset: Vec::new(),
         kill_after: args.kill_after,
     };
-    match held.primary.fencing_token() {
+    if let Some(firing) = &firing {
+        job.env.push(("DISTLOCK_FIRING", firing_time(firing)));
+    }
+    match first_token {
         Some(token) => job
             .env
             .push(("DISTLOCK_FENCING_TOKEN", token.get().to_string())),
@@ -213,11 +282,23 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
         None => job.unset.push("DISTLOCK_FENCING_TOKEN"),
     }
     let outcome = supervise(&job, &subject, &|| held.state(), held.lost(), &mut signals).await;
-    let held_for = held.primary.lease().acquired_at().elapsed();
+    let held_since = held.first().map(|g| g.lease().acquired_at());
+    let held_for = held_since.map(|since| since.elapsed()).unwrap_or_default();
     let renewals = held.renewals();
-    // Only now, with the command reaped: what the release finds decides whether a lease
-    // whose deadline passed before distlock saw the command end still lasted.
-    let release = release_all(held).await;
+    if let (Some(firing), Ok(_)) = (&firing, &outcome) {
+        mark_done(&client, firing, &args.key).await;
+    }
+    // Only now, with the command reaped: what the release (or the extend to
+    // --at-least) finds decides whether a lease whose deadline passed before distlock
+    // saw the command end still lasted.
+    let kept_until = args
+        .at_least
+        .zip(held_since)
+        .map(|(least, since)| since + least);
+    let release = match kept_until {
+        Some(until) => keep_until(held, until).await,
+        None => release_all(held).await,
+    };
     let code = match &outcome {
         Ok(end) => {
             let verdict = verdict::decide(&subject, *end, &release);
@@ -253,15 +334,124 @@ async fn release_all(held: Held) -> Release {
         companion,
         backend,
     } = held;
+    let released = |set: MultiGuard| async move { set.release().await.map(worst) };
     match companion {
         Some(companion) => {
             let (first, second) = tokio::join!(
-                release(primary.release(), backend),
-                release(companion.release(), backend)
+                release(released(primary), backend),
+                release(released(companion), backend)
             );
             first.worse(second)
         }
-        None => release(primary.release(), backend).await,
+        None => release(released(primary), backend).await,
+    }
+}
+
+/// `--at-least`: keeps every grant until `until` instead of releasing it, by extending
+/// each lease to end then and letting it run out, and says what the extends found.
+/// Released at once if `until` is too close for a lease.
+async fn keep_until(held: Held, until: Instant) -> Release {
+    let left = until.saturating_duration_since(Instant::now());
+    if left < distlock::MIN_TTL {
+        return release_all(held).await;
+    }
+    let Held {
+        primary,
+        companion,
+        backend,
+    } = held;
+    let mut found = Release::StillOurs;
+    for set in std::iter::once(primary).chain(companion) {
+        let extended = async {
+            set.extend(left)
+                .await
+                .map(|all| worst(all.into_iter().map(as_release).collect()))
+        };
+        found = found.worse(release(extended, backend).await);
+        set.let_expire();
+    }
+    found
+}
+
+/// What an extend found, read as a release would report it.
+fn as_release(outcome: ExtendOutcome) -> ReleaseOutcome {
+    match outcome {
+        ExtendOutcome::Extended { .. } => ReleaseOutcome::Released,
+        ExtendOutcome::HeldByOther => ReleaseOutcome::HeldByOther,
+        ExtendOutcome::Expired | ExtendOutcome::Lost => ReleaseOutcome::Expired,
+    }
+}
+
+/// The worst of several parts' outcomes: another holder, then an expiry, then a release.
+fn worst(outcomes: Vec<ReleaseOutcome>) -> ReleaseOutcome {
+    let rank = |o: &ReleaseOutcome| match o {
+        ReleaseOutcome::Released => 0,
+        ReleaseOutcome::Expired => 1,
+        ReleaseOutcome::HeldByOther => 2,
+    };
+    outcomes
+        .into_iter()
+        .max_by_key(rank)
+        .unwrap_or(ReleaseOutcome::Released)
+}
+
+/// The firing's nominal time, in Unix seconds, as DISTLOCK_FIRING and messages give it.
+fn firing_time(firing: &Firing) -> String {
+    firing.unix_seconds().unwrap_or_default().to_string()
+}
+
+/// Refuses `--once-per` and `--at-least` on a backend where a lease left to run out
+/// would not outlive this process (or would never run out).
+fn marks_outlive_us(client: &Client) -> Result<(), CliError> {
+    let info = client.info();
+    let mutex = info.capabilities.mutex;
+    for needed in [mutex.ttl_expiry, mutex.outlives_client] {
+        if let Capability::Unsupported(reason) = needed {
+            return Err(CliError::usage(format!(
+                "--once-per and --at-least need a lease that runs out on its own after distlock exits; {} cannot: {reason}",
+                info.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Holding the firing's lock: fails with exit 75 if another host already ran it.
+async fn not_done_yet(client: &Client, firing: &Firing, key: &str) -> Result<(), CliError> {
+    let (Some(done), Some(period)) = (firing.done_key(), firing.period()) else {
+        return Ok(());
+    };
+    let look = LockOptions::new(period).with_wait(WaitPolicy::NoWait);
+    match client.lock().try_acquire(done, &look).await {
+        Ok(Some(free)) => {
+            let _ = free.release().await;
+            Ok(())
+        }
+        Ok(None) => Err(CliError::with_code(
+            format!("firing {} of {key:?} ran elsewhere", firing_time(firing)),
+            EXIT_NOT_ACQUIRED,
+        )),
+        Err(e) => Err(lock_error(e, Mode::Exclusive, done)),
+    }
+}
+
+/// Leaves the firing's done mark for one period. A failure is only a warning: the
+/// command ran; another host may run the firing again.
+async fn mark_done(client: &Client, firing: &Firing, key: &str) {
+    let (Some(done), Some(period)) = (firing.done_key(), firing.period()) else {
+        return;
+    };
+    let mark = LockOptions::new(period).with_wait(WaitPolicy::NoWait);
+    match client.lock().try_acquire(done, &mark).await {
+        Ok(Some(mark)) => mark.let_expire(),
+        Ok(None) => warn(&format!(
+            "firing {} of {key:?} was marked done elsewhere while it ran here",
+            firing_time(firing)
+        )),
+        Err(e) => warn(&format!(
+            "could not mark firing {} of {key:?} done ({e}); another host may run it again",
+            firing_time(firing)
+        )),
     }
 }
 

@@ -270,3 +270,28 @@ fn permit_modes_exit_codes() {
     let out = finish(holder);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
 }
+
+/// `exec K1 --and K2` takes both keys all or nothing: two execs naming the same two
+/// keys in opposite orders, started together again and again, never deadlock (each
+/// would wait out its --wait holding one key if keys were taken as named).
+#[test]
+fn and_keys_in_opposite_orders_never_deadlock() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    for round in 0..5 {
+        let a = exec_sh(&url, &["--wait", "20s", "--and", "b"], "a", "sleep 0.05")
+            .spawn()
+            .unwrap();
+        let b = exec_sh(&url, &["--wait", "20s", "--and", "a"], "b", "sleep 0.05")
+            .spawn()
+            .unwrap();
+        let started = Instant::now();
+        for out in [finish(a), finish(b)] {
+            assert!(out.status.success(), "round {round}: {}", text(&out.stderr));
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "round {round} waited"
+        );
+    }
+}

@@ -657,3 +657,150 @@ async fn waiting_execs_run_in_arrival_order_on_redis() {
     let order = std::fs::read_to_string(&log).unwrap();
     assert_eq!(order, "0\n1\n2\n3\n");
 }
+
+/// Three replicas of a cron line whose clocks read 2 s behind, right and 2 s ahead
+/// (`faketime`), each firing `distlock exec` at its own 5 s boundaries, for `firings`
+/// firings; `mode` is exec's flags before KEY. Returns how often each firing ran (by the
+/// nominal time each replica fired for).
+async fn skewed_replicas(url: &str, key: &str, mode: &[&str], firings: u64) -> Vec<usize> {
+    const PERIOD: u64 = 5;
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("runs");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    // The first boundary every replica reaches after the start, whatever its clock.
+    let first = (now + 2 + PERIOD) / PERIOD * PERIOD;
+    let mut replicas = Vec::new();
+    for offset in [-2i64, 0, 2] {
+        let (url, log, mode) = (
+            url.to_owned(),
+            log.clone(),
+            mode.iter().map(|m| m.to_string()).collect::<Vec<_>>(),
+        );
+        let key = key.to_owned();
+        replicas.push(tokio::spawn(async move {
+            for n in 0..firings {
+                let boundary = first + n * PERIOD;
+                // This replica's clock reaches the boundary `offset` seconds early.
+                let due =
+                    std::time::UNIX_EPOCH + Duration::from_secs((boundary as i64 - offset) as u64);
+                if let Ok(wait) = due.duration_since(std::time::SystemTime::now()) {
+                    tokio::time::sleep(wait).await;
+                }
+                let script = format!("echo {boundary} >> '{}'; sleep 0.01", log.display());
+                let mut command = Command::new("faketime");
+                command
+                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+                    .env_remove("DISTLOCK_BACKEND")
+                    .args(["-f", &format!("{offset:+}s")])
+                    .arg(env!("CARGO_BIN_EXE_distlock"))
+                    .args(["exec", "--backend", &url])
+                    .args(&mode)
+                    .args([&key, "--", "sh", "-c", &script])
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .kill_on_drop(true);
+                let out = output(command).await;
+                let code = out.status.code();
+                assert!(
+                    code == Some(0) || code == Some(75),
+                    "replica {offset:+}s firing {boundary}: {code:?} {}",
+                    text(&out.stderr)
+                );
+            }
+        }));
+    }
+    for replica in replicas {
+        replica.await.unwrap();
+    }
+    let runs = std::fs::read_to_string(&log).unwrap_or_default();
+    (0..firings)
+        .map(|n| {
+            let boundary = (first + n * PERIOD).to_string();
+            runs.lines().filter(|line| *line == boundary).count()
+        })
+        .collect()
+}
+
+/// `exec --once-per` on every replica of a cron line: under 2 s of skew each way, every
+/// firing runs exactly once. The same line keyed by name only (`--no-wait`) runs
+/// firings more than once, which shows the test can fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_per_runs_every_firing_once_under_skew() {
+    let Some(server) = started(
+        "once_per_runs_every_firing_once_under_skew",
+        RedisServer::start().await,
+    ) else {
+        return;
+    };
+    let url = server.url();
+    let once = skewed_replicas(&url, "report", &["--once-per", "5s"], 10).await;
+    assert_eq!(once, vec![1; 10], "runs per firing with --once-per");
+    let plain = skewed_replicas(&url, "report-plain", &["--no-wait"], 4).await;
+    let total: usize = plain.iter().sum();
+    println!("--no-wait: {total} runs of 4 firings: {plain:?}");
+    assert!(total > 4, "no double run with --no-wait: {plain:?}");
+}
+
+/// `--once-per` tells the command its firing and skips a firing done elsewhere with 75;
+/// `--at-least` keeps the lock after a short command; both are refused (exit 2) on a
+/// backend whose leases do not outlive distlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn once_per_and_at_least_on_redis() {
+    let Some(server) = started("once_per_and_at_least_on_redis", RedisServer::start().await) else {
+        return;
+    };
+    let url = server.url();
+    let first = output(exec_sh(
+        &url,
+        &["--once-per", "1h"],
+        "hourly",
+        "echo $DISTLOCK_FIRING",
+    ))
+    .await;
+    assert!(first.status.success(), "{}", text(&first.stderr));
+    let firing: u64 = text(&first.stdout)
+        .trim()
+        .parse()
+        .expect("DISTLOCK_FIRING is a number");
+    assert_eq!(firing % 3600, 0, "the firing is the hour's boundary");
+    let again = output(exec_sh(&url, &["--once-per", "1h"], "hourly", "echo ran")).await;
+    assert_eq!(again.status.code(), Some(75), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stderr).contains("ran elsewhere"),
+        "{}",
+        text(&again.stderr)
+    );
+    assert!(text(&again.stdout).is_empty());
+
+    let started = Instant::now();
+    let short = output(exec_sh(&url, &["--at-least", "3s"], "nightly", "true")).await;
+    assert!(short.status.success(), "{}", text(&short.stderr));
+    let held = output(exec_sh(&url, &["--no-wait"], "nightly", "true")).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "too slow to check"
+    );
+    assert_eq!(held.status.code(), Some(75), "released before --at-least");
+    let later = output(exec_sh(&url, &["--wait", "10s"], "nightly", "true")).await;
+    assert!(later.status.success(), "{}", text(&later.stderr));
+    assert!(
+        started.elapsed() >= Duration::from_secs(3),
+        "granted before --at-least ended"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let file = format!("file://{}", dir.path().display());
+    for flags in [&["--once-per", "1m"][..], &["--at-least", "1s"][..]] {
+        let refused = output(exec_sh(&file, flags, "k", "echo ran")).await;
+        assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
+        assert!(
+            text(&refused.stderr).contains("file"),
+            "{}",
+            text(&refused.stderr)
+        );
+        assert!(text(&refused.stdout).is_empty());
+    }
+}

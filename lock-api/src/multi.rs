@@ -112,6 +112,12 @@ impl MultiGuard {
         first_error.map_or(Ok(outcomes), Err)
     }
 
+    /// Lets every part's lease run out on its own instead of releasing it, as
+    /// [`LockGuard::let_expire`] does.
+    pub fn let_expire(self) {
+        self.parts.into_iter().for_each(LockGuard::let_expire);
+    }
+
     /// Releases every part (owner-checked) and returns each outcome in canonical
     /// order. Every part is released, even after one fails.
     ///

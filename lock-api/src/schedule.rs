@@ -108,6 +108,11 @@ impl Firing {
         self.done.as_ref()
     }
 
+    /// The schedule's period, for a scheduled firing.
+    pub fn period(&self) -> Option<Duration> {
+        self.period
+    }
+
     /// The nominal time of the firing, in seconds since the Unix epoch.
     pub fn unix_seconds(&self) -> Option<u64> {
         self.at

@@ -9,7 +9,9 @@
 
 use std::time::Duration;
 
-use distlock::{LeaseState, LockError, LockGuard, LockKey, LockOptions, RwMode, WaitPolicy};
+use distlock::{
+    Client, LeaseState, LockGuard, LockKey, LockOptions, MultiGuard, RwMode, WaitPolicy,
+};
 use tokio::time::Instant;
 
 use crate::error::CliError;
@@ -37,12 +39,13 @@ impl Mode {
 }
 
 /// The grants exec holds: `primary` gives the fencing token; `companion` is the write
-/// lock a plain exec takes beside the mutex.
+/// lock a plain exec takes beside the mutex. Each is a set: one part per key (KEY, and
+/// every `--and` key), taken all or nothing.
 pub struct Held {
-    /// The grant whose token the command gets.
-    pub primary: LockGuard,
-    /// The write lock beside a plain exec's mutex, where the backend has one.
-    pub companion: Option<LockGuard>,
+    /// The grants whose first key's token the command gets.
+    pub primary: MultiGuard,
+    /// The write locks beside a plain exec's mutexes, where the backend has them.
+    pub companion: Option<MultiGuard>,
     /// The backend's name ([`distlock::BackendInfo::name`]).
     pub backend: &'static str,
 }
@@ -71,68 +74,74 @@ impl Held {
 
     /// Renewals of every grant.
     pub fn renewals(&self) -> u64 {
-        let companion = self
-            .companion
-            .as_ref()
-            .map_or(0, |c| c.monitor().renewals());
-        self.primary.monitor().renewals() + companion
+        let parts = self.primary.parts().iter();
+        let parts = parts.chain(self.companion.iter().flat_map(|c| c.parts()));
+        parts.map(|part| part.monitor().renewals()).sum()
+    }
+
+    /// The first key's grant: its token is the command's, its lease the hold's.
+    pub fn first(&self) -> Option<&LockGuard> {
+        self.primary.parts().first()
     }
 }
 
-/// Takes what `mode` needs on `key` at `url`. `fifo` asks the mutex for arrival order
-/// (semaphores and read-write locks have their own fairness and are not asked).
+/// Takes what `mode` needs on every key of `keys` through `client`, all or nothing.
+/// `fifo` asks the mutex for arrival order (semaphores and read-write locks have their
+/// own fairness and are not asked).
 ///
 /// # Errors
-/// exec's errors for a failed connect or acquire (see [`super::lock_error`]), and a
-/// usage error when the backend offers no semaphore or read-write lock.
+/// exec's errors for a failed acquire (see [`super::lock_error`]), and a usage error
+/// when the backend offers no semaphore or read-write lock.
 pub async fn acquire(
-    url: &str,
-    key: &LockKey,
+    client: &Client,
+    keys: &[LockKey],
     mode: Mode,
     options: &LockOptions,
     fifo: bool,
 ) -> Result<Held, CliError> {
     let started = Instant::now();
-    let failed = |e| super::lock_error(e, mode, key);
+    let failed = |e| super::lock_error(e, mode, &keys[0]);
+    let info = client.info();
     match mode {
         Mode::Permits(permits) => {
-            let semaphore = distlock::connect_semaphore(url).await.map_err(failed)?;
-            let backend = semaphore.info().name;
+            let semaphore = client.semaphore();
             let primary = semaphore
-                .acquire(key, permits, options)
+                .acquire_all(keys, permits, options)
                 .await
                 .map_err(failed)?;
             Ok(Held {
                 primary,
                 companion: None,
-                backend,
+                backend: info.name,
             })
         }
         Mode::Shared => {
-            let rw = distlock::connect_rw(url).await.map_err(failed)?;
-            let backend = rw.info().name;
-            let primary = rw
-                .acquire(key, RwMode::Read, options)
+            let primary = client
+                .rw_lock()
+                .acquire_all(keys, RwMode::Read, options)
                 .await
                 .map_err(failed)?;
             Ok(Held {
                 primary,
                 companion: None,
-                backend,
+                backend: info.name,
             })
         }
         Mode::Exclusive => {
-            let locks = distlock::connect(url).await.map_err(failed)?.lock();
-            let info = locks.info();
             let mutex_options = match fifo && info.capabilities.mutex.fifo.is_supported() {
                 true => options.clone().with_order(distlock::WaitOrder::Fifo),
                 false => options.clone(),
             };
-            let primary = locks.acquire(key, &mutex_options).await.map_err(failed)?;
+            let primary = client
+                .lock()
+                .acquire_all(keys, &mutex_options)
+                .await
+                .map_err(failed)?;
+            // The write side too, where `--shared` can be used: it excludes readers.
             let companion = if info.capabilities.rw_lock.offered.is_supported() {
-                write_side(url, key, &remaining(options, started.elapsed()))
-                    .await
-                    .map_err(failed)?
+                let (rw, left) = (client.rw_lock(), remaining(options, started.elapsed()));
+                let writes = rw.acquire_all(keys, RwMode::Write, &left).await;
+                Some(writes.map_err(failed)?)
             } else {
                 None
             };
@@ -143,21 +152,6 @@ pub async fn acquire(
             })
         }
     }
-}
-
-/// KEY's write lock, or `None` where `--shared` cannot be used either (the facade
-/// offers no read-write lock on this URL), so there are no readers to exclude.
-async fn write_side(
-    url: &str,
-    key: &LockKey,
-    options: &LockOptions,
-) -> Result<Option<LockGuard>, LockError> {
-    let rw = match distlock::connect_rw(url).await {
-        Ok(rw) => rw,
-        Err(LockError::Unsupported { .. }) => return Ok(None),
-        Err(e) => return Err(e),
-    };
-    rw.acquire(key, RwMode::Write, options).await.map(Some)
 }
 
 /// `options` with what is left of its wait after `spent`, so that `--wait` bounds the
