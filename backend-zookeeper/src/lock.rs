@@ -25,10 +25,12 @@ use crate::security::{check_tls_hosts, Identity};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 
-/// A ZooKeeper lock client.
+/// A ZooKeeper lock client: the backend's [`distlock_api::backend::Engine`], for every
+/// primitive. Use it through [`ZooKeeperLock::client`] (or [`ZooKeeperLock::lock`],
+/// [`ZooKeeperLock::semaphore`], [`ZooKeeperLock::rw_lock`], [`ZooKeeperLock::election`]).
 ///
-/// One ZooKeeper session at a time carries every lock and waiter of the client (and
-/// of its clones); when that session expires, the locks on it are lost and the next
+/// One ZooKeeper session at a time carries every grant and waiter of the client (and
+/// of its clones); when that session expires, the grants on it are lost and the next
 /// operation opens a new session. Cloning is cheap and shares the session.
 #[derive(Debug, Clone)]
 pub struct ZooKeeperLock {
