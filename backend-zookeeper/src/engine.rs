@@ -21,6 +21,10 @@ use crate::{ZooKeeperLock, ZOOKEEPER_BACKEND};
 const SESSION_LEASE: &str = "the lease is the ZooKeeper session: a lock is held until it is \
      released or its session expires (the negotiated session timeout), not for a TTL";
 
+/// Why no grant survives its client.
+const SESSION_BOUND: &str = "the lease is the ZooKeeper session: the server deletes a client's \
+     nodes once its session is closed (at the latest when its runtime shuts down) or expires";
+
 /// What the backend promises, per primitive; [`Engine::info`] reads nothing else.
 ///
 /// Every primitive is a queue of ephemeral-sequential nodes (the semaphore's is its
@@ -36,10 +40,13 @@ const SESSION_LEASE: &str = "the lease is the ZooKeeper session: a lock is held 
 ///   created one at a time under the guard mutex);
 /// - `extend`: proves the session alive and the node present, pushing the validity
 ///   deadline out by the session timeout;
-/// - `ttl_expiry`: unsupported, see [`SESSION_LEASE`].
+/// - `ttl_expiry`: unsupported, see [`SESSION_LEASE`];
+/// - `outlives_client`: unsupported, see [`SESSION_BOUND`].
 pub(crate) fn capabilities() -> Capabilities {
-    Capabilities::all_supported()
-        .with_every(|g| g.ttl_expiry = Capability::Unsupported(SESSION_LEASE))
+    Capabilities::all_supported().with_every(|g| {
+        g.ttl_expiry = Capability::Unsupported(SESSION_LEASE);
+        g.outlives_client = Capability::Unsupported(SESSION_BOUND);
+    })
 }
 
 /// The Curator recipe a claim is contended for by, and the directory it runs in.
