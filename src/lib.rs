@@ -149,11 +149,9 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
             Ok(legacy::client(lock, s.ok(), r.ok(), e.ok()))
         }
         #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => {
-            let lock = distlock_zookeeper::ZooKeeperLock::connect(url).await?;
-            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
-            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
-        }
+        Backend::ZooKeeper => Ok(distlock_zookeeper::ZooKeeperLock::connect(url)
+            .await?
+            .client()),
         #[cfg(feature = "postgres")]
         Backend::Postgres => {
             let lock = distlock_postgres::PostgresLock::connect(url).await?;

@@ -5,18 +5,25 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
 //! use std::time::Duration;
-//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_api::{LockKey, LockOptions, WaitPolicy};
 //! use distlock_zookeeper::ZooKeeperLock;
 //!
-//! let locks = ZooKeeperLock::connect("zookeeper://zk1:2181,zk2:2181,zk3:2181/app").await?;
+//! let client = ZooKeeperLock::connect("zookeeper://zk1:2181,zk2:2181,zk3:2181/app").await?;
 //! let key = LockKey::new("invoices/2026-11")?;
 //! let options = LockOptions::new(Duration::from_secs(30))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
-//! let guard = locks.acquire(&key, &options).await?;
+//! let guard = client.lock().acquire(&key, &options).await?;
 //! // Send guard.fencing_token() (the lock node's czxid) with every protected write.
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`ZooKeeperLock`] is the backend's [`distlock_api::backend::Engine`]: one session
+//! for every primitive. [`ZooKeeperLock::client`] gives the [`distlock_api::Client`],
+//! and [`ZooKeeperLock::lock`], [`ZooKeeperLock::semaphore`],
+//! [`ZooKeeperLock::rw_lock`] and [`ZooKeeperLock::election`] its four primitives. The
+//! options, the bounded wait and the retries of errors are `distlock_api`'s, the same
+//! on every backend; this crate contends natively (watches) up to the wait's deadline.
 //!
 //! # Protocol
 //! Lock key `K` has the lock directory `[chroot]/distlock/{encode_key(K)}` (see
@@ -79,8 +86,8 @@
 //! us. They reuse the mutex's machinery: the contender creation (one round trip, GUID
 //! lookup after a lost connection), the drop-guard clean-up, the lease that is the
 //! session, release and extend. Tokens are the grant's node's `czxid`; see
-//! [`ZooKeeperSemaphore`] and [`ZooKeeperRwLock`] for what they mean there and how a
-//! mismatched permit count is detected.
+//! [`ZooKeeperLock::semaphore`] and [`ZooKeeperLock::rw_lock`] for what they mean there
+//! and how a mismatched permit count is detected.
 //!
 //! # Leader election
 //! [`ZooKeeperLock::election`] gives a [`distlock_api::LeaderElection`] on the client's
@@ -91,7 +98,7 @@
 //! lower node. A Java `new LeaderLatch(client, path, id)` on that path campaigns with us,
 //! and each side reads the other's identity. The term is the leader node's `czxid`; the
 //! lease is the session (crash failover: the session timeout, rounded up to the server's
-//! tick); observers wait on a child watch. See [`ZooKeeperElection`].
+//! tick); observers wait on a child watch. See [`ZooKeeperLock::election`].
 //!
 //! # Security
 //! - **TLS**: `zookeeper+tls://…?ca=PATH[&cert=PATH&key=PATH]` (feature `tls`) connects
@@ -231,6 +238,7 @@
 
 mod config;
 mod election;
+mod engine;
 mod error;
 mod keys;
 mod lock;
@@ -246,15 +254,13 @@ pub use config::{
     parse_url, ZooKeeperConfig, ZooKeeperUrl, DEFAULT_PORT, MAX_SESSION_TIMEOUT,
     MIN_SESSION_TIMEOUT,
 };
-pub use election::ZooKeeperElection;
 pub use keys::{
     decode_key, encode_key, lock_sequence, owner_guid, owner_of, KAZOO_LOCK_NAME, LATCH_NAME,
     LEASE_NAME, LOCK_NAME, PROTECTED_PREFIX, READ_NAME, WRITE_NAME,
 };
 pub use lock::ZooKeeperLock;
-pub use rw::ZooKeeperRwLock;
 pub use security::{Credentials, TlsFiles};
-pub use semaphore::{ZooKeeperSemaphore, PERMITS_DATA_PREFIX};
+pub use semaphore::PERMITS_DATA_PREFIX;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use zookeeper_client;

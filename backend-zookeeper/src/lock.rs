@@ -1,16 +1,16 @@
-//! [`ZooKeeperLock`]: the [`DistributedLock`] over ZooKeeper.
+//! [`ZooKeeperLock`]: the client of one ZooKeeper ensemble, and the contention engine
+//! every primitive's recipe runs on (create a contender node, then hold, give up, or
+//! wait on the node that blocks it).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex as StdMutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
+use distlock_api::backend::{Request, WaitReport};
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    ReleaseOutcome,
+    ExtendOutcome, FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockKey, LockOptions,
+    OwnerToken, ReleaseOutcome,
 };
 use tokio::sync::Mutex;
 use tokio::time::{sleep_until, Instant};
@@ -25,18 +25,12 @@ use crate::security::{check_tls_hosts, Identity};
 use crate::session::{spawn_watcher, Held, Registry, Session};
 use crate::ZOOKEEPER_BACKEND;
 
-/// How long past a wait's deadline an acquire still waits for answers on their way (the
-/// last look at the contenders and the removal of our node) before it gives up on the
-/// server.
-pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
-
-/// How long an acquire that waits forever keeps retrying while ZooKeeper is unreachable.
-const ERROR_PATIENCE: Duration = Duration::from_secs(30);
-
-/// A ZooKeeper lock client.
+/// A ZooKeeper lock client: the backend's [`distlock_api::backend::Engine`], for every
+/// primitive. Use it through [`ZooKeeperLock::client`] (or [`ZooKeeperLock::lock`],
+/// [`ZooKeeperLock::semaphore`], [`ZooKeeperLock::rw_lock`], [`ZooKeeperLock::election`]).
 ///
-/// One ZooKeeper session at a time carries every lock and waiter of the client (and
-/// of its clones); when that session expires, the locks on it are lost and the next
+/// One ZooKeeper session at a time carries every grant and waiter of the client (and
+/// of its clones); when that session expires, the grants on it are lost and the next
 /// operation opens a new session. Cloning is cheap and shares the session.
 #[derive(Debug, Clone)]
 pub struct ZooKeeperLock {
@@ -290,63 +284,42 @@ impl ZooKeeperLock {
         self.inner.config.request_timeout.unwrap_or(session.timeout)
     }
 
-    /// Takes `key` by `recipe` in `dir`, waiting if `waits`, until the options'
-    /// deadline; notes in `report` each listing that showed another contender ahead of
-    /// ours.
+    /// Takes `request`'s key by `recipe` in `dir`, waiting natively until the request's
+    /// deadline; notes in its report each listing that showed another contender ahead
+    /// of ours. `None` when the key is still held at the deadline (at once for a try).
+    ///
+    /// A session that ended or a node that vanished starts the contention over on a
+    /// fresh session (a try gets one more go); errors are returned at once, for the
+    /// caller's error patience to retry.
     pub(crate) async fn obtain(
         &self,
         dir: &str,
         recipe: Recipe<'_>,
-        key: &LockKey,
-        options: &LockOptions,
-        waits: bool,
-        report: &WaitReport,
+        request: &Request<'_>,
     ) -> Result<Option<Won>, LockError> {
-        options.validate_for(ZOOKEEPER_BACKEND)?;
-        let started = Instant::now();
-        let deadline = if waits {
-            options.wait().deadline_from(started)
-        } else {
-            Some(started)
-        };
-        let waits = deadline != Some(started);
-        let mut delays = options.backoff().delays();
-        let mut failing_since: Option<Instant> = None;
+        let (deadline, waits, report) = (request.deadline, request.waits(), request.report);
+        let mut delays = request.options.backoff().delays();
         let mut restarts = 0u32;
         loop {
-            let attempt = match (self.session().await, recipe) {
-                (Ok(session), Recipe::Permit { max }) => {
+            let session = self.session().await?;
+            let attempt = match recipe {
+                Recipe::Permit { max } => {
+                    let key = request.key;
                     self.take_permit(&session, dir, max, key, deadline, waits, report)
-                        .await
+                        .await?
                 }
-                (Ok(session), _) => {
-                    let data = recipe.data();
-                    self.contend(&session, dir, recipe.kind(), data, deadline, waits, report)
-                        .await
+                _ => {
+                    let (kind, data) = (recipe.kind(), recipe.data());
+                    self.contend(&session, dir, kind, data, deadline, waits, report)
+                        .await?
                 }
-                (Err(error), _) => Err(error),
             };
             match attempt {
-                Ok(Contend::Granted(won)) => return Ok(Some(won)),
-                Ok(Contend::Held) => return Ok(None),
+                Contend::Granted(won) => return Ok(Some(won)),
+                Contend::Held => return Ok(None),
                 // A one-shot try still gets one go on a fresh session.
-                Ok(Contend::Restart) if waits || restarts == 0 => {
-                    restarts += 1;
-                    failing_since = None;
-                }
-                Ok(Contend::Restart) => return Ok(None),
-                Err(error) if error.is_retryable() && waits => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    let out_of_time = match deadline {
-                        Some(d) => Instant::now() >= d,
-                        None => since.elapsed() >= ERROR_PATIENCE,
-                    };
-                    if out_of_time {
-                        return Err(error);
-                    }
-                    tracing::debug!(%key, %error, "ZooKeeper trouble while acquiring; retrying");
-                }
-                Err(error) => return Err(error),
+                Contend::Restart if waits || restarts == 0 => restarts += 1,
+                Contend::Restart => return Ok(None),
             }
             let mut pause = delays.next_delay();
             if let Some(d) = deadline {
@@ -497,12 +470,6 @@ impl ZooKeeperLock {
         (lease, monitor)
     }
 
-    /// Registers a won mutex contender and wraps it in a guard.
-    fn grant(&self, key: &LockKey, options: &LockOptions, won: Won) -> LockGuard {
-        let (lease, monitor) = self.register(key, options, won);
-        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
-    }
-
     /// Whether anyone contends for `dir` (some node of `kind`'s directory holds it or
     /// waits), through the live session.
     async fn held_by_other(
@@ -523,119 +490,15 @@ impl ZooKeeperLock {
     }
 }
 
-#[async_trait]
-impl DistributedLock for ZooKeeperLock {
-    fn info(&self) -> BackendInfo {
-        let capabilities = Capabilities::all_supported().with_every(|g| {
-            g.ttl_expiry = Capability::Unsupported(
-                "the lease is the ZooKeeper session: a lock is held until it is released or its session expires (the negotiated session timeout), not for a TTL",
-            )
-        });
-        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        let dir = self.lock_dir(key);
-        self.try_within(&dir, Recipe::Mutex, key, options, |won| {
-            self.grant(key, options, won)
-        })
-        .await
-    }
-
-    /// A wait bounds the whole call, whatever the server does: once the deadline (plus
-    /// a grace of 50 ms for answers on their way) passes, the request in flight is
-    /// dropped, and the contender's drop guard removes a node the server creates
-    /// later. `NoWait` and `Forever` are bounded by the request timeout and the error
-    /// patience instead.
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        let dir = self.lock_dir(key);
-        self.acquire_within_wait(&dir, Recipe::Mutex, key, options, |won| {
-            self.grant(key, options, won)
-        })
-        .await
-    }
-
-    /// Deletes our node. A delete cut off by a dropped connection is retried (the node
-    /// found again by its GUID) within the request timeout; a release that still fails,
-    /// or is dropped, leaves the node to a background removal that retries until it
-    /// succeeds or the session ends, so the lock is never left to a live session.
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let dir = self.lock_dir(lease.key());
-        self.release_node(&dir, NodeKind::Lock, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        let dir = self.lock_dir(lease.key());
-        self.extend_lease(&dir, NodeKind::Lock, lease, ttl).await
-    }
-
-    /// The lowest contender node is the holder: its `czxid` is the token and its
-    /// ephemeral owner the session. The lease is that session, so no remaining time.
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        self.inspect_key(key).await.map_err(|e| self.located(e))
-    }
-}
-
 impl ZooKeeperLock {
-    /// [`DistributedLock::try_acquire`], for `recipe` in `dir`: one try without
-    /// waiting, the won node wrapped in a guard by `grant`. Errors name the servers.
-    pub(crate) async fn try_within(
-        &self,
-        dir: &str,
-        recipe: Recipe<'_>,
-        key: &LockKey,
-        options: &LockOptions,
-        grant: impl FnOnce(Won) -> LockGuard + Send,
-    ) -> Result<Option<LockGuard>, LockError> {
-        let report = WaitReport::new();
-        let won = self.obtain(dir, recipe, key, options, false, &report);
-        won.await
-            .map(|won| won.map(grant))
-            .map_err(|e| self.located(e))
-    }
-
-    /// [`DistributedLock::acquire`], for `recipe` in `dir`: the won node is wrapped in
-    /// a guard by `grant`. Errors name the servers.
-    pub(crate) async fn acquire_within_wait(
-        &self,
-        dir: &str,
-        recipe: Recipe<'_>,
-        key: &LockKey,
-        options: &LockOptions,
-        grant: impl FnOnce(Won) -> LockGuard + Send,
-    ) -> Result<LockGuard, LockError> {
-        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
-        let report = WaitReport::new();
-        let attempts = async {
-            let won = self
-                .obtain(dir, recipe, key, options, true, &report)
-                .await?
-                .ok_or_else(|| LockError::Timeout {
-                    backend: ZOOKEEPER_BACKEND,
-                    key: key.clone(),
-                    waited: bound.started.elapsed(),
-                })?;
-            Ok(grant(won))
-        };
-        bounded_wait(ZOOKEEPER_BACKEND, key, bound, &report, attempts, |wait| {
-            LockError::connection(
-                ZOOKEEPER_BACKEND,
-                format!(
-                    "ZooKeeper did not answer within the wait of {wait:?}; whether the lock \
-                     was granted is unknown (a late contender node is removed)"
-                ),
-            )
-        })
-        .await
-        .map_err(|e| self.located(e))
-    }
-
-    /// [`DistributedLock::release`] of a lease on a node of `kind` in `dir`. Errors
-    /// name the servers.
+    /// Owner-checked release of a lease on a node of `kind` in `dir`: deletes our node.
+    /// A delete cut off by a dropped connection is retried (the node found again by its
+    /// GUID) within the request timeout; a release that still fails, or is dropped,
+    /// leaves the node to a background removal that retries until it succeeds or the
+    /// session ends, so the lock is never left to a live session.
+    ///
+    /// # Errors
+    /// Connection and backend errors, naming the servers.
     pub(crate) async fn release_node(
         &self,
         dir: &str,
@@ -703,16 +566,20 @@ impl ZooKeeperLock {
         })
     }
 
-    /// [`DistributedLock::extend`] of a lease on a node of `kind` in `dir`. Errors
-    /// name the servers.
+    /// Owner-checked extend of a lease on a node of `kind` in `dir`: proves the
+    /// session alive and the node present, and pushes the lease's validity to the
+    /// session timeout past the request (the lease is the session: no TTL applies).
+    ///
+    /// # Errors
+    /// Connection and backend errors, naming the servers;
+    /// [`LockError::Unsupported`] for a lease held through another client's session.
     pub(crate) async fn extend_lease(
         &self,
         dir: &str,
         kind: NodeKind,
         lease: &Lease,
-        ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        self.extend_in(dir, kind, lease, ttl)
+        self.extend_in(dir, kind, lease)
             .await
             .map_err(|e| self.located(e))
     }
@@ -722,9 +589,7 @@ impl ZooKeeperLock {
         dir: &str,
         kind: NodeKind,
         lease: &Lease,
-        ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(ZOOKEEPER_BACKEND, e))?;
         match self.inner.registry.lookup(lease.owner()) {
             Some((path, session, fence)) => {
                 if session.is_alive() {
@@ -780,7 +645,16 @@ impl ZooKeeperLock {
         })
     }
 
-    /// [`DistributedLock::inspect`].
+    /// The mutex `key` as it is now: the lowest contender node is the holder, its
+    /// `czxid` the token and its ephemeral owner the session. The lease is that
+    /// session, so no remaining time.
+    ///
+    /// # Errors
+    /// Connection and backend errors, naming the servers.
+    pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+        self.inspect_key(key).await.map_err(|e| self.located(e))
+    }
+
     async fn inspect_key(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
         let dir = self.lock_dir(key);
         let session = self.session().await?;

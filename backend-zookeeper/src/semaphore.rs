@@ -1,5 +1,5 @@
-//! [`ZooKeeperSemaphore`]: the [`DistributedSemaphore`] over ZooKeeper, in the node
-//! layout of Curator's `InterProcessSemaphoreV2`.
+//! The semaphore's recipe over ZooKeeper, in the node layout of Curator's
+//! `InterProcessSemaphoreV2` (the engine's [`distlock_api::backend::Claim::Permit`]).
 //!
 //! A semaphore at `path` (see [`ZooKeeperLock::semaphore_path`]) has two directories:
 //! `path/locks`, an `InterProcessMutex` (`_c_<guid>-lock-<seq>` contenders) that guards
@@ -9,24 +9,22 @@
 //! more it waits, still holding the mutex, for a child to go (a children watch), so
 //! only one acquirer at a time can be over the count and it withdraws before anyone
 //! else adds a node. The mutex is released once the lease is granted or withdrawn.
+//!
+//! So waiters queue in the guard mutex's FIFO order, woken by its predecessor watch,
+//! and the one at its head is woken by the children watch when a permit goes: permits
+//! are granted in arrival order, and no waiter polls.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use distlock_api::backend::check_permit_request;
-use distlock_api::backend::prelude::*;
 use distlock_api::backend::WaitReport;
-use distlock_api::{
-    BackendInfo, Capability, DistributedLock, DistributedSemaphore, ExtendOutcome, Lease,
-    LockError, LockGuard, LockKey, LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
-};
+use distlock_api::{LockError, LockKey, OwnerToken, PermitMismatch};
 use tokio::time::{sleep_until, Instant};
 use zookeeper_client as zk;
 
 use crate::error::{within, Fail};
 use crate::keys::NodeKind;
-use crate::lock::{Contend, Recipe, Won};
+use crate::lock::{Contend, Won};
 use crate::recipe::{create_contender, Cleanup};
 use crate::session::Session;
 use crate::{ZooKeeperLock, ZOOKEEPER_BACKEND};
@@ -39,42 +37,18 @@ const LEASES: &str = "leases";
 /// lease nodes hold the client's IP address (or `setNodeData`'s bytes) instead.
 pub const PERMITS_DATA_PREFIX: &str = "distlock:permits=";
 
-/// A semaphore client of the ZooKeeper backend, made by [`ZooKeeperLock::semaphore`]:
-/// Curator `InterProcessSemaphoreV2`-compatible, sharing the lock client's session.
-///
-/// A permit is a lease node; like the mutex, it is held until it is released or its
-/// session ends (no TTL expiry), and its fencing token is the lease node's `czxid`:
-/// lease nodes are created one at a time under the guard mutex and granted in that
-/// order, so a permit's token is above every earlier permit grant's on the key. It
-/// orders and identifies grants; since several permits are valid at once, a resource
-/// cannot use it to refuse "everything below the highest token seen".
-///
-/// **Permit counts.** Curator keeps no count in the tree (each client passes its own
-/// `maxLeases` or reads a `SharedCount`); our lease nodes record theirs in their data
-/// (`distlock:permits=N`). An acquirer, holding the guard mutex, reads the other lease
-/// nodes' data, and one recording another count is a
-/// [`LockError::PermitMismatch`]. Lease nodes without that data (Curator's) are
-/// counted but cannot be checked: a Curator client with another `maxLeases` admits by
-/// its own count, as Curator clients with different counts do among themselves.
-///
-/// Cloning is cheap and shares the session.
-#[derive(Debug, Clone)]
-pub struct ZooKeeperSemaphore {
-    lock: ZooKeeperLock,
-}
-
 impl ZooKeeperLock {
-    /// A semaphore client on this client's session.
-    pub fn semaphore(&self) -> ZooKeeperSemaphore {
-        ZooKeeperSemaphore { lock: self.clone() }
-    }
-
     /// The path of `key`'s semaphore: `[chroot]{base_path}/.semaphore/{encode_key(key)}`
     /// (no key encodes to a name starting with `.`, so it never meets a mutex's
     /// directory). A Curator `new InterProcessSemaphoreV2(client, path, max)` on this
     /// path shares its permits with ours.
     pub fn semaphore_path(&self, key: &LockKey) -> String {
         self.namespaced_dir(".semaphore", key)
+    }
+
+    /// The directory of `key`'s semaphore's lease nodes: the grants.
+    pub(crate) fn leases_dir(&self, key: &LockKey) -> String {
+        format!("{}/{LEASES}", self.semaphore_path(key))
     }
 
     /// Takes a permit of `max` in the semaphore at `dir`: the guard mutex, then a lease.
@@ -301,85 +275,6 @@ fn recorded_count(data: &[u8]) -> Option<u32> {
         .strip_prefix(PERMITS_DATA_PREFIX)?
         .parse()
         .ok()
-}
-
-impl ZooKeeperSemaphore {
-    fn leases_dir(&self, key: &LockKey) -> String {
-        format!("{}/{LEASES}", self.lock.semaphore_path(key))
-    }
-
-    fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        // The guard mutex's queue is FIFO: every wait order is honoured.
-        check_permit_request(
-            ZOOKEEPER_BACKEND,
-            max_permits,
-            options,
-            Capability::Supported,
-        )
-    }
-
-    fn grant(&self, key: &LockKey, options: &LockOptions, won: Won) -> LockGuard {
-        let (lease, monitor) = self.lock.register(key, options, won);
-        let backend: Arc<dyn DistributedSemaphore> = Arc::new(self.clone());
-        LockGuard::for_permit(lease, monitor, backend, options.auto_renew())
-    }
-}
-
-#[async_trait]
-impl DistributedSemaphore for ZooKeeperSemaphore {
-    fn info(&self) -> BackendInfo {
-        DistributedLock::info(&self.lock)
-    }
-
-    /// Takes the guard mutex without waiting (or, when permits are free and another
-    /// acquire is passing through it, waiting for it up to the request timeout), then
-    /// one look at the leases.
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        max_permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        Self::checked(max_permits, options)?;
-        let dir = self.lock.semaphore_path(key);
-        let recipe = Recipe::Permit { max: max_permits };
-        self.lock
-            .try_within(&dir, recipe, key, options, |won| {
-                self.grant(key, options, won)
-            })
-            .await
-    }
-
-    /// Waits in the guard mutex's queue (FIFO), then for a lease node to go.
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        max_permits: u32,
-        options: &LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        Self::checked(max_permits, options)?;
-        let dir = self.lock.semaphore_path(key);
-        let recipe = Recipe::Permit { max: max_permits };
-        self.lock
-            .acquire_within_wait(&dir, recipe, key, options, |won| {
-                self.grant(key, options, won)
-            })
-            .await
-    }
-
-    /// Deletes our lease node, as the mutex's release deletes its contender.
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let dir = self.leases_dir(lease.key());
-        self.lock.release_node(&dir, NodeKind::Lease, lease).await
-    }
-
-    /// Proves the session alive and our lease node present, as the mutex's extend.
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        let dir = self.leases_dir(lease.key());
-        self.lock
-            .extend_lease(&dir, NodeKind::Lease, lease, ttl)
-            .await
-    }
 }
 
 #[cfg(test)]

@@ -13,10 +13,7 @@ use std::path::Path;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use distlock_api::{
-    Candidate, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError, LockKey,
-    LockOptions, RwMode, WaitPolicy,
-};
+use distlock_api::{Candidate, LockError, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_test_servers::{skip_or_panic, ServerError};
 use distlock_zookeeper::{ZooKeeperLock, LATCH_NAME, LEASE_NAME, PERMITS_DATA_PREFIX};
 

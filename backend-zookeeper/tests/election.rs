@@ -7,10 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{
-    Candidate, DistributedLock, LeaderElection, LeaseState, LockKey, LockOptions, ReleaseOutcome,
-    WaitPolicy,
-};
+use distlock_api::{Candidate, LeaseState, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_zookeeper::{encode_key, owner_guid, ZooKeeperLock, LATCH_NAME};
 use tokio::time::{timeout, Instant};
 use zookeeper_client as zk;
@@ -93,7 +90,7 @@ async fn candidates_are_latch_nodes_holding_their_identity_apart_from_the_mutex(
         .unwrap()
         .expect("a free election");
     // The mutex of the same key is another namespace: free.
-    let mutex = lock.try_acquire(&k, &no_wait()).await.unwrap();
+    let mutex = lock.lock().try_acquire(&k, &no_wait()).await.unwrap();
     assert!(mutex.is_some(), "the election held the mutex of its name");
 
     let zk_raw = raw(port).await;

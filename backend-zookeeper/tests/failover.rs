@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{Candidate, LeaderElection, LockKey, LockOptions, WaitPolicy};
@@ -50,7 +51,7 @@ fn report(what: &str, samples: &[Duration]) -> String {
 
 /// A standby waiting to lead `k` through `b`: its campaign's outcome and when it came.
 fn standby(
-    b: &distlock_zookeeper::ZooKeeperElection,
+    b: &Arc<dyn LeaderElection>,
     k: &LockKey,
 ) -> tokio::task::JoinHandle<(
     Result<distlock_api::Leadership, distlock_api::LockError>,

@@ -11,7 +11,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
     run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
@@ -27,7 +26,7 @@ fn connector() -> UrlConnector {
         Box::pin(async move {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            Ok(lock.lock())
         })
     })
 }
@@ -38,7 +37,7 @@ fn election_connector() -> ElectionConnector {
         Box::pin(async move {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+            Ok(lock.election())
         })
     })
 }
@@ -49,7 +48,7 @@ fn semaphore_connector() -> SemaphoreConnector {
         Box::pin(async move {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
+            Ok(lock.semaphore())
         })
     })
 }
@@ -60,7 +59,7 @@ fn rw_connector() -> RwConnector {
         Box::pin(async move {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
+            Ok(lock.rw_lock())
         })
     })
 }

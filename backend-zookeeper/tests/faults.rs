@@ -9,8 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    DistributedLock, ExtendOutcome, FencingToken, LeaseState, LockError, LockKey, LockOptions,
-    ReleaseOutcome, WaitPolicy,
+    ExtendOutcome, FencingToken, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
+    WaitPolicy,
 };
 use distlock_conformance::FencedStore;
 use distlock_test_servers::ServerControl;
@@ -62,13 +62,18 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
     let (holder, proxy) = proxied(port, session_timeout, |c| c).await;
     let waiter = direct(port, session_timeout).await;
     let k = key("session-expiry");
-    let guard = holder.acquire(&k, &no_wait()).await.unwrap();
+    let guard = holder.lock().acquire(&k, &no_wait()).await.unwrap();
     let stale_token = guard.fencing_token().unwrap();
     let old_session = holder.session_id().expect("a session");
     let dir = holder.lock_dir(&k);
     let queued = {
         let (waiter, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { waiter.acquire(&k, &waiting(Duration::from_secs(30))).await })
+        tokio::spawn(async move {
+            waiter
+                .lock()
+                .acquire(&k, &waiting(Duration::from_secs(30)))
+                .await
+        })
     };
     let zk_raw = raw(port).await;
     wait_children(&zk_raw, &dir, 2, Duration::from_secs(10)).await;
@@ -119,14 +124,20 @@ async fn injected_session_expiry_fires_lost_and_hands_the_lock_over() {
     let store = FencedStore::new("initial");
     store.write(fresh.fencing_token().unwrap(), "new").unwrap();
     assert!(store.write(stale_token, "stale").is_err());
-    let late = holder.release(guard.lease()).await.unwrap();
+    let late = holder.lock().release(guard.lease()).await.unwrap();
     assert_eq!(late, ReleaseOutcome::HeldByOther);
-    assert!(waiter.try_acquire(&k, &no_wait()).await.unwrap().is_none());
+    assert!(waiter
+        .lock()
+        .try_acquire(&k, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     drop(guard);
 
     // Later acquires use a new session; the expired one is never revived.
     let other = key("after-expiry");
     let again = holder
+        .lock()
         .acquire(&other, &waiting(Duration::from_secs(10)))
         .await
         .expect("the holder acquires again on a new session");
@@ -167,7 +178,11 @@ async fn lost_create_reply_is_found_by_guid_not_created_twice() {
     proxy.drop_replies();
     let acquiring = {
         let (lock, k) = (lock.clone(), k.clone());
-        tokio::spawn(async move { lock.acquire(&k, &waiting(Duration::from_secs(30))).await })
+        tokio::spawn(async move {
+            lock.lock()
+                .acquire(&k, &waiting(Duration::from_secs(30)))
+                .await
+        })
     };
     let mut created = wait_children(&zk_raw, &dir, 2, Duration::from_secs(10)).await;
     created.sort();
@@ -210,7 +225,7 @@ async fn abandoned_create_is_removed_long_before_the_session_ends() {
     let dir = lock.lock_dir(&k);
     keep_dir(&zk_raw, &lock, &k).await;
     proxy.drop_replies();
-    let gave_up = lock.try_acquire(&k, &no_wait()).await;
+    let gave_up = lock.lock().try_acquire(&k, &no_wait()).await;
     assert!(
         matches!(gave_up, Err(LockError::Connection { .. })),
         "{gave_up:?}"
@@ -224,7 +239,7 @@ async fn abandoned_create_is_removed_long_before_the_session_ends() {
     wait_children(&zk_raw, &dir, 1, Duration::from_secs(8)).await;
     assert!(healed_at.elapsed() < session_timeout);
     let other = direct(port, session_timeout).await;
-    let guard = other.try_acquire(&k, &no_wait()).await.unwrap();
+    let guard = other.lock().try_acquire(&k, &no_wait()).await.unwrap();
     assert!(guard.is_some(), "an orphaned contender blocked the key");
 }
 
@@ -236,7 +251,11 @@ async fn release_whose_reply_is_lost_to_a_reset_reports_released() {
     let k = key("lost-release-reply");
     let dir = lock.lock_dir(&k);
     keep_dir(&zk_raw, &lock, &k).await;
-    let guard = lock.acquire(&k, &no_wait()).await.expect("uncontended");
+    let guard = lock
+        .lock()
+        .acquire(&k, &no_wait())
+        .await
+        .expect("uncontended");
     // The delete is applied, its reply lost; then the connection drops under it.
     proxy.drop_replies();
     let releasing = tokio::spawn(guard.release());
@@ -265,7 +284,11 @@ async fn failed_release_leaves_no_lock_behind() {
     let k = key("failed-release");
     let dir = lock.lock_dir(&k);
     keep_dir(&zk_raw, &lock, &k).await;
-    let guard = lock.acquire(&k, &no_wait()).await.expect("uncontended");
+    let guard = lock
+        .lock()
+        .acquire(&k, &no_wait())
+        .await
+        .expect("uncontended");
     // The delete never reaches the server, and the client does not resend it after
     // the reconnect; the session lives on.
     proxy.blackhole();
@@ -285,7 +308,7 @@ async fn failed_release_leaves_no_lock_behind() {
     assert!(healed_at.elapsed() < session_timeout);
     assert!(lock.session_id().is_some(), "the session was to survive");
     let other = direct(port, session_timeout).await;
-    let taken = other.try_acquire(&k, &no_wait()).await.unwrap();
+    let taken = other.lock().try_acquire(&k, &no_wait()).await.unwrap();
     assert!(taken.is_some(), "the failed release left the lock held");
 }
 
@@ -321,7 +344,7 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
     keep_dir(&zk_raw, &lock, &k).await;
     server.pause().expect("pause");
     let started = Instant::now();
-    let result = lock.acquire(&k, &waiting(wait)).await;
+    let result = lock.lock().acquire(&k, &waiting(wait)).await;
     let took = started.elapsed();
     server.resume().expect("resume");
     eprintln!("acquire against a paused server returned after {took:?}: {result:?}");
@@ -335,6 +358,7 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
     // long before the first client's session could end.
     let started = Instant::now();
     let taken = other
+        .lock()
         .acquire(&k, &waiting(Duration::from_secs(8)))
         .await
         .expect("the key is free after the resume");
@@ -342,6 +366,7 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
     assert_eq!(taken.release().await.unwrap(), ReleaseOutcome::Released);
     wait_children(&zk_raw, &dir, 1, Duration::from_secs(5)).await;
     let again = lock
+        .lock()
         .acquire(&k, &waiting(Duration::from_secs(5)))
         .await
         .expect("the client works again after the resume");
@@ -351,11 +376,11 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
     let k = key("paused-queue");
     let dir = lock.lock_dir(&k);
     keep_dir(&zk_raw, &lock, &k).await;
-    let guard = other.acquire(&k, &no_wait()).await.unwrap();
+    let guard = other.lock().acquire(&k, &no_wait()).await.unwrap();
     let started = Instant::now();
     let task = {
         let (lock, k) = (lock.clone(), k.clone());
-        tokio::spawn(async move { lock.acquire(&k, &waiting(wait)).await })
+        tokio::spawn(async move { lock.lock().acquire(&k, &waiting(wait)).await })
     };
     wait_children(&zk_raw, &dir, 3, Duration::from_secs(5)).await;
     // Its node exists; once it watches its predecessor, its listing said "held".
@@ -389,14 +414,17 @@ async fn server_restart_within_the_session_timeout_keeps_the_lock() {
     let session_timeout = Duration::from_secs(15);
     let holder = direct(port, session_timeout).await;
     let k = key("restart-keeps");
-    let guard = holder.acquire(&k, &no_wait()).await.unwrap();
+    let guard = holder.lock().acquire(&k, &no_wait()).await.unwrap();
     let inside = Arc::new(AtomicUsize::new(1)); // the holder is inside
     let mut waiters = Vec::new();
     for _ in 0..3 {
         let lock = direct(port, session_timeout).await;
         let (k, inside) = (k.clone(), inside.clone());
         waiters.push(tokio::spawn(async move {
-            let guard = lock.acquire(&k, &waiting(Duration::from_secs(60))).await?;
+            let guard = lock
+                .lock()
+                .acquire(&k, &waiting(Duration::from_secs(60)))
+                .await?;
             assert_eq!(
                 inside.fetch_add(1, Ordering::SeqCst),
                 0,
@@ -425,7 +453,12 @@ async fn server_restart_within_the_session_timeout_keeps_the_lock() {
     .await;
     let probe = direct(port, session_timeout).await;
     assert!(
-        probe.try_acquire(&k, &no_wait()).await.unwrap().is_none(),
+        probe
+            .lock()
+            .try_acquire(&k, &no_wait())
+            .await
+            .unwrap()
+            .is_none(),
         "the lock was free after a restart within the session timeout"
     );
     assert!(
@@ -458,12 +491,17 @@ async fn server_down_past_the_session_timeout_loses_the_lock_and_a_waiter_gets_i
     let holder = direct(port, session_timeout).await;
     let waiter = direct(port, session_timeout).await;
     let k = key("restart-loses");
-    let guard = holder.acquire(&k, &no_wait()).await.unwrap();
+    let guard = holder.lock().acquire(&k, &no_wait()).await.unwrap();
     let holder_token = guard.fencing_token().unwrap();
     let old_session = holder.session_id().expect("a session");
     let queued = {
         let (waiter, k) = (waiter.clone(), k.clone());
-        tokio::spawn(async move { waiter.acquire(&k, &waiting(Duration::from_secs(60))).await })
+        tokio::spawn(async move {
+            waiter
+                .lock()
+                .acquire(&k, &waiting(Duration::from_secs(60)))
+                .await
+        })
     };
     let zk_raw = raw(port).await;
     wait_children(&zk_raw, &holder.lock_dir(&k), 2, Duration::from_secs(10)).await;
@@ -493,7 +531,12 @@ async fn server_down_past_the_session_timeout_loses_the_lock_and_a_waiter_gets_i
         .expect("waiter task")
         .expect("the waiter acquires after the restart");
     assert!(fresh.fencing_token().unwrap() > holder_token);
-    assert!(waiter.try_acquire(&k, &no_wait()).await.unwrap().is_none());
+    assert!(waiter
+        .lock()
+        .try_acquire(&k, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(fresh.release().await.unwrap(), ReleaseOutcome::Released);
 }
 
@@ -519,7 +562,7 @@ async fn ensemble_leader_kill_keeps_surviving_locks_and_exclusion() {
     let mut holders = Vec::new();
     for (k, inside) in keys.iter().zip(&inside) {
         let lock = connect().await;
-        let guard = lock.acquire(k, &no_wait()).await.unwrap();
+        let guard = lock.lock().acquire(k, &no_wait()).await.unwrap();
         inside.fetch_add(1, Ordering::SeqCst);
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
         let (lost, inside) = (guard.lost(), inside.clone());
@@ -538,7 +581,10 @@ async fn ensemble_leader_kill_keeps_surviving_locks_and_exclusion() {
             let lock = connect().await;
             let (k, inside) = (k.clone(), inside.clone());
             waiters.push(tokio::spawn(async move {
-                let guard = lock.acquire(&k, &waiting(Duration::from_secs(90))).await?;
+                let guard = lock
+                    .lock()
+                    .acquire(&k, &waiting(Duration::from_secs(90)))
+                    .await?;
                 assert_eq!(
                     inside.fetch_add(1, Ordering::SeqCst),
                     0,
@@ -596,6 +642,7 @@ async fn ensemble_leader_kill_keeps_surviving_locks_and_exclusion() {
         if guard.state() == LeaseState::Held {
             surviving += 1;
             let taken = probe
+                .lock()
                 .try_acquire(k, &no_wait())
                 .await
                 .expect("the ensemble serves again");

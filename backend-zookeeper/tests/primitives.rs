@@ -6,9 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{
-    DistributedRwLock, DistributedSemaphore, LockGuard, LockKey, LockOptions, RwMode, WaitPolicy,
-};
+use distlock_api::{LockGuard, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_zookeeper::{owner_guid, ZooKeeperLock};
 use zookeeper_client as zk;
 

@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_api::{LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_zookeeper::{lock_sequence, owner_guid, owner_of, ZooKeeperLock};
 use tokio::time::timeout;
 use zookeeper_client as zk;
@@ -36,7 +36,11 @@ async fn herd_of_200_waiters_is_woken_one_at_a_time_in_arrival_order() {
     let holder = direct(port, SESSION).await;
     let k = key("herd");
     let dir = holder.lock_dir(&k);
-    let guard = holder.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
+    let guard = holder
+        .lock()
+        .acquire(&k, &waiting(Duration::ZERO))
+        .await
+        .unwrap();
     // Ten clients, twenty waiters each: one session serves many waiters.
     let mut clients = Vec::new();
     for _ in 0..CLIENTS {
@@ -48,7 +52,10 @@ async fn herd_of_200_waiters_is_woken_one_at_a_time_in_arrival_order() {
     for i in 0..WAITERS {
         let (lock, k, order) = (clients[i % CLIENTS].clone(), k.clone(), order.clone());
         tasks.push(tokio::spawn(async move {
-            let guard = lock.acquire(&k, &waiting(Duration::from_secs(120))).await?;
+            let guard = lock
+                .lock()
+                .acquire(&k, &waiting(Duration::from_secs(120)))
+                .await?;
             order.lock().unwrap().push(i);
             guard.release().await
         }));
@@ -127,7 +134,11 @@ async fn node_names_follow_curators_protected_lock_layout() {
     let port = shared_port();
     let lock = direct(port, SESSION).await;
     let k = key("curator-layout/é ../x");
-    let guard = lock.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
+    let guard = lock
+        .lock()
+        .acquire(&k, &waiting(Duration::ZERO))
+        .await
+        .unwrap();
     let dir = lock.lock_dir(&k);
     assert_eq!(
         dir,
@@ -174,7 +185,11 @@ async fn node_names_follow_curators_protected_lock_layout() {
         .await
         .expect("the empty lock directory was not reaped: not a container node");
     // And a later acquire recreates it.
-    let again = lock.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
+    let again = lock
+        .lock()
+        .acquire(&k, &waiting(Duration::ZERO))
+        .await
+        .unwrap();
     assert!(again.fencing_token().unwrap() > guard_token);
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
 }
@@ -202,7 +217,11 @@ async fn curator_compatible_recipe_and_ours_exclude_each_other() {
     };
 
     // Ours first: the Curator-compatible contender queues behind it.
-    let guard = ours.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
+    let guard = ours
+        .lock()
+        .acquire(&k, &waiting(Duration::ZERO))
+        .await
+        .unwrap();
     let queued = tokio::spawn(foreign_lock(&foreign));
     wait_children(&foreign, &dir, 2, Duration::from_secs(10)).await;
     assert!(
@@ -219,13 +238,18 @@ async fn curator_compatible_recipe_and_ours_exclude_each_other() {
 
     // Theirs held: ours is refused, then queues and is woken by their release.
     assert!(ours
+        .lock()
         .try_acquire(&k, &waiting(Duration::ZERO))
         .await
         .unwrap()
         .is_none());
     let waiting_ours = {
         let (ours, k) = (ours.clone(), k.clone());
-        tokio::spawn(async move { ours.acquire(&k, &waiting(Duration::from_secs(10))).await })
+        tokio::spawn(async move {
+            ours.lock()
+                .acquire(&k, &waiting(Duration::from_secs(10)))
+                .await
+        })
     };
     wait_children(&foreign, &dir, 2, Duration::from_secs(10)).await;
     assert!(
@@ -259,7 +283,11 @@ async fn directory_that_refuses_writes_falls_back_to_plain_creates() {
     let no_write = zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acl));
     zk_raw.create(&dir, b"", &no_write).await.unwrap();
 
-    let guard = lock.acquire(&k, &waiting(Duration::ZERO)).await.unwrap();
+    let guard = lock
+        .lock()
+        .acquire(&k, &waiting(Duration::ZERO))
+        .await
+        .unwrap();
     let children = zk_raw.list_children(&dir).await.unwrap();
     assert_eq!(children.len(), 1);
     let (_, stat) = zk_raw
@@ -269,13 +297,19 @@ async fn directory_that_refuses_writes_falls_back_to_plain_creates() {
     assert_eq!(stat.czxid as u64, guard.fencing_token().unwrap().get());
     let other = direct(port, SESSION).await;
     assert!(other
+        .lock()
         .try_acquire(&k, &waiting(Duration::ZERO))
         .await
         .unwrap()
         .is_none());
     let queued = {
         let (other, k) = (other.clone(), k.clone());
-        tokio::spawn(async move { other.acquire(&k, &waiting(Duration::from_secs(10))).await })
+        tokio::spawn(async move {
+            other
+                .lock()
+                .acquire(&k, &waiting(Duration::from_secs(10)))
+                .await
+        })
     };
     wait_children(&zk_raw, &dir, 2, Duration::from_secs(10)).await;
     let first = guard.fencing_token().unwrap();

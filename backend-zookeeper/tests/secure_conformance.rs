@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_test_servers::FaultProxy;
@@ -67,10 +67,7 @@ impl Harness for SecureHarness {
 
     fn url_connector(&self) -> Option<UrlConnector> {
         Some(Arc::new(|url: String| {
-            Box::pin(async move {
-                let lock = ZooKeeperLock::connect(&url).await?;
-                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-            })
+            Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.lock()) })
         }))
     }
 }

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_test_servers::{skip_or_panic, ServerError};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use tokio::time::Instant;
@@ -70,7 +70,11 @@ async fn digest_credentials_protect_nodes_and_a_wrong_password_is_refused() {
     let owner = client(&url("app:right@")).await;
     let k = key("payroll");
     let dir = owner.lock_dir(&k);
-    let guard = owner.acquire(&k, &no_wait()).await.expect("acquires");
+    let guard = owner
+        .lock()
+        .acquire(&k, &no_wait())
+        .await
+        .expect("acquires");
 
     // Creator ALL + world READ on every node it made: the chroot's base path, the
     // lock directory and the contender.
@@ -103,7 +107,7 @@ async fn digest_credentials_protect_nodes_and_a_wrong_password_is_refused() {
                 .with_wait(WaitPolicy::Timeout(Duration::from_secs(20))),
         ] {
             let started = Instant::now();
-            let Err(error) = intruder.acquire(&k, &options).await else {
+            let Err(error) = intruder.lock().acquire(&k, &options).await else {
                 panic!("{userinfo}: an intruder got the lock");
             };
             assert!(
@@ -118,7 +122,7 @@ async fn digest_credentials_protect_nodes_and_a_wrong_password_is_refused() {
             );
         }
         // Reading is open: the status of the lock is visible to anyone.
-        assert!(intruder.inspect(&k).await.expect("inspects").held);
+        assert!(intruder.lock().inspect(&k).await.expect("inspects").held);
     }
     assert_eq!(raw.list_children(&dir).await.unwrap(), children);
 
@@ -126,6 +130,7 @@ async fn digest_credentials_protect_nodes_and_a_wrong_password_is_refused() {
     guard.release().await.expect("releases");
     let same_identity = client(&url("app:right@")).await;
     let again = same_identity
+        .lock()
         .acquire(&k, &no_wait())
         .await
         .expect("acquires");
@@ -137,7 +142,11 @@ async fn without_credentials_nodes_stay_open() {
     let port = common::shared_port();
     let locks = client(&format!("zookeeper://127.0.0.1:{port}/open-test")).await;
     let k = key("open");
-    let guard = locks.acquire(&k, &no_wait()).await.expect("acquires");
+    let guard = locks
+        .lock()
+        .acquire(&k, &no_wait())
+        .await
+        .expect("acquires");
     let raw = common::raw(port).await;
     let dir = locks.lock_dir(&k);
     let children = raw.list_children(&dir).await.unwrap();
@@ -171,6 +180,7 @@ async fn foreign_contenders_rank_by_their_sequence() {
         .await
         .unwrap();
     let guard = locks
+        .lock()
         .acquire(&k, &no_wait())
         .await
         .expect("strangers are ignored");
@@ -184,17 +194,22 @@ async fn foreign_contenders_rank_by_their_sequence() {
             .expect("creates a foreign contender");
         let foreign = format!("{dir}/{prefix}{sequence}");
         assert!(
-            locks.try_acquire(&k, &no_wait()).await.unwrap().is_none(),
+            locks
+                .lock()
+                .try_acquire(&k, &no_wait())
+                .await
+                .unwrap()
+                .is_none(),
             "{foreign} holds the lock"
         );
-        assert!(locks.inspect(&k).await.unwrap().held);
+        assert!(locks.lock().inspect(&k).await.unwrap().held);
         let waiting = {
             let locks = locks.clone();
             let k = k.clone();
             tokio::spawn(async move {
                 let options = LockOptions::new(Duration::from_secs(30))
                     .with_wait(WaitPolicy::Timeout(Duration::from_secs(30)));
-                locks.acquire(&k, &options).await
+                locks.lock().acquire(&k, &options).await
             })
         };
         // The waiter queued behind the foreign node (2 nodes + the 2 strangers).
@@ -317,14 +332,19 @@ async fn kazoo_and_distlock_exclude_each_other() {
     // kazoo holds: distlock does not get the lock, and waits for it.
     let (kazoo, answer) = ask(kazoo, "acquire").await.unwrap();
     assert_eq!(answer, "acquired");
-    assert!(locks.try_acquire(&k, &no_wait()).await.unwrap().is_none());
+    assert!(locks
+        .lock()
+        .try_acquire(&k, &no_wait())
+        .await
+        .unwrap()
+        .is_none());
     let waiting = {
         let locks = locks.clone();
         let k = k.clone();
         tokio::spawn(async move {
             let options = LockOptions::new(Duration::from_secs(30))
                 .with_wait(WaitPolicy::Timeout(Duration::from_secs(30)));
-            locks.acquire(&k, &options).await
+            locks.lock().acquire(&k, &options).await
         })
     };
     let raw = common::raw(port).await;
@@ -367,9 +387,18 @@ mod tls {
         let a = client(&server.url_with_credentials("app:pw")).await;
         let b = client(&server.url_with_credentials("app:pw")).await;
         let k = key("over-tls");
-        let guard = a.acquire(&k, &no_wait()).await.expect("acquires over TLS");
-        assert!(b.try_acquire(&k, &no_wait()).await.unwrap().is_none());
-        let status = b.inspect(&k).await.unwrap();
+        let guard = a
+            .lock()
+            .acquire(&k, &no_wait())
+            .await
+            .expect("acquires over TLS");
+        assert!(b
+            .lock()
+            .try_acquire(&k, &no_wait())
+            .await
+            .unwrap()
+            .is_none());
+        let status = b.lock().inspect(&k).await.unwrap();
         assert!(status.held);
         assert_eq!(status.fencing_token, guard.fencing_token());
         // The nodes carry the creator-only ACL over TLS too. Read while held: the
@@ -378,7 +407,7 @@ mod tls {
         let (acls, _) = raw.get_acl(&a.lock_dir(&k)).await.unwrap();
         assert!(is_creator_all_world_read(&acls, "app"), "{acls:?}");
         guard.release().await.expect("releases");
-        assert!(!b.inspect(&k).await.unwrap().held);
+        assert!(!b.lock().inspect(&k).await.unwrap().held);
         // New sessions with credentials, one after another (ZooKeeper 3.8's Netty
         // server answered an `addauth` sent right behind a new session's connect
         // request before the connect, which failed the handshake of most of them).
@@ -388,7 +417,11 @@ mod tls {
             let another = ZooKeeperLock::connect_with(&url, config)
                 .await
                 .unwrap_or_else(|e| panic!("session #{n}: {e}"));
-            let guard = another.acquire(&k, &no_wait()).await.expect("acquires");
+            let guard = another
+                .lock()
+                .acquire(&k, &no_wait())
+                .await
+                .expect("acquires");
             guard.release().await.expect("releases");
         }
     }
@@ -406,6 +439,7 @@ mod tls {
         );
         let locks = client(&url).await;
         let held = locks
+            .lock()
             .acquire(&key("reconnect/held"), &no_wait())
             .await
             .expect("acquires");
@@ -415,7 +449,7 @@ mod tls {
             let k = key(&format!("reconnect/{round}"));
             let deadline = Instant::now() + Duration::from_secs(10);
             let guard = loop {
-                match locks.acquire(&k, &no_wait()).await {
+                match locks.lock().acquire(&k, &no_wait()).await {
                     Ok(guard) => break guard,
                     Err(e) if e.is_retryable() && Instant::now() < deadline => {
                         tokio::time::sleep(Duration::from_millis(50)).await

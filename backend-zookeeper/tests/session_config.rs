@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_test_servers::ServerControl;
 use distlock_test_servers::{ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperLock, MIN_SESSION_TIMEOUT};
@@ -84,7 +84,7 @@ async fn connection_errors_name_the_servers() {
     server.kill();
     let key = LockKey::new("session-config/after-kill").unwrap();
     let options = LockOptions::new(Duration::from_secs(10)).with_wait(WaitPolicy::NoWait);
-    match lock.try_acquire(&key, &options).await {
+    match lock.lock().try_acquire(&key, &options).await {
         Err(e @ LockError::Connection { .. }) => {
             assert!(e.to_string().contains(&server.connect_string()), "{e}")
         }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use distlock_api::{DistributedLock, LeaseState, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LeaseState, LockKey, LockOptions, WaitPolicy};
 use distlock_zookeeper::ZooKeeperLock;
 
 use common::{shared_port, url_for};
@@ -32,7 +32,7 @@ fn a_runtime_shutting_down_frees_its_locks_and_their_guards_read_lost() {
         let lock = ZooKeeperLock::connect(&format!("{url}?session_timeout_ms=10000"))
             .await
             .expect("connects");
-        let guard = lock.acquire(&key, &options).await.expect("acquires");
+        let guard = lock.lock().acquire(&key, &options).await.expect("acquires");
         (lock, guard)
     });
     assert_eq!(guard.state(), LeaseState::Held);
@@ -47,7 +47,11 @@ fn a_runtime_shutting_down_frees_its_locks_and_their_guards_read_lost() {
         let waiting = options
             .clone()
             .with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
-        let taken = other.acquire(&key, &waiting).await.expect("acquires");
+        let taken = other
+            .lock()
+            .acquire(&key, &waiting)
+            .await
+            .expect("acquires");
         assert!(
             started.elapsed() < Duration::from_secs(3),
             "the lock was freed only after {:?}",
@@ -76,9 +80,14 @@ fn a_waiter_dropped_outside_any_runtime_leaves_no_node_behind() {
         let connect = || ZooKeeperLock::connect(&url);
         let (holder, waiter, next) = (connect().await, connect().await, connect().await);
         let (holder, waiter, next) = (holder.unwrap(), waiter.unwrap(), next.unwrap());
-        let guard = holder.acquire(&key, &no_wait).await.expect("acquires");
+        let guard = holder
+            .lock()
+            .acquire(&key, &no_wait)
+            .await
+            .expect("acquires");
         (holder, waiter, next, guard)
     });
+    let waiter = waiter.lock();
     let mut queued = Box::pin(waiter.acquire(&key, &waiting));
     let dir = holder.lock_dir(&key);
     runtime.block_on(async {
@@ -94,6 +103,7 @@ fn a_waiter_dropped_outside_any_runtime_leaves_no_node_behind() {
         let released_at = Instant::now();
         guard.release().await.expect("releases");
         let taken = next
+            .lock()
             .acquire(&key, &waiting)
             .await
             .expect("the next waiter gets the lock");

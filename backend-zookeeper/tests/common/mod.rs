@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_test_servers::FaultProxy;
@@ -204,13 +204,10 @@ pub async fn watches_by_path(port: u16) -> HashMap<String, usize> {
 /// A kit client of `lock`, with its semaphore, read-write lock and election on the
 /// same session.
 pub fn with_primitives(lock: ZooKeeperLock) -> Client {
-    let semaphore = Arc::new(lock.semaphore());
-    let rw_lock = Arc::new(lock.rw_lock());
-    let election = Arc::new(lock.election());
-    Client::new(Arc::new(lock))
-        .with_semaphore(semaphore)
-        .with_rw_lock(rw_lock)
-        .with_election(election)
+    Client::new(lock.lock())
+        .with_semaphore(lock.semaphore())
+        .with_rw_lock(lock.rw_lock())
+        .with_election(lock.election())
 }
 
 /// The standalone harness: one shared server, every client behind its own proxy.
@@ -272,12 +269,7 @@ pub async fn url_harness() -> Arc<dyn Harness> {
 }
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = ZooKeeperLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.lock()) }))
 }
 
 #[async_trait]
