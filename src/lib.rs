@@ -34,9 +34,7 @@ pub use distlock_etcd as etcd;
 pub use distlock_zookeeper as zookeeper;
 
 mod legacy;
-mod primitives;
 
-pub use primitives::{connect_election, connect_rw, connect_semaphore};
 
 /// The backends [`connect`] knows, whether or not they are compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

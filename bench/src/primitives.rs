@@ -5,7 +5,9 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlock::{DistributedRwLock, DistributedSemaphore, LockKey, LockOptions, RwMode, WaitPolicy};
+use distlock::{
+    Capability, DistributedRwLock, DistributedSemaphore, LockKey, LockOptions, RwMode, WaitPolicy,
+};
 
 use crate::side::{BoxError, Contender, Side, PATIENCE, TTL};
 
@@ -27,25 +29,23 @@ fn options() -> LockOptions {
 /// Adds the semaphore and read-write sides that the backend at `url` offers, and a note
 /// for each it does not.
 pub(crate) async fn add_sides(url: &str, sides: &mut Vec<Box<dyn Side>>, notes: &mut Vec<String>) {
-    match distlock::connect_semaphore(url).await {
-        Ok(semaphore)
-            if semaphore
-                .info()
-                .capabilities
-                .semaphore
-                .offered
-                .is_supported() =>
-        {
-            sides.push(Box::new(Permits { semaphore }));
+    let client = match distlock::connect(url).await {
+        Ok(client) => client,
+        Err(e) => {
+            notes.push(format!("semaphore and read-write rows left out: {e}"));
+            return;
         }
-        Ok(semaphore) => notes.push(format!(
-            "semaphore rows left out: {:?}",
-            semaphore.info().capabilities.semaphore.offered
-        )),
-        Err(e) => notes.push(format!("semaphore rows left out: {e}")),
+    };
+    let offers = client.info().capabilities;
+    match offers.semaphore.offered {
+        Capability::Supported => sides.push(Box::new(Permits {
+            semaphore: client.semaphore(),
+        })),
+        refused => notes.push(format!("semaphore rows left out: {refused:?}")),
     }
-    match distlock::connect_rw(url).await {
-        Ok(rw) if rw.info().capabilities.rw_lock.offered.is_supported() => {
+    match offers.rw_lock.offered {
+        Capability::Supported => {
+            let rw = client.rw_lock();
             for mode in [RwMode::Write, RwMode::Read] {
                 sides.push(Box::new(ReadWrite {
                     rw: rw.clone(),
@@ -53,11 +53,7 @@ pub(crate) async fn add_sides(url: &str, sides: &mut Vec<Box<dyn Side>>, notes: 
                 }));
             }
         }
-        Ok(rw) => notes.push(format!(
-            "read-write rows left out: {:?}",
-            rw.info().capabilities.rw_lock.offered
-        )),
-        Err(e) => notes.push(format!("read-write rows left out: {e}")),
+        refused => notes.push(format!("read-write rows left out: {refused:?}")),
     }
 }
 

@@ -106,7 +106,9 @@ pub async fn run(args: ElectArgs) -> Result<(), CliError> {
         let campaign = async {
             let election = match &elections {
                 Some(election) => election.clone(),
-                None => distlock::connect_election(&args.backend.backend).await?,
+                None => distlock::connect(&args.backend.backend)
+                    .await
+                    .map(|c| c.election())?,
             };
             let won = election.campaign(&name, &candidate, &options).await?;
             Ok::<_, LockError>((election, won))

@@ -42,7 +42,7 @@ pub async fn run(url: &str, trials: usize) -> Result<String, CliError> {
         use std::io::Write as _;
         let _ = writeln!(std::io::stderr(), "{line}");
     };
-    let election = distlock::connect_election(url).await?;
+    let election = distlock::connect(url).await.map(|c| c.election())?;
     let backend = election.info().name;
     if backend == distlock::memory::MEMORY_BACKEND {
         return Err(CliError::usage(
@@ -95,8 +95,8 @@ async fn crash_ttl(election: &dyn LeaderElection) -> Result<Duration, CliError> 
 async fn resign_trials(url: &str, trials: usize) -> Result<Vec<Duration>, CliError> {
     let name = trial_name("resign")?;
     let clients: [Arc<dyn LeaderElection>; 2] = [
-        distlock::connect_election(url).await?,
-        distlock::connect_election(url).await?,
+        distlock::connect(url).await.map(|c| c.election())?,
+        distlock::connect(url).await.map(|c| c.election())?,
     ];
     let candidates = [candidate("bench-a")?, candidate("bench-b")?];
     let options = LockOptions::new(Duration::from_secs(30))

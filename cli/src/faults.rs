@@ -55,22 +55,36 @@ fn connector() -> UrlConnector {
     })
 }
 
-/// `distlock::connect_semaphore`, with a short ZooKeeper session.
+/// `distlock::connect` and `Client::semaphore`, with a short ZooKeeper session.
 fn semaphore_connector() -> SemaphoreConnector {
     Arc::new(|url: String| {
-        Box::pin(async move { distlock::connect_semaphore(&short_session(url)).await })
+        Box::pin(async move {
+            distlock::connect(&short_session(url))
+                .await
+                .map(|c| c.semaphore())
+        })
     })
 }
 
-/// `distlock::connect_rw`, with a short ZooKeeper session.
+/// `distlock::connect` and `Client::rw_lock`, with a short ZooKeeper session.
 fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| Box::pin(async move { distlock::connect_rw(&short_session(url)).await }))
+    Arc::new(|url: String| {
+        Box::pin(async move {
+            distlock::connect(&short_session(url))
+                .await
+                .map(|c| c.rw_lock())
+        })
+    })
 }
 
-/// `distlock::connect_election`, with a short ZooKeeper session.
+/// `distlock::connect` and `Client::election`, with a short ZooKeeper session.
 fn election_connector() -> ElectionConnector {
     Arc::new(|url: String| {
-        Box::pin(async move { distlock::connect_election(&short_session(url)).await })
+        Box::pin(async move {
+            distlock::connect(&short_session(url))
+                .await
+                .map(|c| c.election())
+        })
     })
 }
 

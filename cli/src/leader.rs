@@ -28,7 +28,10 @@ struct LeaderJson<'a> {
 /// the backend cannot be reached or the watch loses it.
 pub async fn run(url: &str, name: &str, json: bool, watch: bool) -> Result<(), CliError> {
     let name = LockKey::new(name).map_err(|e| CliError::usage(format!("invalid name: {e}")))?;
-    let elections = distlock::connect_election(url).await.map_err(unreachable)?;
+    let elections = distlock::connect(url)
+        .await
+        .map(|c| c.election())
+        .map_err(unreachable)?;
     let backend = elections.info().name;
     let mut changes = LeaderWatch::new(elections, name.clone());
     loop {

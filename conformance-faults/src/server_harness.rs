@@ -20,7 +20,7 @@ use distlock_test_servers::{
     EtcdCluster, FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble,
 };
 
-/// Connects a semaphore client by URL (the facade's `connect_semaphore`), for
+/// Connects a semaphore client by URL (`distlock::connect(url)` and its `semaphore()`), for
 /// [`ServerHarness::with_primitives`].
 pub type SemaphoreConnector = Arc<
     dyn Fn(
@@ -31,7 +31,7 @@ pub type SemaphoreConnector = Arc<
         + Sync,
 >;
 
-/// Connects a read-write lock client by URL (the facade's `connect_rw`), for
+/// Connects a read-write lock client by URL (`distlock::connect(url)` and its `rw_lock()`), for
 /// [`ServerHarness::with_primitives`].
 pub type RwConnector = Arc<
     dyn Fn(
@@ -42,7 +42,7 @@ pub type RwConnector = Arc<
         + Sync,
 >;
 
-/// Connects an election client by URL (the facade's `connect_election`), for
+/// Connects an election client by URL (`distlock::connect(url)` and its `election()`), for
 /// [`ServerHarness::with_election`].
 pub type ElectionConnector = Arc<
     dyn Fn(

@@ -87,11 +87,11 @@ fn holder_lines(holders: &[HolderStatus]) -> String {
 /// the backend cannot be reached or cannot look at keys.
 pub async fn semaphore(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = key_of(key)?;
-    let semaphores = distlock::connect_semaphore(url)
-        .await
-        .map_err(unsupported)?;
+    let client = distlock::connect(url).await?;
+    offered(&client, distlock::Primitive::Semaphore)?;
+    let semaphores = client.semaphore();
     let backend = semaphores.info().name;
-    let status = semaphores.inspect(&key).await?;
+    let status = semaphores.inspect(&key).await.map_err(unsupported)?;
     let text = if json {
         json_text(&SemaphoreJson {
             key: key.as_str(),
@@ -121,9 +121,11 @@ pub async fn semaphore(url: &str, key: &str, json: bool) -> Result<(), CliError>
 /// As [`semaphore`].
 pub async fn rw(url: &str, key: &str, json: bool) -> Result<(), CliError> {
     let key = key_of(key)?;
-    let locks = distlock::connect_rw(url).await.map_err(unsupported)?;
+    let client = distlock::connect(url).await?;
+    offered(&client, distlock::Primitive::RwLock)?;
+    let locks = client.rw_lock();
     let backend = locks.info().name;
-    let status = locks.inspect(&key).await?;
+    let status = locks.inspect(&key).await.map_err(unsupported)?;
     let state = status.mode.map_or("free", RwMode::as_str);
     let text = if json {
         json_text(&RwJson {
@@ -158,6 +160,21 @@ pub async fn rw(url: &str, key: &str, json: bool) -> Result<(), CliError> {
 }
 
 /// A backend without the primitive is the caller's mistake (exit 2), as for `exec`.
+/// A usage error when the backend does not offer `primitive`, with its reason.
+fn offered(client: &distlock::Client, primitive: distlock::Primitive) -> Result<(), CliError> {
+    let info = client.info();
+    match info.capabilities.of(primitive).offered {
+        distlock::Capability::Supported => Ok(()),
+        distlock::Capability::Unsupported(reason) => {
+            Err(unsupported(distlock::LockError::Unsupported {
+                backend: info.name,
+                operation: primitive.as_str(),
+                reason,
+            }))
+        }
+    }
+}
+
 fn unsupported(error: distlock::LockError) -> CliError {
     match error {
         distlock::LockError::Unsupported { .. } => CliError::usage(crate::error::describe(&error)),
