@@ -35,7 +35,6 @@ pub use distlock_zookeeper as zookeeper;
 
 mod legacy;
 
-
 /// The backends [`connect`] knows, whether or not they are compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
