@@ -167,6 +167,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod engine;
 mod error;
 mod keys;
 mod lock;
@@ -178,7 +179,7 @@ mod wakeups;
 
 pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
 pub use keys::KeyNames;
-pub use lock::{RedisElection, RedisLock, RedisRwLock, RedisSemaphore};
+pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use redis;

@@ -9,7 +9,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
     run_selected_faults, Claim, ElectionConnector, Fault, FaultHarness, FaultVerdict, RwConnector,
@@ -19,42 +18,23 @@ use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{Provider, ServerControl, ServerError};
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = RedisLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.lock()) }))
 }
 
-/// Election clients by URL; Redlock refuses them, so its clients get none.
+/// Election clients by URL; Redlock's refuse every campaign, as its capabilities say,
+/// so the election scenarios skip there.
 fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let election = RedisLock::connect(&url).await?.election()?;
-            Ok(Arc::new(election) as Arc<dyn LeaderElection>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.election()) }))
 }
 
-/// Semaphore clients by URL; Redlock refuses them, so its clients get none.
+/// Semaphore clients by URL; refused on Redlock, as for elections.
 fn semaphore_connector() -> SemaphoreConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let semaphore = RedisLock::connect(&url).await?.semaphore()?;
-            Ok(Arc::new(semaphore) as Arc<dyn DistributedSemaphore>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.semaphore()) }))
 }
 
-/// Read-write lock clients by URL; Redlock refuses them, so its clients get none.
+/// Read-write lock clients by URL; refused on Redlock, as for elections.
 fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let rw = RedisLock::connect(&url).await?.rw_lock()?;
-            Ok(Arc::new(rw) as Arc<dyn DistributedRwLock>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.rw_lock()) }))
 }
 
 /// What Redis promises under each fault, with `nodes` servers without persistence.
