@@ -140,11 +140,7 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
             Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
         }
         #[cfg(feature = "redis")]
-        Backend::Redis => {
-            let lock = distlock_redis::RedisLock::connect(url).await?;
-            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
-            Ok(legacy::client(lock, s.ok(), r.ok(), e.ok()))
-        }
+        Backend::Redis => Ok(distlock_redis::RedisLock::connect(url).await?.client()),
         #[cfg(feature = "zookeeper")]
         Backend::ZooKeeper => Ok(distlock_zookeeper::ZooKeeperLock::connect(url)
             .await?

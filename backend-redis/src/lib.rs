@@ -4,17 +4,25 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
 //! use std::time::Duration;
-//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_api::{LockKey, LockOptions, WaitPolicy};
 //! use distlock_redis::RedisLock;
 //!
 //! // Or "redis+redlock://h1:6379,h2:6379,h3:6379" for Redlock.
-//! let locks = RedisLock::connect("redis://127.0.0.1:6379").await?;
+//! let client = RedisLock::connect("redis://127.0.0.1:6379").await?.client();
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
-//! let guard = locks.acquire(&LockKey::new("billing/close-month")?, &options).await?;
+//! let guard = client.lock().acquire(&LockKey::new("billing/close-month")?, &options).await?;
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`RedisLock`] is this backend's [`distlock_api::backend::Engine`]: its
+//! [`RedisLock::client`] (or `distlock::connect`) hands out the mutex, the semaphore,
+//! the read-write lock and election over one set of connections, with the option
+//! checks, the bounded wait, the error patience and the metrics every backend shares.
+//! What each primitive offers here is [`distlock_api::Client::info`]'s to say: a
+//! primitive a deployment does not offer (Redlock's semaphore, say) refuses every
+//! acquire with `LockError::Unsupported` and the reason.
 //!
 //! The driver is re-exported as [`redis`], so its types need no separate dependency.
 //!
@@ -45,12 +53,15 @@
 //! after the holder's remaining TTL or the backoff's maximum, whichever is sooner; when
 //! the subscription is down it falls back to exponential backoff with jitter.
 //!
-//! A `WaitPolicy::Timeout` bounds the whole call, whatever the servers do: an attempt
-//! still unanswered at the deadline (plus 50 ms of grace) is dropped, its possible grant
-//! released in the background (a clean-up `distlock_api::settle_cleanups` waits for),
-//! and the call fails with `LockError::Connection` (the
-//! lock's state is unknown) — or `LockError::Timeout` if an earlier attempt of the call
-//! saw the key held. `NoWait` makes one attempt, bounded by the request timeout.
+//! A `WaitPolicy::Timeout` bounds the whole call, whatever the servers do (the rule
+//! every backend shares): an attempt still unanswered at the deadline plus the grace is
+//! dropped, its possible grant released in the background (a clean-up
+//! `distlock_api::settle_cleanups` waits for), and the call fails with
+//! `LockError::Connection` naming the servers (the lock's state is unknown) — or
+//! `LockError::Timeout` if an earlier attempt of the call saw the key held. Failed
+//! attempts (a server down or restarting, a Redlock majority missed) are retried under
+//! the options' error patience. `NoWait` makes one attempt, bounded by the request
+//! timeout.
 //!
 //! # FIFO mode
 //! With `?fifo=true` in the URL ([`RedisConfig::fifo`]), or for an acquire asking for
@@ -66,12 +77,12 @@
 //! again). The release script, finding the mark, drops expired entries too and
 //! publishes the head's id on `{K}:released`, and a client wakes only the waiter of that
 //! id. A waiter refreshes its entry at least every third of the entry TTL; one that
-//! gives up (timeout, error) removes it before its call returns and wakes the next (so
-//! a timed-out FIFO acquire may return later than the wait plus grace: by one removal,
-//! bounded by the request timeout, and it makes no attempt past its deadline); a
-//! dropped one removes it in the background (see `distlock_api::settle_cleanups`); one
-//! that dies is dropped by the next script run after its deadline, which the waiters
-//! behind it time their naps to. Both queue keys expire with their longest-lived entry
+//! gives up (its wait ran out, an error) removes it before its attempt returns and
+//! wakes the next (it makes no attempt past its deadline; a failed attempt that is
+//! retried queues again, at the tail); one whose call is dropped, or cut at the wait
+//! plus the grace on a slow server, removes it in the background (see
+//! `distlock_api::settle_cleanups`); one that dies is dropped by the next script run
+//! after its deadline, which the waiters behind it time their naps to. Both queue keys expire with their longest-lived entry
 //! and vanish when empty.
 //! The lock key keeps its plain layout, so other libraries still exclude both ways, but
 //! their `SET NX` (like a distlock client not asking for FIFO) takes a free key ahead of
@@ -110,21 +121,33 @@
 //! reached the replica is lost with the master.
 //!
 //! # Semaphores and read-write locks
-//! [`RedisLock::semaphore`] and [`RedisLock::rw_lock`] give a [`RedisSemaphore`] and a
-//! [`RedisRwLock`] sharing the client's connection, wake-ups and waiter lines, on a
-//! single node, a Sentinel master or a Cluster (Redlock refuses them, and its
-//! capabilities say why). Their names live under the key's hash tag, in namespaces of
-//! their own (`{K}:semaphore…`, `{K}:rw…`, see [`KeyNames`]): holders are a sorted set
-//! of owner tokens scored by expiry, pruned by every script, and every key expires with
-//! its longest-lived entry. Waiting, the `:waiting` marker and fencing tokens (a
-//! `:fence` counter seeded from the server's clock) work as for the mutex; each type's
-//! docs say what a token means there. FIFO waiting is the mutex's only. Across a
+//! [`RedisLock::semaphore`] and [`RedisLock::rw_lock`] share the client's connection,
+//! wake-ups and waiter lines, on a single node, a Sentinel master or a Cluster (Redlock
+//! refuses every acquire of them, and its capabilities say why). Their names live
+//! under the key's hash tag, in namespaces of their own (`{K}:semaphore…`, `{K}:rw…`,
+//! see [`KeyNames`]): holders are a sorted set of owner tokens scored by expiry, pruned
+//! by every script, and every key expires with its longest-lived entry.
+//! - Semaphore: `{K}:semaphore` holds the permit holders' owner tokens scored by the
+//!   server time (ms) at which each expires, `{K}:semaphore:permits` the count they use;
+//!   another count is refused with `LockError::PermitMismatch`, and the count goes with
+//!   the last holder. A permit's fencing token orders and identifies grants (several
+//!   permits are valid at once, so it cannot fence off an older holder).
+//! - Read-write lock, with writer preference: `{K}:rw` holds the readers, `{K}:rw:writer`
+//!   the writer's token with a `PX` expiry, `{K}:rw:intent` the waiting writers scored by
+//!   when each intent lapses (`2 × the backoff cap + 1 s` after its last retry); while an
+//!   intent lives new readers are refused. A writer that gives up withdraws its intent
+//!   before its call returns (a dropped one, in the background). Every grant's token is
+//!   above every earlier grant's of the key, so a fenced resource can refuse a writer
+//!   whose lease ran out.
+//!
+//! Waiting, the `:waiting` marker and fencing tokens (a `:fence` counter seeded from the
+//! server's clock) work as for the mutex. FIFO waiting is the mutex's only. Across a
 //! Sentinel or Cluster failover they follow the mutex's rules: replication is
 //! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
 //! # Leader election
-//! [`RedisLock::election`] gives a [`RedisElection`] (single node, Sentinel, Cluster;
-//! Redlock refuses it: without consensus its terms could not rise strictly). The
+//! [`RedisLock::election`] (single node, Sentinel, Cluster; Redlock refuses every
+//! campaign: without consensus its terms could not rise strictly). The
 //! leadership is the mutex recipe on the record `{K}:election`, a hash of the owner
 //! token, the term and the candidate identity with the lease as its `PX`, written,
 //! extended and deleted whole by Lua scripts; the term is the next value of
@@ -135,6 +158,8 @@
 //! (`wait_change`, and so `LeaderWatch`) subscribe to `{K}:election:changed`, on which
 //! every new leadership and resign is announced while they mark the name watched, and
 //! look again at the leader's expiry, which nobody announces. Every key expires.
+//! Campaigns are not granted in arrival order. A dropped campaign resigns in the
+//! background any leadership that may have landed.
 //!
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
@@ -167,6 +192,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod engine;
 mod error;
 mod keys;
 mod lock;
@@ -178,7 +204,7 @@ mod wakeups;
 
 pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
 pub use keys::KeyNames;
-pub use lock::{RedisElection, RedisLock, RedisRwLock, RedisSemaphore};
+pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use redis;

@@ -1,16 +1,16 @@
-//! [`RedisLock`]: the [`DistributedLock`] over one Redis node or a Redlock quorum.
+//! [`RedisLock`]: the client of one Redis node or a Redlock quorum, and the contention
+//! engine every primitive's acquire runs in (attempts, wake-ups, the client's waiter
+//! lines); the mutex's own attempt, release, extend and inspect.
 
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, mark_contended, Granted, WaitBound, WaitReport};
+use distlock_api::backend::{Grant, Request};
 use distlock_api::{
-    check_ttl, BackendInfo, Capabilities, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OwnerToken,
-    ReleaseOutcome, WaitOrder,
+    Capabilities, Capability, ExtendOutcome, FencingToken, KeyStatus, Lease, LeaseMonitor,
+    LockError, LockKey, LockOptions, OwnerToken, ReleaseOutcome, WaitOrder,
 };
 use futures_util::future::{join_all, select_all};
 use tokio::time::{timeout, Instant};
@@ -21,34 +21,20 @@ use crate::membership::at_node;
 use crate::node::{Holder, Node, NodeGrant, NodeView};
 use crate::{REDIS_BACKEND, REDLOCK_BACKEND};
 
-mod election;
-mod primitive;
+pub(crate) mod election;
+pub(crate) mod primitive;
 mod queue;
-mod rw;
-mod semaphore;
+pub(crate) mod rw;
+pub(crate) mod semaphore;
 mod turns;
-
-pub use election::RedisElection;
-pub use rw::RedisRwLock;
-pub use semaphore::RedisSemaphore;
 
 use turns::Turns;
 
 /// Why Redlock offers no FIFO waiting.
 const REDLOCK_NOT_FIFO: &str = "Redlock's nodes would each order the waiters themselves: waiters arriving together can head the queues of different nodes, so none heads a majority and nobody is granted; FIFO needs one ordering point (use a single node, Postgres or ZooKeeper)";
 
-/// How long an acquire keeps retrying a single node that fails.
-const ERROR_PATIENCE: Duration = Duration::from_secs(30);
-
-/// How many Redlock attempts in a row may miss the majority through node failures
-/// before an acquire gives up: slow nodes get another chance, a lost majority fails fast.
-const REDLOCK_ATTEMPTS: u32 = 3;
-
-/// How long past its wait an acquire lets an attempt already in flight answer, so a
-/// slow but live server still gets a definite "held" or "granted" in.
-const DEADLINE_GRACE: Duration = Duration::from_millis(50);
-
-/// A Redis lock client: one node, or Redlock over N independent nodes.
+/// A Redis lock client: one node, or Redlock over N independent nodes, for every
+/// primitive (see [`RedisLock::client`]).
 ///
 /// Each node gets one multiplexed, auto-reconnecting connection, shared by every lock
 /// and waiter of this client. Cloning is cheap and shares the connections.
@@ -65,10 +51,9 @@ struct Inner {
     turns: Turns,
 }
 
-/// One acquire attempt's result, when it did not fail: a guard (or, for a campaign, a
-/// leadership) or the key held.
-pub(crate) enum Attempt<G = LockGuard> {
-    Granted(G),
+/// One acquire attempt's result, when it did not fail: a grant or the key held.
+pub(crate) enum Attempt {
+    Granted(Grant),
     /// Held elsewhere; the holder's remaining TTL when known.
     Held(Option<Duration>),
 }
@@ -122,7 +107,7 @@ impl RedisLock {
         self.inner.nodes.len() > 1
     }
 
-    fn name(&self) -> &'static str {
+    pub(crate) fn name(&self) -> &'static str {
         if self.is_redlock() {
             REDLOCK_BACKEND
         } else {
@@ -242,41 +227,9 @@ impl RedisLock {
         .await
     }
 
-    /// Whether a failed attempt may be retried: only while waiting, until the deadline,
-    /// and for at most [`ERROR_PATIENCE`] (one node) or [`REDLOCK_ATTEMPTS`] attempts
-    /// (Redlock) of consecutive failures.
-    fn retry_or_give_up(
-        &self,
-        error: LockError,
-        deadline: Option<Instant>,
-        started: Instant,
-        failing: &mut Option<(Instant, u32)>,
-    ) -> Result<Option<Duration>, LockError> {
-        let (since, attempts) = failing.get_or_insert((Instant::now(), 0));
-        *attempts += 1;
-        let patience_spent = if self.is_redlock() {
-            *attempts >= REDLOCK_ATTEMPTS
-        } else {
-            since.elapsed() >= ERROR_PATIENCE
-        };
-        let out_of_time = deadline.is_some_and(|d| d == started || Instant::now() >= d);
-        if patience_spent || out_of_time {
-            return Err(error);
-        }
-        Ok(None)
-    }
-
-    /// The error for a wait that ran out: `Timeout` when an attempt saw the key held,
-    /// else a connection error, as no answer says who holds it.
-    fn out_of_wait(&self, key: &LockKey, started: Instant, held_seen: bool) -> LockError {
-        let waited = started.elapsed();
-        if held_seen {
-            return LockError::Timeout {
-                backend: self.name(),
-                key: key.clone(),
-                waited,
-            };
-        }
+    /// The error of a wait that had no answer from the server(s) by its deadline:
+    /// whether the key is held is unknown. Names the addresses.
+    pub(crate) fn unanswered_error(&self, wait: Duration) -> LockError {
         let addresses: Vec<&str> = self.inner.nodes.iter().map(Node::address).collect();
         let who = if self.is_redlock() {
             format!("a majority of the Redlock nodes ({})", addresses.join(", "))
@@ -285,38 +238,33 @@ impl RedisLock {
         };
         LockError::connection(
             self.name(),
-            format!("{who} did not answer within the wait ({waited:?}); whether the lock is held is unknown"),
+            format!("{who} did not answer within the wait ({wait:?}); whether the lock is held is unknown (a late grant is released)"),
         )
     }
 
-    /// A waiting acquire of `key` (whose names are `names`: the mutex's or a
-    /// primitive's) bounded by its wait: [`RedisLock::wait_for`] within
-    /// [`bounded_wait`]. `attempt` makes one attempt (see [`RedisLock::wait_for`]).
-    pub(crate) async fn acquire_waiting<F, Fut, G>(
+    /// One acquire of `request` (whose names are `names`: the mutex's or a
+    /// primitive's): a single attempt for a try, else [`RedisLock::wait_for`].
+    /// `attempt(waiting)` makes one attempt (see there).
+    pub(crate) async fn contend<F, Fut>(
         &self,
-        key: &LockKey,
+        request: &Request<'_>,
         names: &KeyNames,
-        options: &LockOptions,
-        attempt: F,
-    ) -> Result<G, LockError>
+        mut attempt: F,
+    ) -> Result<Option<Grant>, LockError>
     where
         F: FnMut(Option<Duration>) -> Fut,
-        Fut: std::future::Future<Output = Result<Attempt<G>, LockError>>,
-        G: Granted,
+        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
     {
-        let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
-        let (started, deadline) = (bound.started, bound.deadline);
-        let report = WaitReport::new();
-        let waiting = async {
-            self.wait_for(key, names, options, started, deadline, &report, attempt)
-                .await
-        };
-        // The wait bounds the call whatever the servers do. Dropping an attempt in
-        // flight arms its compensation, which releases a grant the server applies late.
-        bounded_wait(self.name(), key, bound, &report, waiting, |_| {
-            self.out_of_wait(key, started, false)
-        })
-        .await
+        if request.waits() {
+            return self.wait_for(request, names, attempt).await;
+        }
+        match attempt(None).await? {
+            Attempt::Granted(grant) => Ok(Some(grant)),
+            Attempt::Held(_) => {
+                request.saw_held();
+                Ok(None)
+            }
+        }
     }
 
     /// How long a held key stays marked as waited on after an attempt of a waiter
@@ -334,31 +282,27 @@ impl RedisLock {
     }
 
     /// The acquire loop: attempts, then waits for a wake-up or a safety-net poll, until
-    /// granted or `deadline` passes. Sets `held_seen` once any attempt finds the key held,
-    /// so a caller cutting this short knows whether "held by another owner" is known.
-    /// `attempt(waiting)` makes one attempt; `waiting` is how long a held key stays
-    /// marked as waited on (`None` until this waiter listens for wake-ups on `names`).
+    /// granted (`Some`) or the request's deadline passes with the key held (`None`).
+    /// Notes every answer that found the key held on the request. An error ends the
+    /// loop: the caller retries it under its error patience. `attempt(waiting)` makes
+    /// one attempt; `waiting` is how long a held key stays marked as waited on (`None`
+    /// until this waiter listens for wake-ups on `names`).
     ///
     /// Once the key is found held, the waiter lines up behind this client's other
     /// waiters for the key (see [`turns`]) and retries only at the front of the line.
-    #[allow(clippy::too_many_arguments)]
-    async fn wait_for<F, Fut, G>(
+    async fn wait_for<F, Fut>(
         &self,
-        key: &LockKey,
+        request: &Request<'_>,
         names: &KeyNames,
-        options: &LockOptions,
-        started: Instant,
-        deadline: Option<Instant>,
-        report: &WaitReport,
         mut attempt: F,
-    ) -> Result<G, LockError>
+    ) -> Result<Option<Grant>, LockError>
     where
         F: FnMut(Option<Duration>) -> Fut,
-        Fut: std::future::Future<Output = Result<Attempt<G>, LockError>>,
+        Fut: std::future::Future<Output = Result<Attempt, LockError>>,
     {
+        let (options, deadline) = (request.options, request.deadline);
         let mut backoff = options.backoff().delays();
         let mut tickets = Vec::new();
-        let mut failing: Option<(Instant, u32)> = None;
         // Declared in this order so that the turn is dropped (passed on) before the
         // place in the line is given up.
         let mut line = None;
@@ -366,18 +310,19 @@ impl RedisLock {
         if self.inner.turns.busy(&names.lock) {
             // Others of this client already wait for the key (so it is held): line up
             // behind them without trying first, which would overtake them.
-            report.saw_held();
+            request.saw_held();
             tickets = self.watch_all(names).await;
             line = Some(self.inner.turns.join(&names.lock));
         }
         let marker = Self::waiting_marker(options);
         loop {
             if let (Some(line), None) = (&line, &turn) {
-                turn = Some(
-                    line.turn(deadline)
-                        .await
-                        .ok_or_else(|| self.out_of_wait(key, started, report.held_seen()))?,
-                );
+                // Not at the front by the deadline: the key is held (the line exists
+                // only once it was found held).
+                let Some(front) = line.turn(deadline).await else {
+                    return Ok(None);
+                };
+                turn = Some(front);
             }
             // Register for wake-ups before the attempt, so a release in between counts.
             let mut woken: Vec<Pin<Box<tokio::sync::futures::Notified<'_>>>> = tickets
@@ -390,22 +335,15 @@ impl RedisLock {
                 w.as_mut().enable();
             }
             let subscribed = !tickets.is_empty() && tickets.iter().all(|(_, ok)| *ok);
-            let held_for = match attempt(subscribed.then_some(marker)).await {
-                Ok(Attempt::Granted(guard)) => return Ok(guard),
-                Ok(Attempt::Held(held_for)) => {
-                    failing = None;
-                    report.saw_held();
+            let held_for = match attempt(subscribed.then_some(marker)).await? {
+                Attempt::Granted(grant) => return Ok(Some(grant)),
+                Attempt::Held(held_for) => {
+                    request.saw_held();
                     held_for
                 }
-                // A single node restarting, or Redlock nodes slow to answer: keep trying
-                // while the wait allows, within a bounded patience.
-                Err(error) if error.is_retryable() => {
-                    self.retry_or_give_up(error, deadline, started, &mut failing)?
-                }
-                Err(error) => return Err(error),
             };
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(self.out_of_wait(key, started, report.held_seen()));
+            if request.deadline_passed() {
+                return Ok(None);
             }
             if tickets.is_empty() {
                 // First contention: subscribe on every node, line up, then retry at once
@@ -415,7 +353,6 @@ impl RedisLock {
                 line = Some(self.inner.turns.join(&names.lock));
                 continue;
             }
-            let subscribed = subscribed && failing.is_none();
             // A safety-net poll even when subscribed: foreign holders do not publish.
             let poll = if subscribed {
                 // Jittered, so many waiters' safety-net polls do not come in lockstep.
@@ -442,9 +379,9 @@ impl RedisLock {
         join_all(self.inner.nodes.iter().map(|n| n.watch(names, None))).await
     }
 
-    /// One attempt on every node. `waiting`: how long a held key stays marked as waited
-    /// on (`None` unless the caller listens for wake-ups).
-    async fn attempt(
+    /// One mutex attempt on every node. `waiting`: how long a held key stays marked as
+    /// waited on (`None` unless the caller listens for wake-ups).
+    pub(crate) async fn attempt(
         &self,
         key: &LockKey,
         names: &KeyNames,
@@ -453,7 +390,7 @@ impl RedisLock {
     ) -> Result<Attempt, LockError> {
         let (owner, ttl) = (OwnerToken::random(), options.ttl());
         let started = Instant::now();
-        // Until we hand out a guard, a drop of this future must undo any grant.
+        // Until we hand out the grant, a drop of this future must undo it.
         let compensation = Compensation {
             lock: self,
             key,
@@ -485,9 +422,9 @@ impl RedisLock {
             }
         }
         if granted >= self.quorum() {
-            if let Some(guard) = self.guard(key, owner, fence, started, options) {
+            if let Some(grant) = self.grant(key, owner, fence, started, ttl) {
                 compensation.disarm();
-                return Ok(Attempt::Granted(guard));
+                return Ok(Attempt::Granted(grant));
             }
         }
         if granted > 0 || !errors.is_empty() {
@@ -507,25 +444,19 @@ impl RedisLock {
 }
 
 impl RedisLock {
-    /// The guard for a grant requested at `started`, or `None` when the answers came
+    /// A mutex grant of `ttl` requested at `started`, or `None` when the answers came
     /// too late to leave any validity.
-    fn guard(
+    fn grant(
         &self,
         key: &LockKey,
         owner: OwnerToken,
         token: Option<FencingToken>,
         started: Instant,
-        options: &LockOptions,
-    ) -> Option<LockGuard> {
-        let ttl = options.ttl();
+        ttl: Duration,
+    ) -> Option<Grant> {
         let valid_until = self.valid_until(started, ttl)?;
         let lease = Lease::new(key.clone(), owner, token, ttl, started);
-        Some(LockGuard::new(
-            lease,
-            LeaseMonitor::new(valid_until),
-            Arc::new(self.clone()),
-            options.auto_renew(),
-        ))
+        Some(Grant::new(lease, LeaseMonitor::new(valid_until)))
     }
 
     /// The validity deadline of a lease of `ttl` requested at `started`: `started +
@@ -537,22 +468,11 @@ impl RedisLock {
             .filter(|end| *end > Instant::now())
     }
 
-    /// Whether an acquire with `options` waits in the FIFO queue: asked for by the
-    /// options or by the client's configuration.
-    ///
-    /// # Errors
-    /// [`LockError::Unsupported`] for FIFO asked of a Redlock client.
-    fn queued(&self, options: &LockOptions) -> Result<bool, LockError> {
-        options.check_order(self.name(), self.fifo_capability())?;
-        Ok(self.inner.config.fifo || options.order() == WaitOrder::Fifo)
-    }
-
-    fn fifo_capability(&self) -> Capability {
-        if self.is_redlock() {
-            Capability::Unsupported(REDLOCK_NOT_FIFO)
-        } else {
-            Capability::Supported
-        }
+    /// Whether a mutex acquire with `options` waits in the FIFO queue: asked for by the
+    /// options or by the client's configuration (Redlock refuses both, see
+    /// [`RedisLock::capabilities`]).
+    pub(crate) fn queued(&self, options: &LockOptions) -> bool {
+        self.inner.config.fifo || options.order() == WaitOrder::Fifo
     }
 }
 
@@ -602,14 +522,22 @@ impl Drop for Compensation<'_> {
 }
 
 impl RedisLock {
-    /// What every primitive of this client offers: every handle reports this.
+    /// What each primitive of this client offers: the one statement of every claim,
+    /// which the generic checks and the conformance kit read.
+    ///
+    /// - Every primitive of a single node (direct, Sentinel, Cluster) expires by TTL,
+    ///   extends, hands out fencing tokens from a clock-seeded counter, and wakes its
+    ///   waiters through pub/sub on release.
+    /// - FIFO: the mutex's queue only; the semaphore, the read-write lock and election
+    ///   grant in no particular order.
+    /// - Redlock: the mutex only, without fencing or FIFO.
     pub(crate) fn capabilities(&self) -> Capabilities {
         let mut capabilities = Capabilities::all_supported();
-        capabilities.mutex.fifo = self.fifo_capability();
         capabilities.semaphore.fifo = Capability::Unsupported(primitive::PRIMITIVES_NOT_FIFO);
         capabilities.rw_lock.fifo = Capability::Unsupported(primitive::PRIMITIVES_NOT_FIFO);
         capabilities.election.fifo = Capability::Unsupported(election::ELECTION_NOT_FIFO);
         if self.is_redlock() {
+            capabilities.mutex.fifo = Capability::Unsupported(REDLOCK_NOT_FIFO);
             capabilities.mutex.fencing = Capability::Unsupported(
                 "Redlock has no consensus: per-node counters drift apart (a node that missed a grant lags, a restarted one starts over), so its grants carry no fencing token",
             );
@@ -619,51 +547,12 @@ impl RedisLock {
         }
         capabilities
     }
-}
 
-#[async_trait]
-impl DistributedLock for RedisLock {
-    fn info(&self) -> BackendInfo {
-        BackendInfo::new(self.name(), self.capabilities())
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        options.validate_for(self.name())?;
-        if self.queued(options)? {
-            return self.try_ahead_of_queue(key, options).await;
-        }
-        match self
-            .attempt(key, &KeyNames::for_key(key), options, None)
-            .await?
-        {
-            Attempt::Granted(guard) => Ok(Some(guard)),
-            Attempt::Held(_) => Ok(None),
-        }
-    }
-
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        options.validate_for(self.name())?;
-        if self.queued(options)? {
-            let bound = WaitBound::starting_now(options, DEADLINE_GRACE);
-            let report = WaitReport::new();
-            // Bounds its own steps by the wait, and leaves the queue before it returns.
-            let granted = self
-                .wait_in_queue(key, options, bound.started, bound.deadline, &report)
-                .await?;
-            return Ok(mark_contended(granted, report.held_seen()));
-        }
-        let names = KeyNames::for_key(key);
-        self.acquire_waiting(key, &names, options, |waiting| {
-            self.attempt(key, &names, options, waiting)
-        })
-        .await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+    /// Owner-checked release of a mutex lease on every node.
+    ///
+    /// # Errors
+    /// Connection and backend errors when too few nodes answer for a majority.
+    pub(crate) async fn release_mutex(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
         let names = KeyNames::for_key(lease.key());
         let results = self
             .release_everywhere(&names, lease.owner(), lease.ttl())
@@ -690,8 +579,16 @@ impl DistributedLock for RedisLock {
         })
     }
 
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(self.name(), e))?;
+    /// Owner-checked extension of a mutex lease on every node, to expire `ttl` from now.
+    ///
+    /// # Errors
+    /// Connection and backend errors when too few nodes answer for a majority; a
+    /// connection error when the answers came too late to leave any validity.
+    pub(crate) async fn extend_mutex(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
         let names = KeyNames::for_key(lease.key());
         let started = Instant::now();
         let results = self
@@ -728,7 +625,11 @@ impl DistributedLock for RedisLock {
         })
     }
 
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
+    /// The mutex `key` as a majority of nodes store it.
+    ///
+    /// # Errors
+    /// Connection and backend errors when too few nodes answer for a majority.
+    pub(crate) async fn inspect_mutex(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
         let names = KeyNames::for_key(key);
         let results = self
             .on_all_nodes(self.inner.config.request_timeout, |node| {

@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use distlock_api::{
-    AutoRenew, Backoff, DistributedLock, ExtendOutcome, LeaseState, LockError, LockKey,
-    LockOptions, ReleaseOutcome, WaitOrder, WaitPolicy,
+    AutoRenew, Backoff, ExtendOutcome, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
+    WaitOrder, WaitPolicy,
 };
 use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::RedisCluster;
@@ -57,9 +57,14 @@ async fn keys_whose_tag_would_be_empty_lock_in_one_slot() {
         }
         for order in [WaitOrder::Any, WaitOrder::Fifo] {
             let options = LockOptions::new(Duration::from_secs(5)).with_order(order);
-            let guard = locks.acquire(&key, &options).await.unwrap();
-            assert!(locks.try_acquire(&key, &options).await.unwrap().is_none());
-            assert!(locks.inspect(&key).await.unwrap().held);
+            let guard = locks.lock().acquire(&key, &options).await.unwrap();
+            assert!(locks
+                .lock()
+                .try_acquire(&key, &options)
+                .await
+                .unwrap()
+                .is_none());
+            assert!(locks.lock().inspect(&key).await.unwrap().held);
             assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
         }
     }
@@ -77,6 +82,7 @@ async fn a_release_wakes_a_waiter_on_another_client() {
     for name in ["wake/a", "wake/b", "wake/c"] {
         let key = LockKey::new(name).unwrap();
         let guard = holder
+            .lock()
             .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
             .await
             .unwrap();
@@ -89,7 +95,7 @@ async fn a_release_wakes_a_waiter_on_another_client() {
                         Duration::from_millis(10),
                         Duration::from_secs(5),
                     ));
-                let guard = waiter.acquire(&key, &options).await;
+                let guard = waiter.lock().acquire(&key, &options).await;
                 (guard, Instant::now())
             }
         });
@@ -136,7 +142,7 @@ async fn a_master_failover_keeps_a_replicated_lock() {
     let old = cluster.master_of_slot(slot).await.unwrap();
 
     let options = LockOptions::new(Duration::from_secs(10)).with_auto_renew(AutoRenew::new());
-    let guard = holder.acquire(&key, &options).await.unwrap();
+    let guard = holder.lock().acquire(&key, &options).await.unwrap();
     let first_token = guard.fencing_token().unwrap();
     let mut master = redis::Client::open(format!("redis://127.0.0.1:{old}"))
         .unwrap()
@@ -151,7 +157,7 @@ async fn a_master_failover_keeps_a_replicated_lock() {
         async move {
             let options = LockOptions::new(Duration::from_secs(10))
                 .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
-            let guard = waiter.acquire(&key, &options).await;
+            let guard = waiter.lock().acquire(&key, &options).await;
             (guard, Instant::now())
         }
     });
@@ -170,7 +176,11 @@ async fn a_master_failover_keeps_a_replicated_lock() {
     // The client finds the new master (MOVED / slot refresh) and the lease holds.
     let started = Instant::now();
     let renewed = loop {
-        match holder.extend(guard.lease(), Duration::from_secs(10)).await {
+        match holder
+            .lock()
+            .extend(guard.lease(), Duration::from_secs(10))
+            .await
+        {
             Ok(outcome) => break outcome,
             Err(e) if started.elapsed() < Duration::from_secs(20) && e.is_retryable() => {
                 tokio::time::sleep(Duration::from_millis(100)).await
@@ -282,6 +292,7 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
     };
 
     let guard = holder
+        .lock()
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
         .await
         .unwrap();
@@ -290,7 +301,7 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
         async move {
             let options = LockOptions::new(Duration::from_secs(30))
                 .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
-            (waiter.acquire(&key, &options).await, Instant::now())
+            (waiter.lock().acquire(&key, &options).await, Instant::now())
         }
     });
     let started = Instant::now();
@@ -355,6 +366,7 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
 
     // Keys moved, slot still the source's: the source answers ASK.
     let extended = holder
+        .lock()
         .extend(guard.lease(), Duration::from_secs(30))
         .await
         .unwrap();
@@ -370,7 +382,7 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
     assert_eq!(cluster.master_of_slot(slot).await.unwrap(), target);
 
     // The slot is the target's now: the client's map is stale and gets MOVED.
-    assert!(holder.inspect(&key).await.unwrap().held);
+    assert!(holder.lock().inspect(&key).await.unwrap().held);
     let released_at = Instant::now();
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     let (granted, granted_at) = waiting.await.unwrap();
@@ -437,6 +449,7 @@ async fn a_silent_seed_delays_nothing() {
     );
     let key = LockKey::new("cluster/silent-seed").unwrap();
     let guard = locks
+        .lock()
         .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap();

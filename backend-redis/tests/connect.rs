@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::FaultProxy;
 use distlock_test_servers::ServerControl;
@@ -92,7 +92,7 @@ async fn refused_credentials_say_authentication_failed() {
         let lock = RedisLock::connect(&url)
             .await
             .expect("right password connects");
-        let guard = lock.acquire(&key("auth"), &options()).await.unwrap();
+        let guard = lock.lock().acquire(&key("auth"), &options()).await.unwrap();
         guard.release().await.unwrap();
     }
     // Redlock: the refusal of one node fails the connect, naming that node.
@@ -207,7 +207,11 @@ async fn redlock_starts_with_a_minority_down_and_the_node_joins_when_back() {
     // Acquires work, and do not spend a connect timeout on the missing node each time.
     for round in 0..5 {
         let began = Instant::now();
-        let guard = lock.acquire(&key("minority"), &options()).await.unwrap();
+        let guard = lock
+            .lock()
+            .acquire(&key("minority"), &options())
+            .await
+            .unwrap();
         assert!(
             began.elapsed() < Duration::from_millis(1500),
             "acquire {round} took {:?}",
@@ -216,10 +220,14 @@ async fn redlock_starts_with_a_minority_down_and_the_node_joins_when_back() {
         guard.release().await.unwrap();
     }
     // A waiter is handed the lock when the holder releases, and leaves nothing behind.
-    let holder = lock.acquire(&key("handoff"), &options()).await.unwrap();
+    let holder = lock
+        .lock()
+        .acquire(&key("handoff"), &options())
+        .await
+        .unwrap();
     let waiter = {
         let lock = lock.clone();
-        tokio::spawn(async move { lock.acquire(&key("handoff"), &options()).await })
+        tokio::spawn(async move { lock.lock().acquire(&key("handoff"), &options()).await })
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     while lock.tracked_wakeup_channels() == 0 {
@@ -238,7 +246,11 @@ async fn redlock_starts_with_a_minority_down_and_the_node_joins_when_back() {
     h.servers.lock().await[2].restart().await.unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let guard = lock.acquire(&key("joined"), &options()).await.unwrap();
+        let guard = lock
+            .lock()
+            .acquire(&key("joined"), &options())
+            .await
+            .unwrap();
         let everywhere = on_every_node(&h.ports, &key("joined")).await;
         guard.release().await.unwrap();
         if everywhere {
@@ -300,7 +312,7 @@ async fn a_late_node_that_is_another_nodes_server_never_counts() {
     let once = LockOptions::new(Duration::from_secs(10));
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        match lock.try_acquire(&key("twin"), &once).await {
+        match lock.lock().try_acquire(&key("twin"), &once).await {
             Ok(Some(guard)) => panic!("granted by one server counted twice: {guard:?}"),
             Ok(None) => panic!("held, though nobody else locks it"),
             Err(error) if error.to_string().contains("same server") => break,

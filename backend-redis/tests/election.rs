@@ -5,13 +5,14 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{
-    AutoRenew, Candidate, DistributedLock, LeaderElection, LockError, LockKey, LockOptions,
-    ReleaseOutcome, WaitOrder, WaitPolicy,
+    AutoRenew, Candidate, LeaderElection, LockError, LockKey, LockOptions, ReleaseOutcome,
+    WaitOrder, WaitPolicy,
 };
-use distlock_redis::{RedisElection, RedisLock};
+use distlock_redis::RedisLock;
 use redis::AsyncCommands;
 use tokio::time::Instant;
 
@@ -31,12 +32,8 @@ fn waiting(ttl: Duration, wait: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait))
 }
 
-async fn election(url: &str) -> RedisElection {
-    RedisLock::connect(url)
-        .await
-        .expect("connects")
-        .election()
-        .expect("a single node offers elections")
+async fn election(url: &str) -> Arc<dyn LeaderElection> {
+    RedisLock::connect(url).await.expect("connects").election()
 }
 
 /// Polls (every 2 ms, at most 10 s) until the server holds `key`.
@@ -55,7 +52,8 @@ async fn until_exists(raw: &mut redis::aio::MultiplexedConnection, key: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observers_are_woken_by_the_server() {
     let h = common::start(1).await;
-    let (a, observer) = (election(&h.url()).await, election(&h.url()).await);
+    let observer_client = RedisLock::connect(&h.url()).await.expect("connects");
+    let (a, observer) = (election(&h.url()).await, observer_client.election());
     let election_name = name("observed");
     let soon = Duration::from_secs(1);
     for _ in 0..3 {
@@ -128,7 +126,7 @@ async fn observers_are_woken_by_the_server() {
     );
     // The last observer's unsubscribe runs in the background.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while observer.client().tracked_wakeup_channels() != 0 {
+    while observer_client.tracked_wakeup_channels() != 0 {
         assert!(
             Instant::now() < deadline,
             "the observer's channel stays subscribed"
@@ -142,7 +140,8 @@ async fn observers_are_woken_by_the_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_election_that_ended_leaves_nothing_behind() {
     let h = common::start(1).await;
-    let (a, b) = (election(&h.url()).await, election(&h.url()).await);
+    let b_client = RedisLock::connect(&h.url()).await.expect("connects");
+    let (a, b) = (election(&h.url()).await, b_client.election());
     let ttl = Duration::from_secs(2);
     for i in 0..50 {
         let n = name(&format!("residue/{i}"));
@@ -182,9 +181,9 @@ async fn an_election_that_ended_leaves_nothing_behind() {
         .unwrap();
     std::mem::forget(expiring);
     common::until_nothing_left(&mut h.raw(0).await, ttl).await;
-    assert_eq!(b.client().tracked_waiter_lines(), 0);
+    assert_eq!(b_client.tracked_waiter_lines(), 0);
     // Unsubscribes run in the background, and are long done.
-    assert_eq!(b.client().tracked_wakeup_channels(), 0);
+    assert_eq!(b_client.tracked_wakeup_channels(), 0);
 }
 
 /// The election `x` is not the mutex `x`: both are held at once, and each one's
@@ -193,16 +192,21 @@ async fn an_election_that_ended_leaves_nothing_behind() {
 async fn elections_are_a_namespace_of_their_own() {
     let h = common::start(1).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
-    let elections = lock.election().unwrap();
+    let elections = lock.election();
     let x = name("x");
     let ttl = Duration::from_secs(10);
-    let mutex = lock.try_acquire(&x, &no_wait(ttl)).await.unwrap();
+    let mutex = lock.lock().try_acquire(&x, &no_wait(ttl)).await.unwrap();
     let mutex = mutex.expect("a free mutex");
     let led = elections.try_campaign(&x, &me("a"), &no_wait(ttl)).await;
     let led = led
         .unwrap()
         .expect("the election x is free while the mutex x is held");
-    assert!(lock.try_acquire(&x, &no_wait(ttl)).await.unwrap().is_none());
+    assert!(lock
+        .lock()
+        .try_acquire(&x, &no_wait(ttl))
+        .await
+        .unwrap()
+        .is_none());
     mutex.release().await.unwrap();
     let read = elections.leader(&x).await.unwrap().expect("still led");
     assert_eq!(read.term, led.term());
@@ -264,12 +268,16 @@ async fn fifo_campaigns_are_refused() {
 async fn redlock_refuses_elections() {
     let h = common::start(3).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
-    let reason = match lock.info().capabilities.election.offered {
+    let reason = match lock.lock().info().capabilities.election.offered {
         distlock_api::Capability::Unsupported(reason) => reason,
         other => panic!("Redlock reports elections {other:?}"),
     };
     assert!(reason.contains("consensus"), "{reason}");
-    match lock.election() {
+    let campaign = lock
+        .election()
+        .try_campaign(&name("x"), &me("a"), &no_wait(Duration::from_secs(10)))
+        .await;
+    match campaign {
         Err(LockError::Unsupported { reason: why, .. }) => assert_eq!(why, reason),
         other => panic!("{other:?}"),
     }
@@ -281,7 +289,7 @@ async fn redlock_refuses_elections() {
 async fn a_cut_off_leader_is_lost_by_its_deadline_and_replaced() {
     let h = common::start(1).await;
     let (lock, proxies) = h.proxied_client().await;
-    let leader_side = lock.election().unwrap();
+    let leader_side = lock.election();
     let standby = election(&h.url()).await;
     let x = name("cut");
     let ttl = Duration::from_millis(600);
@@ -373,11 +381,7 @@ async fn failover_times() {
         let (lock, proxies) = h.proxied_client().await;
         let x = name(&format!("crash/{trial}"));
         let options = no_wait(ttl).with_auto_renew(AutoRenew::new());
-        let leader = lock
-            .election()
-            .unwrap()
-            .campaign(&x, &me("a"), &options)
-            .await;
+        let leader = lock.election().campaign(&x, &me("a"), &options).await;
         let leader = leader.unwrap();
         let waiter = tokio::spawn({
             let (standby, x) = (standby.clone(), x.clone());

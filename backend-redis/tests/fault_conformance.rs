@@ -6,53 +6,41 @@
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Guarantees and caveats" and the README's fault table): keep them in step.
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
+use distlock_api::Primitive;
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, Claim, ElectionConnector, Fault, FaultHarness, FaultVerdict, RwConnector,
-    SemaphoreConnector, ServerHarness,
+    run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, RwConnector, SemaphoreConnector,
+    ServerHarness,
 };
 use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{Provider, ServerControl, ServerError};
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = RedisLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.lock()) }))
 }
 
-/// Election clients by URL; Redlock refuses them, so its clients get none.
-fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let election = RedisLock::connect(&url).await?.election()?;
-            Ok(Arc::new(election) as Arc<dyn LeaderElection>)
-        })
-    })
-}
-
-/// Semaphore clients by URL; Redlock refuses them, so its clients get none.
+/// Semaphore clients by URL; Redlock's capabilities refuse them, so its clients get
+/// none.
 fn semaphore_connector() -> SemaphoreConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
-            let semaphore = RedisLock::connect(&url).await?.semaphore()?;
-            Ok(Arc::new(semaphore) as Arc<dyn DistributedSemaphore>)
+            let lock = RedisLock::connect(&url).await?;
+            common::offered(&lock, Primitive::Semaphore, lock.semaphore())
         })
     })
 }
 
-/// Read-write lock clients by URL; Redlock refuses them, so its clients get none.
+/// Read-write lock clients by URL; refused on Redlock, as semaphores are.
 fn rw_connector() -> RwConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
-            let rw = RedisLock::connect(&url).await?.rw_lock()?;
-            Ok(Arc::new(rw) as Arc<dyn DistributedRwLock>)
+            let lock = RedisLock::connect(&url).await?;
+            common::offered(&lock, Primitive::RwLock, lock.rw_lock())
         })
     })
 }
@@ -93,7 +81,7 @@ async fn harness(nodes: usize) -> Arc<dyn FaultHarness> {
     let harness = ServerHarness::new(servers, template, connector())
         .with_claims(claims(nodes))
         .with_timing(ttl, ttl)
-        .with_election(election_connector())
+        .with_election(common::election_connector())
         .with_primitives(semaphore_connector(), rw_connector())
         // A killed FIFO waiter's queue entry lives until its entry TTL runs out.
         .with_dead_waiter_bound(RedisConfig::default().fifo_entry_ttl);

@@ -7,9 +7,7 @@ mod common;
 use distlock_test_servers::ServerControl;
 use std::time::Duration;
 
-use distlock_api::{
-    AutoRenew, DistributedLock, LeaseState, LockError, LockKey, LockOptions, WaitPolicy,
-};
+use distlock_api::{AutoRenew, LeaseState, LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::{KeyNames, RedisLock};
 use redis::AsyncCommands;
 use tokio::time::{timeout, Instant};
@@ -61,6 +59,7 @@ async fn killed_connection_that_cannot_come_back_frees_the_lock_and_fires_lost()
     let ttl = Duration::from_millis(600);
     let k = key("client-kill");
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(ttl).with_auto_renew(AutoRenew::new()))
         .await
         .unwrap();
@@ -74,6 +73,7 @@ async fn killed_connection_that_cannot_come_back_frees_the_lock_and_fires_lost()
     assert_eq!(guard.state(), LeaseState::Lost);
     let other = RedisLock::connect(&h.url()).await.unwrap();
     let taken = other
+        .lock()
         .acquire(&k, &waiting(ttl, ttl + Duration::from_secs(2)))
         .await
         .expect("the lock frees within the TTL");
@@ -88,6 +88,7 @@ async fn killed_connection_of_a_live_client_reconnects_and_keeps_renewing() {
     let ttl = Duration::from_millis(600);
     let k = key("client-kill-reconnect");
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(ttl).with_auto_renew(AutoRenew::new()))
         .await
         .unwrap();
@@ -101,6 +102,7 @@ async fn killed_connection_of_a_live_client_reconnects_and_keeps_renewing() {
     );
     let other = RedisLock::connect(&h.url()).await.unwrap();
     assert!(other
+        .lock()
         .try_acquire(&k, &LockOptions::new(ttl))
         .await
         .unwrap()
@@ -123,6 +125,7 @@ async fn redlock_with_two_of_three_nodes_down_fails_fast_and_leaves_no_key() {
     let k = key("redlock-majority");
     let started = Instant::now();
     let result = lock
+        .lock()
         .acquire(
             &k,
             &waiting(Duration::from_secs(5), Duration::from_secs(30)),
@@ -174,6 +177,7 @@ async fn redlock_partial_acquisition_is_released() {
     }
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     assert!(lock
+        .lock()
         .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap()
@@ -209,6 +213,7 @@ async fn interop_with_plain_set_nx_px_holders() {
     assert_eq!(set.as_deref(), Some("OK"));
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     assert!(lock
+        .lock()
         .try_acquire(&k, &LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap()
@@ -218,11 +223,12 @@ async fn interop_with_plain_set_nx_px_holders() {
     let waiter = {
         let (lock, k) = (lock.clone(), k.clone());
         tokio::spawn(async move {
-            lock.acquire(
-                &k,
-                &waiting(Duration::from_secs(5), Duration::from_secs(10)),
-            )
-            .await
+            lock.lock()
+                .acquire(
+                    &k,
+                    &waiting(Duration::from_secs(5), Duration::from_secs(10)),
+                )
+                .await
         })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -266,6 +272,7 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
     for k in &keys {
         held.push(
             holder
+                .lock()
                 .acquire(k, &LockOptions::new(Duration::from_secs(30)))
                 .await
                 .unwrap(),
@@ -277,6 +284,7 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
         let (lock, k) = (lock.clone(), keys[i % keys.len()].clone());
         waiters.push(tokio::spawn(async move {
             let guard = lock
+                .lock()
                 .acquire(
                     &k,
                     &waiting(Duration::from_secs(30), Duration::from_secs(30)),
@@ -340,17 +348,12 @@ async fn many_waiters_share_one_connection_and_unsubscribe_when_done() {
 /// connection error (no answer, so the lock's state is unknown). After resuming, the
 /// grant the servers apply late is released by the dropped attempt's compensation: the
 /// key frees long before its TTL, and (on a single node) the next grant's token shows the
-/// late one happened.
-/// `observed`: through a `distlock_api::Client`'s mutex handle, as `distlock::connect`
-/// returns it.
-async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) {
+/// late one happened. Through the client's mutex handle, as `distlock::connect` returns
+/// it.
+async fn paused_servers_bound_acquire_by_its_wait(nodes: usize) {
     let h = common::start(nodes).await;
-    let mut lock: std::sync::Arc<dyn DistributedLock> =
-        std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap());
-    if observed {
-        lock = distlock_api::Client::from_parts(lock, None, None, None).lock();
-    }
-    let k = key(&format!("paused-{nodes}-{observed}"));
+    let lock = RedisLock::connect(&h.url()).await.unwrap().lock();
+    let k = key(&format!("paused-{nodes}"));
     // Long, so a key freed within the second acquire's wait was released, not expired.
     let ttl = Duration::from_secs(30);
     let wait = Duration::from_secs(1);
@@ -400,6 +403,7 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) 
     };
     let other = RedisLock::connect(&h.url()).await.unwrap();
     let guard = other
+        .lock()
         .acquire(&k, &waiting(ttl, Duration::from_secs(5)))
         .await
         .expect("the late grant is released once the servers resume");
@@ -420,17 +424,12 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize, observed: bool) 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_bounds_acquire_by_its_wait() {
-    paused_servers_bound_acquire_by_its_wait(1, false).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paused_server_bounds_an_observed_acquire_by_its_wait() {
-    paused_servers_bound_acquire_by_its_wait(1, true).await;
+    paused_servers_bound_acquire_by_its_wait(1).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
-    paused_servers_bound_acquire_by_its_wait(3, false).await;
+    paused_servers_bound_acquire_by_its_wait(3).await;
 }
 
 /// A zero wait through a client's mutex handle is one try, as `NoWait` is: granted on a
@@ -438,13 +437,7 @@ async fn paused_redlock_nodes_bound_acquire_by_its_wait() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn observed_zero_wait_is_one_try() {
     let h = common::start(1).await;
-    let lock = distlock_api::Client::from_parts(
-        std::sync::Arc::new(RedisLock::connect(&h.url()).await.unwrap()),
-        None,
-        None,
-        None,
-    )
-    .lock();
+    let lock = RedisLock::connect(&h.url()).await.unwrap().lock();
     let k = key("observed-zero-wait");
     let zero = waiting(Duration::from_secs(5), Duration::ZERO);
     let guard = lock

@@ -3,10 +3,9 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{with_lock, DistributedLock, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{with_lock, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::{KeyNames, RedisLock};
 use redis::AsyncCommands;
 
@@ -24,7 +23,7 @@ fn options() -> LockOptions {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     let h = common::start(3).await;
-    let lock = Arc::new(RedisLock::connect(&h.url()).await.unwrap());
+    let lock = RedisLock::connect(&h.url()).await.unwrap().lock();
     assert!(!lock.info().capabilities.mutex.fencing.is_supported());
     let k = key("redlock");
     for round in 0..5 {
@@ -58,12 +57,12 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
 async fn single_node_tokens_rise_and_the_record_expires() {
     let h = common::start(1).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
-    assert!(lock.info().capabilities.mutex.fencing.is_supported());
+    assert!(lock.lock().info().capabilities.mutex.fencing.is_supported());
     let k = key("single");
     let names = KeyNames::for_key(&k);
     let mut last = 0;
     for _ in 0..5 {
-        let guard = lock.acquire(&k, &options()).await.unwrap();
+        let guard = lock.lock().acquire(&k, &options()).await.unwrap();
         let token = guard.fencing_token().expect("a single node fences").get();
         assert!(token > last, "token {token} after {last}");
         last = token;
@@ -93,18 +92,18 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let mut raw = h.raw(0).await;
     let token = |guard: &distlock_api::LockGuard| guard.fencing_token().unwrap().get();
 
-    let first = lock.acquire(&k, &options()).await.unwrap();
+    let first = lock.lock().acquire(&k, &options()).await.unwrap();
     let t1 = token(&first);
     first.release().await.unwrap();
     // The record expired (or the fencing key was deleted).
     let _: () = raw.del(&names.fence).await.unwrap();
-    let second = lock.acquire(&k, &options()).await.unwrap();
+    let second = lock.lock().acquire(&k, &options()).await.unwrap();
     let t2 = token(&second);
     assert!(t2 > t1, "after the record expired: {t2} after {t1}");
     second.release().await.unwrap();
     // A restart without persistence forgets every key.
     let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
-    let third = lock.acquire(&k, &options()).await.unwrap();
+    let third = lock.lock().acquire(&k, &options()).await.unwrap();
     let t3 = token(&third);
     assert!(
         t3 > t2,
@@ -115,12 +114,12 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     // lived): the next token is one above it.
     let ahead = t3 + 3_600_000_000;
     let _: () = raw.set(&names.fence, ahead).await.unwrap();
-    let fourth = lock.acquire(&k, &options()).await.unwrap();
+    let fourth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert_eq!(token(&fourth), ahead + 1);
     fourth.release().await.unwrap();
     // A counter of the older `INCR` layout is simply overtaken.
     let _: () = raw.set(&names.fence, 7).await.unwrap();
-    let fifth = lock.acquire(&k, &options()).await.unwrap();
+    let fifth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert!(token(&fifth) > t3);
     fifth.release().await.unwrap();
     let keep: i64 = raw.pttl(&names.fence).await.unwrap();

@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitOrder, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitOrder, WaitPolicy};
 use distlock_redis::{KeyNames, RedisConfig, RedisLock};
 use tokio::time::{timeout, Instant};
 
@@ -35,7 +35,7 @@ async fn fifo_client(url: &str, entry_ttl: Duration) -> RedisLock {
 async fn until_queued(observer: &RedisLock, key: &LockKey, count: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        let waiters = observer.inspect(key).await.unwrap().waiters;
+        let waiters = observer.lock().inspect(key).await.unwrap().waiters;
         if waiters == Some(count) {
             return;
         }
@@ -97,6 +97,7 @@ async fn waiters_of_different_clients_are_granted_in_arrival_order() {
     let holder = RedisLock::connect(&fifo_url(port)).await.unwrap();
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -117,7 +118,7 @@ async fn waiters_of_different_clients_are_granted_in_arrival_order() {
         };
         let (waited_key, granted) = (k.clone(), granted.clone());
         waiters.push(tokio::spawn(async move {
-            let guard = lock.acquire(&waited_key, &options).await?;
+            let guard = lock.lock().acquire(&waited_key, &options).await?;
             granted.lock().unwrap().push(i);
             tokio::time::sleep(Duration::from_millis(10)).await;
             guard.release().await
@@ -148,6 +149,7 @@ async fn every_release_of_a_queue_wakes_the_next_head() {
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let holder = fifo_client(&h.url(), entry_ttl).await;
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -157,7 +159,8 @@ async fn every_release_of_a_queue_wakes_the_next_head() {
         let lock = fifo_client(&h.url(), entry_ttl).await;
         let waited_key = k.clone();
         waiters.push(tokio::spawn(async move {
-            lock.acquire(&waited_key, &LockOptions::new(LONG_TTL))
+            lock.lock()
+                .acquire(&waited_key, &LockOptions::new(LONG_TTL))
                 .await?
                 .release()
                 .await
@@ -186,19 +189,20 @@ async fn a_try_does_not_overtake_queued_waiters() {
         RedisLock::connect(&url).await.unwrap(),
     );
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
     let queued = tokio::spawn({
         let k = k.clone();
-        async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+        async move { waiter.lock().acquire(&k, &LockOptions::new(LONG_TTL)).await }
     });
     until_queued(&other, &k, 1).await;
     // Between the release and the head's grant the key is free, yet nobody else gets it.
     guard.release().await.unwrap();
     let no_wait = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::NoWait);
     for _ in 0..20 {
-        if let Some(g) = other.try_acquire(&k, &no_wait).await.unwrap() {
+        if let Some(g) = other.lock().try_acquire(&k, &no_wait).await.unwrap() {
             panic!("a try overtook the queue: token {:?}", g.fencing_token());
         }
     }
@@ -208,7 +212,12 @@ async fn a_try_does_not_overtake_queued_waiters() {
         .unwrap()
         .unwrap();
     granted.release().await.unwrap();
-    assert!(other.try_acquire(&k, &no_wait).await.unwrap().is_some());
+    assert!(other
+        .lock()
+        .try_acquire(&k, &no_wait)
+        .await
+        .unwrap()
+        .is_some());
 }
 
 /// A waiter whose process dies (its connections cut) keeps its place only until its
@@ -222,6 +231,7 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_entry_ttl() {
     let holder = fifo_client(&h.url(), entry_ttl).await;
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -237,14 +247,14 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_entry_ttl() {
     };
     let doomed_wait = tokio::spawn({
         let k = k.clone();
-        async move { doomed.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+        async move { doomed.lock().acquire(&k, &LockOptions::new(LONG_TTL)).await }
     });
     until_queued(&observer, &k, 1).await;
     let next = fifo_client(&h.url(), entry_ttl).await;
     let next_wait = tokio::spawn({
         let k = k.clone();
         async move {
-            let guard = next.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            let guard = next.lock().acquire(&k, &LockOptions::new(LONG_TTL)).await?;
             Ok::<_, LockError>((Instant::now(), guard))
         }
     });
@@ -264,7 +274,7 @@ async fn a_crashed_waiter_leaves_the_queue_within_the_entry_ttl() {
         took <= entry_ttl + Duration::from_secs(1),
         "granted {took:?} after the crash; the bound is the entry TTL {entry_ttl:?} + slack"
     );
-    assert_eq!(observer.inspect(&k).await.unwrap().waiters, Some(0));
+    assert_eq!(observer.lock().inspect(&k).await.unwrap().waiters, Some(0));
     granted.release().await.unwrap();
     doomed_wait.abort();
 }
@@ -279,6 +289,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let holder = RedisLock::connect(&url).await.unwrap();
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -288,21 +299,29 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
         async move {
             let options = LockOptions::new(LONG_TTL)
                 .with_wait(WaitPolicy::Timeout(Duration::from_millis(800)));
-            impatient.acquire(&k, &options).await
+            impatient.lock().acquire(&k, &options).await
         }
     });
     until_queued(&observer, &k, 1).await;
     let dropped = RedisLock::connect(&url).await.unwrap();
     let dropped_wait = tokio::spawn({
         let k = k.clone();
-        async move { dropped.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+        async move {
+            dropped
+                .lock()
+                .acquire(&k, &LockOptions::new(LONG_TTL))
+                .await
+        }
     });
     until_queued(&observer, &k, 2).await;
     let patient = RedisLock::connect(&url).await.unwrap();
     let patient_wait = tokio::spawn({
         let k = k.clone();
         async move {
-            let guard = patient.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            let guard = patient
+                .lock()
+                .acquire(&k, &LockOptions::new(LONG_TTL))
+                .await?;
             Ok::<_, LockError>((Instant::now(), guard))
         }
     });
@@ -314,7 +333,7 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
     );
     // Gone by the time the call returned, not later: a process exiting right after
     // its timeout (exec does) leaves nothing behind.
-    assert_eq!(observer.inspect(&k).await.unwrap().waiters, Some(2));
+    assert_eq!(observer.lock().inspect(&k).await.unwrap().waiters, Some(2));
     dropped_wait.abort();
     // Both entries go well before the default 3 s entry TTL could expire them.
     let left_by = Instant::now() + Duration::from_millis(1500);
@@ -344,6 +363,7 @@ async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
     let k = key("slow-timeout");
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let guard = observer
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -354,7 +374,7 @@ async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
     let briefly =
         LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(Duration::from_millis(50)));
     // The server learns the queue's scripts now (`NOSCRIPT` and a load would add calls).
-    let primed = slow.acquire(&k, &briefly).await;
+    let primed = slow.lock().acquire(&k, &briefly).await;
     assert!(
         matches!(primed, Err(LockError::Timeout { .. })),
         "{primed:?}"
@@ -364,6 +384,7 @@ async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
     let wait = Duration::from_millis(600);
     let started = Instant::now();
     let outcome = slow
+        .lock()
         .acquire(
             &k,
             &LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(wait)),
@@ -375,7 +396,7 @@ async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
         "{outcome:?}"
     );
     assert_eq!(
-        observer.inspect(&k).await.unwrap().waiters,
+        observer.lock().inspect(&k).await.unwrap().waiters,
         Some(0),
         "the entry outlived the call"
     );
@@ -401,6 +422,7 @@ async fn a_release_wakes_the_live_waiter_behind_an_expired_head() {
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     let holder = fifo_client(&h.url(), entry_ttl).await;
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -408,7 +430,10 @@ async fn a_release_wakes_the_live_waiter_behind_an_expired_head() {
     let wait = tokio::spawn({
         let k = k.clone();
         async move {
-            let guard = waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await?;
+            let guard = waiter
+                .lock()
+                .acquire(&k, &LockOptions::new(LONG_TTL))
+                .await?;
             Ok::<_, LockError>((Instant::now(), guard))
         }
     });
@@ -458,11 +483,13 @@ async fn a_release_wakes_only_the_head() {
     let holder = fifo_client(&h.url(), entry_ttl).await;
     // The server learns the release script now (`NOSCRIPT` and a load would add calls).
     let other = holder
+        .lock()
         .acquire(&key("other"), &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
     other.release().await.unwrap();
     let guard = holder
+        .lock()
         .acquire(&k, &LockOptions::new(LONG_TTL))
         .await
         .unwrap();
@@ -471,7 +498,9 @@ async fn a_release_wakes_only_the_head() {
         let lock = fifo_client(&h.url(), entry_ttl).await;
         let waited_key = k.clone();
         waiters.push(tokio::spawn(async move {
-            lock.acquire(&waited_key, &LockOptions::new(LONG_TTL)).await
+            lock.lock()
+                .acquire(&waited_key, &LockOptions::new(LONG_TTL))
+                .await
         }));
         until_queued(&observer, &k, i + 1).await;
     }
@@ -511,13 +540,20 @@ async fn fifo_locks_leave_no_residue() {
     let observer = RedisLock::connect(&h.url()).await.unwrap();
     for k in &keys {
         let holder = fifo_client(&h.url(), entry_ttl).await;
-        let guard = holder.acquire(k, &LockOptions::new(ttl)).await.unwrap();
+        let guard = holder
+            .lock()
+            .acquire(k, &LockOptions::new(ttl))
+            .await
+            .unwrap();
         let mut waits = Vec::new();
         for i in 0..3 {
             let lock = fifo_client(&h.url(), entry_ttl).await;
             let waited_key = k.clone();
             waits.push(tokio::spawn(async move {
-                let guard = lock.acquire(&waited_key, &LockOptions::new(ttl)).await?;
+                let guard = lock
+                    .lock()
+                    .acquire(&waited_key, &LockOptions::new(ttl))
+                    .await?;
                 guard.release().await
             }));
             until_queued(&observer, k, i + 1).await;
@@ -534,7 +570,7 @@ async fn fifo_locks_leave_no_residue() {
         };
         let doomed_wait = tokio::spawn({
             let k = k.clone();
-            async move { doomed.acquire(&k, &LockOptions::new(ttl)).await }
+            async move { doomed.lock().acquire(&k, &LockOptions::new(ttl)).await }
         });
         until_queued(&observer, k, 4).await;
         proxies.iter().for_each(|p| p.cut());
@@ -577,21 +613,21 @@ async fn bad_fifo_parameters_are_typed_errors() {
     let err = RedisLock::connect(&redlock_fifo).await.unwrap_err();
     assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
     let redlock = RedisLock::connect(&h.url()).await.unwrap();
-    assert!(!redlock.info().capabilities.mutex.fifo.is_supported());
+    assert!(!redlock.lock().info().capabilities.mutex.fifo.is_supported());
     let fifo = LockOptions::new(LONG_TTL).with_order(WaitOrder::Fifo);
     let k = key("redlock");
-    let err = redlock.acquire(&k, &fifo).await.unwrap_err();
+    let err = redlock.lock().acquire(&k, &fifo).await.unwrap_err();
     assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
-    let err = redlock.try_acquire(&k, &fifo).await.unwrap_err();
+    let err = redlock.lock().try_acquire(&k, &fifo).await.unwrap_err();
     assert!(matches!(err, LockError::Unsupported { .. }), "{err:?}");
     // Nothing was taken.
-    assert!(!redlock.inspect(&k).await.unwrap().held);
+    assert!(!redlock.lock().inspect(&k).await.unwrap().held);
     // `fifo=false` is accepted and leaves the client unordered; the capability holds
     // for every single-node client (FIFO on request).
     let plain = RedisLock::connect(&format!("redis://127.0.0.1:{port}?fifo=false"))
         .await
         .unwrap();
-    assert!(plain.info().capabilities.mutex.fifo.is_supported());
+    assert!(plain.lock().info().capabilities.mutex.fifo.is_supported());
 }
 
 /// The lock key keeps its plain layout in FIFO mode: a foreign `SET NX PX` holder
@@ -615,14 +651,14 @@ async fn foreign_set_nx_excludes_both_ways_and_may_jump_the_queue() {
             .clone()
     };
     // A FIFO holder excludes a foreign SET NX.
-    let guard = fifo.acquire(&k, &no_wait).await.unwrap();
+    let guard = fifo.lock().acquire(&k, &no_wait).await.unwrap();
     let theirs: Option<String> = set_nx("theirs").query_async(&mut raw).await.unwrap();
     assert_eq!(theirs, None);
     // With a FIFO waiter queued, a foreign SET NX on the freed key takes it first.
     let waiter = RedisLock::connect(&fifo_url(h.ports[0])).await.unwrap();
     let queued = tokio::spawn({
         let k = k.clone();
-        async move { waiter.acquire(&k, &LockOptions::new(LONG_TTL)).await }
+        async move { waiter.lock().acquire(&k, &LockOptions::new(LONG_TTL)).await }
     });
     until_queued(&fifo, &k, 1).await;
     // Freed without a wake-up (a raw DEL, as a foreign release would), then taken. One
@@ -639,7 +675,7 @@ async fn foreign_set_nx_excludes_both_ways_and_may_jump_the_queue() {
     drop(guard);
     // The foreign holder excludes FIFO clients, queued or not.
     assert!(matches!(
-        fifo.acquire(&k, &no_wait).await,
+        fifo.lock().acquire(&k, &no_wait).await,
         Err(LockError::Timeout { .. })
     ));
     assert!(!queued.is_finished());

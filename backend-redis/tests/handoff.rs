@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockKey, LockOptions, WaitPolicy};
 use distlock_redis::RedisLock;
 use tokio::time::Instant;
 
@@ -46,7 +46,8 @@ async fn an_uncontended_release_publishes_nothing() {
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     let k = LockKey::new("handoff/alone").unwrap();
     for _ in 0..20 {
-        lock.acquire(&k, &options())
+        lock.lock()
+            .acquire(&k, &options())
             .await
             .unwrap()
             .release()
@@ -55,10 +56,10 @@ async fn an_uncontended_release_publishes_nothing() {
     }
     assert_eq!(calls(&mut raw, "publish").await, 0);
     // With a waiter, the release does publish, and the waiter is granted.
-    let guard = lock.acquire(&k, &options()).await.unwrap();
+    let guard = lock.lock().acquire(&k, &options()).await.unwrap();
     let waiter = tokio::spawn({
         let (lock, k) = (lock.clone(), k.clone());
-        async move { lock.acquire(&k, &options()).await?.release().await }
+        async move { lock.lock().acquire(&k, &options()).await?.release().await }
     });
     until_in_line(&lock, &k, 1).await;
     // The waiter at the front marks the key before it listens; wait for its retry.
@@ -100,14 +101,14 @@ async fn waiters_of_one_client_are_served_in_arrival_order() {
     let h = common::start(1).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     let k = LockKey::new("handoff/line").unwrap();
-    let holder = lock.acquire(&k, &options()).await.unwrap();
+    let holder = lock.lock().acquire(&k, &options()).await.unwrap();
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waits = Vec::new();
     for i in 0..6 {
         waits.push(tokio::spawn({
             let (lock, k, order) = (lock.clone(), k.clone(), order.clone());
             async move {
-                let guard = lock.acquire(&k, &options()).await?;
+                let guard = lock.lock().acquire(&k, &options()).await?;
                 order.lock().unwrap().push(i);
                 guard.release().await
             }
@@ -134,7 +135,7 @@ async fn a_release_wakes_only_the_next_waiter_of_the_client() {
     let mut raw = h.raw(0).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     let k = LockKey::new("handoff/one-retry").unwrap();
-    let holder = lock.acquire(&k, &options()).await.unwrap();
+    let holder = lock.lock().acquire(&k, &options()).await.unwrap();
     let waiters = 8;
     let (done_tx, mut done_rx) = tokio::sync::mpsc::unbounded_channel();
     let mut guards = Vec::new();
@@ -142,7 +143,7 @@ async fn a_release_wakes_only_the_next_waiter_of_the_client() {
         guards.push(tokio::spawn({
             let (lock, k, done_tx) = (lock.clone(), k.clone(), done_tx.clone());
             async move {
-                let guard = lock.acquire(&k, &options()).await.unwrap();
+                let guard = lock.lock().acquire(&k, &options()).await.unwrap();
                 done_tx.send(i).unwrap();
                 guard
             }
@@ -177,14 +178,14 @@ async fn an_enormous_backoff_cap_still_waits_and_is_woken() {
     let h = common::start(1).await;
     let lock = RedisLock::connect(&h.url()).await.unwrap();
     let k = LockKey::new("handoff/huge-backoff").unwrap();
-    let holder = lock.acquire(&k, &options()).await.unwrap();
+    let holder = lock.lock().acquire(&k, &options()).await.unwrap();
     let patient = options().with_backoff(distlock_api::Backoff::new(
         Duration::from_millis(1),
         Duration::MAX,
     ));
     let waiter = tokio::spawn({
         let (lock, k) = (lock.clone(), k.clone());
-        async move { lock.acquire(&k, &patient).await?.release().await }
+        async move { lock.lock().acquire(&k, &patient).await?.release().await }
     });
     let names = distlock_redis::KeyNames::for_key(&k);
     let mut raw = h.raw(0).await;

@@ -10,10 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{
-    DistributedLock, DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions,
-    RwMode, WaitPolicy,
-};
+use distlock_api::{LockError, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_conformance::{Client, Harness};
 use distlock_conformance_faults::NetFaults;
 use distlock_redis::RedisLock;
@@ -44,9 +41,9 @@ impl Harness for ProxiedNode {
             .push(proxy.clone());
         let url = format!("redis://127.0.0.1:{}", proxy.local_addr().port());
         let lock = RedisLock::connect(&url).await?;
-        Ok(Client::new(Arc::new(lock.clone()))
-            .with_semaphore(Arc::new(lock.semaphore()?))
-            .with_rw_lock(Arc::new(lock.rw_lock()?))
+        Ok(Client::new(lock.lock())
+            .with_semaphore(lock.semaphore())
+            .with_rw_lock(lock.rw_lock())
             .with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 }
@@ -109,7 +106,7 @@ async fn raw(server: &RedisServer) -> redis::aio::MultiplexedConnection {
 async fn nothing_is_left_behind() {
     let server = server().await;
     let lock = RedisLock::connect(&server.url()).await.expect("connects");
-    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let (semaphore, rw) = (lock.semaphore(), lock.rw_lock());
     let ttl = Duration::from_millis(600);
     let jobs = key("jobs");
     let held = semaphore
@@ -164,7 +161,7 @@ async fn nothing_is_left_behind() {
 async fn bad_input_is_a_typed_error() {
     let server = server().await;
     let lock = RedisLock::connect(&server.url()).await.expect("connects");
-    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let (semaphore, rw) = (lock.semaphore(), lock.rw_lock());
     let options = no_wait(Duration::from_secs(5));
     let jobs = key("jobs");
     for bad in [0, distlock_api::MAX_PERMITS + 1] {
@@ -228,12 +225,12 @@ async fn bad_input_is_a_typed_error() {
 }
 
 /// Redlock offers neither primitive, and says why, in its capabilities and when
-/// asked for one.
+/// asked for one (at acquire).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_refuses_both_with_its_reason() {
     let harness = common::start(3).await;
     let lock = RedisLock::connect(&harness.url()).await.expect("connects");
-    let capabilities = DistributedLock::info(&lock).capabilities;
+    let capabilities = lock.lock().info().capabilities;
     for capability in [capabilities.semaphore.offered, capabilities.rw_lock.offered] {
         match capability {
             distlock_api::Capability::Unsupported(reason) => {
@@ -242,31 +239,35 @@ async fn redlock_refuses_both_with_its_reason() {
             distlock_api::Capability::Supported => panic!("Redlock claims a primitive"),
         }
     }
+    let options = no_wait(Duration::from_secs(5));
+    let jobs = key("jobs");
     assert!(matches!(
-        lock.semaphore(),
+        lock.semaphore().try_acquire(&jobs, 2, &options).await,
         Err(LockError::Unsupported { .. })
     ));
-    assert!(matches!(lock.rw_lock(), Err(LockError::Unsupported { .. })));
+    assert!(matches!(
+        lock.rw_lock()
+            .try_acquire(&jobs, RwMode::Read, &options)
+            .await,
+        Err(LockError::Unsupported { .. })
+    ));
     let single = RedisLock::connect(&common::url_for(&harness.ports[..1]))
         .await
         .expect("connects");
-    let capabilities = DistributedLock::info(&single).capabilities;
+    let capabilities = single.lock().info().capabilities;
     assert!(
         capabilities.semaphore.offered.is_supported()
             && capabilities.rw_lock.offered.is_supported()
     );
-    let semaphore = single.semaphore().unwrap();
-    assert!(DistributedSemaphore::info(&semaphore)
+    let semaphore = single.semaphore();
+    assert!(semaphore
+        .info()
         .capabilities
         .semaphore
         .offered
         .is_supported());
-    let rw = single.rw_lock().unwrap();
-    assert!(DistributedRwLock::info(&rw)
-        .capabilities
-        .rw_lock
-        .offered
-        .is_supported());
+    let rw = single.rw_lock();
+    assert!(rw.info().capabilities.rw_lock.offered.is_supported());
 }
 
 /// On a Cluster, every script of both primitives names keys of one slot, keys whose
@@ -278,7 +279,7 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
         .await
         .unwrap_or_else(|e| panic!("could not start a Redis Cluster (run scripts/test.sh): {e}"));
     let lock = RedisLock::connect(&cluster.url()).await.expect("connects");
-    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let (semaphore, rw) = (lock.semaphore(), lock.rw_lock());
     let options = no_wait(Duration::from_secs(5));
     let waiting = LockOptions::new(Duration::from_secs(5))
         .with_wait(WaitPolicy::Timeout(Duration::from_secs(10)));
@@ -325,7 +326,7 @@ async fn cluster_keys_whose_tag_would_be_empty_work() {
 async fn extend_keeps_grants_and_tokens_rise() {
     let server = server().await;
     let lock = RedisLock::connect(&server.url()).await.expect("connects");
-    let (semaphore, rw) = (lock.semaphore().unwrap(), lock.rw_lock().unwrap());
+    let (semaphore, rw) = (lock.semaphore(), lock.rw_lock());
     let ttl = Duration::from_millis(400);
     let (jobs, prices) = (key("jobs"), key("prices"));
     let permit = semaphore
@@ -391,14 +392,13 @@ async fn extend_keeps_grants_and_tokens_rise() {
 async fn a_crashed_writers_intent_lapses() {
     let server = server().await;
     let lock = RedisLock::connect(&server.url()).await.expect("connects");
-    let rw = lock.rw_lock().unwrap();
+    let rw = lock.rw_lock();
     let upstream = SocketAddr::from(([127, 0, 0, 1], server.port()));
     let proxy = FaultProxy::start(upstream).await.expect("proxy starts");
     let doomed = RedisLock::connect(&format!("redis://127.0.0.1:{}", proxy.local_addr().port()))
         .await
         .expect("connects through the proxy")
-        .rw_lock()
-        .unwrap();
+        .rw_lock();
     let ttl = Duration::from_secs(30);
     let prices = key("prices");
     let reader = rw

@@ -3,17 +3,17 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockKey, LockOptions, WaitPolicy};
 use distlock_redis::RedisLock;
 
 /// Before: every key ever locked on a single node left `{K}:fence` behind for ever, so
 /// a service locking per entity grew Redis without bound.
 async fn ended_locks_leave_nothing(nodes: usize) {
     let h = common::start(nodes).await;
-    let lock = Arc::new(RedisLock::connect(&h.url()).await.unwrap());
+    let client = RedisLock::connect(&h.url()).await.unwrap();
+    let lock = client.lock();
     let ttl = Duration::from_secs(2);
     let options = LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
     // Many distinct keys, locked and released.
@@ -30,7 +30,7 @@ async fn ended_locks_leave_nothing(nodes: usize) {
         async move { lock.acquire(&hot, &options).await?.release().await }
     });
     let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    while lock.waiters_in_line(&hot) == 0 {
+    while client.waiters_in_line(&hot) == 0 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "the waiter never waited"
@@ -48,7 +48,7 @@ async fn ended_locks_leave_nothing(nodes: usize) {
     for node in 0..nodes {
         common::until_nothing_left(&mut h.raw(node).await, ttl).await;
     }
-    assert_eq!(lock.tracked_waiter_lines(), 0);
+    assert_eq!(client.tracked_waiter_lines(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

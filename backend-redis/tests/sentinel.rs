@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use distlock_api::{
-    AutoRenew, Candidate, DistributedLock, LeaderElection, LeaderWatch, LeaseState, LockError,
-    LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
+    AutoRenew, Candidate, LeaderWatch, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
+    WaitPolicy,
 };
 use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::RedisSentinelGroup;
@@ -41,7 +40,7 @@ async fn a_failover_is_followed_while_a_lock_is_held_and_waited_for() {
 
     let key = LockKey::new("sentinel/failover").unwrap();
     let options = LockOptions::new(Duration::from_secs(10)).with_auto_renew(AutoRenew::new());
-    let guard = holder.acquire(&key, &options).await.unwrap();
+    let guard = holder.lock().acquire(&key, &options).await.unwrap();
     let first_token = guard.fencing_token().unwrap();
     // The grant reaches the replica before the master dies.
     let mut master = redis::Client::open(format!("redis://127.0.0.1:{old}"))
@@ -56,7 +55,7 @@ async fn a_failover_is_followed_while_a_lock_is_held_and_waited_for() {
         async move {
             let options = LockOptions::new(Duration::from_secs(10))
                 .with_wait(WaitPolicy::Timeout(Duration::from_secs(60)));
-            let guard = waiter.acquire(&key, &options).await;
+            let guard = waiter.lock().acquire(&key, &options).await;
             (guard, Instant::now())
         }
     });
@@ -119,6 +118,7 @@ async fn a_failover_is_followed_while_a_lock_is_held_and_waited_for() {
 
     // A renewal on the new master confirms the lease: it is held, not lost.
     let renewed = holder
+        .lock()
         .extend(guard.lease(), Duration::from_secs(10))
         .await
         .unwrap();
@@ -152,8 +152,11 @@ async fn an_election_follows_a_failover() {
     let mut group = group().await;
     let old = group.master_port().await.unwrap();
     let url = group.url();
-    let leader_side = RedisLock::connect(&url).await.unwrap().election().unwrap();
-    let standby = RedisLock::connect(&url).await.unwrap().election().unwrap();
+    let (leader_client, standby_client) = (
+        RedisLock::connect(&url).await.unwrap(),
+        RedisLock::connect(&url).await.unwrap(),
+    );
+    let (leader_side, standby) = (leader_client.election(), standby_client.election());
     let observer = RedisLock::connect(&url).await.unwrap();
     let name = LockKey::new("sentinel/elect").unwrap();
     let options = LockOptions::new(Duration::from_secs(10)).with_auto_renew(AutoRenew::new());
@@ -182,7 +185,7 @@ async fn an_election_follows_a_failover() {
     // Every state the observer reads, retrying the looks that fail, until the leader
     // changes (to nobody, or to the standby).
     let watching = tokio::spawn({
-        let (election, name) = (Arc::new(observer.election().unwrap()), name.clone());
+        let (election, name) = (observer.election(), name.clone());
         async move {
             let mut watch = LeaderWatch::new(election, name);
             let mut seen = Vec::new();
@@ -205,7 +208,7 @@ async fn an_election_follows_a_failover() {
     let killed = Instant::now();
     let index = group.index_of(old).unwrap();
     group.servers()[index].kill();
-    for client in [leader_side.client(), standby.client(), &observer] {
+    for client in [&leader_client, &standby_client, &observer] {
         while client
             .sentinel_master()
             .is_none_or(|m| m == format!("127.0.0.1:{old}"))
@@ -351,6 +354,7 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
     assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
     let key = LockKey::new("sentinel/one-down").unwrap();
     let guard = locks
+        .lock()
         .acquire(&key, &LockOptions::new(Duration::from_secs(5)))
         .await
         .unwrap();

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{settle_cleanups, DistributedLock, LockKey, LockOptions};
+use distlock_api::{settle_cleanups, LockKey, LockOptions};
 use distlock_redis::{KeyNames, RedisLock};
 use tokio::runtime::Runtime;
 use tokio::time::Instant;
@@ -42,6 +42,7 @@ fn a_dropped_guard_is_released_before_a_settled_runtime_shuts_down() {
     program.block_on(async {
         let locks = RedisLock::connect(&h.url()).await.unwrap();
         let guard = locks
+            .lock()
             .acquire(&k, &LockOptions::new(LONG_TTL))
             .await
             .unwrap();
@@ -69,7 +70,7 @@ fn a_grant_that_reaches_a_dropped_acquire_is_released_before_a_settled_runtime_s
     let url = format!("redis://127.0.0.1:{}", proxies[0].local_addr().port());
     let program = program_runtime();
     program.block_on(async {
-        let locks = RedisLock::connect(&url).await.unwrap();
+        let locks = RedisLock::connect(&url).await.unwrap().lock();
         let mut raw = h.raw(0).await;
         // A slow link: the grant is applied 150 ms before its answer arrives.
         proxies[0].set_latency(Duration::from_millis(150));

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome};
+use distlock_api::{LockKey, LockOptions, ReleaseOutcome};
 use distlock_redis::RedisLock;
 use distlock_test_servers::{RedisServer, RedisServerOptions};
 
@@ -69,10 +69,20 @@ async fn locks_over_tls() {
         .unwrap();
     let k = LockKey::new("tls/one").unwrap();
     let options = LockOptions::new(Duration::from_secs(5));
-    let guard = lock.acquire(&k, &options).await.unwrap();
-    assert!(other.try_acquire(&k, &options).await.unwrap().is_none());
+    let guard = lock.lock().acquire(&k, &options).await.unwrap();
+    assert!(other
+        .lock()
+        .try_acquire(&k, &options)
+        .await
+        .unwrap()
+        .is_none());
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
-    assert!(other.try_acquire(&k, &options).await.unwrap().is_some());
+    assert!(other
+        .lock()
+        .try_acquire(&k, &options)
+        .await
+        .unwrap()
+        .is_some());
 
     // Plain text to the TLS port fails with an error rather than hanging.
     let plain = tokio::time::timeout(

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LeaderElection, LockError, LockKey};
+use distlock_api::{LockError, LockKey};
 use distlock_conformance::{Client, Harness};
 use distlock_conformance_faults::{
     run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerAction, Topology,
@@ -37,9 +37,7 @@ impl Harness for ReplicatedHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = RedisLock::connect(&self.url).await?;
-        let election: Arc<dyn LeaderElection> = Arc::new(lock.election()?);
-        let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-        Ok(Client::new(lock).with_election(election))
+        Ok(Client::new(lock.lock()).with_election(lock.election()))
     }
 }
 

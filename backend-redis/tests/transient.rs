@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::RedisLock;
 use distlock_test_servers::RedisServer;
 use tokio::time::{sleep, Instant};
@@ -28,7 +28,8 @@ async fn a_busy_server_is_transient_and_a_waiting_acquire_retries_it() {
     let key = LockKey::new("transient/busy").unwrap();
     let ttl = Duration::from_secs(10);
     // Warm up: the lock's scripts are loaded before the server turns busy.
-    lock.acquire(&key, &LockOptions::new(ttl))
+    lock.lock()
+        .acquire(&key, &LockOptions::new(ttl))
         .await
         .unwrap()
         .release()
@@ -62,6 +63,7 @@ async fn a_busy_server_is_transient_and_a_waiting_acquire_retries_it() {
 
     // One try: the refusal is typed as temporary.
     let refused = lock
+        .lock()
         .try_acquire(&key, &LockOptions::new(ttl))
         .await
         .expect_err("a busy server granted a lock");
@@ -75,6 +77,7 @@ async fn a_busy_server_is_transient_and_a_waiting_acquire_retries_it() {
     let wait = Duration::from_secs(1);
     let started = Instant::now();
     let gave_up = lock
+        .lock()
         .acquire(
             &key,
             &LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(wait)),
@@ -95,6 +98,7 @@ async fn a_busy_server_is_transient_and_a_waiting_acquire_retries_it() {
         "the killed script reported success"
     );
     let guard = lock
+        .lock()
         .acquire(
             &key,
             &LockOptions::new(ttl).with_wait(WaitPolicy::Timeout(PATIENCE)),

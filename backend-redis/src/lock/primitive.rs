@@ -1,15 +1,16 @@
-//! What the semaphore and the read-write lock share on top of the mutex's machinery:
-//! the one node they run on, an attempt's script answer turned into a guard, and
-//! owner-checked release and extend. Waiting is the mutex's own loop
-//! ([`RedisLock::acquire_waiting`]: wake-ups, the `:waiting` marker, turns).
+//! What the semaphore, the read-write lock and election share on top of the mutex's
+//! machinery: the one node they run on, an attempt's script answer turned into a
+//! grant, and owner-checked release and extend. Waiting is the mutex's own loop
+//! ([`RedisLock::contend`]: wake-ups, the `:waiting` marker, turns).
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
+use distlock_api::backend::Grant;
 use distlock_api::{
-    check_ttl, BackendInfo, Capability, ExtendOutcome, FencingToken, Lease, LeaseMonitor,
-    LockError, LockGuard, LockKey, LockOptions, OwnerToken, ReleaseOutcome,
+    Capability, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions,
+    OwnerToken, Primitive, ReleaseOutcome,
 };
 use redis::{Cmd, Script};
 use tokio::time::Instant;
@@ -26,42 +27,34 @@ pub(crate) const REDLOCK_NO_PRIMITIVES: &str = "Redlock's nodes would each count
 pub(crate) const PRIMITIVES_NOT_FIFO: &str = "the Redis semaphore and read-write lock keep no queue of waiters (the FIFO queue is the mutex's); waiters are granted in no particular order, with writer preference for the read-write lock";
 
 impl RedisLock {
-    /// The one node a semaphore or read-write lock runs on.
+    /// The one node `primitive` (the semaphore, the read-write lock, election) runs on.
     ///
     /// # Errors
-    /// [`LockError::Unsupported`] on a Redlock client, saying why.
-    pub(crate) fn primitive_node(&self, operation: &'static str) -> Result<&Node, LockError> {
+    /// [`LockError::Unsupported`] on a Redlock client, with the reason its
+    /// capabilities give (which refuse every acquire of these before it gets here; a
+    /// lease from another client may still).
+    pub(crate) fn primitive_node(&self, primitive: Primitive) -> Result<&Node, LockError> {
         match self.inner.nodes.as_slice() {
             [node] => Ok(node),
-            _ => Err(LockError::Unsupported {
-                backend: self.name(),
-                operation,
-                reason: REDLOCK_NO_PRIMITIVES,
-            }),
+            _ => {
+                let reason = match self.capabilities().of(primitive).offered {
+                    Capability::Unsupported(reason) => reason,
+                    Capability::Supported => "it needs exactly one node",
+                };
+                Err(LockError::Unsupported {
+                    backend: self.name(),
+                    operation: primitive.as_str(),
+                    reason,
+                })
+            }
         }
-    }
-
-    /// What the semaphore and the read-write lock of this client offer: the mutex's
-    /// guarantees without FIFO waiting.
-    pub(crate) fn primitive_info(&self) -> BackendInfo {
-        BackendInfo::new(self.name(), self.capabilities())
-    }
-
-    /// The options check of every semaphore and read-write acquire: valid options, no
-    /// FIFO, and a single node.
-    pub(crate) fn check_primitive(
-        &self,
-        options: &LockOptions,
-        operation: &'static str,
-    ) -> Result<(), LockError> {
-        options.validate_for(self.name())?;
-        options.check_order(self.name(), Capability::Unsupported(PRIMITIVES_NOT_FIFO))?;
-        self.primitive_node(operation).map(|_| ())
     }
 }
 
 /// One primitive's acquire, release and extend scripts.
 pub(crate) struct Scripts {
+    /// The primitive they serve.
+    pub(crate) primitive: Primitive,
     /// Answers `{1, token}`, `{0, ms until a holder lapses}` or `{2, detail}`.
     pub(crate) acquire: &'static LazyLock<Script>,
     /// Owner-checked release (see [`Node::release_with`]).
@@ -70,10 +63,10 @@ pub(crate) struct Scripts {
     pub(crate) extend: &'static LazyLock<Script>,
 }
 
-/// What one acquire script run answered, before it becomes a guard.
+/// What one acquire script run answered.
 pub(crate) enum Answer {
-    /// Granted `owner`'s lease, as requested at `started`.
-    Granted(Lease, LeaseMonitor),
+    /// Granted, with the lease's fencing token (for a campaign, its term).
+    Granted(Grant),
     /// Held; a holder lapses within this long, when known.
     Held(Option<Duration>),
     /// `{2, detail}`: the primitive's refusal (a semaphore's count in use).
@@ -82,7 +75,7 @@ pub(crate) enum Answer {
 
 /// Runs one attempt of `scripts.acquire` on the client's node for `key` (`KEYS = [lock, fence]`,
 /// `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms, extra…]`, the extras added by
-/// `extra`). Until a guard is handed out, a dropped or failed attempt releases in the
+/// `extra`). Until the grant is handed out, a dropped or failed attempt releases in the
 /// background whatever grant may have landed.
 ///
 /// # Errors
@@ -93,11 +86,11 @@ pub(crate) async fn attempt(
     key: &LockKey,
     names: &KeyNames,
     options: &LockOptions,
-    scripts: &Scripts,
+    scripts: &'static Scripts,
     waiting: Option<Duration>,
     extra: impl FnOnce(&mut Cmd),
 ) -> Result<Answer, LockError> {
-    let node = lock.primitive_node("acquire")?;
+    let node = lock.primitive_node(scripts.primitive)?;
     let (owner, ttl) = (OwnerToken::random(), options.ttl());
     let mut cmd = evalsha(scripts.acquire, &[&names.lock, &names.fence]);
     cmd.arg(&hex(owner)[..])
@@ -110,7 +103,7 @@ pub(crate) async fn attempt(
         lock: lock.clone(),
         names: names.clone(),
         owner,
-        release: scripts.release,
+        scripts,
         armed: true,
     };
     let answer: Vec<i64> = node.run(scripts.acquire, &cmd).await?;
@@ -121,7 +114,7 @@ pub(crate) async fn attempt(
             };
             let token = FencingToken::new(u64::try_from(*token).unwrap_or(0));
             let lease = Lease::new(key.clone(), owner, Some(token), ttl, started);
-            Answer::Granted(lease, LeaseMonitor::new(valid_until))
+            Answer::Granted(Grant::new(lease, LeaseMonitor::new(valid_until)))
         }
         [0, lapse] => Answer::Held(u64::try_from(*lapse).ok().map(Duration::from_millis)),
         [2, detail] => Answer::Refused(*detail),
@@ -137,15 +130,14 @@ pub(crate) async fn attempt(
 }
 
 impl Answer {
-    /// The attempt's result for the wait loop: a guard made by `guard`, or held; a
-    /// refusal is the error `refused` makes of it.
+    /// The attempt's result for the wait loop: granted or held; a refusal is the error
+    /// `refused` makes of it.
     pub(crate) fn into_attempt(
         self,
-        guard: impl FnOnce(Lease, LeaseMonitor) -> LockGuard,
         refused: impl FnOnce(i64) -> LockError,
     ) -> Result<Attempt, LockError> {
         match self {
-            Answer::Granted(lease, monitor) => Ok(Attempt::Granted(guard(lease, monitor))),
+            Answer::Granted(grant) => Ok(Attempt::Granted(grant)),
             Answer::Held(lapse) => Ok(Attempt::Held(lapse)),
             Answer::Refused(detail) => Err(refused(detail)),
         }
@@ -161,9 +153,8 @@ pub(crate) async fn release(
     names: &KeyNames,
     scripts: &Scripts,
     lease: &Lease,
-    operation: &'static str,
 ) -> Result<ReleaseOutcome, LockError> {
-    lock.primitive_node(operation)?
+    lock.primitive_node(scripts.primitive)?
         .release_with(scripts.release, names, lease.owner())
         .await
 }
@@ -171,18 +162,16 @@ pub(crate) async fn release(
 /// Owner-checked extension of `lease` with `scripts.extend` to expire `ttl` from now.
 ///
 /// # Errors
-/// [`LockError::InvalidOptions`] for a TTL out of bounds, a connection error when the
-/// answer came too late to leave any validity, and connection and backend errors.
+/// A connection error when the answer came too late to leave any validity, and
+/// connection and backend errors; [`LockError::Unsupported`] on Redlock.
 pub(crate) async fn extend(
     lock: &RedisLock,
     names: &KeyNames,
     scripts: &Scripts,
     lease: &Lease,
     ttl: Duration,
-    operation: &'static str,
 ) -> Result<ExtendOutcome, LockError> {
-    check_ttl(ttl).map_err(|e| LockError::invalid_options(lock.name(), e))?;
-    let node = lock.primitive_node(operation)?;
+    let node = lock.primitive_node(scripts.primitive)?;
     let started = Instant::now();
     match node
         .extend_with(scripts.extend, names, lease.owner(), ttl)
@@ -197,12 +186,12 @@ pub(crate) async fn extend(
 }
 
 /// Releases in the background, with the primitive's release script, a grant that may
-/// have landed when an attempt is dropped or fails before handing out its guard.
+/// have landed when an attempt is dropped or fails before handing it out.
 struct Undo {
     lock: RedisLock,
     names: KeyNames,
     owner: OwnerToken,
-    release: &'static LazyLock<Script>,
+    scripts: &'static Scripts,
     armed: bool,
 }
 
@@ -218,14 +207,15 @@ impl Drop for Undo {
             return;
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (lock, names, owner, release) = (
+            let (lock, names, owner, release, primitive) = (
                 self.lock.clone(),
                 self.names.clone(),
                 self.owner,
-                self.release,
+                self.scripts.release,
+                self.scripts.primitive,
             );
             distlock_api::backend::spawn_cleanup(&runtime, async move {
-                if let Ok(node) = lock.primitive_node("release") {
+                if let Ok(node) = lock.primitive_node(primitive) {
                     let _ = node.release_with(release, &names, owner).await;
                 }
             });

@@ -4,28 +4,28 @@
 //! attempt and refreshes its entry's deadline (`{K}:queue:deadlines`) with every later
 //! one, at least every third of [`RedisConfig::fifo_entry_ttl`]. The lock is granted
 //! only to the head of the queue, when it is free. A release publishes the head's id,
-//! which wakes that waiter only. A waiter that gives up (timeout, error, dropped
-//! future) removes its entry at once and wakes the next; one that dies stops
-//! refreshing, and its entry is dropped by the next script run after its deadline,
-//! which the waiters behind it time their naps to.
+//! which wakes that waiter only. A waiter that gives up (its wait ran out, an error)
+//! removes its entry before it returns and wakes the next; one whose future is dropped
+//! (a wait cut past its grace included) removes it in the background; one that dies
+//! stops refreshing, and its entry is dropped by the next script run after its
+//! deadline, which the waiters behind it time their naps to.
 //!
 //! [`RedisConfig::fifo_entry_ttl`]: crate::RedisConfig::fifo_entry_ttl
 
-use std::future::Future;
 use std::time::Duration;
 
-use distlock_api::backend::WaitReport;
-use distlock_api::{LockError, LockGuard, LockKey, LockOptions, OwnerToken};
+use distlock_api::backend::{Grant, Request};
+use distlock_api::{LockError, LockKey, LockOptions, OwnerToken};
 use tokio::time::Instant;
 
-use super::{too_late, Compensation, RedisLock, DEADLINE_GRACE};
+use super::{too_late, Compensation, RedisLock};
 use crate::keys::KeyNames;
 use crate::node::{hex, Node, QueueGrant};
 use crate::REDIS_BACKEND;
 
 /// One FIFO attempt's result, when it did not fail.
 enum QueueAttempt {
-    Granted(LockGuard),
+    Granted(Grant),
     /// Not granted: held, or others are ahead.
     Waiting {
         held_for: Option<Duration>,
@@ -59,7 +59,7 @@ impl RedisLock {
         let node = self.queue_node()?;
         let (owner, ttl) = (OwnerToken::random(), options.ttl());
         let started = Instant::now();
-        // Until we hand out a guard, a drop of this future must undo any grant.
+        // Until we hand out the grant, a drop of this future must undo it.
         let compensation = Compensation {
             lock: self,
             key,
@@ -82,9 +82,9 @@ impl RedisLock {
         };
         match answer {
             QueueGrant::Granted(token) => {
-                if let Some(guard) = self.guard(key, owner, Some(token), started, options) {
+                if let Some(grant) = self.grant(key, owner, Some(token), started, ttl) {
                     compensation.disarm();
-                    return Ok(QueueAttempt::Granted(guard));
+                    return Ok(QueueAttempt::Granted(grant));
                 }
                 self.release_everywhere(names, owner, ttl).await;
                 compensation.disarm();
@@ -105,53 +105,39 @@ impl RedisLock {
         }
     }
 
-    /// A FIFO `try_acquire`: granted only when the lock is free and nobody is queued,
-    /// so it never overtakes a waiter.
-    pub(super) async fn try_ahead_of_queue(
+    /// A FIFO acquire of `request`'s key: for a try, granted only when the lock is free
+    /// and nobody is queued, so it never overtakes a waiter; else queued, as
+    /// [`RedisLock::wait_in_queue`].
+    pub(crate) async fn acquire_queued(
         &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        let waiter = waiter_id();
-        let names = KeyNames::for_key(key);
-        Ok(
-            match self
-                .attempt_in_queue(key, &names, options, &waiter, false)
-                .await?
-            {
-                QueueAttempt::Granted(guard) => Some(guard),
-                QueueAttempt::Waiting { .. } => None,
-            },
-        )
+        request: &Request<'_>,
+    ) -> Result<Option<Grant>, LockError> {
+        if request.waits() {
+            return self.wait_in_queue(request).await;
+        }
+        let names = KeyNames::for_key(request.key);
+        let attempt = self
+            .attempt_in_queue(request.key, &names, request.options, &waiter_id(), false)
+            .await?;
+        Ok(match attempt {
+            QueueAttempt::Granted(grant) => Some(grant),
+            QueueAttempt::Waiting { .. } => {
+                request.saw_held();
+                None
+            }
+        })
     }
 
     /// The FIFO acquire loop: queue up, then attempt again whenever woken as the head,
     /// and at least every third of the entry TTL (which refreshes the entry), at the
-    /// holder's expiry and at the earliest queue deadline, until granted or `deadline`.
-    pub(super) async fn wait_in_queue(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-        started: Instant,
-        deadline: Option<Instant>,
-        report: &WaitReport,
-    ) -> Result<LockGuard, LockError> {
+    /// holder's expiry and at the earliest queue deadline, until granted or the
+    /// request's deadline passes with the key held. Without a grant it leaves the
+    /// queue before it returns (if the caller cuts it first, in the background).
+    async fn wait_in_queue(&self, request: &Request<'_>) -> Result<Option<Grant>, LockError> {
+        let (key, options, deadline) = (request.key, request.options, request.deadline);
         let node = self.queue_node()?;
         let names = KeyNames::for_key(key);
         let waiter = waiter_id();
-        if deadline == Some(started) {
-            // No wait: one try that does not queue.
-            return match self
-                .attempt_in_queue(key, &names, options, &waiter, false)
-                .await?
-            {
-                QueueAttempt::Granted(guard) => Ok(guard),
-                QueueAttempt::Waiting { .. } => {
-                    report.saw_held();
-                    Err(self.out_of_wait(key, started, true))
-                }
-            };
-        }
         let refresh = self.inner.config.fifo_entry_ttl / 3;
         let mut membership = Membership {
             lock: self,
@@ -159,92 +145,67 @@ impl RedisLock {
             waiter: &waiter,
             armed: true,
         };
-        // The wait bounds the call whatever the server does: a step still in flight at
-        // `cutoff` is cut short (an attempt's compensation releases a grant the server
-        // applies late), and the entry is removed before the call returns, however slow
-        // the server: a background removal would not run if the caller exits.
-        let cutoff = deadline.and_then(|d| d.checked_add(DEADLINE_GRACE));
-        let past_deadline = || deadline.is_some_and(|d| Instant::now() >= d);
         let mut backoff = options.backoff().delays();
         let mut ticket = None;
-        let mut failing: Option<(Instant, u32)> = None;
         let mut attempted = false;
         loop {
-            if attempted && past_deadline() {
+            if attempted && request.deadline_passed() {
                 // No attempt past the deadline: its round trip, and the removal's after
-                // it, would both have to fit in the grace.
-                return membership
-                    .give_up(self.out_of_wait(key, started, report.held_seen()))
-                    .await;
+                // it, would both have to fit in the caller's grace.
+                membership.leave().await;
+                return Ok(None);
             }
             attempted = true;
-            let attempt = self.attempt_in_queue(key, &names, options, &waiter, true);
-            let Some(attempt) = within(cutoff, attempt).await else {
-                return membership
-                    .give_up(self.out_of_wait(key, started, report.held_seen()))
-                    .await;
-            };
-            let (held_for, next_deadline) = match attempt {
-                Ok(QueueAttempt::Granted(guard)) => {
+            let attempt = self
+                .attempt_in_queue(key, &names, options, &waiter, true)
+                .await;
+            let wake_by = match attempt {
+                Ok(QueueAttempt::Granted(grant)) => {
                     // The grant took our entry out of the queue.
                     membership.armed = false;
-                    return Ok(guard);
+                    return Ok(Some(grant));
                 }
                 Ok(QueueAttempt::Waiting {
                     held_for,
                     next_deadline,
                     place,
                 }) => {
-                    failing = None;
-                    report.saw_held();
-                    // Only the head takes over from a holder that expires; the rest
-                    // would find it queued ahead of them.
-                    (held_for.filter(|_| place == Some(0)), next_deadline)
-                }
-                Err(error) if error.is_retryable() => {
-                    if let Err(error) =
-                        self.retry_or_give_up(error, deadline, started, &mut failing)
-                    {
-                        return membership.give_up(error).await;
-                    }
-                    (None, None)
+                    request.saw_held();
+                    // Neither a holder that expires (the head's concern: the rest would
+                    // find it queued ahead of them) nor a dead waiter ahead whose entry
+                    // runs out publishes: be there when it happens.
+                    [
+                        held_for.filter(|_| place == Some(0)),
+                        next_deadline.map(|d| d + Duration::from_millis(1)),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .min()
                 }
                 Err(error) => {
-                    return membership.give_up(error).await;
+                    // Leave before answering: the caller may exit right after (exec
+                    // does), and a background removal would not get to run.
+                    membership.leave().await;
+                    return Err(error);
                 }
             };
-            if past_deadline() {
-                // Leave before answering: the caller may exit right after (exec
-                // does), and a background removal would not get to run.
-                return membership
-                    .give_up(self.out_of_wait(key, started, report.held_seen()))
-                    .await;
+            if request.deadline_passed() {
+                // No attempt past the deadline; leave before answering, as above.
+                membership.leave().await;
+                return Ok(None);
             }
             let Some((ticket, subscribed)) = &ticket else {
                 // Queued: listen for our name, then try again at once, so a release
                 // published before the subscription is not missed.
-                let Some(watch) = within(cutoff, node.watch(&names, Some(&waiter))).await else {
-                    return membership
-                        .give_up(self.out_of_wait(key, started, report.held_seen()))
-                        .await;
-                };
-                ticket = Some(watch);
+                ticket = Some(node.watch(&names, Some(&waiter)).await);
                 continue;
             };
-            let mut nap = if *subscribed && failing.is_none() {
+            let mut nap = if *subscribed {
                 refresh
             } else {
                 backoff.next_delay().min(refresh)
             };
-            // A holder that expires (the head's concern), or a dead waiter ahead whose
-            // entry runs out, does not publish: be there when it happens.
-            for bound in [
-                held_for,
-                next_deadline.map(|d| d + Duration::from_millis(1)),
-            ]
-            .into_iter()
-            .flatten()
-            {
+            if let Some(bound) = wake_by {
                 nap = nap.min(bound);
             }
             nap = nap.max(Duration::from_millis(1));
@@ -256,14 +217,6 @@ impl RedisLock {
                 _ = tokio::time::sleep(nap) => {}
             }
         }
-    }
-}
-
-/// `step`'s output, or `None` when `cutoff` passed first (the step is then dropped).
-async fn within<T>(cutoff: Option<Instant>, step: impl Future<Output = T>) -> Option<T> {
-    match cutoff {
-        Some(cutoff) => tokio::time::timeout_at(cutoff, step).await.ok(),
-        None => Some(step.await),
     }
 }
 
@@ -283,12 +236,6 @@ struct Membership<'a> {
 }
 
 impl Membership<'_> {
-    /// Leaves the queue (as [`Membership::leave`]), then fails with `error`.
-    async fn give_up<T>(&mut self, error: LockError) -> Result<T, LockError> {
-        self.leave().await;
-        Err(error)
-    }
-
     /// Removes the entry now and waits for the answer. If this future is dropped
     /// midway, the removal runs again in the background.
     async fn leave(&mut self) {
