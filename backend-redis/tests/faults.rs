@@ -128,7 +128,9 @@ async fn redlock_with_two_of_three_nodes_down_fails_fast_and_leaves_no_key() {
         .lock()
         .acquire(
             &k,
-            &waiting(Duration::from_secs(5), Duration::from_secs(30)),
+            // Failing fast is the caller's choice: retries stop at the error patience.
+            &waiting(Duration::from_secs(5), Duration::from_secs(30))
+                .with_error_patience(Duration::from_secs(2)),
         )
         .await;
     let took = started.elapsed();

@@ -355,10 +355,11 @@ async fn a_waiter_that_gives_up_leaves_the_queue_at_once() {
 }
 
 /// A waiter whose wait runs out while the server is slow (every round trip longer than
-/// the grace an attempt in flight gets past the deadline) has left the queue when the
-/// call returns: the removal is awaited, not dropped with the call.
+/// the grace an attempt in flight gets past the deadline) returns at its deadline plus
+/// the grace, as every wait does, and has left the queue within a request timeout
+/// after: the removal runs on in the background (a `settle_cleanups` waits for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
+async fn a_timeout_on_a_slow_server_leaves_the_queue_promptly() {
     let h = common::start(1).await;
     let k = key("slow-timeout");
     let observer = RedisLock::connect(&h.url()).await.unwrap();
@@ -395,16 +396,20 @@ async fn a_timeout_on_a_slow_server_leaves_the_queue_before_returning() {
         matches!(outcome, Err(LockError::Timeout { .. })),
         "{outcome:?}"
     );
-    assert_eq!(
-        observer.lock().inspect(&k).await.unwrap().waiters,
-        Some(0),
-        "the entry outlived the call"
-    );
-    // The wait, the grace, and one removal bounded by the request timeout.
+    // The wait and the grace, with room for a loaded machine.
     assert!(
-        took < wait + Duration::from_secs(3),
+        took < wait + Duration::from_secs(1),
         "the call took {took:?}"
     );
+    // The removal in flight at the cut: one round trip, bounded by the request timeout.
+    let left_by = Instant::now() + Duration::from_secs(3);
+    while observer.lock().inspect(&k).await.unwrap().waiters != Some(0) {
+        assert!(
+            Instant::now() < left_by,
+            "the entry outlived the request timeout"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     guard.release().await.unwrap();
 }
 

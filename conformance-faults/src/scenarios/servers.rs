@@ -230,10 +230,11 @@ async fn node_loss(h: &dyn FaultHarness) -> Result<Outcome, Failure> {
     ra.release(guard).await?;
     h.control(1, ServerAction::Kill).await.map_err(fail)?;
     let started = Instant::now();
-    // A long TTL, so an orphan left by this attempt would outlive the check below.
-    let result = ra
-        .acquire(&key, &waiting(h.ttl() * 20, Duration::from_secs(30)))
-        .await;
+    // A long TTL, so an orphan left by this attempt would outlive the check below; a
+    // short error patience, so that the failing attempts stop well within the wait.
+    let failing_fast =
+        waiting(h.ttl() * 20, Duration::from_secs(30)).with_error_patience(Duration::from_secs(2));
+    let result = ra.acquire(&key, &failing_fast).await;
     let took = started.elapsed();
     check!(
         result.is_err(),
