@@ -152,11 +152,7 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
             Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
         }
         #[cfg(feature = "etcd")]
-        Backend::Etcd => {
-            let lock = distlock_etcd::EtcdLock::connect(url).await?;
-            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
-            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
-        }
+        Backend::Etcd => Ok(distlock_etcd::EtcdLock::connect(url).await?.client()),
         #[allow(unreachable_patterns)] // every feature on
         off => Err(feature_off(url, off)),
     }

@@ -116,7 +116,7 @@ impl Kind {
     }
 
     /// Where a semaphore or read-write waiter marks its grant pending until it has its
-    /// fencing token (see [`crate::EtcdSemaphore`]): `P/+semaphore-pending/<K>/` and
+    /// fencing token (see [`crate::EtcdLock::semaphore`]): `P/+semaphore-pending/<K>/` and
     /// `P/+rw-pending/<K>/`, outside every range a contender reads (a Go `RWMutex` on
     /// `P/+rw/<K>` included). The mutex and the election have none: their waiters are
     /// granted one at a time.

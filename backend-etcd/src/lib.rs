@@ -3,8 +3,16 @@
 //! exclude each other on one name; lease TTLs kept alive by the guard's watchdog; the
 //! holder key's create revision as fencing token. Leader election
 //! ([`EtcdLock::election`]) is etcd's `concurrency.Election` on the same machinery, so
-//! `etcdctl elect` and Go's `concurrency.NewElection` campaign with distlock. A semaphore and a read-write lock
-//! (in the layout of etcd's `recipes.RWMutex`) on the same recipe.
+//! `etcdctl elect` and Go's `concurrency.NewElection` campaign with distlock. A
+//! semaphore ([`EtcdLock::semaphore`]) and a read-write lock ([`EtcdLock::rw_lock`],
+//! in the layout of etcd's `recipes.RWMutex`) on the same recipe.
+//!
+//! [`EtcdLock`] is one client (one connection, its leases and one watch of the prefix)
+//! and implements [`distlock_api::backend::Engine`]: [`EtcdLock::client`] gives the
+//! [`distlock_api::Client`] whose four primitives share it, and [`EtcdLock::lock`],
+//! [`EtcdLock::semaphore`], [`EtcdLock::rw_lock`] and [`EtcdLock::election`] each one
+//! of them. Every primitive is offered, with every guarantee (FIFO, fencing, TTL
+//! expiry, wake on release, extend).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -17,7 +25,7 @@
 //! let options = LockOptions::new(Duration::from_secs(10))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)))
 //!     .with_auto_renew(AutoRenew::new());
-//! let guard = locks.acquire(&key, &options).await?;
+//! let guard = locks.lock().acquire(&key, &options).await?;
 //! // Send guard.fencing_token() (the key's create revision) with every protected write.
 //! guard.release().await?;
 //! # Ok(()) }
@@ -65,8 +73,10 @@
 //!   never moves: its release is one delete of its key (the shared lease is never
 //!   revoked for one contender; a failed or dropped acquire deletes its key too). A
 //!   release while the move is under way deletes the key by its create revision; an
-//!   extend waits for the move. Retryable errors (a member going away, a leader
-//!   election) are retried within the wait.
+//!   extend waits for the move. A waiter rides out retryable errors (a member going
+//!   away, a leader election) in its place for at most the options' error patience
+//!   ([`distlock_api::LockOptions::error_patience`]); past it, the attempt ends (its
+//!   key goes) and the acquire is retried, or fails, as on every backend.
 //! - An acquire (that may wait) of a key whose last acquire by this client found it
 //!   held puts its key straight on the waiting lease (named by an id of its own),
 //!   granting no lease of the lock's TTL first: a contended cycle is then two raft
@@ -92,13 +102,13 @@
 //! - **try-acquire** (and `NoWait`) revoke their lease again when they do not hold.
 //!
 //! # Leader election
-//! [`EtcdElection`] is the mutex's recipe in the range
+//! [`EtcdLock::election`] is the mutex's recipe in the range
 //! [`election_prefix`] (`P/+election/<encode_key(name)>/`, which no lock's range
 //! covers), with the candidate's identity as the contender key's value: the layout of
 //! etcd's `concurrency.Election`. The oldest key leads, its create revision is the term,
 //! and [`distlock_api::LeaderElection::leader`] reads the oldest key's value, create
 //! revision and lease TTL left; observers wait on an etcd watch of the range. See
-//! [`EtcdElection`].
+//! [`EtcdLock::election`].
 //!
 //! # Semaphore and read-write lock
 //! Both are the mutex's recipe with another rule of which older contenders keep a
@@ -123,7 +133,7 @@
 //! Foreign keys of another shape ahead of ours, in a primitive's range or among the
 //! pending markers, are configuration errors, as in a lock's range.
 //!
-//! - [`EtcdLock::semaphore`] ([`EtcdSemaphore`]): contenders put
+//! - [`EtcdLock::semaphore`]: contenders put
 //!   `P/+semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
 //!   oldest hold a permit. A waiter counts down the contenders ahead as a mutex
 //!   waiter does, except one parked on the waiting lease: it watches the `max` youngest
@@ -132,7 +142,7 @@
 //!   one recorded by the oldest contenders is
 //!   [`distlock_api::LockError::PermitMismatch`] and leaves nothing behind. etcd has
 //!   no semaphore recipe of its own.
-//! - [`EtcdLock::rw_lock`] ([`EtcdRwLock`]): the key layout of etcd's
+//! - [`EtcdLock::rw_lock`]: the key layout of etcd's
 //!   `recipes.RWMutex`: readers put `P/+rw/<K>/read/<id>` and writers
 //!   `P/+rw/<K>/write/<id>`; a writer waits for every older key, a reader for every
 //!   older writer (writer preference, FIFO), so a Go `recipe.NewRWMutex(session,
@@ -140,7 +150,7 @@
 //!   revision, a read-write waiter waits under its lock's own lease (not the short
 //!   waiting lease, whose move would write the key again), and an extend beyond the
 //!   lock's TTL, which moves the key to a new lease, is unsafe beside Go contenders
-//!   (see [`EtcdRwLock`]).
+//!   (see [`EtcdLock::rw_lock`]).
 //!
 //! # Leases and fencing
 //! The validity deadline is the send time of the lease grant (or of the last keep-alive
@@ -193,6 +203,7 @@
 mod ahead;
 mod config;
 mod election;
+mod engine;
 mod error;
 mod keys;
 mod lock;
@@ -203,13 +214,11 @@ mod semaphore;
 mod session;
 
 pub use config::{parse_url, EtcdConfig, EtcdUrl, TlsFiles, DEFAULT_PORT, DEFAULT_PREFIX};
-pub use election::EtcdElection;
 pub use keys::{
     election_prefix, encode_key, lock_prefix, ELECTION_SEGMENT, RW_SEGMENT, SEMAPHORE_SEGMENT,
 };
-pub use lock::{EtcdLock, ETCD_CAPABILITIES};
-pub use rw::EtcdRwLock;
-pub use semaphore::{EtcdSemaphore, PERMITS_VALUE_PREFIX};
+pub use lock::EtcdLock;
+pub use semaphore::PERMITS_VALUE_PREFIX;
 
 /// The driver this backend is built on.
 pub use etcd_client;

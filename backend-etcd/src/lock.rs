@@ -5,13 +5,11 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, spawn_cleanup, Granted, WaitBound, WaitReport};
+use distlock_api::backend::{spawn_cleanup, WaitReport};
 use distlock_api::{
-    BackendInfo, Capabilities, DistributedLock, ExtendOutcome, FencingToken, KeyStatus, Lease,
-    LeaseMonitor, LockError, LockGuard, LockKey, LockOptions, OptionsError, OwnerToken,
-    ReleaseOutcome,
+    ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions,
+    OptionsError, OwnerToken, ReleaseOutcome,
 };
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -25,24 +23,18 @@ use crate::session::{LiveLeases, Session};
 use crate::ETCD_BACKEND;
 
 mod contended;
+mod interruptions;
 mod settle;
 mod waiting;
 
 use contended::Contended;
+use interruptions::Interruptions;
 use settle::{Parked, Settle, Stage};
 use waiting::{Parking, WaitingLease};
-
-/// What the etcd backend promises: the mutex, the semaphore
-/// ([`crate::EtcdSemaphore`]), the read-write lock ([`crate::EtcdRwLock`]) and leader
-/// election ([`crate::EtcdElection`]).
-pub const ETCD_CAPABILITIES: Capabilities = Capabilities::all_supported();
 
 /// The TTL, in seconds, of the lease a waiter waits under (when the lock's is longer):
 /// how long a waiter whose process died (without revoking) holds up the queue behind it.
 pub(crate) const WAITER_TTL_SECS: i64 = 3;
-
-/// How long an answer on its way is still awaited past a wait's deadline.
-const WAIT_GRACE: Duration = Duration::from_millis(50);
 
 /// A distributed lock client on etcd (see the crate docs for the protocol).
 ///
@@ -154,6 +146,11 @@ impl EtcdLock {
         &self.inner.session.live
     }
 
+    /// The endpoints, for errors (`h1:p1,h2:p2`, no credentials).
+    pub(crate) fn hosts(&self) -> &str {
+        &self.inner.session.hosts
+    }
+
     pub(crate) fn connection_error(&self, fail: Fail) -> LockError {
         at_servers(&self.inner.session.hosts, fail.into())
     }
@@ -238,8 +235,9 @@ impl EtcdLock {
         (prefix, own, revision): (&str, &str, i64),
         (pending, marker): (&str, &str),
         lease: i64,
+        patience: Duration,
     ) -> Result<i64, LockError> {
-        let mut pause = Duration::from_millis(20);
+        let mut interruptions = Interruptions::new(patience);
         loop {
             let outcome = match self.requests().stamp(own, revision, pending, marker).await {
                 Ok(Stamp::At(token)) => return Ok(token),
@@ -259,16 +257,8 @@ impl EtcdLock {
                 Err(fail) => Err(fail),
             };
             match outcome {
-                Ok(()) => pause = Duration::from_millis(20),
-                Err(fail) => {
-                    let error = self.connection_error(fail);
-                    if !error.is_retryable() {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "etcd stamp interrupted; trying again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
+                Ok(()) => interruptions.answered(),
+                Err(fail) => interruptions.ride_out(self.connection_error(fail)).await?,
             }
         }
     }
@@ -423,7 +413,7 @@ impl EtcdLock {
                 }
             };
             let moved = tokio::select! {
-                turn = self.wait_turn((&rule, &own, placed.revision), back, marker.as_deref(), head_start) => turn?,
+                turn = self.wait_turn((&rule, &own, placed.revision), back, marker.as_deref(), head_start, options.error_patience()) => turn?,
                 lost = keep_alive => return Err(lost),
             };
             sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -459,7 +449,7 @@ impl EtcdLock {
             if let Some(pending) = pending.as_deref().zip(marker.as_deref()) {
                 let alive_since = Mutex::new(sent);
                 tokio::select! {
-                    stamp = self.stamp_grant(place, pending, lease) => token = stamp?,
+                    stamp = self.stamp_grant(place, pending, lease, options.error_patience()) => token = stamp?,
                     lost = self.keep_alive_while_waiting(lease, ttl_secs, |at| record(&alive_since, at)) => return Err(lost),
                 }
                 sent = *alive_since.lock().unwrap_or_else(PoisonError::into_inner);
@@ -511,8 +501,9 @@ impl EtcdLock {
         back: Option<(i64, Instant)>,
         marker: Option<&str>,
         mut head_start: Option<(Listener, HashSet<Vec<u8>>)>,
+        patience: Duration,
     ) -> Result<bool, LockError> {
-        let mut pause = Duration::from_millis(20);
+        let mut interruptions = Interruptions::new(patience);
         // The revision the next look must read at or after: that of the last deletion
         // waited for.
         let mut seen = revision;
@@ -541,17 +532,9 @@ impl EtcdLock {
             match outcome {
                 Ok(at) => {
                     seen = seen.max(at);
-                    pause = Duration::from_millis(20);
+                    interruptions.answered();
                 }
-                Err(fail) => {
-                    let error = self.connection_error(fail);
-                    if !error.is_retryable() {
-                        return Err(error);
-                    }
-                    tracing::debug!(%error, "etcd wait interrupted; looking again");
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(Duration::from_secs(1));
-                }
+                Err(fail) => interruptions.ride_out(self.connection_error(fail)).await?,
             }
         }
     }
@@ -654,141 +637,7 @@ pub(crate) fn reads(lease: &Lease) -> bool {
     lease.owner().as_u128() as u64 & READ_TAG != 0
 }
 
-#[async_trait]
-impl DistributedLock for EtcdLock {
-    fn info(&self) -> BackendInfo {
-        BackendInfo::new(ETCD_BACKEND, ETCD_CAPABILITIES)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.mutex.fifo)?;
-        let won = self
-            .contend(Kind::Mutex, key, b"", options, &WaitReport::new(), false)
-            .await?;
-        Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
-    }
-
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        options.validate_for(ETCD_BACKEND)?;
-        options.check_order(ETCD_BACKEND, ETCD_CAPABILITIES.mutex.fifo)?;
-        self.wait_for(Kind::Mutex, key, b"", options, |lease, monitor| {
-            Ok(self.guard(lease, monitor, options))
-        })
-        .await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.release_in(Kind::Mutex, lease).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.extend_in(Kind::Mutex, lease, ttl).await
-    }
-
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        let prefix = self.lock_prefix(key);
-        let oldest = self
-            .requests()
-            .oldest(&prefix)
-            .await
-            .map_err(|f| self.connection_error(f))?;
-        Ok(match oldest {
-            None => KeyStatus::free(),
-            Some((holder, count, remaining)) => KeyStatus::held()
-                .with_fencing_token(
-                    u64::try_from(holder.create_revision())
-                        .ok()
-                        .map(FencingToken::new),
-                )
-                .with_remaining(
-                    remaining
-                        .and_then(|s| u64::try_from(s).ok())
-                        .map(Duration::from_secs),
-                )
-                .with_holder(Some(String::from_utf8_lossy(holder.key()).into_owned()))
-                .with_waiters(usize::try_from(count.saturating_sub(1)).ok()),
-        })
-    }
-}
-
 impl EtcdLock {
-    /// Waits for `key` as a `kind` contender as the options' wait policy allows (see
-    /// [`EtcdLock::contend`]), retrying retryable errors within the wait; `grant`
-    /// makes the grant handed out (a [`LockGuard`], a leadership). The options were
-    /// checked by the caller.
-    pub(crate) async fn wait_for<G: Granted>(
-        &self,
-        kind: Kind,
-        key: &LockKey,
-        value: &[u8],
-        options: &LockOptions,
-        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
-    ) -> Result<G, LockError> {
-        let bound = WaitBound::starting_now(options, WAIT_GRACE);
-        let wait = bound.deadline != Some(bound.started);
-        let report = WaitReport::new();
-        let attempts = async {
-            // Retryable errors (a member going away mid-request, a leader election) are
-            // retried with backoff while the acquire may wait; each failed attempt's
-            // lease is revoked by its `Undo`.
-            let mut delays = options.backoff().delays();
-            loop {
-                match self.contend(kind, key, value, options, &report, wait).await {
-                    Ok(Some((lease, monitor))) => {
-                        return self.hand_out(kind, lease, monitor, grant).await
-                    }
-                    Ok(None) => {
-                        return Err(LockError::Timeout {
-                            backend: ETCD_BACKEND,
-                            key: key.clone(),
-                            waited: bound.started.elapsed(),
-                        })
-                    }
-                    Err(error) if wait && error.is_retryable() => {
-                        tracing::debug!(%error, "etcd acquire failed; retrying within the wait");
-                        tokio::time::sleep(delays.next_delay()).await;
-                    }
-                    Err(error) => return Err(error),
-                }
-            }
-        };
-        let hosts = self.inner.session.hosts.clone();
-        bounded_wait(ETCD_BACKEND, key, bound, &report, attempts, |wait| {
-            LockError::connection_at(
-                ETCD_BACKEND,
-                hosts,
-                format!("no answer from etcd within the wait of {wait:?}"),
-            )
-        })
-        .await
-    }
-
-    /// Makes the grant of a won `kind` `lease` with `grant`; one that cannot be made is
-    /// released, not left held.
-    pub(crate) async fn hand_out<G>(
-        &self,
-        kind: Kind,
-        lease: Lease,
-        monitor: LeaseMonitor,
-        grant: impl FnOnce(Lease, LeaseMonitor) -> Result<G, LockError>,
-    ) -> Result<G, LockError> {
-        let made = grant(lease.clone(), monitor);
-        if made.is_err() {
-            let _ = self.release_in(kind, &lease).await;
-        }
-        made
-    }
-
-    /// A lock's guard on a grant.
-    fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
-        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
-    }
-
     /// Where a `kind` lease's key is: its range, its own key, its create revision (all
     /// from the owner token, see [`owner_token`]), and where its pending marker would
     /// be. A forged token may name a key that is not there, which reads as not ours.
@@ -903,7 +752,6 @@ impl EtcdLock {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        LockOptions::new(ttl).validate_for(ETCD_BACKEND)?;
         self.settled(lease.owner()).await?;
         let (prefix, own, revision, _) = self.place_of(kind, lease);
         let prefix = prefix.as_str();

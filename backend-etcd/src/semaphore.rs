@@ -1,5 +1,5 @@
-//! [`EtcdSemaphore`]: the [`DistributedSemaphore`] on the mutex's recipe, with room for
-//! `max` holders.
+//! The semaphore ([`EtcdLock::semaphore`]) on the mutex's recipe, with room for `max`
+//! holders: where its keys are, and the permit count each records.
 //!
 //! etcd ships no semaphore recipe, so this one is the mutex's key-space discipline
 //! with a wider door. Each contender puts `P/+semaphore/<K>/<lease id in hex>` under
@@ -13,60 +13,16 @@
 //! Permits pass on in FIFO order of arrival. Leases, keep-alives, the loss watch, the
 //! waiting lease, release, extend and clean-up are the mutex's.
 
-use std::sync::Arc;
-use std::time::Duration;
-
-use async_trait::async_trait;
-use distlock_api::backend::prelude::*;
-use distlock_api::backend::{check_permit_request, WaitReport};
-use distlock_api::{
-    BackendInfo, DistributedLock, DistributedSemaphore, ExtendOutcome, Lease, LeaseMonitor,
-    LockError, LockGuard, LockKey, LockOptions, PermitMismatch, ReleaseOutcome,
-};
+use distlock_api::{LockError, LockKey, PermitMismatch};
 use etcd_client::KeyValue;
 
 use crate::keys::Kind;
-use crate::lock::ETCD_CAPABILITIES;
 use crate::{EtcdLock, ETCD_BACKEND};
 
 /// What our permit keys hold, before the permit count: `distlock:permits=3`.
 pub const PERMITS_VALUE_PREFIX: &str = "distlock:permits=";
 
-/// A semaphore client of the etcd backend, made by [`EtcdLock::semaphore`], sharing
-/// the lock client's connection, leases and loss watch.
-///
-/// **Fencing tokens.** A permit granted at once carries its key's create revision (the
-/// put that placed it was the grant). A waiter first marks its grant pending: it puts
-/// `P/+semaphore-pending/<K>/<its key's create revision, 20 digits>` under its lease.
-/// Once granted, it writes that marker again in a transaction guarded by its key still
-/// being its own and by no older contender's marker being left; that write's revision
-/// is its token, and it deletes the marker as the acquire returns. So waiters granted
-/// by the same deletions (two holders leaving at once), which learn it in no set order,
-/// stamp one after the other in queue order, each only after the one before it has
-/// returned, and a permit's token is above that of every permit granted before it on
-/// the key in the order the grants are learned. (A waiter's create revision would not
-/// do: the younger could return first, with the lower token.) It orders and identifies
-/// grants; since several permits are valid at once, a resource cannot use it to refuse
-/// "everything below the highest token seen".
-///
-/// **Permit counts.** Every permit key records its count. An acquire reads the `max`
-/// oldest contenders in the transaction that puts its key; one recording another count
-/// (the oldest always holds, so a key in use is always seen) is a
-/// [`LockError::PermitMismatch`], and the acquire withdraws its key. Keys without a
-/// recorded count (not ours) count as contenders but cannot be checked.
-///
-/// Cloning is cheap and shares the connection.
-#[derive(Debug, Clone)]
-pub struct EtcdSemaphore {
-    lock: EtcdLock,
-}
-
 impl EtcdLock {
-    /// A semaphore client on this client's connection.
-    pub fn semaphore(&self) -> EtcdSemaphore {
-        EtcdSemaphore { lock: self.clone() }
-    }
-
     /// The range of `key`'s semaphore, `PREFIX/+semaphore/<encoded key>/` (never a
     /// mutex's range: no key encodes to a name with `+`).
     pub fn semaphore_prefix(&self, key: &LockKey) -> String {
@@ -113,81 +69,6 @@ fn recorded_count(value: &[u8]) -> Option<u32> {
         .strip_prefix(PERMITS_VALUE_PREFIX)?
         .parse()
         .ok()
-}
-
-impl EtcdSemaphore {
-    fn checked(max_permits: u32, options: &LockOptions) -> Result<(), LockError> {
-        check_permit_request(
-            ETCD_BACKEND,
-            max_permits,
-            options,
-            ETCD_CAPABILITIES.semaphore.fifo,
-        )
-    }
-
-    fn guard(&self, lease: Lease, monitor: LeaseMonitor, options: &LockOptions) -> LockGuard {
-        let backend: Arc<dyn DistributedSemaphore> = Arc::new(self.clone());
-        LockGuard::for_permit(lease, monitor, backend, options.auto_renew())
-    }
-}
-
-#[async_trait]
-impl DistributedSemaphore for EtcdSemaphore {
-    fn info(&self) -> BackendInfo {
-        DistributedLock::info(&self.lock)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        max_permits: u32,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        Self::checked(max_permits, options)?;
-        let kind = Kind::Permit(max_permits);
-        let won = self
-            .lock
-            .contend(
-                kind,
-                key,
-                value_of(kind).as_bytes(),
-                options,
-                &WaitReport::new(),
-                false,
-            )
-            .await?;
-        Ok(won.map(|(lease, monitor)| self.guard(lease, monitor, options)))
-    }
-
-    async fn acquire(
-        &self,
-        key: &LockKey,
-        max_permits: u32,
-        options: &LockOptions,
-    ) -> Result<LockGuard, LockError> {
-        Self::checked(max_permits, options)?;
-        let kind = Kind::Permit(max_permits);
-        self.lock
-            .wait_for(
-                kind,
-                key,
-                value_of(kind).as_bytes(),
-                options,
-                |lease, monitor| Ok(self.guard(lease, monitor, options)),
-            )
-            .await
-    }
-
-    /// Revokes our permit key's lease (deleting the key), as the mutex's release.
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        self.lock.release_in(Kind::Permit(1), lease).await
-    }
-
-    /// Keeps our permit's lease alive (or moves the key to a longer one), as the
-    /// mutex's extend.
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        self.lock.extend_in(Kind::Permit(1), lease, ttl).await
-    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use distlock_api::{
     AutoRenew, Candidate, FencingToken, LeaderElection, LockKey, LockOptions, ReleaseOutcome,
     WaitPolicy,
 };
-use distlock_etcd::{EtcdElection, EtcdLock};
+use distlock_etcd::EtcdLock;
 
 fn name(label: &str) -> LockKey {
     LockKey::new(format!("elect-{label}-{:08x}", rand::random::<u32>())).unwrap()
@@ -98,7 +98,7 @@ fn create_revision(port: u16, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no create revision for {key} in {fields}"))
 }
 
-async fn elections(port: u16) -> (EtcdLock, EtcdElection) {
+async fn elections(port: u16) -> (EtcdLock, Arc<dyn LeaderElection>) {
     let lock = direct(port).await;
     let election = lock.election();
     (lock, election)
@@ -308,12 +308,12 @@ async fn etcdctl_follows_a_distlock_leader() {
 /// while the election is led, and the other way round.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn election_names_are_apart_from_lock_keys() {
-    use distlock_api::DistributedLock;
     let port = shared_port();
     let (lock, election) = elections(port).await;
     let name = name("apart");
     let options = LockOptions::new(Duration::from_secs(5)).with_wait(WaitPolicy::NoWait);
     let same = lock
+        .lock()
         .try_acquire(&name, &options)
         .await
         .unwrap()
@@ -325,6 +325,7 @@ async fn election_names_are_apart_from_lock_keys() {
         .unwrap()
         .expect("the lock of the same name does not hold the election");
     let outer = lock
+        .lock()
         .try_acquire(&parent, &options)
         .await
         .unwrap()

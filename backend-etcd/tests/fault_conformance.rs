@@ -15,10 +15,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use distlock_api::{
-    DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection, LeaseState,
-    LockOptions, ReleaseOutcome, WaitPolicy,
-};
+use distlock_api::{LeaseState, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
     run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
@@ -33,7 +30,7 @@ fn connector() -> UrlConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            Ok(lock.lock())
         })
     })
 }
@@ -43,7 +40,7 @@ fn election_connector() -> ElectionConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
+            Ok(lock.election())
         })
     })
 }
@@ -52,7 +49,7 @@ fn semaphore_connector() -> SemaphoreConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
+            Ok(lock.semaphore())
         })
     })
 }
@@ -61,7 +58,7 @@ fn rw_connector() -> RwConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
+            Ok(lock.rw_lock())
         })
     })
 }
@@ -199,8 +196,8 @@ async fn whole_cluster_restart_refreshes_lease_ttls() {
     // A lock held over the restart (long TTL, renewed) and a waiter behind it.
     let url = cluster.url();
     let (a, b) = (
-        EtcdLock::connect(&url).await.unwrap(),
-        EtcdLock::connect(&url).await.unwrap(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
     );
     let key = distlock_api::LockKey::new("fault-whole-restart").unwrap();
     let options = LockOptions::new(Duration::from_secs(10))
@@ -288,8 +285,8 @@ async fn holder_lost_in_a_long_outage_frees_a_ttl_after_the_restart() {
         .unwrap_or_else(|e| cannot_start(e));
     let url = cluster.url();
     let (a, b) = (
-        EtcdLock::connect(&url).await.unwrap(),
-        EtcdLock::connect(&url).await.unwrap(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
     );
     let key = distlock_api::LockKey::new("fault-long-outage").unwrap();
     let ttl = Duration::from_secs(3);
@@ -355,8 +352,8 @@ async fn cluster_loses_a_minority_member() {
         .unwrap_or_else(|e| cannot_start(e));
     let url = cluster.url();
     let (a, b) = (
-        EtcdLock::connect(&url).await.unwrap(),
-        EtcdLock::connect(&url).await.unwrap(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
+        EtcdLock::connect(&url).await.unwrap().lock(),
     );
     let key = distlock_api::LockKey::new("fault-minority").unwrap();
     let options = LockOptions::new(common::TTL)

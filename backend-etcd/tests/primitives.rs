@@ -8,9 +8,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::{etcdctl, eventually, keys_under, shared_port, start_server, url_for};
-use distlock_api::{
-    DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions, RwMode, WaitPolicy,
-};
+use distlock_api::{LockError, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_etcd::EtcdLock;
 
 fn key(label: &str) -> LockKey {

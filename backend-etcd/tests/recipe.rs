@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{direct, etcdctl, eventually, keys_under, shared_port};
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_etcd::{EtcdConfig, EtcdLock};
 use distlock_test_servers::EtcdServer;
 
@@ -49,6 +49,7 @@ async fn etcdctl_lock_waits_for_a_distlock_holder() {
     let lock = direct(port).await;
     let key = key("etcdctl-waits");
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(10)))
         .await
         .unwrap();
@@ -108,16 +109,18 @@ async fn distlock_waits_for_an_etcdctl_holder() {
         "etcdctl did not take the lock"
     );
     assert!(lock
+        .lock()
         .try_acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap()
         .is_none());
-    let status = lock.inspect(&key).await.unwrap();
+    let status = lock.lock().inspect(&key).await.unwrap();
     assert!(status.held, "{status:?}");
     let waiter = {
         let (lock, key) = (lock.clone(), key.clone());
         tokio::spawn(async move {
             let guard = lock
+                .lock()
                 .acquire(
                     &key,
                     &waiting(Duration::from_secs(5), Duration::from_secs(20)),
@@ -158,10 +161,11 @@ async fn nothing_is_left_once_locks_end() {
     let key = key("leftovers");
     let prefix = a.lock_prefix(&key);
     let options = waiting(Duration::from_secs(5), Duration::from_secs(10));
-    let held = a.acquire(&key, &options).await.unwrap();
+    let held = a.lock().acquire(&key, &options).await.unwrap();
     let lease = (held.lease().owner().as_u128() >> 64) as u64;
     // A waiter that gives up, one that is dropped, and one that is granted.
     let gave_up = b
+        .lock()
         .acquire(
             &key,
             &waiting(Duration::from_secs(5), Duration::from_millis(200)),
@@ -173,7 +177,7 @@ async fn nothing_is_left_once_locks_end() {
     );
     let dropped = {
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) })
+        tokio::spawn(async move { b.lock().acquire(&key, &options).await.map(drop) })
     };
     assert!(
         eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
@@ -192,7 +196,7 @@ async fn nothing_is_left_once_locks_end() {
     );
     let next = {
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&key, &options).await })
+        tokio::spawn(async move { b.lock().acquire(&key, &options).await })
     };
     assert!(
         eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
@@ -237,12 +241,14 @@ async fn foreign_contenders_of_the_recipes_shape_count() {
     let foreign = format!("{}{lease}", lock.lock_prefix(&key));
     etcdctl(port, &["put", "--lease", &lease, &foreign, ""]);
     assert!(lock
+        .lock()
         .try_acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap()
         .is_none());
     let started = Instant::now();
     let err = lock
+        .lock()
         .acquire(
             &key,
             &waiting(Duration::from_secs(5), Duration::from_millis(300)),
@@ -251,10 +257,11 @@ async fn foreign_contenders_of_the_recipes_shape_count() {
         .unwrap_err();
     assert!(matches!(err, LockError::Timeout { .. }), "{err}");
     assert!(started.elapsed() < Duration::from_secs(3));
-    let status = lock.inspect(&key).await.unwrap();
+    let status = lock.lock().inspect(&key).await.unwrap();
     assert_eq!(status.holder.as_deref(), Some(foreign.as_str()));
     etcdctl(port, &["lease", "revoke", &lease]);
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap();
@@ -290,7 +297,12 @@ async fn foreign_keys_of_another_shape_are_config_errors() {
             waiting(Duration::from_secs(5), Duration::from_secs(30)),
         ] {
             let started = Instant::now();
-            let err = lock.acquire(&key, &options).await.map(drop).unwrap_err();
+            let err = lock
+                .lock()
+                .acquire(&key, &options)
+                .await
+                .map(drop)
+                .unwrap_err();
             assert!(
                 matches!(err, LockError::Config { .. }),
                 "{name} (lease {leased}): {err}"
@@ -302,6 +314,7 @@ async fn foreign_keys_of_another_shape_are_config_errors() {
                 started.elapsed()
             );
             let err = lock
+                .lock()
                 .try_acquire(&key, &options)
                 .await
                 .map(drop)
@@ -320,12 +333,14 @@ async fn foreign_keys_of_another_shape_are_config_errors() {
         // before the waiter's own), not when placing.
         etcdctl(port, &["del", &foreign]);
         let holder = lock
+            .lock()
             .acquire(&key, &no_wait(Duration::from_secs(5)))
             .await
             .unwrap();
         etcdctl(port, &put);
         let started = Instant::now();
         let err = lock
+            .lock()
             .acquire(
                 &key,
                 &waiting(Duration::from_secs(5), Duration::from_secs(30)),
@@ -354,7 +369,7 @@ async fn a_ttl_below_the_servers_minimum_is_invalid_options() {
     let lock = direct(port).await;
     let key = key("short-ttl");
     for ttl in [Duration::from_millis(500), Duration::from_secs(1)] {
-        let err = lock.acquire(&key, &no_wait(ttl)).await.unwrap_err();
+        let err = lock.lock().acquire(&key, &no_wait(ttl)).await.unwrap_err();
         assert!(
             matches!(err, LockError::InvalidOptions { .. }),
             "{ttl:?}: {err}"
@@ -363,6 +378,7 @@ async fn a_ttl_below_the_servers_minimum_is_invalid_options() {
     }
     assert!(keys_under(port, &lock.lock_prefix(&key)).is_empty());
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(2)))
         .await
         .unwrap();
@@ -375,6 +391,7 @@ async fn revoking_the_lease_from_outside_fires_lost() {
     let lock = direct(port).await;
     let key = key("revoked");
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(30)))
         .await
         .unwrap();
@@ -388,6 +405,7 @@ async fn revoking_the_lease_from_outside_fires_lost() {
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Expired);
     // And a key deleted from outside.
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(30)))
         .await
         .unwrap();
@@ -471,6 +489,7 @@ async fn a_wrong_password_is_a_config_error() {
         .expect("the right password connects");
     let key = key("auth");
     let guard = lock
+        .lock()
         .acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap();
@@ -489,6 +508,7 @@ async fn refused_acquires_leave_no_lease_behind() {
     let leases = || etcdctl(port, &["lease", "list"]);
     for ttl in [Duration::from_millis(500), Duration::from_secs(1)] {
         let err = lock
+            .lock()
             .acquire(&key, &no_wait(ttl))
             .await
             .map(drop)
@@ -499,6 +519,7 @@ async fn refused_acquires_leave_no_lease_behind() {
     let foreign = format!("{}not-a-lease-id", lock.lock_prefix(&key));
     etcdctl(port, &["put", &foreign, "some other tool"]);
     let err = lock
+        .lock()
         .acquire(
             &key,
             &waiting(Duration::from_secs(5), Duration::from_secs(30)),
@@ -562,7 +583,7 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
     let hand_over = |holder: distlock_api::LockGuard| {
         let (b, key, options, prefix) = (b.clone(), key.clone(), options.clone(), prefix.clone());
         async move {
-            let waiter = tokio::spawn(async move { b.acquire(&key, &options).await });
+            let waiter = tokio::spawn(async move { b.lock().acquire(&key, &options).await });
             assert!(
                 eventually(Duration::from_secs(5), || keys_under(port, &prefix).len()
                     == 2)
@@ -574,10 +595,13 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
         }
     };
     // Released at once: the lock is free for the next, and the waiter's leases go.
-    let granted = hand_over(a.acquire(&key, &options).await.unwrap()).await;
+    let granted = hand_over(a.lock().acquire(&key, &options).await.unwrap()).await;
     assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
     assert!(keys_under(port, &prefix).is_empty());
-    let next = a.acquire(&key, &no_wait(Duration::from_secs(30))).await;
+    let next = a
+        .lock()
+        .acquire(&key, &no_wait(Duration::from_secs(30)))
+        .await;
     assert!(next.is_ok(), "{next:?}");
     // Extended at once, beyond the lock's TTL: the key ends on a lease of that TTL.
     let granted = hand_over(next.unwrap()).await;
@@ -592,7 +616,7 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
     assert!(ttl.contains("granted with TTL(60s)"), "{own}: {ttl}");
     // Held past the waiting lease's 3 s without a renewal in between.
     assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
-    let granted = hand_over(a.acquire(&key, &options).await.unwrap()).await;
+    let granted = hand_over(a.lock().acquire(&key, &options).await.unwrap()).await;
     assert!(
         eventually(Duration::from_secs(5), || {
             lease_ttl_of(port, &keys_under(port, &prefix)[0]).contains("granted with TTL(30s)")
@@ -604,6 +628,7 @@ async fn a_waiter_granted_on_its_waiting_lease_releases_and_extends_at_once() {
     tokio::time::sleep(Duration::from_secs(4)).await;
     assert_eq!(granted.state(), distlock_api::LeaseState::Held);
     assert!(a
+        .lock()
         .try_acquire(&key, &no_wait(Duration::from_secs(5)))
         .await
         .unwrap()
@@ -626,10 +651,10 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     let prefix = a.lock_prefix(&key);
     let ttl = Duration::from_secs(30);
     let options = waiting(ttl, Duration::from_secs(30));
-    let held = a.acquire(&key, &options).await.unwrap();
+    let held = a.lock().acquire(&key, &options).await.unwrap();
     let waiter = {
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&key, &options).await })
+        tokio::spawn(async move { b.lock().acquire(&key, &options).await })
     };
     until_queued(port, &prefix, 2).await;
     held.release().await.unwrap();
@@ -637,7 +662,7 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     assert_eq!(waited.release().await.unwrap(), ReleaseOutcome::Released);
 
     let asked = tokio::time::Instant::now();
-    let granted = b.acquire(&key, &options).await.unwrap();
+    let granted = b.lock().acquire(&key, &options).await.unwrap();
     let first = lease_ttl_of(port, &keys_under(port, &prefix)[0]);
     assert!(first.contains("granted with TTL(3s)"), "{first}");
     assert!(
@@ -660,7 +685,7 @@ async fn a_free_key_this_client_last_waited_for_is_granted_on_the_waiting_lease(
     assert_eq!(granted.release().await.unwrap(), ReleaseOutcome::Released);
 
     // Found free last time: the usual way, on a lease of the lock's TTL at once.
-    let again = b.acquire(&key, &options).await.unwrap();
+    let again = b.lock().acquire(&key, &options).await.unwrap();
     let usual = lease_ttl_of(port, &keys_under(port, &prefix)[0]);
     assert!(usual.contains("granted with TTL(30s)"), "{usual}");
     assert_eq!(again.release().await.unwrap(), ReleaseOutcome::Released);
@@ -691,12 +716,12 @@ async fn releasing_a_parked_grant_from_another_client_spares_the_waiting_lease()
     let options = waiting(Duration::from_secs(30), Duration::from_secs(30));
     let queue = |key: &LockKey| {
         let (b, key, options) = (b.clone(), key.clone(), options.clone());
-        tokio::spawn(async move { b.acquire(&key, &options).await })
+        tokio::spawn(async move { b.lock().acquire(&key, &options).await })
     };
-    let holder = a.acquire(&second, &options).await.unwrap();
+    let holder = a.lock().acquire(&second, &options).await.unwrap();
     let queued = queue(&second);
     until_queued(port, &second_range, 2).await;
-    let held = a.acquire(&first, &options).await.unwrap();
+    let held = a.lock().acquire(&first, &options).await.unwrap();
     let waiter = queue(&first);
     until_queued(port, &first_range, 2).await;
     held.release().await.unwrap();
@@ -713,7 +738,7 @@ async fn releasing_a_parked_grant_from_another_client_spares_the_waiting_lease()
         "the grant and the waiter are not on one waiting lease"
     );
     assert_eq!(
-        c.release(parked.lease()).await.unwrap(),
+        c.lock().release(parked.lease()).await.unwrap(),
         ReleaseOutcome::Released
     );
     assert!(keys_under(port, &first_range).is_empty());
@@ -752,11 +777,12 @@ async fn a_waiter_behind_a_long_queue_is_granted_after_the_last_one_ahead() {
     let mut waiter = {
         let (lock, key) = (lock.clone(), key.clone());
         tokio::spawn(async move {
-            lock.acquire(
-                &key,
-                &waiting(Duration::from_secs(30), Duration::from_secs(30)),
-            )
-            .await
+            lock.lock()
+                .acquire(
+                    &key,
+                    &waiting(Duration::from_secs(30), Duration::from_secs(30)),
+                )
+                .await
         })
     };
     assert!(

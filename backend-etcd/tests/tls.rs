@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_etcd::{EtcdConfig, EtcdLock};
@@ -79,7 +79,7 @@ fn connector() -> UrlConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            Ok(lock.lock())
         })
     })
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_etcd::EtcdLock;
@@ -123,10 +123,10 @@ pub fn keys_under(port: u16, prefix: &str) -> Vec<String> {
 
 /// A kit client of `lock` with its election, semaphore and read-write lock handles.
 pub fn with_primitives(lock: EtcdLock) -> Client {
-    Client::new(Arc::new(lock.clone()))
-        .with_election(Arc::new(lock.election()))
-        .with_semaphore(Arc::new(lock.semaphore()))
-        .with_rw_lock(Arc::new(lock.rw_lock()))
+    Client::new(lock.lock())
+        .with_election(lock.election())
+        .with_semaphore(lock.semaphore())
+        .with_rw_lock(lock.rw_lock())
 }
 
 /// The harness: one shared server, every client behind its own proxy.
@@ -147,7 +147,7 @@ fn connector() -> UrlConnector {
     Arc::new(|url: String| {
         Box::pin(async move {
             let lock = EtcdLock::connect(&url).await?;
-            Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
+            Ok(lock.lock())
         })
     })
 }
