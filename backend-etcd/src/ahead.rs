@@ -23,10 +23,7 @@ use std::collections::HashSet;
 
 use crate::error::Fail;
 use crate::loss::Listener;
-use crate::recipe::{Requests, Rule, Turn};
-
-/// The most older contenders a waiter reads and counts down.
-pub(crate) const WATCHED_AHEAD: usize = 64;
+use crate::recipe::{Requests, Rule, Turn, WATCHED_AHEAD};
 
 impl Requests {
     /// Whether [`Requests::watch_turn`] serves a `rule` contender with `key`: when our

@@ -15,10 +15,13 @@ use etcd_client::{
     WatchStream,
 };
 
-use crate::ahead::WATCHED_AHEAD;
 use crate::error::{sent, within, Fail};
 use crate::keys::{prefix_end, Kind};
 use crate::loss::Feed;
+
+/// The most older contenders a waiter reads and counts down (see [`crate::ahead`]):
+/// the put's transaction reads that many, so that a waiter needs no read of its own.
+pub(crate) const WATCHED_AHEAD: usize = 64;
 
 /// The etcd requests of one client.
 #[derive(Clone)]
