@@ -13,21 +13,13 @@ use etcd_client::{EventType, WatchOptions, WatchStream};
 use tokio::time::{timeout_at, Instant};
 
 use crate::error::{sent, within, Fail};
-use crate::keys::{election_prefix, prefix_end};
+use crate::keys::prefix_end;
 use crate::{EtcdLock, ETCD_BACKEND};
 
 /// How long a broken watch of an election waits before it is made again.
 const REWATCH_PAUSE: Duration = Duration::from_millis(20);
 
 impl EtcdLock {
-    /// The range the candidates of the election `name` put their keys in
-    /// (`P/+election/<encode_key(name)>/`, see [`election_prefix`]): never a lock's
-    /// range. `etcdctl elect` on it without the trailing `/` campaigns in the same
-    /// election.
-    pub fn election_prefix(&self, name: &LockKey) -> String {
-        election_prefix(self.prefix(), name)
-    }
-
     /// The leader of the election `name`: the oldest key of its range, with its value
     /// (the identity), create revision (the term) and lease's remaining TTL, as
     /// `concurrency.Election.Leader` reads it.

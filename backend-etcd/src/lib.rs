@@ -208,6 +208,7 @@ mod error;
 mod keys;
 mod lock;
 mod loss;
+mod ranges;
 mod recipe;
 mod rw;
 mod semaphore;

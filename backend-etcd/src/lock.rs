@@ -16,7 +16,7 @@ use tokio::time::Instant;
 
 use crate::config::{parse_url, EtcdConfig, EtcdUrl};
 use crate::error::{at_servers, Fail};
-use crate::keys::{lock_prefix, pending_marker, Kind};
+use crate::keys::{pending_marker, Kind};
 use crate::loss::{Listener, LossWatch};
 use crate::recipe::{Requests, Rule, Stamp, Turn};
 use crate::session::{LiveLeases, Session};
@@ -125,12 +125,6 @@ impl EtcdLock {
                 waiting: WaitingLease::default(),
             }),
         })
-    }
-
-    /// The range `key`'s contenders put their keys in (`PREFIX/<encoded key>/`):
-    /// `etcdctl lock` on this name without the trailing `/` contends for the same lock.
-    pub fn lock_prefix(&self, key: &LockKey) -> String {
-        lock_prefix(&self.inner.prefix, key)
     }
 
     /// The key prefix (no trailing `/`).

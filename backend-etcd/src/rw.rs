@@ -1,8 +1,8 @@
-//! The read-write lock ([`EtcdLock::rw_lock`]) in the key layout of etcd's
+//! The read-write lock ([`crate::EtcdLock::rw_lock`]) in the key layout of etcd's
 //! `recipes.RWMutex` (`client/v3/experimental/recipes/rwmutex.go`).
 //!
 //! Readers and writers of key `K` are keys of one range `P/+rw/<K>/` (see
-//! [`EtcdLock::rw_prefix`]), each under its contender's lease: `P/+rw/<K>/read/<id>`
+//! [`crate::EtcdLock::rw_prefix`]), each under its contender's lease: `P/+rw/<K>/read/<id>`
 //! and `P/+rw/<K>/write/<id>`, ranked together by revision. A writer holds when no key
 //! of the range is older than its own and watches the youngest older one; a reader
 //! holds when no writer key is older than its own and watches the youngest older
@@ -10,23 +10,12 @@
 //! `recipe.NewRWMutex(session, "P/+rw/<K>")` and ours exclude each other. It is the
 //! mutex's recipe with another rule of which older contenders block; leases,
 //! keep-alives, the loss watch, release, extend and clean-up are the mutex's. (The Go
-//! recipe's differences in ranking are on [`EtcdLock::rw_lock`].)
+//! recipe's differences in ranking are on [`crate::EtcdLock::rw_lock`].)
 
-use distlock_api::{Lease, LockKey, RwMode};
+use distlock_api::{Lease, RwMode};
 
 use crate::keys::Kind;
 use crate::lock::reads;
-use crate::EtcdLock;
-
-impl EtcdLock {
-    /// The range of `key`'s read-write lock, `PREFIX/+rw/<encoded key>/` (never a
-    /// mutex's range: no key encodes to a name with `+`). A Go
-    /// `recipe.NewRWMutex(session, prefix)` with this range less its trailing `/`
-    /// shares the lock with ours.
-    pub fn rw_prefix(&self, key: &LockKey) -> String {
-        Kind::Write.range(self.prefix(), key)
-    }
-}
 
 /// A reader's or a writer's kind of contender.
 pub(crate) fn kind(mode: RwMode) -> Kind {

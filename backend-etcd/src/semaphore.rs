@@ -1,5 +1,5 @@
-//! The semaphore ([`EtcdLock::semaphore`]) on the mutex's recipe, with room for `max`
-//! holders: where its keys are, and the permit count each records.
+//! The semaphore ([`crate::EtcdLock::semaphore`]) on the mutex's recipe, with room for
+//! `max` holders: the permit count each contender's key records, and its check.
 //!
 //! etcd ships no semaphore recipe, so this one is the mutex's key-space discipline
 //! with a wider door. Each contender puts `P/+semaphore/<K>/<lease id in hex>` under
@@ -17,18 +17,10 @@ use distlock_api::{LockError, LockKey, PermitMismatch};
 use etcd_client::KeyValue;
 
 use crate::keys::Kind;
-use crate::{EtcdLock, ETCD_BACKEND};
+use crate::ETCD_BACKEND;
 
 /// What our permit keys hold, before the permit count: `distlock:permits=3`.
 pub const PERMITS_VALUE_PREFIX: &str = "distlock:permits=";
-
-impl EtcdLock {
-    /// The range of `key`'s semaphore, `PREFIX/+semaphore/<encoded key>/` (never a
-    /// mutex's range: no key encodes to a name with `+`).
-    pub fn semaphore_prefix(&self, key: &LockKey) -> String {
-        Kind::Permit(1).range(self.prefix(), key)
-    }
-}
 
 /// The value a `kind` contender's key holds: a permit's count, else nothing.
 pub(crate) fn value_of(kind: Kind) -> String {
