@@ -9,18 +9,23 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::backend::{unanswered_message, Claim, Engine, Grant, Request};
 use distlock_api::{
-    BackendInfo, Capabilities, Client, DistributedLock, DistributedRwLock, DistributedSemaphore,
-    ExtendOutcome, FencingToken, KeyStatus, Leader, LeaderElection, Lease, LockError, LockKey,
-    Primitive, ReleaseOutcome,
+    BackendInfo, Capabilities, Capability, Client, DistributedLock, DistributedRwLock,
+    DistributedSemaphore, ExtendOutcome, FencingToken, KeyStatus, Leader, LeaderElection, Lease,
+    LockError, LockKey, Primitive, ReleaseOutcome,
 };
 
 use crate::keys::Kind;
 use crate::semaphore::value_of;
 use crate::{rw, EtcdLock, ETCD_BACKEND};
 
-/// What the etcd backend promises, per primitive: everything, for all four. Each is
+/// Why no lease outlives its client here (see [`capabilities`]).
+const REVOKED_AT_EXIT: &str = "a process that exits cleanly revokes every lease its etcd client \
+     holds as its runtime shuts down, a lease left to run out included (only a killed process \
+     leaves its leases to their TTL)";
+
+/// What the etcd backend promises, per primitive: the same for all four, since each is
 /// the one recipe ([`EtcdLock::contend`]) with its own rule of which older contenders
-/// keep a contender waiting, so:
+/// keep a contender waiting. Supported:
 /// - **offered** and **extend**: all four (an extend is a keep-alive of the key's
 ///   lease, or a move of the key to a longer one);
 /// - **TTL expiry**: every key lives under an etcd lease of at least the TTL asked
@@ -35,8 +40,14 @@ use crate::{rw, EtcdLock, ETCD_BACKEND};
 ///   (the term); a semaphore's or read-write lock's waited grant stamps a pending
 ///   marker in queue order instead (see [`EtcdLock::semaphore`]), so on every
 ///   primitive each grant's token is above every earlier grant's of the key.
+///
+/// Unsupported: **outlives client**. The client revokes every lease it lists when its
+/// runtime shuts down (see the crate docs, "Leaving nothing behind"), and a lease left
+/// to run out ([`distlock_api::LockGuard::let_expire`]) is still listed, so a done
+/// mark would go with the process that set it.
 fn capabilities() -> Capabilities {
     Capabilities::all_supported()
+        .with_every(|g| g.outlives_client = Capability::Unsupported(REVOKED_AT_EXIT))
 }
 
 /// The contender a claim puts in, and the value its key holds: nothing for a lock, a

@@ -12,7 +12,9 @@
 //! [`distlock_api::Client`] whose four primitives share it, and [`EtcdLock::lock`],
 //! [`EtcdLock::semaphore`], [`EtcdLock::rw_lock`] and [`EtcdLock::election`] each one
 //! of them. Every primitive is offered, with every guarantee (FIFO, fencing, TTL
-//! expiry, wake on release, extend).
+//! expiry, wake on release, extend) but one: no lease outlives its client, since a
+//! clean exit revokes them all (see "Leaving nothing behind"), so
+//! [`distlock_api::run_once`] refuses here.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {

@@ -812,3 +812,33 @@ async fn a_waiter_behind_a_long_queue_is_granted_after_the_last_one_ahead() {
     guard.release().await.unwrap();
     assert!(keys_under(port, &prefix).is_empty());
 }
+
+/// A lease left to run out does not outlive its process here, as the capabilities say
+/// (`outlives_client`): the client revokes it as its runtime shuts down.
+#[test]
+fn a_lease_left_to_run_out_is_revoked_when_its_process_exits() {
+    let port = shared_port();
+    let key = key("let-expire");
+    let process = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (range, claimed) = process.block_on(async {
+        let lock = direct(port).await;
+        let guard = lock
+            .lock()
+            .try_acquire(&key, &no_wait(Duration::from_secs(30)))
+            .await
+            .unwrap()
+            .expect("free");
+        guard.let_expire();
+        let claimed = lock.client().info().capabilities.mutex.outlives_client;
+        (lock.lock_prefix(&key), claimed)
+    });
+    assert!(!claimed.is_supported(), "{claimed:?}");
+    assert_eq!(keys_under(port, &range).len(), 1, "left to run out");
+    // The shutdown waits for the revoke (up to a second).
+    drop(process);
+    assert!(keys_under(port, &range).is_empty(), "revoked at the exit");
+}
