@@ -140,8 +140,8 @@ pub struct ExecArgs {
     /// when their clocks differ by less than the period). Exits 75 at once if the
     /// firing runs or ran elsewhere; a firing that ran keeps a done mark for one
     /// period. The command gets the firing's nominal time in DISTLOCK_FIRING (Unix
-    /// seconds). Needs a backend whose leases expire and outlive their client (Redis,
-    /// etcd). Implies --no-wait.
+    /// seconds). Needs a backend whose leases expire and outlive their client
+    /// (Redis). Implies --no-wait.
     #[arg(long, value_name = "PERIOD", value_parser = duration::parse,
           conflicts_with_all = ["wait", "shared", "permits"])]
     once_per: Option<Duration>,
