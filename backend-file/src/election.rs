@@ -95,8 +95,12 @@ impl Elections {
             leader_path(dir, request.key),
         );
         let record = candidate.as_bytes().to_vec();
-        let tried = (election_path.clone(), leader_path.clone(), record.clone());
-        if let Some((seat, term)) = blocking(move || try_seat(tried)).await? {
+        let tried = {
+            let (election, leader) = (election_path.clone(), leader_path.clone());
+            let record = record.clone();
+            blocking(move || try_seat(&election, &leader, &record)).await?
+        };
+        if let Some((seat, term)) = tried {
             return Ok(Some(self.grant(request, seat, term, requested_at)));
         }
         request.saw_held();
@@ -197,15 +201,17 @@ impl Elections {
 /// One campaign without waiting, on the blocking pool: the election file and its next
 /// term, then the seat in the leader file.
 fn try_seat(
-    (election_path, leader_path, record): (PathBuf, PathBuf, Vec<u8>),
+    election_path: &Path,
+    leader_path: &Path,
+    record: &[u8],
 ) -> Result<Option<(Seat, FencingToken)>, LockError> {
     let Some(election) =
-        lock_file::open_locked(&election_path, false).map_err(|e| io_error(&election_path, e))?
+        lock_file::open_locked(election_path, false).map_err(|e| io_error(election_path, e))?
     else {
         return Ok(None);
     };
-    let term = lock_file::take_next_token(&election).map_err(|e| io_error(&election_path, e))?;
-    let leader = take_seat(&leader_path, term, &record)?;
+    let term = lock_file::take_next_token(&election).map_err(|e| io_error(election_path, e))?;
+    let leader = take_seat(leader_path, term, record)?;
     Ok(Some((Seat { leader, election }, term)))
 }
 

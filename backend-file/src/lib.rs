@@ -38,6 +38,8 @@
 //! - Waiters block in the kernel and wake on release; no polling.
 //! - Interoperates with `flock(1)` on the same file (`flock DIR/k-KEY.lock CMD`).
 //!
+//! These are the mutex's; the other primitives' follow.
+//!
 //! # Caveats
 //! - **No TTL expiry.** A lock is held until it is released or its process exits; the
 //!   TTL only sets the guard's local validity deadline, which `extend` and auto-renew
@@ -76,11 +78,19 @@
 //! is kept), and the leader's identity and term are in the leader file `k-NAME.leader`
 //! ([`FileLock::leader_file_path`]), which the leader keeps locked exclusive and
 //! deletes when it resigns. `leader()` reads that record only while its lock is held,
-//! so a dead leader's record never reads as leader; a dead leader's file stays until
-//! the next leader overwrites it. [`Leader::remaining`](distlock_api::Leader::remaining) is
-//! `None`. Campaigns wait in the kernel as the mutex's acquires do, woken when the
-//! leader resigns or its process dies; observers (`wait_change`) poll. No TTL expiry,
-//! as for the mutex.
+//! so a dead leader's record never reads as leader; it stays in its file until the
+//! next leader overwrites it, and every election file stays, as lock files do.
+//! [`Leader::remaining`](distlock_api::Leader::remaining) is `None`. Campaigns wait in
+//! the kernel as the mutex's acquires do, woken when the leader resigns or its process
+//! dies; observers (`wait_change`) poll. No TTL expiry, as for the mutex.
+//!
+//! # Capabilities
+//! [`Client::info`](distlock_api::Client::info) states the above per primitive: no
+//! primitive has TTL expiry or FIFO waiting (`flock` promises no order among blocked
+//! processes, so a FIFO wait is refused with
+//! [`LockError::Unsupported`](distlock_api::LockError::Unsupported)); the mutex and
+//! election have fencing tokens and waiters woken on release; the semaphore and
+//! read-write lock have neither.
 
 // docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
