@@ -14,6 +14,9 @@ use crate::{election, mutex, rw, semaphore, FileLock, FILE_BACKEND};
 
 const NO_TTL: &str = "a file lock is held until it is released or its process exits; the TTL only sets the holder's local validity deadline";
 
+/// Why no file lease outlives its client: the lock is the open file.
+const DIES_WITH_CLIENT: &str = "a file lock is the client's open file: the kernel frees it when the client closes it or its process exits, whatever the TTL";
+
 /// Why the file semaphore and read-write lock hand out no fencing token.
 const UNFENCED: &str =
     "the slot and gate files keep no counter: permits and read-write grants carry no fencing token";
@@ -26,10 +29,10 @@ const POLLED: &str = "waiters retry at the options' backoff rather than block in
 const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linux wakes every waiter of a released file and the first to run takes it";
 
 /// What the file backend promises, per primitive:
-/// - every primitive: no TTL expiry (a lock lives as long as its open file), no FIFO
-///   (the kernel picks among blocked processes), extend supported (it pushes the
-///   local deadline out, after checking the mutex's and election's file is still the
-///   one at its path);
+/// - every primitive: no TTL expiry and no outliving its client (a lock lives exactly
+///   as long as its open file), no FIFO (the kernel picks among blocked processes),
+///   extend supported (it pushes the local deadline out, after checking the mutex's
+///   and election's file is still the one at its path);
 /// - the mutex and election: fencing tokens (terms) from the counter in the lock or
 ///   election file, and waiters blocked in the kernel, woken on release;
 /// - the semaphore and read-write lock: no fencing token (their files keep no
@@ -37,6 +40,7 @@ const NOT_FIFO: &str = "flock(2) promises no order among blocked processes: Linu
 fn capabilities() -> Capabilities {
     let mut capabilities = Capabilities::all_supported().with_every(|g| {
         g.ttl_expiry = Capability::Unsupported(NO_TTL);
+        g.outlives_client = Capability::Unsupported(DIES_WITH_CLIENT);
         g.fifo = Capability::Unsupported(NOT_FIFO);
     });
     for polled in [&mut capabilities.semaphore, &mut capabilities.rw_lock] {

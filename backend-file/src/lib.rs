@@ -86,8 +86,9 @@
 //!
 //! # Capabilities
 //! [`Client::info`](distlock_api::Client::info) states the above per primitive: no
-//! primitive has TTL expiry or FIFO waiting (`flock` promises no order among blocked
-//! processes, so a FIFO wait is refused with
+//! primitive has TTL expiry, leases that outlive their client (so `run_once` is
+//! refused), or FIFO waiting (`flock` promises no order among blocked processes, so a
+//! FIFO wait is refused with
 //! [`LockError::Unsupported`](distlock_api::LockError::Unsupported)); the mutex and
 //! election have fencing tokens and waiters woken on release; the semaphore and
 //! read-write lock have neither.
