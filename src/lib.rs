@@ -134,11 +134,7 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
     match backend {
         Backend::Memory => Ok(memory_client(rest)?.client()),
         #[cfg(feature = "file")]
-        Backend::File => {
-            let lock = distlock_file::FileLock::connect(url).await?;
-            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
-            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
-        }
+        Backend::File => Ok(distlock_file::FileLock::connect(url).await?.client()),
         #[cfg(feature = "redis")]
         Backend::Redis => Ok(distlock_redis::RedisLock::connect(url).await?.client()),
         #[cfg(feature = "zookeeper")]

@@ -1,5 +1,5 @@
-//! [`FileElection`]: the [`LeaderElection`] over an exclusive `flock(2)` on an election
-//! file, with the leader's identity in a leader file beside it.
+//! Leader election: an exclusive `flock(2)` on an election file, with the leader's
+//! identity in a leader file beside it.
 //!
 //! Protocol, per election name `N`:
 //! - The **election file** `….election` is a lock file like the mutex's: its leader
@@ -25,57 +25,41 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use distlock_api::backend::{check_campaign_request, leadership, prelude::*};
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::{Grant, Request};
 use distlock_api::{
-    check_ttl, BackendInfo, Candidate, Capability, DistributedLock, ExtendOutcome, FencingToken,
-    Leader, LeaderElection, Leadership, Lease, LeaseMonitor, LockError, LockKey, LockOptions,
+    Candidate, ExtendOutcome, FencingToken, Leader, Lease, LeaseMonitor, LockError, LockKey,
     OwnerToken, ReleaseOutcome, MAX_CANDIDATE_LEN,
 };
 use tokio::time::Instant;
 
-use crate::error::io_error;
+use crate::error::{blocking, io_error};
 use crate::held::try_lock_shared;
-use crate::lock::NOT_FIFO;
-use crate::{keys, lock_file, FileLock, FILE_BACKEND};
+use crate::waiter::Waiters;
+use crate::{keys, lock_file, FILE_BACKEND};
 
 /// `{term:020} {pid:010} {len:03}\n`: the fixed header of a leader record.
 const HEADER_LEN: usize = 36;
-/// How often [`FileElection::leader`] reads a record being written before it gives up.
+/// How often [`leader`] reads a record being written before it gives up.
 const READ_ATTEMPTS: usize = 50;
 /// The pause between those reads.
 const REREAD_PAUSE: Duration = Duration::from_millis(1);
 
-/// A leader-election client of the file backend, made by [`FileLock::election`], for
-/// processes on one host.
-///
-/// - **Leadership** is the exclusive `flock` of the name's election file
-///   (`k-NAME.election`: its own file, apart from the mutex's, semaphore's and
-///   read-write lock's files of the same name). At most one leader per name among
-///   every process using the directory; a waiting campaign blocks in the kernel and is
-///   woken when the leader resigns or its process dies, even by `kill -9`.
-/// - **Term**: the election file's fencing record, incremented and synced under the
-///   lock at each grant as the mutex's token is, so terms rise strictly per name as
-///   long as the file is kept.
-/// - **Identity**: written by the leader, while it holds the election file, into the
-///   leader file `k-NAME.leader`, which it keeps locked exclusive.
-///   [`LeaderElection::leader`] reads the record only while that lock is held (a
-///   non-blocking shared lock attempt is refused), so a dead leader's record never
-///   reads as leader. A resign deletes the leader file; a dead leader's is overwritten
-///   by the next one. [`Leader::remaining`] is `None`.
-/// - **No TTL expiry**: as the mutex's, the leadership lives until it is resigned or
-///   its process exits; the TTL only sets the leader's local validity deadline.
-/// - **Observers**: [`LeaderElection::wait_change`] keeps the polling default (every
-///   [`distlock_api::OBSERVE_POLL`]): `flock` tells nobody of a change.
-///
-/// Residue: the election file of every name ever campaigned for stays (it carries
-/// the term counter, as mutex lock files do), and the leader file of a leader that
-/// died without resigning stays until the next leader. Cloning gives another handle on
-/// the same client.
-#[derive(Debug, Clone)]
-pub struct FileElection {
-    locks: FileLock,
-    held: Arc<Mutex<HashMap<OwnerToken, Seat>>>,
+/// The election file of `name` in `dir`: the mutex's file name of the name with
+/// `.election` in place of `.lock`.
+pub(crate) fn election_path(dir: &Path, name: &LockKey) -> PathBuf {
+    dir.join(keys::derived_name(name, ".election"))
+}
+
+/// The leader file of `name` in `dir`, with `.leader` in place of `.lock`.
+pub(crate) fn leader_path(dir: &Path, name: &LockKey) -> PathBuf {
+    dir.join(keys::derived_name(name, ".leader"))
+}
+
+/// The leaderships one client holds, across names.
+#[derive(Debug, Default)]
+pub(crate) struct Elections {
+    seats: Mutex<HashMap<OwnerToken, Seat>>,
 }
 
 /// The files a leadership keeps locked. Fields drop in order: the leader file closes
@@ -87,105 +71,158 @@ struct Seat {
     election: File,
 }
 
-impl FileElection {
-    pub(crate) fn new(locks: FileLock) -> Self {
-        FileElection {
-            locks,
-            held: Arc::default(),
-        }
-    }
-
-    /// The mutex client whose directory this one uses.
-    pub fn client(&self) -> &FileLock {
-        &self.locks
-    }
-
-    /// The election file of `name`: the mutex's file name of the name with
-    /// `.election` in place of `.lock`.
-    pub fn election_file_path(&self, name: &LockKey) -> PathBuf {
-        self.locks.dir().join(keys::derived_name(name, ".election"))
-    }
-
-    /// The leader file of `name`, with `.leader` in place of `.lock`.
-    pub fn leader_file_path(&self, name: &LockKey) -> PathBuf {
-        self.locks.dir().join(keys::derived_name(name, ".leader"))
-    }
-
-    fn held(&self) -> MutexGuard<'_, HashMap<OwnerToken, Seat>> {
+impl Elections {
+    fn seats(&self) -> MutexGuard<'_, HashMap<OwnerToken, Seat>> {
         // Inserts and removes only: a panic elsewhere cannot leave the map torn.
-        self.held.lock().unwrap_or_else(PoisonError::into_inner)
+        self.seats.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// One campaign without waiting. The file work runs on the blocking pool; if this
-    /// future is dropped meanwhile, the files it locked close with the task's result.
-    async fn attempt(
+    /// The leadership of `request.key` for `candidate`: a non-blocking try, then, if
+    /// the request waits, a place in `waiters`' thread blocked in `flock` on the
+    /// election file, as the mutex's acquire waits. `None` when another leads at the
+    /// deadline. The lease's fencing token is the term. A dropped future leaves nothing
+    /// locked: files taken meanwhile close with the task's result or the channel.
+    pub(crate) async fn acquire(
         &self,
-        name: &LockKey,
+        dir: &Path,
+        waiters: &Arc<Waiters>,
+        request: &Request<'_>,
         candidate: &Candidate,
-        options: &LockOptions,
-    ) -> Result<Option<Leadership>, LockError> {
+    ) -> Result<Option<Grant>, LockError> {
         let requested_at = Instant::now();
-        let (election_path, leader_path) =
-            (self.election_file_path(name), self.leader_file_path(name));
+        let (election_path, leader_path) = (
+            election_path(dir, request.key),
+            leader_path(dir, request.key),
+        );
         let record = candidate.as_bytes().to_vec();
-        let seated = blocking(move || {
-            let Some(election) = lock_file::open_locked(&election_path, false)
-                .map_err(|e| io_error(&election_path, e))?
-            else {
-                return Ok(None);
-            };
-            let term =
-                lock_file::take_next_token(&election).map_err(|e| io_error(&election_path, e))?;
-            let leader = take_seat(&leader_path, term, &record)?;
-            Ok(Some((Seat { leader, election }, term)))
-        })
-        .await?;
-        seated
-            .map(|(seat, term)| self.leadership(name, candidate, options, seat, term, requested_at))
-            .transpose()
+        let tried = {
+            let (election, leader) = (election_path.clone(), leader_path.clone());
+            let record = record.clone();
+            blocking(move || try_seat(&election, &leader, &record)).await?
+        };
+        if let Some((seat, term)) = tried {
+            return Ok(Some(self.grant(request, seat, term, requested_at)));
+        }
+        request.saw_held();
+        if !request.waits() || request.deadline_passed() {
+            return Ok(None);
+        }
+        let Some((election, term)) = waiters.take(&election_path, request.deadline).await? else {
+            return Ok(None);
+        };
+        // The wait counts as part of the request: the lease starts at the grant.
+        let granted_at = Instant::now();
+        let leader = blocking(move || take_seat(&leader_path, term, &record)).await?;
+        let seat = Seat { leader, election };
+        Ok(Some(self.grant(request, seat, term, granted_at)))
     }
 
-    fn leadership(
+    fn grant(
         &self,
-        name: &LockKey,
-        candidate: &Candidate,
-        options: &LockOptions,
+        request: &Request<'_>,
         seat: Seat,
         term: FencingToken,
         requested_at: Instant,
-    ) -> Result<Leadership, LockError> {
-        let owner = OwnerToken::random();
-        let lease = Lease::new(name.clone(), owner, Some(term), options.ttl(), requested_at);
-        self.held().insert(owner, seat);
-        let backend: Arc<dyn LeaderElection> = Arc::new(self.clone());
-        leadership(
-            lease,
-            LeaseMonitor::new(requested_at + options.ttl()),
-            backend,
-            options.auto_renew(),
-            candidate.clone(),
-        )
+    ) -> Grant {
+        let (owner, ttl) = (OwnerToken::random(), request.options.ttl());
+        let lease = Lease::new(request.key.clone(), owner, Some(term), ttl, requested_at);
+        self.seats().insert(owner, seat);
+        Grant::new(lease, LeaseMonitor::new(requested_at + ttl))
     }
 
-    /// Whether someone else holds the election file of `name` (a shared lock attempt
-    /// is refused).
-    fn held_by_other(&self, name: &LockKey) -> Result<bool, LockError> {
-        let path = self.election_file_path(name);
-        match File::open(&path) {
-            Ok(file) => Ok(!try_lock_shared(&file).map_err(|e| io_error(&path, e))?),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-            Err(e) => Err(io_error(&path, e)),
+    /// Resigns `lease`: deletes the leader record, then unlocks. `Released` only if
+    /// the election file is still the one at its path.
+    pub(crate) fn release(&self, dir: &Path, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
+        let (election_path, leader_path) = (
+            election_path(dir, lease.key()),
+            leader_path(dir, lease.key()),
+        );
+        let seat = self.seats().remove(&lease.owner());
+        if let Some(seat) = seat {
+            // The record goes before the lock: nobody reads it once we resign.
+            if lock_file::is_current(&seat.leader, &leader_path)
+                .map_err(|e| io_error(&leader_path, e))?
+            {
+                match std::fs::remove_file(&leader_path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(io_error(&leader_path, e)),
+                }
+            }
+            // `Released` says nobody else led meanwhile: only true if our locked
+            // election file is still the one at the path.
+            let current = lock_file::is_current(&seat.election, &election_path)
+                .map_err(|e| io_error(&election_path, e))?;
+            drop(seat);
+            if current {
+                return Ok(ReleaseOutcome::Released);
+            }
         }
+        Ok(if held_by_other(&election_path)? {
+            ReleaseOutcome::HeldByOther
+        } else {
+            ReleaseOutcome::Expired
+        })
+    }
+
+    /// Pushes a held leadership's local deadline to `ttl` from now, once its election
+    /// file is checked to be still the one at its path.
+    pub(crate) fn extend(
+        &self,
+        dir: &Path,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<ExtendOutcome, LockError> {
+        let requested_at = Instant::now();
+        let election_path = election_path(dir, lease.key());
+        let mut seats = self.seats();
+        if let Some(seat) = seats.get(&lease.owner()) {
+            if !lock_file::is_current(&seat.election, &election_path)
+                .map_err(|e| io_error(&election_path, e))?
+            {
+                // The election file was deleted or replaced: our lock guards nothing.
+                seats.remove(&lease.owner());
+                return Ok(ExtendOutcome::Expired);
+            }
+            let valid_until = requested_at
+                .checked_add(ttl)
+                .ok_or_else(|| LockError::config(FILE_BACKEND, "ttl overflows the clock"))?;
+            return Ok(ExtendOutcome::Extended { valid_until });
+        }
+        drop(seats);
+        Ok(if held_by_other(&election_path)? {
+            ExtendOutcome::HeldByOther
+        } else {
+            ExtendOutcome::Expired
+        })
     }
 }
 
-/// Runs file work on the blocking pool.
-async fn blocking<T: Send + 'static>(
-    work: impl FnOnce() -> Result<T, LockError> + Send + 'static,
-) -> Result<T, LockError> {
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| LockError::backend_error(FILE_BACKEND, format!("the file task failed: {e}")))?
+/// One campaign without waiting, on the blocking pool: the election file and its next
+/// term, then the seat in the leader file.
+fn try_seat(
+    election_path: &Path,
+    leader_path: &Path,
+    record: &[u8],
+) -> Result<Option<(Seat, FencingToken)>, LockError> {
+    let Some(election) =
+        lock_file::open_locked(election_path, false).map_err(|e| io_error(election_path, e))?
+    else {
+        return Ok(None);
+    };
+    let term = lock_file::take_next_token(&election).map_err(|e| io_error(election_path, e))?;
+    let leader = take_seat(leader_path, term, record)?;
+    Ok(Some((Seat { leader, election }, term)))
+}
+
+/// Whether someone else holds the election file at `path` (a shared lock attempt is
+/// refused).
+fn held_by_other(path: &Path) -> Result<bool, LockError> {
+    match File::open(path) {
+        Ok(file) => Ok(!try_lock_shared(&file).map_err(|e| io_error(path, e))?),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io_error(path, e)),
+    }
 }
 
 /// With the election file held: opens the leader file truncated (a dead leader's
@@ -284,152 +321,28 @@ fn look(path: &Path) -> io::Result<Option<Record>> {
     read_record(&file).map(Some)
 }
 
-#[async_trait]
-impl LeaderElection for FileElection {
-    fn info(&self) -> BackendInfo {
-        DistributedLock::info(&self.locks)
-    }
-
-    async fn try_campaign(
-        &self,
-        name: &LockKey,
-        candidate: &Candidate,
-        options: &LockOptions,
-    ) -> Result<Option<Leadership>, LockError> {
-        check_campaign_request(FILE_BACKEND, options, Capability::Unsupported(NOT_FIFO))?;
-        self.attempt(name, candidate, options).await
-    }
-
-    /// A campaign that finds a leader waits in a thread blocked in `flock`, as the
-    /// mutex's acquire does (see the crate's caveats), and is marked
-    /// [`Leadership::contended`].
-    async fn campaign(
-        &self,
-        name: &LockKey,
-        candidate: &Candidate,
-        options: &LockOptions,
-    ) -> Result<Leadership, LockError> {
-        check_campaign_request(FILE_BACKEND, options, Capability::Unsupported(NOT_FIFO))?;
-        let started = Instant::now();
-        if let Some(won) = self.attempt(name, candidate, options).await? {
-            return Ok(won);
+/// The current leader of `name` in `dir`, read from its leader file while the leader
+/// holds it locked. [`Leader::remaining`] is `None`: a leadership has no expiry.
+///
+/// # Errors
+/// [`LockError::Backend`] naming the file for file-system errors, a file that is not a
+/// leader record, or a record still incomplete after [`READ_ATTEMPTS`] reads.
+pub(crate) async fn leader(dir: &Path, name: &LockKey) -> Result<Option<Leader>, LockError> {
+    let path = leader_path(dir, name);
+    for _ in 0..READ_ATTEMPTS {
+        match look(&path).map_err(|e| io_error(&path, e))? {
+            None => return Ok(None),
+            Some(Record::Leader(leader)) => return Ok(Some(leader)),
+            // Locked, record on its way: the new leader writes it right away.
+            Some(Record::Incomplete) => tokio::time::sleep(REREAD_PAUSE).await,
         }
-        let timeout = || LockError::Timeout {
-            backend: FILE_BACKEND,
-            key: name.clone(),
-            waited: started.elapsed(),
-        };
-        let deadline = options.wait().deadline_from(started);
-        if deadline.is_some_and(|d| d <= started) {
-            return Err(timeout());
-        }
-        let election_path = self.election_file_path(name);
-        let queued = self
-            .locks
-            .waiters()
-            .wait(election_path.clone())
-            .map_err(|e| io_error(&election_path, e))?;
-        let received = match deadline {
-            Some(deadline) => tokio::time::timeout_at(deadline, queued)
-                .await
-                .map_err(|_| timeout())?,
-            None => queued.await,
-        };
-        let granted = received.map_err(|_| {
-            LockError::backend_error(FILE_BACKEND, "the waiting thread ended without an answer")
-        })?;
-        let (election, term) = granted.map_err(|e| io_error(&election_path, e))?;
-        // The wait counts as part of the request: the lease starts at the grant.
-        let granted_at = Instant::now();
-        let (leader_path, record) = (self.leader_file_path(name), candidate.as_bytes().to_vec());
-        let leader = blocking(move || take_seat(&leader_path, term, &record)).await?;
-        let won = self.leadership(
-            name,
-            candidate,
-            options,
-            Seat { leader, election },
-            term,
-            granted_at,
-        )?;
-        Ok(distlock_api::backend::mark_contended(won, true))
     }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let seat = self.held().remove(&lease.owner());
-        if let Some(seat) = seat {
-            let (election_path, leader_path) = (
-                self.election_file_path(lease.key()),
-                self.leader_file_path(lease.key()),
-            );
-            // The record goes before the lock: nobody reads it once we resign.
-            if lock_file::is_current(&seat.leader, &leader_path)
-                .map_err(|e| io_error(&leader_path, e))?
-            {
-                match std::fs::remove_file(&leader_path) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_error(&leader_path, e)),
-                }
-            }
-            // `Released` says nobody else led meanwhile: only true if our locked
-            // election file is still the one at the path.
-            let current = lock_file::is_current(&seat.election, &election_path)
-                .map_err(|e| io_error(&election_path, e))?;
-            drop(seat);
-            if current {
-                return Ok(ReleaseOutcome::Released);
-            }
-        }
-        Ok(if self.held_by_other(lease.key())? {
-            ReleaseOutcome::HeldByOther
-        } else {
-            ReleaseOutcome::Expired
-        })
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(FILE_BACKEND, e))?;
-        let requested_at = Instant::now();
-        let election_path = self.election_file_path(lease.key());
-        let mut held = self.held();
-        if let Some(seat) = held.get(&lease.owner()) {
-            if !lock_file::is_current(&seat.election, &election_path)
-                .map_err(|e| io_error(&election_path, e))?
-            {
-                // The election file was deleted or replaced: our lock guards nothing.
-                held.remove(&lease.owner());
-                return Ok(ExtendOutcome::Expired);
-            }
-            let valid_until = requested_at
-                .checked_add(ttl)
-                .ok_or_else(|| LockError::config(FILE_BACKEND, "ttl overflows the clock"))?;
-            return Ok(ExtendOutcome::Extended { valid_until });
-        }
-        drop(held);
-        Ok(if self.held_by_other(lease.key())? {
-            ExtendOutcome::HeldByOther
-        } else {
-            ExtendOutcome::Expired
-        })
-    }
-
-    async fn leader(&self, name: &LockKey) -> Result<Option<Leader>, LockError> {
-        let path = self.leader_file_path(name);
-        for _ in 0..READ_ATTEMPTS {
-            match look(&path).map_err(|e| io_error(&path, e))? {
-                None => return Ok(None),
-                Some(Record::Leader(leader)) => return Ok(Some(leader)),
-                // Locked, record on its way: the new leader writes it right away.
-                Some(Record::Incomplete) => tokio::time::sleep(REREAD_PAUSE).await,
-            }
-        }
-        Err(io_error(
-            &path,
-            io::Error::other(format!(
-                "locked with an incomplete leader record for {READ_ATTEMPTS} reads"
-            )),
-        ))
-    }
+    Err(io_error(
+        &path,
+        io::Error::other(format!(
+            "locked with an incomplete leader record for {READ_ATTEMPTS} reads"
+        )),
+    ))
 }
 
 #[cfg(test)]

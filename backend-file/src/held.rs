@@ -1,5 +1,5 @@
-//! What the semaphore and read-write lock clients share: the files each lease keeps
-//! locked, and the polling wait.
+//! What the semaphore and read-write lock share: the files each lease keeps locked,
+//! and the polling wait.
 //!
 //! Both take several locks per grant (a permit and the count file; a gate and the
 //! main file), so they cannot hand a blocked `flock(2)` to a waiting thread as the
@@ -12,13 +12,13 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
+use distlock_api::backend::{Grant, Request};
 use distlock_api::{
-    check_ttl, ExtendOutcome, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
-    ReleaseOutcome,
+    ExtendOutcome, Lease, LeaseMonitor, LockError, LockKey, OwnerToken, ReleaseOutcome,
 };
 use tokio::time::Instant;
 
-use crate::FILE_BACKEND;
+use crate::{lock_file, FILE_BACKEND};
 
 /// The locked files of each lease a client holds; closing them unlocks.
 #[derive(Debug, Default)]
@@ -33,19 +33,19 @@ impl HeldFiles {
     }
 
     /// Keeps `files` locked for a new owner until release, and describes the grant: a
-    /// lease of `key` for the options' TTL from `requested_at` (no fencing token: the
-    /// file backend gives none for these primitives) and its monitor.
+    /// lease of `key` for `ttl` from `requested_at` (no fencing token: the file backend
+    /// gives none for these primitives) and its monitor.
     pub(crate) fn grant(
         &self,
         key: &LockKey,
         files: Vec<File>,
-        options: &LockOptions,
+        ttl: Duration,
         requested_at: Instant,
-    ) -> (Lease, LeaseMonitor) {
+    ) -> Grant {
         let owner = OwnerToken::random();
         self.files().insert(owner, files);
-        let lease = Lease::new(key.clone(), owner, None, options.ttl(), requested_at);
-        (lease, LeaseMonitor::new(requested_at + options.ttl()))
+        let lease = Lease::new(key.clone(), owner, None, ttl, requested_at);
+        Grant::new(lease, LeaseMonitor::new(requested_at + ttl))
     }
 
     /// Closes `owner`'s files: `Released` if it held them, else `Expired` (released
@@ -53,7 +53,7 @@ impl HeldFiles {
     pub(crate) fn release(&self, owner: OwnerToken) -> ReleaseOutcome {
         match self.files().remove(&owner) {
             Some(files) => {
-                files.iter().for_each(crate::lock::unlock);
+                files.iter().for_each(lock_file::unlock);
                 ReleaseOutcome::Released
             }
             None => ReleaseOutcome::Expired,
@@ -63,13 +63,12 @@ impl HeldFiles {
     /// A held lease lasts `ttl` from now (file locks have no server-side expiry).
     ///
     /// # Errors
-    /// [`LockError::InvalidOptions`] for a TTL out of bounds.
+    /// [`LockError::Config`] for a TTL past the clock's range.
     pub(crate) fn extend(
         &self,
         owner: OwnerToken,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(FILE_BACKEND, e))?;
         let requested_at = Instant::now();
         if !self.files().contains_key(&owner) {
             return Ok(ExtendOutcome::Expired);
@@ -90,35 +89,27 @@ pub(crate) fn try_lock_shared(file: &File) -> io::Result<bool> {
     }
 }
 
-/// Calls `attempt` until it grants, pausing at the options' backoff, until the wait
-/// policy runs out. Returns the grant and whether an attempt found the key held.
-/// Cancel-safe as long as `attempt` keeps what it locked in values it owns.
+/// Calls `attempt` until it grants, pausing at the options' backoff, while `request`'s
+/// deadline allows: the grant, or `None` when the last attempt, at the deadline (at
+/// once for a try), found the key held. Notes each refusal on `request`. Cancel-safe
+/// as long as `attempt` keeps what it locked in values it owns.
 ///
 /// # Errors
-/// [`LockError::Timeout`] when the wait runs out, or whatever `attempt` returns.
-pub(crate) async fn poll_until<T>(
-    key: &LockKey,
-    options: &LockOptions,
+/// Whatever `attempt` returns.
+pub(crate) async fn poll<T>(
+    request: &Request<'_>,
     mut attempt: impl FnMut() -> Result<Option<T>, LockError>,
-) -> Result<(T, bool), LockError> {
-    let started = Instant::now();
-    let deadline = options.wait().deadline_from(started);
-    let mut delays = options.backoff().delays();
-    let mut contended = false;
+) -> Result<Option<T>, LockError> {
+    let mut delays = request.options.backoff().delays();
     loop {
         if let Some(granted) = attempt()? {
-            return Ok((granted, contended));
+            return Ok(Some(granted));
         }
-        contended = true;
-        let now = Instant::now();
-        if deadline.is_some_and(|d| now >= d) {
-            return Err(LockError::Timeout {
-                backend: FILE_BACKEND,
-                key: key.clone(),
-                waited: started.elapsed(),
-            });
+        request.saw_held();
+        if !request.waits() || request.deadline_passed() {
+            return Ok(None);
         }
-        let wake_at = now + delays.next_delay();
-        tokio::time::sleep_until(deadline.map_or(wake_at, |d| d.min(wake_at))).await;
+        let wake_at = Instant::now() + delays.next_delay();
+        tokio::time::sleep_until(request.deadline.map_or(wake_at, |d| d.min(wake_at))).await;
     }
 }

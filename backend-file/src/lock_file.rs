@@ -68,6 +68,14 @@ pub(crate) fn is_current(file: &File, path: &Path) -> io::Result<bool> {
     }
 }
 
+/// Unlocks `file` before it is closed. Closing alone is not enough: a child process
+/// forked meanwhile by any thread of this process shares the open file until it execs,
+/// and kept the lock held that long after the release returned. A failed unlock leaves
+/// the close to do it.
+pub(crate) fn unlock(file: &File) {
+    let _ = file.unlock();
+}
+
 /// Takes the exclusive OS lock without blocking; `false` if another open file holds it.
 ///
 /// `flock(2)` locks belong to the open file, not the process: two clients in one

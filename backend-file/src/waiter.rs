@@ -10,32 +10,61 @@ use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
 use std::io;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use distlock_api::FencingToken;
+use distlock_api::{FencingToken, LockError};
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-use crate::lock_file;
+use crate::error::io_error;
+use crate::{lock_file, FILE_BACKEND};
 
 /// A lock taken for a waiter: the locked file and the token recorded in it.
-pub(crate) type Grant = io::Result<(File, FencingToken)>;
+type Taken = io::Result<(File, FencingToken)>;
 
 /// The waiters of one client, per lock file.
 #[derive(Debug, Default)]
 pub(crate) struct Waiters {
-    queues: Mutex<HashMap<PathBuf, VecDeque<oneshot::Sender<Grant>>>>,
+    queues: Mutex<HashMap<PathBuf, VecDeque<oneshot::Sender<Taken>>>>,
 }
 
 impl Waiters {
-    fn queues(&self) -> MutexGuard<'_, HashMap<PathBuf, VecDeque<oneshot::Sender<Grant>>>> {
+    fn queues(&self) -> MutexGuard<'_, HashMap<PathBuf, VecDeque<oneshot::Sender<Taken>>>> {
         // Every update is a push or pop under the lock: a panic cannot leave it torn.
         self.queues.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Waits for `path`'s exclusive lock, in the key's blocked thread, until `deadline`
+    /// (`None`: until granted): the locked file with its new token, or `None` at the
+    /// deadline. Dropping the future gives up the place; a lock handed over meanwhile
+    /// closes (and unlocks) with the channel.
+    ///
+    /// # Errors
+    /// [`LockError::Backend`] naming the file when the thread cannot start, the lock
+    /// or its counter fails, or the thread ended without an answer.
+    pub(crate) async fn take(
+        self: &Arc<Self>,
+        path: &Path,
+        deadline: Option<Instant>,
+    ) -> Result<Option<(File, FencingToken)>, LockError> {
+        let queued = self.wait(path.to_owned()).map_err(|e| io_error(path, e))?;
+        let received = match deadline {
+            Some(deadline) => match tokio::time::timeout_at(deadline, queued).await {
+                Ok(received) => received,
+                Err(_) => return Ok(None),
+            },
+            None => queued.await,
+        };
+        let taken = received.map_err(|_| {
+            LockError::backend_error(FILE_BACKEND, "the waiting thread ended without an answer")
+        })?;
+        taken.map(Some).map_err(|e| io_error(path, e))
+    }
+
     /// Queues a waiter for `path`, starting the key's blocked thread if none runs.
     /// Dropping the receiver gives up the place.
-    pub(crate) fn wait(self: &Arc<Self>, path: PathBuf) -> io::Result<oneshot::Receiver<Grant>> {
+    fn wait(self: &Arc<Self>, path: PathBuf) -> io::Result<oneshot::Receiver<Taken>> {
         let (sender, receiver) = oneshot::channel();
         let mut queues = self.queues();
         match queues.entry(path.clone()) {
@@ -70,7 +99,7 @@ impl Waiters {
             };
             match grant {
                 Ok(grant) => {
-                    let mut unclaimed: Grant = Ok(grant);
+                    let mut unclaimed: Taken = Ok(grant);
                     while let Some(waiter) = queue.pop_front() {
                         match waiter.send(unclaimed) {
                             Ok(()) => break,

@@ -20,10 +20,10 @@ impl Harness for FileHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = FileLock::open(self.dir.path())?;
-        Ok(Client::new(Arc::new(lock.clone()))
-            .with_semaphore(Arc::new(lock.semaphore()))
-            .with_rw_lock(Arc::new(lock.rw_lock()))
-            .with_election(Arc::new(lock.election())))
+        Ok(Client::new(lock.lock())
+            .with_semaphore(lock.semaphore())
+            .with_rw_lock(lock.rw_lock())
+            .with_election(lock.election()))
     }
 }
 

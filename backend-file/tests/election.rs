@@ -8,10 +8,11 @@ use std::io::{BufRead as _, BufReader};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{Candidate, LeaderElection, Leadership, LockKey, LockOptions, WaitPolicy};
-use distlock_file::{FileElection, FileLock};
+use distlock_file::FileLock;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(60);
@@ -143,7 +144,7 @@ async fn until_parked() {
 
 /// A standby campaigning for `name` in the background: its leadership and when it won.
 fn standby(
-    election: FileElection,
+    election: Arc<dyn LeaderElection>,
     name: &LockKey,
 ) -> tokio::task::JoinHandle<(Leadership, Instant)> {
     let name = name.clone();
@@ -176,7 +177,8 @@ fn summary(what: &str, samples: &mut [Duration]) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leaders_record_never_reads_as_leader() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let observer = FileLock::open(dir.path()).expect("opens").election();
+    let locks = FileLock::open(dir.path()).expect("opens");
+    let observer = locks.election();
     let name = LockKey::new("Killed/Leader").expect("valid name");
     let (mut child, term) = spawn_leader(dir.path(), &name);
     let read = observer.leader(&name).await.expect("reads");
@@ -193,7 +195,7 @@ async fn a_killed_leaders_record_never_reads_as_leader() {
         .is_none());
     kill_group(&mut child);
     // The dead leader's record stays in its file, but never reads as leader.
-    let record = std::fs::read(observer.leader_file_path(&name)).expect("the leader file stays");
+    let record = std::fs::read(locks.leader_file_path(&name)).expect("the leader file stays");
     assert!(
         record.ends_with(expected.as_bytes()),
         "{:?}",
@@ -211,7 +213,7 @@ async fn a_killed_leaders_record_never_reads_as_leader() {
     assert!(read.is_some_and(|l| l.candidate.as_bytes() == b"next"));
     next.resign().await.expect("resigns");
     assert!(
-        !observer.leader_file_path(&name).exists(),
+        !locks.leader_file_path(&name).exists(),
         "a resign leaves the leader file"
     );
     assert!(observer.leader(&name).await.expect("reads").is_none());

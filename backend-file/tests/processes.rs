@@ -6,7 +6,7 @@ use std::os::unix::process::CommandExt as _;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
+use distlock_api::{LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_file::FileLock;
 use tokio::time::Instant;
 
@@ -48,24 +48,25 @@ fn kill_group(child: &mut Child) {
 async fn a_holder_killed_with_sigkill_frees_the_lock_for_a_waiter() {
     let dir = tempfile::tempdir().expect("temp dir");
     let locks = FileLock::open(dir.path()).expect("opens");
+    let mutex = locks.lock();
     let mut holder = flock_holder(&locks.lock_file_path(&key()));
 
     let no_wait = LockOptions::new(TTL);
     assert!(
-        locks
+        mutex
             .try_acquire(&key(), &no_wait)
             .await
             .expect("tries")
             .is_none(),
         "the key is free while flock(1) holds its file"
     );
-    let status = locks.inspect(&key()).await.expect("inspects");
+    let status = mutex.inspect(&key()).await.expect("inspects");
     assert!(status.held, "inspect misses flock(1)'s lock: {status:?}");
 
     let waiting = LockOptions::new(TTL).with_wait(WaitPolicy::Timeout(Duration::from_secs(20)));
     let waiter = {
-        let locks = locks.clone();
-        tokio::spawn(async move { locks.acquire(&key(), &waiting).await })
+        let mutex = mutex.clone();
+        tokio::spawn(async move { mutex.acquire(&key(), &waiting).await })
     };
     let killed_at = Instant::now();
     kill_group(&mut holder);
@@ -88,6 +89,7 @@ async fn a_holder_killed_with_sigkill_frees_the_lock_for_a_waiter() {
 async fn flock_1_sees_our_lock_and_our_release() {
     let dir = tempfile::tempdir().expect("temp dir");
     let locks = FileLock::open(dir.path()).expect("opens");
+    let mutex = locks.lock();
     let path = locks.lock_file_path(&key());
     let flock_can_take = || {
         Command::new("flock")
@@ -98,7 +100,7 @@ async fn flock_1_sees_our_lock_and_our_release() {
             .expect("flock(1) runs")
             .code()
     };
-    let guard = locks
+    let guard = mutex
         .acquire(&key(), &LockOptions::new(TTL))
         .await
         .expect("acquires");
@@ -118,7 +120,8 @@ async fn fencing_tokens_survive_every_client() {
     for round in 0..3 {
         // A fresh client each round, as a restarted process would be.
         let locks = FileLock::open(dir.path()).expect("opens");
-        let guard = locks
+        let mutex = locks.lock();
+        let guard = mutex
             .acquire(&key(), &LockOptions::new(TTL))
             .await
             .expect("acquires");
@@ -129,7 +132,7 @@ async fn fencing_tokens_survive_every_client() {
         );
         last = Some(token);
         guard.release().await.expect("releases");
-        let status = locks.inspect(&key()).await.expect("inspects");
+        let status = mutex.inspect(&key()).await.expect("inspects");
         assert!(
             !status.held && status.fencing_token == Some(token),
             "{status:?}"
@@ -141,8 +144,8 @@ async fn fencing_tokens_survive_every_client() {
 async fn waiters_that_give_up_leave_the_lock_free() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (a, b) = (
-        FileLock::open(dir.path()).expect("opens"),
-        FileLock::open(dir.path()).expect("opens"),
+        FileLock::open(dir.path()).expect("opens").lock(),
+        FileLock::open(dir.path()).expect("opens").lock(),
     );
     let holder = a
         .acquire(&key(), &LockOptions::new(TTL))
@@ -168,9 +171,10 @@ async fn waiters_that_give_up_leave_the_lock_free() {
 async fn a_deleted_lock_file_is_noticed_at_the_next_renewal() {
     let dir = tempfile::tempdir().expect("temp dir");
     let locks = FileLock::open(dir.path()).expect("opens");
+    let mutex = locks.lock();
     let options = LockOptions::new(Duration::from_millis(300))
         .with_auto_renew(distlock_api::AutoRenew::new());
-    let guard = locks.acquire(&key(), &options).await.expect("acquires");
+    let guard = mutex.acquire(&key(), &options).await.expect("acquires");
     std::fs::remove_file(locks.lock_file_path(&key())).expect("deletes the lock file");
     tokio::time::timeout(Duration::from_secs(5), guard.lost())
         .await
@@ -184,14 +188,16 @@ async fn a_deleted_lock_file_is_noticed_at_the_next_renewal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_after_the_lock_file_was_replaced_is_not_released() {
     let dir = tempfile::tempdir().expect("temp dir");
+    let locks = FileLock::open(dir.path()).expect("opens");
+    let path = locks.lock_file_path(&key());
     let (a, b) = (
-        FileLock::open(dir.path()).expect("opens"),
-        FileLock::open(dir.path()).expect("opens"),
+        locks.lock(),
+        FileLock::open(dir.path()).expect("opens").lock(),
     );
     let options = LockOptions::new(TTL).with_wait(WaitPolicy::NoWait);
 
     let stale = a.acquire(&key(), &options).await.expect("acquires");
-    std::fs::remove_file(a.lock_file_path(&key())).expect("deletes the lock file");
+    std::fs::remove_file(&path).expect("deletes the lock file");
     let fresh = b
         .acquire(&key(), &options)
         .await
@@ -206,7 +212,7 @@ async fn a_release_after_the_lock_file_was_replaced_is_not_released() {
     );
 
     let stale = a.acquire(&key(), &options).await.expect("acquires");
-    std::fs::remove_file(a.lock_file_path(&key())).expect("deletes the lock file");
+    std::fs::remove_file(&path).expect("deletes the lock file");
     assert_eq!(
         stale.release().await.expect("releases"),
         ReleaseOutcome::Expired
@@ -217,7 +223,6 @@ async fn a_release_after_the_lock_file_was_replaced_is_not_released() {
 /// `flock(1)` holds the only permit's slot file, as a distlock holder would.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_permit_holder_killed_with_sigkill_frees_the_permit() {
-    use distlock_api::DistributedSemaphore;
     let dir = tempfile::tempdir().expect("temp dir");
     let semaphore = FileLock::open(dir.path()).expect("opens").semaphore();
     let jobs = LockKey::new("jobs").expect("valid key");
@@ -254,7 +259,7 @@ async fn a_permit_holder_killed_with_sigkill_frees_the_permit() {
 /// readers out until it is killed with -9; then a waiting reader gets in.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_writer_killed_with_sigkill_lets_a_reader_in() {
-    use distlock_api::{DistributedRwLock, RwMode};
+    use distlock_api::RwMode;
     let dir = tempfile::tempdir().expect("temp dir");
     let rw = FileLock::open(dir.path()).expect("opens").rw_lock();
     let prices = LockKey::new("prices").expect("valid key");
