@@ -79,7 +79,11 @@ where
             Ok(Err(Refused::Lasting(error))) => return Err(error),
             Ok(Err(Refused::Passing(error))) => {
                 tracing::debug!(%error, "connect attempt refused; retrying");
-                last = Some(error);
+                // An attempt the deadline cut short ("no reply within 86 ms" on a
+                // loaded host) says less than the whole attempt before it.
+                if last.is_none() || Instant::now() < deadline {
+                    last = Some(error);
+                }
             }
             Err(_) => return Err(gave_up(last)),
         }
@@ -126,6 +130,35 @@ mod tests {
         .await;
         assert!(matches!(refused, Err(LockError::Config { .. })));
         assert_eq!(tries.load(Ordering::Relaxed), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_cut_by_the_deadline_keeps_the_reason_before_it() {
+        let tries = AtomicU32::new(0);
+        let failed: Result<(), _> = retry_connect(
+            Duration::from_secs(1),
+            |deadline| {
+                let n = tries.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    if n == 0 {
+                        return Err(Refused::Passing(LockError::connection(
+                            "x",
+                            "connection refused",
+                        )));
+                    }
+                    // The next attempt hangs until the deadline, then times out.
+                    tokio::time::sleep_until(deadline).await;
+                    Err(Refused::Passing(LockError::connection(
+                        "x",
+                        "no reply within 3 ms",
+                    )))
+                }
+            },
+            |last| last.unwrap_or_else(|| LockError::connection("x", "no answer")),
+        )
+        .await;
+        let message = failed.err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(message.contains("connection refused"), "{message}");
     }
 
     #[tokio::test(start_paused = true)]
