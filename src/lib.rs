@@ -142,11 +142,9 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
             .await?
             .client()),
         #[cfg(feature = "postgres")]
-        Backend::Postgres => {
-            let lock = distlock_postgres::PostgresLock::connect(url).await?;
-            let (s, r, e) = (lock.semaphore(), lock.rw_lock(), lock.election());
-            Ok(legacy::client(lock, Some(s), Some(r), Some(e)))
-        }
+        Backend::Postgres => Ok(distlock_postgres::PostgresLock::connect(url)
+            .await?
+            .client()),
         #[cfg(feature = "etcd")]
         Backend::Etcd => Ok(distlock_etcd::EtcdLock::connect(url).await?.client()),
         #[allow(unreachable_patterns)] // every feature on

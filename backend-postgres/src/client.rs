@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::{Notify, OnceCell, Semaphore};
 
 use crate::config::{server_address, PostgresConfig};
 use crate::mailbox::{Kind, SessionHandle};
@@ -44,6 +44,8 @@ pub(crate) struct ClientState {
     /// Open sessions of each kind, counted by the session tasks.
     pub open_shared: AtomicUsize,
     pub open_waits: AtomicUsize,
+    /// Set once the election table is known to exist (see `election::ready`).
+    pub election_table: OnceCell<()>,
 }
 
 #[derive(Default)]

@@ -207,6 +207,7 @@
 mod client;
 mod config;
 mod election;
+mod engine;
 mod error;
 mod keys;
 mod lock;
@@ -219,12 +220,9 @@ mod tls;
 mod xact;
 
 pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
-pub use election::PostgresElection;
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;
-pub use rw::PostgresRwLock;
-pub use semaphore::PostgresSemaphore;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use sqlx;

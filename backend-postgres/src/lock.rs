@@ -1,41 +1,33 @@
-//! [`PostgresLock`]: the [`DistributedLock`] over Postgres session advisory locks.
+//! [`PostgresLock`]: a client of Postgres session advisory locks, its shared and
+//! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use async_trait::async_trait;
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::{bounded_wait, WaitBound, WaitReport};
+use distlock_api::backend::Request;
 use distlock_api::{
-    check_ttl, BackendInfo, BackoffDelays, Capabilities, Capability, DistributedLock,
-    ExtendOutcome, FencingToken, KeyStatus, Lease, LeaseMonitor, LockError, LockGuard, LockKey,
+    BackoffDelays, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey,
     LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
 use crate::config::{parse_url, session_options, PostgresConfig};
 use crate::error;
-use crate::keys::advisory_key;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
-use crate::{PostgresElection, PostgresRwLock, PostgresSemaphore, POSTGRES_BACKEND};
+use crate::POSTGRES_BACKEND;
 
-/// How long an `acquire` that waits forever keeps retrying while the server is down.
-const ERROR_PATIENCE: Duration = Duration::from_secs(30);
 /// Requests in flight per shared session in use: a client with `n` requests in flight
 /// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
 /// opening more, up to the configured number, as the load grows.
 const QUEUE_PER_SESSION: usize = 8;
-/// How long past a wait's deadline an acquire still waits for an answer on its way
-/// (the server ends a wait at the deadline, then the reply travels back) before it
-/// gives up on the server.
-pub(crate) const ANSWER_GRACE: Duration = Duration::from_millis(50);
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
@@ -155,6 +147,7 @@ impl PostgresLock {
             idle_waits: Mutex::default(),
             open_shared: AtomicUsize::new(0),
             open_waits: AtomicUsize::new(0),
+            election_table: OnceCell::new(),
         });
         let first = session::start(Kind::Shared, conn, &state);
         locked(&state.pool).sessions.push(first);
@@ -164,21 +157,6 @@ impl PostgresLock {
     /// The settings in force.
     pub fn config(&self) -> &PostgresConfig {
         &self.state.settings.config
-    }
-
-    /// A semaphore client sharing this client's sessions (see [`PostgresSemaphore`]).
-    pub fn semaphore(&self) -> PostgresSemaphore {
-        PostgresSemaphore::new(self.clone())
-    }
-
-    /// A read-write lock client sharing this client's sessions (see [`PostgresRwLock`]).
-    pub fn rw_lock(&self) -> PostgresRwLock {
-        PostgresRwLock::new(self.clone())
-    }
-
-    /// An election client sharing this client's sessions (see [`PostgresElection`]).
-    pub fn election(&self) -> PostgresElection {
-        PostgresElection::new(self.clone())
     }
 
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
@@ -280,11 +258,6 @@ impl PostgresLock {
                 None => return session::open(Kind::Wait, &self.state).await,
             }
         }
-    }
-
-    fn guard(&self, key: &LockKey, grant: Grant, options: &LockOptions) -> LockGuard {
-        let (lease, monitor) = lease_of(key, grant, options);
-        LockGuard::new(lease, monitor, Arc::new(self.clone()), options.auto_renew())
     }
 
     /// One try on a shared session: the grant, or `None` when the key is held
@@ -491,129 +464,40 @@ impl PostgresLock {
             .await
     }
 
-    /// An `acquire` of `hash` by `plan`, bounded by the options' wait as the mutex's
-    /// [`DistributedLock::acquire`] is; `guard` wraps the grant.
-    pub(crate) async fn acquire_plan(
+    /// `plan` on `hash` for `request`: a try, then, while the key is held and the
+    /// deadline allows, a wait (in the server's queue, or a nap of the options'
+    /// backoff for a permit) and another try. `None` once the key is still held at the
+    /// deadline, at once for a try; each held answer is noted in the request. Errors
+    /// are returned as they come: the caller retries them.
+    pub(crate) async fn contend(
         &self,
-        key: &LockKey,
+        request: &Request<'_>,
         hash: i64,
         plan: &Plan,
-        options: &LockOptions,
-        guard: impl FnOnce(Grant) -> LockGuard,
-    ) -> Result<LockGuard, LockError> {
-        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
-        let report = WaitReport::new();
-        let attempts = async {
-            let grant = self
-                .acquire_until(key, hash, plan, options, bound, &report)
-                .await?;
-            Ok(guard(grant))
-        };
-        bounded_wait(POSTGRES_BACKEND, key, bound, &report, attempts, |wait| {
-            self.state.settings.connection_error(format!(
-                "the server did not answer within the wait of {wait:?}; whether the lock was \
-                 granted is unknown (a late grant is released)"
-            ))
-        })
-        .await
-    }
-
-    /// [`PostgresLock::acquire_plan`] for a grant that is not handed out as a plain
-    /// guard (an election's): the grant itself, under the same bound, and whether the
-    /// key was found held on the way.
-    pub(crate) async fn acquire_grant(
-        &self,
-        key: &LockKey,
-        hash: i64,
-        plan: &Plan,
-        options: &LockOptions,
-    ) -> Result<(Grant, bool), LockError> {
-        let bound = WaitBound::starting_now(options, ANSWER_GRACE);
-        let report = WaitReport::new();
-        let attempts = self.acquire_until(key, hash, plan, options, bound, &report);
-        // The cut of `bounded_wait`, which only hands out guards.
-        let cut = bound
-            .deadline
-            .filter(|d| *d > bound.started)
-            .and_then(|d| Some((d - bound.started, d.checked_add(bound.grace)?)));
-        let grant = match cut {
-            None => attempts.await,
-            Some((wait, cut)) => match timeout_at(cut, attempts).await {
-                Ok(result) => result,
-                Err(_) if report.held_seen() => Err(LockError::Timeout {
-                    backend: POSTGRES_BACKEND,
-                    key: key.clone(),
-                    waited: bound.started.elapsed(),
-                }),
-                Err(_) => Err(self.state.settings.connection_error(format!(
-                    "the server did not answer within the wait of {wait:?}; whether the lock \
-                     was granted is unknown (a late grant is released)"
-                ))),
-            },
-        }?;
-        Ok((grant, report.held_seen()))
-    }
-
-    /// The body of `acquire`, unbounded by the wait when the server
-    /// does not answer; notes in `report` each answer saying the key is held.
-    async fn acquire_until(
-        &self,
-        key: &LockKey,
-        hash: i64,
-        plan: &Plan,
-        options: &LockOptions,
-        bound: WaitBound,
-        report: &WaitReport,
-    ) -> Result<Grant, LockError> {
-        let (started, deadline) = (bound.started, bound.deadline);
+    ) -> Result<Option<Grant>, LockError> {
+        let (key, options, deadline) = (request.key, request.options, request.deadline);
         let mut polls = options.backoff().delays();
-        let timed_out = || LockError::Timeout {
-            backend: POSTGRES_BACKEND,
-            key: key.clone(),
-            waited: started.elapsed(),
-        };
-        let mut backoff = options.backoff().delays();
-        let mut failing_since: Option<Instant> = None;
         loop {
-            let attempt = match self.try_plan(key, hash, plan, options).await {
-                Ok(None) => {
-                    report.saw_held();
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(timed_out());
+            let granted = match self.try_plan(key, hash, plan, options).await? {
+                Some(grant) => Some(grant),
+                None => {
+                    request.saw_held();
+                    if !request.waits() || request.deadline_passed() {
+                        return Ok(None);
                     }
                     self.wait_plan(key, hash, plan, options, deadline, &mut polls)
-                        .await
+                        .await?
                 }
-                other => other,
             };
-            match attempt {
-                Ok(Some(grant)) => return Ok(grant),
-                Ok(None) => {
-                    report.saw_held();
-                    if deadline.is_some_and(|d| Instant::now() >= d) {
-                        return Err(timed_out());
-                    }
-                    // The server's wait was capped below our deadline: wait again.
-                    failing_since = None;
-                }
-                // The server is down, restarting or asked us to retry: retry while the
-                // wait allows.
-                Err(error) if error.is_retryable() && deadline != Some(started) => {
-                    let since = *failing_since.get_or_insert_with(Instant::now);
-                    let out_of_time =
-                        deadline.map_or(since.elapsed() >= ERROR_PATIENCE, |d| Instant::now() >= d);
-                    if out_of_time {
-                        return Err(error);
-                    }
-                    let mut nap = backoff.next_delay();
-                    if let Some(d) = deadline {
-                        nap = nap.min(d.saturating_duration_since(Instant::now()));
-                    }
-                    tracing::debug!(%error, ?nap, "acquire failed on a connection error; retrying");
-                    tokio::time::sleep(nap).await;
-                }
-                Err(error) => return Err(error),
+            if granted.is_some() {
+                return Ok(granted);
             }
+            request.saw_held();
+            if request.deadline_passed() {
+                return Ok(None);
+            }
+            // The server's wait was capped below the deadline, or a permit's nap
+            // ended: try again.
         }
     }
 
@@ -649,7 +533,6 @@ impl PostgresLock {
         ttl: Duration,
         probe: Probe,
     ) -> Result<ExtendOutcome, LockError> {
-        check_ttl(ttl).map_err(|e| LockError::invalid_options(POSTGRES_BACKEND, e))?;
         let owner = lease.owner().as_u128();
         let extended = self
             .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
@@ -665,7 +548,7 @@ impl PostgresLock {
     }
 
     /// Whether any session of the database holds a lock matching `probe` (per `pg_locks`).
-    async fn held_by_anyone(&self, probe: Probe) -> Result<bool, LockError> {
+    pub(crate) async fn held_by_anyone(&self, probe: Probe) -> Result<bool, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
             let session = self.shared_session().await?;
             let (tx, rx) = oneshot::channel();
@@ -734,6 +617,11 @@ impl PostgresLock {
         &self.state.settings
     }
 
+    /// Set once this client knows the election table exists.
+    pub(crate) fn election_table(&self) -> &OnceCell<()> {
+        &self.state.election_table
+    }
+
     /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
     /// this client holds it (any more).
     async fn to_holder<T>(
@@ -758,64 +646,6 @@ impl PostgresLock {
                 "a permit count answer to a release or extend",
             )),
         }
-    }
-}
-
-#[async_trait]
-impl DistributedLock for PostgresLock {
-    fn info(&self) -> BackendInfo {
-        let mut capabilities = Capabilities::all_supported();
-        capabilities.semaphore.fifo = Capability::Unsupported(crate::semaphore::POLLED);
-        capabilities.semaphore.wake_on_release = Capability::Unsupported(crate::semaphore::POLLED);
-        BackendInfo::new(POSTGRES_BACKEND, capabilities)
-    }
-
-    async fn try_acquire(
-        &self,
-        key: &LockKey,
-        options: &LockOptions,
-    ) -> Result<Option<LockGuard>, LockError> {
-        options.validate_for(POSTGRES_BACKEND)?;
-        let grant = self
-            .try_plan(key, advisory_key(key), &Plan::Exclusive, options)
-            .await?;
-        Ok(grant.map(|grant| self.guard(key, grant, options)))
-    }
-
-    /// A wait bounds the whole call, whatever the server does: once the deadline (plus
-    /// a grace of 50 ms for an answer on its way) passes, the request in flight is dropped, and its drop guards
-    /// undo a grant the server applies later (a shared session's grant is released
-    /// behind it; a dedicated session is closed, which ends its wait or lock). `NoWait`
-    /// and `Forever` are bounded by the request timeout and the error patience instead.
-    async fn acquire(&self, key: &LockKey, options: &LockOptions) -> Result<LockGuard, LockError> {
-        options.validate_for(POSTGRES_BACKEND)?;
-        let hash = advisory_key(key);
-        self.acquire_plan(key, hash, &Plan::Exclusive, options, |grant| {
-            self.guard(key, grant, options)
-        })
-        .await
-    }
-
-    async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        let probe = Probe::key(advisory_key(lease.key()));
-        self.release_lease(lease, probe).await
-    }
-
-    async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        let probe = Probe::key(advisory_key(lease.key()));
-        self.extend_lease(lease, ttl, probe).await
-    }
-
-    /// Held or free, per `pg_locks`. The holder's token lives only in its client and the
-    /// lease is the holder's session, so neither token nor remaining time is reported.
-    async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
-        Ok(
-            if self.held_by_anyone(Probe::key(advisory_key(key))).await? {
-                KeyStatus::held()
-            } else {
-                KeyStatus::free()
-            },
-        )
     }
 }
 

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
+use distlock_api::{LockError, LockKey, LockOptions};
 use distlock_postgres::{PostgresLock, PostgresXactLock};
 use distlock_test_servers::PostgresServer;
 use distlock_test_servers::ServerControl;
@@ -67,7 +67,8 @@ async fn a_server_gone_after_connect_is_named() {
     let address = format!("127.0.0.1:{}", server.port());
     let lock = PostgresLock::connect_with(&server.url(), common::test_config())
         .await
-        .expect("connects");
+        .expect("connects")
+        .lock();
     let key = LockKey::new("connect/gone").unwrap();
     let options = LockOptions::new(Duration::from_secs(10));
     lock.try_acquire(&key, &options)
@@ -99,7 +100,7 @@ async fn a_server_gone_after_connect_is_named() {
 async fn a_guard_granted_after_a_wait_reports_contention() {
     let h = common::start().await;
     let mut raw = h.raw().await;
-    let (a, b) = (h.client().await, h.client().await);
+    let (a, b) = (h.client().await.lock(), h.client().await.lock());
     let key = LockKey::new("connect/contended").unwrap();
     let hash = distlock_postgres::advisory_key(&key);
     let options = LockOptions::new(Duration::from_secs(30))

@@ -3,10 +3,10 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::{Candidate, LeaderElection, Leadership, LockKey, LockOptions, WaitPolicy};
-use distlock_postgres::PostgresElection;
 use sha2::{Digest, Sha256};
 use sqlx::PgConnection;
 use tokio::time::Instant;
@@ -47,7 +47,7 @@ async fn rows(raw: &mut PgConnection, name: &LockKey) -> Vec<(Vec<u8>, i64, i32)
         .expect("reads the election table")
 }
 
-async fn election(h: &PgHarness) -> PostgresElection {
+async fn election(h: &PgHarness) -> Arc<dyn LeaderElection> {
     h.client().await.election()
 }
 
@@ -179,7 +179,7 @@ async fn until_queued(raw: &mut PgConnection, hash: i64) {
 
 /// A standby campaigning for `name` in the background: its leadership and when it won.
 fn standby(
-    election: PostgresElection,
+    election: Arc<dyn LeaderElection>,
     name: &LockKey,
     limit: Duration,
 ) -> tokio::task::JoinHandle<(Leadership, Instant)> {

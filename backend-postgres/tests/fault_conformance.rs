@@ -10,7 +10,6 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection};
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
     Claim, ElectionConnector, Fault, FaultHarness, RwConnector, SemaphoreConnector, ServerHarness,
@@ -40,10 +39,7 @@ async fn harness() -> Arc<dyn FaultHarness> {
         let config = config.clone();
         Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move {
-                let lock = PostgresLock::connect_with(&url, config).await?;
-                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-            })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
         })
     };
     // The election of a client of its own, through the same proxy.
@@ -51,10 +47,7 @@ async fn harness() -> Arc<dyn FaultHarness> {
         let config = config.clone();
         Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move {
-                let lock = PostgresLock::connect_with(&url, config).await?;
-                Ok(Arc::new(lock.election()) as Arc<dyn LeaderElection>)
-            })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.election()) })
         })
     };
     // The semaphore and read-write lock likewise, each a client of its own.
@@ -62,18 +55,12 @@ async fn harness() -> Arc<dyn FaultHarness> {
         let config = config.clone();
         Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move {
-                let lock = PostgresLock::connect_with(&url, config).await?;
-                Ok(Arc::new(lock.semaphore()) as Arc<dyn DistributedSemaphore>)
-            })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.semaphore()) })
         })
     };
     let rw_locks: RwConnector = Arc::new(move |url: String| {
         let config = config.clone();
-        Box::pin(async move {
-            let lock = PostgresLock::connect_with(&url, config).await?;
-            Ok(Arc::new(lock.rw_lock()) as Arc<dyn DistributedRwLock>)
-        })
+        Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.rw_lock()) })
     });
     // 16 contending clients with a few sessions each, and the waits'.
     let options = PostgresServerOptions::default().with_setting("max_connections", "400");

@@ -11,8 +11,7 @@ use std::time::Duration;
 
 use common::{lock_entries, wait_for_entries};
 use distlock_api::{
-    AutoRenew, DistributedLock, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome,
-    WaitPolicy,
+    AutoRenew, LeaseState, LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy,
 };
 use distlock_postgres::advisory_key;
 use tokio::time::{timeout, Instant};
@@ -36,7 +35,7 @@ async fn server_restart_while_tasks_wait_and_hold() {
     let h = common::start().await;
     let k = key("restart");
     let hash = advisory_key(&k);
-    let holder = h.named_client("holder").await;
+    let holder = h.named_client("holder").await.lock();
     let held = holder
         .acquire(
             &k,
@@ -47,7 +46,7 @@ async fn server_restart_while_tasks_wait_and_hold() {
     let inside = Arc::new(AtomicUsize::new(0));
     let mut waiters = Vec::new();
     for i in 0..4 {
-        let lock = h.named_client(&format!("waiter{i}")).await;
+        let lock = h.named_client(&format!("waiter{i}")).await.lock();
         let (k, inside) = (k.clone(), inside.clone());
         waiters.push(tokio::spawn(async move {
             let options = waiting(Duration::from_secs(5), Duration::from_secs(12));
@@ -111,7 +110,7 @@ async fn server_restart_while_tasks_wait_and_hold() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acquire_retries_through_a_short_outage() {
     let h = common::start().await;
-    let lock = h.client().await;
+    let lock = h.client().await.lock();
     h.server().lock().await.kill();
     let k = key("outage");
     // The server is down: a no-wait attempt fails cleanly, as a connection error.
@@ -146,7 +145,7 @@ async fn acquire_retries_through_a_short_outage() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_server_gives_clean_errors_then_recovers() {
     let h = common::start().await;
-    let lock = h.client().await;
+    let lock = h.client().await.lock();
     let k = key("pause");
     let guard = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
     h.server().lock().await.pause().unwrap();
@@ -176,8 +175,8 @@ const RETURN_SLACK: Duration = Duration::from_secs(1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_bounds_acquire_against_a_paused_server() {
     let h = common::start().await;
-    let lock = h.named_client("paused").await;
-    let other = h.named_client("other").await;
+    let lock = h.named_client("paused").await.lock();
+    let other = h.named_client("other").await.lock();
     let k = key("paused-wait");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -218,8 +217,8 @@ async fn a_wait_bounds_acquire_against_a_paused_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wait_in_the_queue_is_bounded_when_the_server_pauses() {
     let h = common::start().await;
-    let holder = h.named_client("holder").await;
-    let waiter = h.named_client("waiter").await;
+    let holder = h.named_client("holder").await.lock();
+    let waiter = h.named_client("waiter").await.lock();
     let k = key("paused-queue");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -269,8 +268,8 @@ async fn a_wait_in_the_queue_is_bounded_when_the_server_pauses() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
     let h = common::start().await;
-    let holder = h.named_client("holder").await;
-    let waiter = h.named_client("waiter").await;
+    let holder = h.named_client("holder").await.lock();
+    let waiter = h.named_client("waiter").await.lock();
     let k = key("lock-timeout");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -410,8 +409,8 @@ async fn a_waiter_whose_lock_timeout_fires_holds_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_abandoned_wait_leaves_the_queue_and_holds_nothing() {
     let h = common::start().await;
-    let holder = h.named_client("holder").await;
-    let waiter = h.named_client("waiter").await;
+    let holder = h.named_client("holder").await.lock();
+    let waiter = h.named_client("waiter").await.lock();
     let k = key("abandoned");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -441,8 +440,9 @@ async fn an_abandoned_wait_leaves_the_queue_and_holds_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_connection_fires_lost_and_the_client_recovers() {
     let h = common::start().await;
-    let (lock, proxy) = h.proxied_client().await;
-    let other = h.client().await;
+    let (client, proxy) = h.proxied_client().await;
+    let lock = client.lock();
+    let other = h.client().await.lock();
     let k = key("reset");
     let guard = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
     proxy.reset_all();
@@ -466,7 +466,7 @@ async fn a_reset_connection_fires_lost_and_the_client_recovers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_client_never_grants_a_key_twice() {
     let h = common::start().await;
-    let lock = h.named_client("one").await;
+    let lock = h.named_client("one").await.lock();
     let k = key("reentrant");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -537,11 +537,12 @@ async fn one_client_never_grants_a_key_twice() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wait_sessions_are_bounded() {
     let h = common::start().await;
-    let holder = h.client().await;
+    let holder = h.client().await.lock();
     let mut config = h.config.clone();
     config.shared_sessions = 2;
     config.wait_sessions = 2;
-    let lock = h.named_client_with("bounded", config).await;
+    let client = h.named_client_with("bounded", config).await;
+    let lock = client.lock();
     let k = key("bounded-waits");
     let hash = advisory_key(&k);
     let mut raw = h.raw().await;
@@ -577,7 +578,7 @@ async fn wait_sessions_are_bounded() {
         connections <= 4,
         "{connections} connections for 2 + 2 sessions"
     );
-    assert_eq!(lock.session_counts().1, 2);
+    assert_eq!(client.session_counts().1, 2);
     guard.release().await.unwrap();
     for task in tasks {
         timeout(Duration::from_secs(30), task)
@@ -587,5 +588,5 @@ async fn wait_sessions_are_bounded() {
             .unwrap();
     }
     assert_eq!(order.load(Ordering::SeqCst), 6);
-    assert!(lock.session_counts().1 <= 2);
+    assert!(client.session_counts().1 <= 2);
 }

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockKey, LockOptions, WaitPolicy};
 use distlock_postgres::advisory_key;
 use sqlx::Connection;
 
@@ -57,7 +57,7 @@ async fn sql_computes_the_same_key_and_hand_taken_locks_exclude_ours() {
         .await
         .unwrap();
     assert!(taken);
-    let lock = h.client().await;
+    let lock = h.client().await.lock();
     let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::NoWait);
     assert!(lock.try_acquire(&key, &options).await.unwrap().is_none());
     let unlocked: bool = sqlx::query_scalar("SELECT pg_advisory_unlock($1)")

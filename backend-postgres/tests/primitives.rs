@@ -6,10 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use distlock_api::{
-    DistributedRwLock, DistributedSemaphore, LockError, LockKey, LockOptions, RwMode, WaitOrder,
-    WaitPolicy, MAX_PERMITS,
-};
+use distlock_api::{LockError, LockKey, LockOptions, RwMode, WaitOrder, WaitPolicy, MAX_PERMITS};
 use sqlx::PgConnection;
 use tokio::time::Instant;
 
@@ -287,13 +284,9 @@ async fn bad_input_is_refused_before_the_server() {
         rw.acquire(&k, RwMode::Read, &zero_ttl).await,
         Err(LockError::InvalidOptions { .. })
     ));
-    let info = DistributedSemaphore::info(&sem);
+    let info = sem.info();
     assert!(info.capabilities.semaphore.offered.is_supported());
-    assert!(DistributedRwLock::info(&rw)
-        .capabilities
-        .rw_lock
-        .offered
-        .is_supported());
+    assert!(rw.info().capabilities.rw_lock.offered.is_supported());
     let mut raw = h.raw().await;
     assert!(advisory_entries(&mut raw).await.is_empty());
 }

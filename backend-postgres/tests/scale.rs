@@ -6,9 +6,7 @@ mod common;
 use std::error::Error as _;
 use std::time::Duration;
 
-use distlock_api::{
-    DistributedLock, LeaseState, LockError, LockGuard, LockKey, LockOptions, WaitPolicy,
-};
+use distlock_api::{LeaseState, LockError, LockGuard, LockKey, LockOptions, WaitPolicy};
 use distlock_postgres::LockTableFull;
 use sqlx::PgConnection;
 use tokio::task::JoinSet;
@@ -63,7 +61,7 @@ async fn ten_thousand_locks_held_over_ten_connections() {
     let started = Instant::now();
     let mut set = JoinSet::new();
     for t in 0..TASKS {
-        let lock = lock.clone();
+        let lock = lock.lock();
         set.spawn(async move {
             let mut guards = Vec::new();
             for i in (t..LOCKS).step_by(TASKS) {
@@ -96,7 +94,7 @@ async fn ten_thousand_locks_held_over_ten_connections() {
     eprintln!("{LOCKS} locks held in {took:?} over {connections} connections");
 
     // Held, they stay held: a second client cannot take any of a sample.
-    let other = h.client().await;
+    let other = h.client().await.lock();
     for i in (0..LOCKS).step_by(997) {
         let key = LockKey::new(format!("scale/{i}")).unwrap();
         assert!(other.try_acquire(&key, &no_wait()).await.unwrap().is_none());
@@ -115,7 +113,7 @@ async fn a_full_lock_table_is_a_clear_error_and_nothing_leaks() {
         ("max_connections", "20"),
     ])
     .await;
-    let lock = h.named_client("scale").await;
+    let lock = h.named_client("scale").await.lock();
     // Opened first: a full lock table also refuses new connections.
     let mut raw = h.raw().await;
     let mut set = JoinSet::new();

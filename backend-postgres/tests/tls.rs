@@ -159,7 +159,7 @@ async fn every_tls_mode_connects_and_locks_over_tls() {
         let locks = PostgresLock::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{query}: {e}"));
-        lock_cycle(&locks).await;
+        lock_cycle(locks.lock().as_ref()).await;
         let xact = PostgresXactLock::connect(&url)
             .await
             .unwrap_or_else(|e| panic!("{query}: transaction client: {e}"));
@@ -182,6 +182,7 @@ async fn the_lock_sessions_themselves_are_encrypted() {
     let locks = PostgresLock::connect(&url).await.expect("connects");
     let key = LockKey::new("tls/held").expect("key");
     let guard = locks
+        .lock()
         .acquire(&key, &LockOptions::new(Duration::from_secs(30)))
         .await
         .expect("acquires");
@@ -214,7 +215,7 @@ async fn a_client_certificate_opens_the_database_that_demands_one() {
     let locks = PostgresLock::connect(&url)
         .await
         .expect("connects with a client certificate");
-    lock_cycle(&locks).await;
+    lock_cycle(locks.lock().as_ref()).await;
     // Without the certificate, with one from a CA the server does not trust, or
     // without TLS, the server refuses: a configuration error (retrying cannot fix it)
     // naming the address.
@@ -323,7 +324,7 @@ async fn a_plaintext_server_refuses_require_and_prefer_falls_back() {
     let locks = PostgresLock::connect(&format!("{base}?sslmode=prefer"))
         .await
         .expect("prefer falls back to plaintext");
-    lock_cycle(&locks).await;
+    lock_cycle(locks.lock().as_ref()).await;
     assert!(!session_is_tls(&base).await);
 }
 
@@ -383,7 +384,7 @@ impl Harness for TlsHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = PostgresLock::connect_with(&self.url, self.config.clone()).await?;
-        Ok(Client::new(Arc::new(lock)))
+        Ok(Client::new(lock.lock()))
     }
 
     fn crash_bound(&self, ttl: Duration) -> Duration {
@@ -394,10 +395,7 @@ impl Harness for TlsHarness {
         let config = self.config.clone();
         Some(Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move {
-                let lock = PostgresLock::connect_with(&url, config).await?;
-                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-            })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
         }))
     }
 }

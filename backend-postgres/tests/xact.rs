@@ -5,7 +5,7 @@ mod common;
 use std::time::Duration;
 
 use common::{lock_entries, wait_for_entries};
-use distlock_api::{DistributedLock, LockError, LockKey, LockOptions, WaitPolicy};
+use distlock_api::{LockError, LockKey, LockOptions, WaitPolicy};
 use distlock_postgres::{advisory_key, PostgresXactLock, XactError};
 use sqlx::{Connection, PgConnection};
 use tokio::time::{timeout, Instant};
@@ -122,7 +122,7 @@ async fn failed_work_rolls_back_and_releases() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn xact_and_session_locks_exclude_each_other_and_share_fencing() {
     let h = common::start().await;
-    let session = h.client().await;
+    let session = h.client().await.lock();
     let locks = PostgresXactLock::connect(&h.url()).await.unwrap();
     let k = key("mixed");
     let guard = session
@@ -184,7 +184,7 @@ async fn a_dropped_transaction_frees_its_lock_at_once() {
     let h = common::start().await;
     let mut raw = h.raw().await;
     let locks = PostgresXactLock::connect(&h.url()).await.unwrap();
-    let session = h.client().await;
+    let session = h.client().await.lock();
     let k = key("dropped");
     let hash = advisory_key(&k);
     // Dropped while the work runs: the connection closes, the transaction ends.

@@ -9,7 +9,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedLock, LockError};
+use distlock_api::LockError;
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_postgres::{PostgresConfig, PostgresLock};
 use distlock_test_servers::FaultProxy;
@@ -239,12 +239,10 @@ impl ClientFaults for SilentCrash {
 
 /// A kit client of `lock`, with its semaphore, read-write lock and election handles.
 fn with_primitives(lock: PostgresLock) -> Client {
-    let (semaphore, rw_lock, election) = (lock.semaphore(), lock.rw_lock(), lock.election());
-    let lock: Arc<dyn DistributedLock> = Arc::new(lock);
-    Client::new(lock)
-        .with_semaphore(Arc::new(semaphore))
-        .with_rw_lock(Arc::new(rw_lock))
-        .with_election(Arc::new(election))
+    Client::new(lock.lock())
+        .with_semaphore(lock.semaphore())
+        .with_rw_lock(lock.rw_lock())
+        .with_election(lock.election())
 }
 
 #[async_trait]
@@ -273,10 +271,7 @@ impl Harness for PgHarness {
         let config = self.config.clone();
         Some(Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move {
-                let lock = PostgresLock::connect_with(&url, config).await?;
-                Ok(Arc::new(lock) as Arc<dyn DistributedLock>)
-            })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
         }))
     }
 }
