@@ -23,10 +23,11 @@ pub struct PostgresConfig {
     /// How many connections may be dedicated to waiting in the server's queue at once,
     /// each keeping the lock it was granted until that lock ends. Default 16. When all
     /// are busy, a further contended `acquire` waits in the client (FIFO) for one, within
-    /// its wait policy. Every read of a [`crate::PostgresRwLock`] and every permit of a
-    /// [`crate::PostgresSemaphore`] takes one of these too, waiting or not, for as long
-    /// as it is held (a `try_acquire` waits for one at most the request timeout, then
-    /// reports the key held).
+    /// its wait policy. Every read of the read-write lock
+    /// ([`crate::PostgresLock::rw_lock`]) and every permit of the semaphore
+    /// ([`crate::PostgresLock::semaphore`]) takes one of these too, waiting or not, for
+    /// as long as it is held (a `try_acquire` waits for one at most the request timeout,
+    /// then reports the key held).
     pub wait_sessions: usize,
     /// The server setting `idle_session_timeout` of every lock session: a session that
     /// sends nothing for this long is ended by the server, and its locks with it.

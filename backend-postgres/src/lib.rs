@@ -5,19 +5,30 @@
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
 //! use std::time::Duration;
-//! use distlock_api::{DistributedLock, LockKey, LockOptions, WaitPolicy};
+//! use distlock_api::{LockKey, LockOptions, WaitPolicy};
 //! use distlock_postgres::PostgresLock;
 //!
 //! let locks = PostgresLock::connect("postgres://app@db.internal/app").await?;
 //! let key = LockKey::new("invoices/2026-11")?;
 //! let options = LockOptions::new(Duration::from_secs(30))
 //!     .with_wait(WaitPolicy::Timeout(Duration::from_secs(5)));
-//! let guard = locks.acquire(&key, &options).await?;
+//! let guard = locks.lock().acquire(&key, &options).await?;
 //! // Send guard.fencing_token() with every write the lock protects (`None` where the
 //! // backend has no fencing: then make the writes idempotent or conditional).
 //! guard.release().await?;
 //! # Ok(()) }
 //! ```
+//!
+//! [`PostgresLock`] is this backend's [`distlock_api::backend::Engine`]: one client
+//! (its sessions) for every primitive. [`PostgresLock::client`] gives it as a
+//! [`distlock_api::Client`], and [`PostgresLock::lock`], [`PostgresLock::semaphore`],
+//! [`PostgresLock::rw_lock`] and [`PostgresLock::election`] give each primitive, all
+//! over the same sessions; their option checks, bounded waits and retries are
+//! `distlock_api`'s, the same on every backend. Every primitive is offered, with
+//! fencing tokens and TTL expiry; each waits in the server's lock queue (FIFO, woken
+//! by a release) except the semaphore, whose waiters poll: its
+//! [`distlock_api::Guarantees`] say no FIFO and no wake-on-release, and a FIFO wait
+//! for a permit is refused with [`distlock_api::LockError::Unsupported`].
 //!
 //! # Protocol
 //! A lock key `K` is the advisory lock [`advisory_key`]`(K)`: the first 8 bytes of
@@ -102,11 +113,10 @@
 //! after a crash the sequence resumes above it.
 //!
 //! # Semaphores and read-write locks
-//! [`PostgresLock::semaphore`] and [`PostgresLock::rw_lock`] give a
-//! [`PostgresSemaphore`] and a [`PostgresRwLock`] over the same client's sessions, with
-//! no table of their own: advisory locks on ids derived from the key (SHA-256 of a
-//! namespace, a zero byte and the key, so they never meet the mutex's ids but by a hash
-//! collision). Their leases, loss detection and fencing are the mutex's, above: a
+//! [`PostgresLock::semaphore`] and [`PostgresLock::rw_lock`] give the semaphore and
+//! the read-write lock over the same client's sessions, with no table of their own:
+//! advisory locks on ids derived from the key (SHA-256 of a namespace, a zero byte and
+//! the key, so they never meet the mutex's ids but by a hash collision). Their leases, loss detection and fencing are the mutex's, above: a
 //! grant lives as long as its session, with the TTL enforced by the client, and every
 //! grant, a read or a permit too, takes a token from the fencing sequence, above every
 //! earlier grant's of any key. A permit's token orders and identifies grants (several
@@ -132,7 +142,7 @@
 //! acquires wait for a session within their wait policy).
 //!
 //! # Leader election
-//! [`PostgresLock::election`] gives a [`PostgresElection`] over the same sessions: the
+//! [`PostgresLock::election`] gives leader election over the same sessions: the
 //! leadership of a name is a session advisory lock on its election id (SHA-256 of
 //! `"distlock-election"`, a zero byte and the name), granted as the mutex's lock is
 //! (candidates wait in the server's queue and the first is handed the lock on a

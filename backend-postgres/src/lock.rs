@@ -32,7 +32,11 @@ const QUEUE_PER_SESSION: usize = 8;
 const SESSION_ATTEMPTS: usize = 4;
 
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
-/// sessions. See the crate docs for the protocol and its guarantees.
+/// sessions, for every primitive. It is the backend's
+/// [`Engine`](distlock_api::backend::Engine); use it through [`PostgresLock::client`]
+/// or the handles [`PostgresLock::lock`], [`PostgresLock::semaphore`],
+/// [`PostgresLock::rw_lock`] and [`PostgresLock::election`]. See the crate docs for
+/// the protocol and its guarantees.
 ///
 /// Cloning is cheap and shares the sessions. Two separate `connect`s are two clients:
 /// they exclude each other on the server like two processes would. Within one client a
