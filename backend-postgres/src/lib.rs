@@ -116,10 +116,11 @@
 //! [`PostgresLock::semaphore`] and [`PostgresLock::rw_lock`] give the semaphore and
 //! the read-write lock over the same client's sessions, with no table of their own:
 //! advisory locks on ids derived from the key (SHA-256 of a namespace, a zero byte and
-//! the key, so they never meet the mutex's ids but by a hash collision). Their leases, loss detection and fencing are the mutex's, above: a
-//! grant lives as long as its session, with the TTL enforced by the client, and every
-//! grant, a read or a permit too, takes a token from the fencing sequence, above every
-//! earlier grant's of any key. A permit's token orders and identifies grants (several
+//! the key, so they never meet the mutex's ids but by a hash collision). Their leases,
+//! loss detection and fencing are the mutex's, above: a grant lives as long as its
+//! session, with the TTL enforced by the client, and every grant, a read or a permit
+//! too, takes a token from the fencing sequence, above every earlier grant's of any
+//! key. A permit's token orders and identifies grants (several
 //! permits are valid at once, so it cannot fence them from each other); a write's
 //! fences earlier reads and writes.
 //! - **Read-write lock**: readers `pg_advisory_lock_shared`, writers `pg_advisory_lock`,
