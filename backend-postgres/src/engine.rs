@@ -18,15 +18,22 @@ use crate::lock::{lease_of, Plan};
 use crate::mailbox::Probe;
 use crate::{election, rw, semaphore, PostgresLock, POSTGRES_BACKEND};
 
+/// Why no lease outlives its client: every grant is a lock of one of the client's
+/// database sessions.
+const SESSION_BOUND: &str = "a lock lives in its client's database session: the server frees \
+     it when the client closes or its process exits, whatever the TTL left";
+
 /// What each primitive guarantees, the one place the claims are made:
 /// - every grant takes a token from the fencing sequence, and its lease is enforced by
-///   the holding client (TTL) and bounded by its session, for every primitive;
+///   the holding client (TTL) and bounded by its session, for every primitive: so no
+///   lease outlives its client (`SESSION_BOUND`);
 /// - the mutex, a writer, a reader and a candidate wait in the server's lock queue,
 ///   which hands the lock to the first waiter on a release (FIFO, woken, no polling);
 /// - a permit waiter polls the slots at the options' backoff (`semaphore::POLLED`):
 ///   neither FIFO nor woken by a release.
 fn capabilities() -> Capabilities {
-    let mut capabilities = Capabilities::all_supported();
+    let mut capabilities = Capabilities::all_supported()
+        .with_every(|g| g.outlives_client = Capability::Unsupported(SESSION_BOUND));
     capabilities.semaphore.fifo = Capability::Unsupported(semaphore::POLLED);
     capabilities.semaphore.wake_on_release = Capability::Unsupported(semaphore::POLLED);
     capabilities

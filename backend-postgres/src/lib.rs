@@ -28,7 +28,9 @@
 //! fencing tokens and TTL expiry; each waits in the server's lock queue (FIFO, woken
 //! by a release) except the semaphore, whose waiters poll: its
 //! [`distlock_api::Guarantees`] say no FIFO and no wake-on-release, and a FIFO wait
-//! for a permit is refused with [`distlock_api::LockError::Unsupported`].
+//! for a permit is refused with [`distlock_api::LockError::Unsupported`]. No lease
+//! outlives its client (`outlives_client` is unsupported): a client's locks end with
+//! its sessions, so [`distlock_api::run_once`] refuses this backend.
 //!
 //! # Protocol
 //! A lock key `K` is the advisory lock [`advisory_key`]`(K)`: the first 8 bytes of
