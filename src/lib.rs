@@ -33,8 +33,6 @@ pub use distlock_etcd as etcd;
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use distlock_zookeeper as zookeeper;
 
-mod legacy;
-
 /// The backends [`connect`] knows, whether or not they are compiled in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Backend {
