@@ -1,15 +1,12 @@
 //! [`Client`]: one connection to a lock service, for every primitive.
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use async_trait::async_trait;
-
-use crate::engine::{Engine, Grant, Request};
+use crate::engine::Engine;
 use crate::primitives::{ElectionHandle, MutexHandle, Route, RwHandle, SemaphoreHandle};
 use crate::{
-    BackendInfo, Capability, DistributedLock, DistributedRwLock, DistributedSemaphore,
-    ExtendOutcome, LeaderElection, Lease, LockError, Primitive, ReleaseOutcome,
+    BackendInfo, DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection,
+    Primitive,
 };
 
 /// A client of one lock service: one connection, pool or session, shared by every
@@ -63,27 +60,6 @@ impl Client {
         }
     }
 
-    /// A client of a backend that still implements the public traits itself, from its
-    /// handles on one connection; a primitive it lacks (`None`) refuses every acquire
-    /// with [`crate::LockError::Unsupported`], per the mutex's [`BackendInfo`].
-    ///
-    /// Transitional: it goes once every backend implements [`Engine`].
-    #[doc(hidden)]
-    pub fn from_parts(
-        lock: Arc<dyn DistributedLock>,
-        semaphore: Option<Arc<dyn DistributedSemaphore>>,
-        rw_lock: Option<Arc<dyn DistributedRwLock>>,
-        election: Option<Arc<dyn LeaderElection>>,
-    ) -> Self {
-        let refusing = Client::from_engine(Arc::new(NotOffered(lock.info())));
-        Client {
-            semaphore: semaphore.unwrap_or(refusing.semaphore),
-            rw_lock: rw_lock.unwrap_or(refusing.rw_lock),
-            election: election.unwrap_or(refusing.election),
-            lock,
-        }
-    }
-
     /// The backend's name and guarantees, per primitive.
     pub fn info(&self) -> BackendInfo {
         self.lock.info()
@@ -107,49 +83,5 @@ impl Client {
     /// Leader election.
     pub fn election(&self) -> Arc<dyn LeaderElection> {
         self.election.clone()
-    }
-}
-
-/// The engine behind [`Client::from_parts`]'s missing primitives: its info is the
-/// backend's, whose capabilities mark them not offered, so the generic checks refuse
-/// every acquire before reaching it.
-#[derive(Debug)]
-struct NotOffered(BackendInfo);
-
-#[async_trait]
-impl Engine for NotOffered {
-    fn info(&self) -> BackendInfo {
-        self.0.clone()
-    }
-
-    async fn acquire(&self, request: &Request<'_>) -> Result<Option<Grant>, LockError> {
-        Err(self.refused(request.claim.primitive()))
-    }
-
-    async fn release(&self, primitive: Primitive, _: &Lease) -> Result<ReleaseOutcome, LockError> {
-        Err(self.refused(primitive))
-    }
-
-    async fn extend(
-        &self,
-        primitive: Primitive,
-        _: &Lease,
-        _: Duration,
-    ) -> Result<ExtendOutcome, LockError> {
-        Err(self.refused(primitive))
-    }
-}
-
-impl NotOffered {
-    fn refused(&self, primitive: Primitive) -> LockError {
-        let reason = match self.0.capabilities.of(primitive).offered {
-            Capability::Unsupported(reason) => reason,
-            Capability::Supported => "the backend gave no handle for it",
-        };
-        LockError::Unsupported {
-            backend: self.0.name,
-            operation: primitive.as_str(),
-            reason,
-        }
     }
 }

@@ -230,19 +230,13 @@ pub struct Leadership {
 }
 
 impl Leadership {
-    /// See [`crate::backend::leadership`].
+    /// A won campaign: `guard` holds the leadership of `term` for `candidate`.
     pub(crate) fn from_guard(guard: LockGuard, candidate: Candidate, term: FencingToken) -> Self {
         Leadership {
             guard,
             candidate,
             term,
         }
-    }
-
-    /// See [`crate::backend::mark_contended`].
-    pub(crate) fn with_contended(mut self, contended: bool) -> Self {
-        self.guard = self.guard.with_contended(contended);
-        self
     }
 
     /// The election's name.

@@ -67,7 +67,7 @@ impl LockGuard {
         }
     }
 
-    /// See [`crate::backend::mark_contended`].
+    /// This guard, recording whether its acquire met the key held first.
     pub(crate) fn with_contended(mut self, contended: bool) -> Self {
         self.contended = contended;
         self

@@ -326,7 +326,7 @@ impl MemoryStore {
         let report = WaitReport::new();
         let deadline = options.wait().deadline_from(start);
         match wait_woken(self.wake_handle(key), deadline, &report, attempt).await? {
-            Some(guard) => Ok(crate::backend::mark_contended(guard, report.held_seen())),
+            Some(guard) => Ok(guard.with_contended(report.held_seen())),
             None => Err(LockError::Timeout {
                 backend,
                 key: key.clone(),
