@@ -192,6 +192,7 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod conn;
 mod engine;
 mod error;
 mod keys;

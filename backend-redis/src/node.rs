@@ -12,9 +12,9 @@ use redis::{
     RedisError, Script, ServerErrorKind,
 };
 
+use crate::conn::NodeConn;
 use crate::error::lock_error;
 use crate::keys::KeyNames;
-use crate::topology::NodeConn;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
