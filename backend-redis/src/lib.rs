@@ -193,6 +193,7 @@
 
 mod config;
 mod conn;
+mod driver;
 mod engine;
 mod error;
 mod keys;

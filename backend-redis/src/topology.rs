@@ -22,7 +22,7 @@ use crate::node::Node;
 /// Cluster bound their whole connect by it).
 pub(crate) async fn connect(url: RedisUrl, timeout: Duration) -> Result<Vec<Node>, LockError> {
     // Sentinel and Cluster connections open TLS outside `driver_client` too.
-    crate::node::install_crypto_provider();
+    crate::driver::install_crypto_provider();
     match url.topology {
         Topology::Direct => crate::membership::connect_nodes(&url.nodes, timeout).await,
         Topology::Sentinel(sentinel) => {

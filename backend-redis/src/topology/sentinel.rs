@@ -29,7 +29,7 @@ use redis::{
 use tokio::sync::Notify;
 
 use crate::config::SentinelUrl;
-use crate::node::{driver_client, open_manager};
+use crate::driver::{driver_client, open_manager};
 use crate::wakeups::Wakeups;
 use crate::REDIS_BACKEND;
 
