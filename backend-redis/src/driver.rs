@@ -7,10 +7,15 @@ use std::time::Duration;
 
 use distlock_api::LockError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{IntoConnectionInfo, ProtocolVersion};
+use redis::{IntoConnectionInfo, ProtocolVersion, PushInfo};
 
-use crate::wakeups::Wakeups;
 use crate::REDIS_BACKEND;
+
+/// Where a connection delivers the server's pushes (pub/sub messages, and a
+/// `Disconnection` when it is lost): the node's wake-up router. A callback, not the
+/// router itself, so the connection modules need not import `wakeups`, which names
+/// their connections.
+pub(crate) type PushSink = Arc<dyn Fn(PushInfo) + Send + Sync>;
 
 /// rustls needs one process-wide crypto provider when more than one is compiled in (a
 /// build with `zookeeper-tls` also has aws-lc-rs), and the driver panics without one:
@@ -62,7 +67,7 @@ pub(crate) async fn open_manager(
     address: &str,
     db: i64,
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<ConnectionManager, LockError> {
     open_manager_with(client, timeout, router)
         .await
@@ -73,7 +78,7 @@ pub(crate) async fn open_manager(
 pub(crate) async fn open_manager_with(
     client: &redis::Client,
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<ConnectionManager, redis::RedisError> {
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(timeout))
@@ -82,7 +87,7 @@ pub(crate) async fn open_manager_with(
         .set_max_delay(Duration::from_millis(500))
         .set_automatic_resubscription()
         .set_push_sender(move |push| {
-            router.on_push(push);
+            router(push);
             Ok::<(), ()>(())
         });
     client.get_connection_manager_with_config(config).await

@@ -9,7 +9,7 @@ use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOu
 use redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 
 use crate::conn::NodeConn;
-use crate::driver::{driver_client, open_manager, open_manager_with};
+use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
 use crate::error::lock_error;
 use crate::keys::KeyNames;
 use crate::wakeups::{WakeTicket, Wakeups};
@@ -147,7 +147,7 @@ impl Node {
     }
 
     /// A node whose connection a topology (Sentinel, Cluster) makes: `address` names it
-    /// in errors; [`Node::wakeups`] routes the connection's pushes, and [`Node::join`]
+    /// in errors; [`Node::push_sink`] routes the connection's pushes, and [`Node::join`]
     /// hands the connection over.
     pub(crate) fn for_topology(address: String, connect_timeout: Duration) -> Node {
         Node {
@@ -164,9 +164,10 @@ impl Node {
         }
     }
 
-    /// The wake-up router the node's connection must push to.
-    pub(crate) fn wakeups(&self) -> Arc<Wakeups> {
-        self.link.wakeups.clone()
+    /// Where the node's connection must push: its wake-up router.
+    pub(crate) fn push_sink(&self) -> PushSink {
+        let wakeups = self.link.wakeups.clone();
+        Arc::new(move |push| wakeups.on_push(push))
     }
 
     /// Opens an auto-reconnecting connection to the server, without joining it to the
@@ -189,7 +190,7 @@ impl Node {
             &self.address,
             self.link.db,
             self.link.connect_timeout,
-            self.link.wakeups.clone(),
+            self.push_sink(),
         )
         .await?;
         Ok(NodeConn::Direct(manager))
@@ -212,7 +213,7 @@ impl Node {
             limit,
             |_| async {
                 let manager =
-                    open_manager_with(client, self.link.connect_timeout, self.link.wakeups.clone())
+                    open_manager_with(client, self.link.connect_timeout, self.push_sink())
                         .await
                         .map_err(|e| {
                             crate::error::connect_refused(&self.address, self.link.db, e)

@@ -34,7 +34,7 @@ pub(crate) async fn connect(url: RedisUrl, timeout: Duration) -> Result<Vec<Node
                 ),
                 timeout,
             );
-            let conn = sentinel::connect(sentinel, timeout, node.wakeups()).await?;
+            let conn = sentinel::connect(sentinel, timeout, node.push_sink()).await?;
             node.join(NodeConn::Sentinel(conn));
             Ok(vec![node])
         }
@@ -43,7 +43,7 @@ pub(crate) async fn connect(url: RedisUrl, timeout: Duration) -> Result<Vec<Node
                 format!("Cluster {}", cluster::seed_addresses(&url.nodes)),
                 timeout,
             );
-            let conn = cluster::connect(&url.nodes, timeout, node.wakeups()).await?;
+            let conn = cluster::connect(&url.nodes, timeout, node.push_sink()).await?;
             node.join(NodeConn::Cluster(conn));
             Ok(vec![node])
         }
