@@ -192,6 +192,8 @@
 #![forbid(unsafe_code)]
 
 mod config;
+mod conn;
+mod driver;
 mod engine;
 mod error;
 mod keys;

@@ -134,7 +134,7 @@ impl RedisLock {
     #[doc(hidden)]
     pub fn sentinel_master(&self) -> Option<String> {
         match self.inner.nodes.first()?.connection()? {
-            crate::topology::NodeConn::Sentinel(conn) => Some(conn.master()),
+            crate::conn::NodeConn::Sentinel(conn) => Some(conn.master()),
             _ => None,
         }
     }

@@ -20,8 +20,8 @@ use std::time::Duration;
 use distlock_api::{AtAddress, LockError};
 use futures_util::future::join_all;
 
+use crate::conn::NodeConn;
 use crate::node::{Node, WeakNode};
-use crate::topology::NodeConn;
 use crate::REDLOCK_BACKEND;
 
 /// The first pause of a background joiner between attempts; it doubles up to

@@ -6,15 +6,12 @@ use std::time::Duration;
 
 use distlock_api::connect_retry::retry_connect;
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{
-    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
-    RedisError, Script, ServerErrorKind,
-};
+use redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 
+use crate::conn::NodeConn;
+use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
 use crate::error::lock_error;
 use crate::keys::KeyNames;
-use crate::topology::NodeConn;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -150,7 +147,7 @@ impl Node {
     }
 
     /// A node whose connection a topology (Sentinel, Cluster) makes: `address` names it
-    /// in errors; [`Node::wakeups`] routes the connection's pushes, and [`Node::join`]
+    /// in errors; [`Node::push_sink`] routes the connection's pushes, and [`Node::join`]
     /// hands the connection over.
     pub(crate) fn for_topology(address: String, connect_timeout: Duration) -> Node {
         Node {
@@ -167,9 +164,10 @@ impl Node {
         }
     }
 
-    /// The wake-up router the node's connection must push to.
-    pub(crate) fn wakeups(&self) -> Arc<Wakeups> {
-        self.link.wakeups.clone()
+    /// Where the node's connection must push: its wake-up router.
+    pub(crate) fn push_sink(&self) -> PushSink {
+        let wakeups = self.link.wakeups.clone();
+        Arc::new(move |push| wakeups.on_push(push))
     }
 
     /// Opens an auto-reconnecting connection to the server, without joining it to the
@@ -192,7 +190,7 @@ impl Node {
             &self.address,
             self.link.db,
             self.link.connect_timeout,
-            self.link.wakeups.clone(),
+            self.push_sink(),
         )
         .await?;
         Ok(NodeConn::Direct(manager))
@@ -215,7 +213,7 @@ impl Node {
             limit,
             |_| async {
                 let manager =
-                    open_manager_with(client, self.link.connect_timeout, self.link.wakeups.clone())
+                    open_manager_with(client, self.link.connect_timeout, self.push_sink())
                         .await
                         .map_err(|e| {
                             crate::error::connect_refused(&self.address, self.link.db, e)
@@ -237,82 +235,6 @@ impl Node {
         )
         .await
     }
-}
-
-/// rustls needs one process-wide crypto provider when more than one is compiled in (a
-/// build with `zookeeper-tls` also has aws-lc-rs), and the driver panics without one:
-/// installs ring unless the program (or another crate) installed a provider first.
-pub(crate) fn install_crypto_provider() {
-    #[cfg(feature = "tls")]
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: a provider is installed.
-        let _ = rustls::crypto::ring::default_provider().install_default();
-    }
-}
-
-/// The driver's client for `url` (`redis://…`, speaking RESP3 so that pub/sub pushes
-/// share the command connection), the server's `host:port` and the database.
-///
-/// # Errors
-/// [`LockError::Config`] for a URL the driver refuses (the message does not repeat
-/// the URL: it may carry a password).
-pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), LockError> {
-    let info = url.into_connection_info().map_err(|e| LockError::Config {
-        backend: REDIS_BACKEND,
-        // Not the URL itself: it may carry a password.
-        message: "invalid Redis URL".to_owned(),
-        source: Some(Box::new(e)),
-    })?;
-    let settings = info
-        .redis_settings()
-        .clone()
-        .set_protocol(ProtocolVersion::RESP3);
-    let db = settings.db();
-    let info = info.set_redis_settings(settings);
-    let address = info.addr().to_string();
-    install_crypto_provider();
-    let client = redis::Client::open(info).map_err(|e| LockError::Config {
-        backend: REDIS_BACKEND,
-        message: format!("{address}: invalid Redis connection settings"),
-        source: Some(Box::new(e)),
-    })?;
-    Ok((client, address, db))
-}
-
-/// Opens an auto-reconnecting connection with `client` to the server at `address`
-/// (database `db`), pushing pub/sub messages to `router`.
-///
-/// # Errors
-/// As [`Node::open`].
-pub(crate) async fn open_manager(
-    client: &redis::Client,
-    address: &str,
-    db: i64,
-    timeout: Duration,
-    router: Arc<Wakeups>,
-) -> Result<ConnectionManager, LockError> {
-    open_manager_with(client, timeout, router)
-        .await
-        .map_err(|e| crate::error::connect_error(address, db, e))
-}
-
-/// [`open_manager`], with the driver's error as it is.
-async fn open_manager_with(
-    client: &redis::Client,
-    timeout: Duration,
-    router: Arc<Wakeups>,
-) -> Result<ConnectionManager, redis::RedisError> {
-    let config = ConnectionManagerConfig::new()
-        .set_connection_timeout(Some(timeout))
-        .set_response_timeout(Some(timeout))
-        .set_number_of_retries(2)
-        .set_max_delay(Duration::from_millis(500))
-        .set_automatic_resubscription()
-        .set_push_sender(move |push| {
-            router.on_push(push);
-            Ok::<(), ()>(())
-        });
-    client.get_connection_manager_with_config(config).await
 }
 
 impl Node {

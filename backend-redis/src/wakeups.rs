@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use redis::{PushInfo, PushKind, Value};
 use tokio::sync::Notify;
 
-use crate::topology::NodeConn;
+use crate::conn::NodeConn;
 
 #[derive(Debug)]
 struct Channel {

@@ -63,6 +63,7 @@ mod provider;
 mod redis;
 mod redis_cluster;
 mod redis_sentinel;
+mod redis_shared;
 mod zookeeper;
 mod zookeeper_tls;
 

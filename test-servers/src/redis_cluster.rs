@@ -9,7 +9,7 @@ use rand::Rng;
 use std::path::PathBuf;
 
 use super::free_port;
-use super::redis_sentinel::{redis_cli, TlsFiles};
+use super::redis_shared::{redis_cli, replica_in_sync, TlsFiles};
 use super::{RedisServer, RedisServerOptions, ServerError};
 
 const SERVER: &str = "redis-cluster";
@@ -221,15 +221,6 @@ impl RedisCluster {
             log_tail: self.nodes[0].logs(),
         })
     }
-}
-
-/// True unless the server on `port` is a replica whose link to its master is not up
-/// (`INFO replication`).
-pub(super) async fn replica_in_sync(port: u16) -> bool {
-    let info = redis_cli(port, &["INFO", "replication"])
-        .await
-        .unwrap_or_default();
-    !info.contains("role:slave") || info.contains("master_link_status:up")
 }
 
 /// Starts one cluster node on a port below 55536 whose bus port is free as well,

@@ -9,6 +9,7 @@ use tempfile::TempDir;
 
 use super::process::{Launch, Supervised};
 use super::redis::{redis_binary, redis_ping};
+use super::redis_shared::{redis_cli, replica_in_sync, TlsFiles};
 use super::{free_port, temp_dir, RedisServer, RedisServerOptions, ServerError, PROBE_TIMEOUT};
 
 const SERVER: &str = "redis-sentinel";
@@ -25,30 +26,6 @@ struct Sentinel {
     /// The TLS port, when the group uses TLS.
     tls_port: Option<u16>,
     _dir: TempDir,
-}
-
-/// The certificate and key of a TLS group or cluster.
-pub(super) struct TlsFiles {
-    pub(super) cert: PathBuf,
-    pub(super) key: PathBuf,
-}
-
-impl TlsFiles {
-    /// The configuration directives for TLS on `port`.
-    pub(super) fn directives(&self, port: u16) -> Vec<(&'static str, String)> {
-        let (cert, key) = (
-            self.cert.display().to_string(),
-            self.key.display().to_string(),
-        );
-        vec![
-            ("tls-port", port.to_string()),
-            ("tls-cert-file", cert.clone()),
-            ("tls-key-file", key),
-            ("tls-ca-cert-file", cert),
-            ("tls-auth-clients", "no".into()),
-            ("tls-replication", "yes".into()),
-        ]
-    }
 }
 
 /// A master, a replica and three Sentinels watching them (quorum 2,
@@ -157,7 +134,7 @@ impl RedisSentinelGroup {
                     last = format!("Sentinel {} sees: {master:?}", sentinel.port);
                 }
             }
-            if formed && super::redis_cluster::replica_in_sync(self.servers[1].port()).await {
+            if formed && replica_in_sync(self.servers[1].port()).await {
                 return Ok(());
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -259,47 +236,6 @@ impl RedisSentinelGroup {
             })
         }
     }
-}
-
-/// Runs `redis-cli -p PORT ARGS…` and returns its output (each reply element on
-/// its own line).
-///
-/// # Errors
-/// [`ServerError::Probe`] when it fails or says `ERR`/`Could not connect`.
-pub(super) async fn redis_cli(port: u16, args: &[&str]) -> Result<String, ServerError> {
-    let cli = redis_binary()?.with_file_name("redis-cli");
-    let cli = if cli.is_file() {
-        cli
-    } else {
-        PathBuf::from("redis-cli")
-    };
-    let output = tokio::time::timeout(
-        Duration::from_secs(10),
-        tokio::process::Command::new(cli)
-            .args(["-h", "127.0.0.1", "-p", &port.to_string()])
-            .args(args)
-            .kill_on_drop(true)
-            .output(),
-    )
-    .await
-    .map_err(|_| ServerError::Probe {
-        server: SERVER,
-        detail: format!("redis-cli -p {port} {args:?} did not finish in 10 s"),
-    })?
-    .map_err(|e| ServerError::io("running redis-cli", e))?;
-    let text = String::from_utf8_lossy(&output.stdout).into_owned();
-    if !output.status.success() || text.starts_with("ERR") || text.starts_with("Could not connect")
-    {
-        return Err(ServerError::Probe {
-            server: SERVER,
-            detail: format!(
-                "redis-cli -p {port} {args:?}: {} {}",
-                text.trim(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            ),
-        });
-    }
-    Ok(text)
 }
 
 async fn start_sentinel(master_port: u16, tls: Option<&TlsFiles>) -> Result<Sentinel, ServerError> {

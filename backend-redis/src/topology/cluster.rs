@@ -11,7 +11,6 @@
 //! on whichever node the driver placed it, sees it; the driver renews the
 //! subscription when that node fails.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::LockError;
@@ -20,7 +19,7 @@ use redis::cluster::ClusterClientBuilder;
 use redis::cluster_async::ClusterConnection;
 use redis::ProtocolVersion;
 
-use crate::wakeups::Wakeups;
+use crate::driver::PushSink;
 use crate::REDIS_BACKEND;
 
 /// Connects to the Cluster through `seeds` (driver URLs with the credentials),
@@ -37,7 +36,7 @@ use crate::REDIS_BACKEND;
 pub(crate) async fn connect(
     seeds: &[String],
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<ClusterConnection, LockError> {
     let addresses = seed_addresses(seeds);
     let racing = async {
@@ -76,7 +75,7 @@ pub(crate) async fn connect(
 async fn connect_via(
     seed: &str,
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<ClusterConnection, LockError> {
     let address = format!("Cluster seed {}", seed_addresses(&[seed.to_owned()]));
     let client = ClusterClientBuilder::new([seed])
@@ -88,7 +87,7 @@ async fn connect_via(
         .retries(2)
         .max_retry_wait(200)
         .push_sender(move |push| {
-            router.on_push(push);
+            router(push);
             Ok::<(), ()>(())
         })
         .build()

@@ -29,8 +29,7 @@ use redis::{
 use tokio::sync::Notify;
 
 use crate::config::SentinelUrl;
-use crate::node::{driver_client, open_manager};
-use crate::wakeups::Wakeups;
+use crate::driver::{driver_client, open_manager, PushSink};
 use crate::REDIS_BACKEND;
 
 /// How often the Sentinels are asked whether the master moved, when nothing failed.
@@ -42,7 +41,7 @@ pub(crate) struct SentinelConn(Arc<State>);
 
 struct State {
     sentinels: Sentinels,
-    router: Arc<Wakeups>,
+    router: PushSink,
     current: Mutex<Current>,
     /// The channels subscribed through this connection, renewed on a new master.
     channels: Mutex<HashSet<String>>,
@@ -74,7 +73,7 @@ struct Sentinels {
 pub(crate) async fn connect(
     url: SentinelUrl,
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<SentinelConn, LockError> {
     let sentinels = Sentinels {
         conns: url.sentinels.iter().map(|_| Mutex::new(None)).collect(),
@@ -171,7 +170,7 @@ impl State {
         tracing::info!(from = %now, to = %address, master = %self.sentinels.url.master_name, "following a Sentinel failover");
         *self.current.lock().unwrap_or_else(PoisonError::into_inner) = Current { address, conn };
         // Waiters retry at once, on the new master.
-        self.router.on_push(PushInfo {
+        (self.router)(PushInfo {
             kind: PushKind::Disconnection,
             data: Vec::new(),
         });
@@ -323,7 +322,7 @@ async fn open_master(
     url: &SentinelUrl,
     address: &str,
     timeout: Duration,
-    router: Arc<Wakeups>,
+    router: PushSink,
 ) -> Result<ConnectionManager, LockError> {
     let (client, address, db) = driver_client(&url.master_url(address))?;
     let mut conn = open_manager(&client, &address, db, timeout, router).await?;
