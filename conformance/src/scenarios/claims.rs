@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use distlock_api::{
     BackendInfo, Candidate, Capability, DistributedLock, DistributedRwLock, DistributedSemaphore,
-    ExtendOutcome, FencingToken, LeaderElection, Leadership, LockError, LockGuard, LockKey,
-    LockOptions, Primitive, ReleaseOutcome, RwMode,
+    ExtendOutcome, FencingToken, Guarantees, LeaderElection, Leadership, LockError, LockGuard,
+    LockKey, LockOptions, Primitive, ReleaseOutcome, RwMode,
 };
 
 use super::fifo::fifo_with_ttl;
@@ -113,13 +113,19 @@ impl Taken {
     }
 }
 
-/// Each primitive the harness's clients have a handle for, with that handle's claims.
-async fn primitives(h: &dyn Harness) -> Result<Vec<(Primitive, Taker, BackendInfo)>, Failure> {
+/// Each primitive the harness's clients have a handle for and the backend offers (or,
+/// with `offered` false, does not offer), with that handle's claims for it.
+async fn primitives(
+    h: &dyn Harness,
+    offered: bool,
+) -> Result<Vec<(Primitive, Taker, Guarantees)>, Failure> {
     let mut found = Vec::new();
     for primitive in Primitive::ALL {
         if let Some(taker) = Taker::of(h.client().await?, primitive) {
-            let info = taker.info();
-            found.push((primitive, taker, info));
+            let guarantees = *taker.info().capabilities.of(primitive);
+            if guarantees.offered.is_supported() == offered {
+                found.push((primitive, taker, guarantees));
+            }
         }
     }
     Ok(found)
@@ -143,11 +149,7 @@ pub(super) async fn every_primitive_keeps_its_fifo_claim(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let mut seen = Vec::new();
-    for (primitive, taker, info) in primitives(h).await? {
-        let guarantees = info.capabilities.of(primitive);
-        if !guarantees.offered.is_supported() {
-            continue;
-        }
+    for (primitive, taker, guarantees) in primitives(h, true).await? {
         let name = primitive.as_str();
         let key = unique_key("claims-fifo");
         match guarantees.fifo {
@@ -235,11 +237,7 @@ pub(super) async fn every_primitive_keeps_its_fencing_claim(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let mut seen = Vec::new();
-    for (primitive, first, info) in primitives(h).await? {
-        let guarantees = info.capabilities.of(primitive);
-        if !guarantees.offered.is_supported() {
-            continue;
-        }
+    for (primitive, first, guarantees) in primitives(h, true).await? {
         let name = primitive.as_str();
         let key = unique_key("claims-fencing");
         let mut tokens = Vec::new();
@@ -278,11 +276,7 @@ pub(super) async fn every_primitive_keeps_its_extend_claim(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let mut seen = Vec::new();
-    for (primitive, taker, info) in primitives(h).await? {
-        let guarantees = info.capabilities.of(primitive);
-        if !guarantees.offered.is_supported() {
-            continue;
-        }
+    for (primitive, taker, guarantees) in primitives(h, true).await? {
         let name = primitive.as_str();
         let key = unique_key("claims-extend");
         let Some(taken) = taker.try_acquire(&key, &no_wait(LONG_TTL)).await? else {
@@ -312,10 +306,7 @@ pub(super) async fn every_primitive_keeps_its_extend_claim(
 
 pub(super) async fn unoffered_primitives_are_refused(h: &dyn Harness) -> Result<String, Failure> {
     let mut seen = Vec::new();
-    for (primitive, taker, info) in primitives(h).await? {
-        if info.capabilities.of(primitive).offered.is_supported() {
-            continue;
-        }
+    for (primitive, taker, _) in primitives(h, false).await? {
         let name = primitive.as_str();
         let key = unique_key("claims-offered");
         let waited = taker.acquire(&key, &no_wait(LONG_TTL)).await;
