@@ -3,6 +3,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 
+mod backends;
 pub mod guide;
 
 pub use distlock_api::memory;
@@ -32,65 +33,6 @@ pub use distlock_etcd as etcd;
 #[cfg(feature = "zookeeper")]
 #[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use distlock_zookeeper as zookeeper;
-
-/// The backends [`connect`] knows, whether or not they are compiled in.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Backend {
-    Memory,
-    File,
-    Redis,
-    Postgres,
-    ZooKeeper,
-    Etcd,
-}
-
-impl Backend {
-    /// The Cargo feature of this crate that will turn the backend on.
-    fn feature(self) -> &'static str {
-        match self {
-            // Always compiled: no feature.
-            Backend::Memory => "",
-            Backend::File => "file",
-            Backend::Redis => "redis",
-            Backend::Postgres => "postgres",
-            Backend::ZooKeeper => "zookeeper",
-            Backend::Etcd => "etcd",
-        }
-    }
-
-    /// The backend's name in prose.
-    fn title(self) -> &'static str {
-        match self {
-            Backend::Memory => "in-memory",
-            Backend::File => "file",
-            Backend::Redis => "Redis",
-            Backend::Postgres => "Postgres",
-            Backend::ZooKeeper => "ZooKeeper",
-            Backend::Etcd => "etcd",
-        }
-    }
-}
-
-/// Every URL scheme [`connect`] recognises (lowercase), and its backend.
-const SCHEMES: &[(&str, Backend)] = &[
-    ("memory", Backend::Memory),
-    ("file", Backend::File),
-    ("redis", Backend::Redis),
-    ("rediss", Backend::Redis),
-    ("redis+redlock", Backend::Redis),
-    ("redis+sentinel", Backend::Redis),
-    ("rediss+sentinel", Backend::Redis),
-    ("redis+cluster", Backend::Redis),
-    ("rediss+cluster", Backend::Redis),
-    ("postgres", Backend::Postgres),
-    ("postgresql", Backend::Postgres),
-    ("zookeeper", Backend::ZooKeeper),
-    ("zk", Backend::ZooKeeper),
-    ("zookeeper+tls", Backend::ZooKeeper),
-    ("zk+tls", Backend::ZooKeeper),
-    ("etcd", Backend::Etcd),
-    ("etcd+tls", Backend::Etcd),
-];
 
 /// Connects to the lock backend named by `url`, choosing it by the URL's scheme.
 ///
@@ -128,67 +70,49 @@ const SCHEMES: &[(&str, Backend)] = &[
 /// available in this build, or is a memory URL with options; the backend's own
 /// connection and configuration errors otherwise.
 pub async fn connect(url: &str) -> Result<Client, LockError> {
-    let (backend, rest) = backend_for(url)?;
-    match backend {
-        Backend::Memory => Ok(memory_client(rest)?.client()),
-        #[cfg(feature = "file")]
-        Backend::File => Ok(distlock_file::FileLock::connect(url).await?.client()),
-        #[cfg(feature = "redis")]
-        Backend::Redis => Ok(distlock_redis::RedisLock::connect(url).await?.client()),
-        #[cfg(feature = "zookeeper")]
-        Backend::ZooKeeper => Ok(distlock_zookeeper::ZooKeeperLock::connect(url)
-            .await?
-            .client()),
-        #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(distlock_postgres::PostgresLock::connect(url)
-            .await?
-            .client()),
-        #[cfg(feature = "etcd")]
-        Backend::Etcd => Ok(distlock_etcd::EtcdLock::connect(url).await?.client()),
-        #[allow(unreachable_patterns)] // every feature on
-        off => Err(feature_off(url, off)),
+    let (scheme, _) = split_scheme(url)?;
+    let backend = backends::for_scheme(scheme).ok_or_else(|| {
+        config(format!(
+            "unknown URL scheme `{}://`; known schemes: {}",
+            shorten(scheme),
+            known_schemes()
+        ))
+    })?;
+    match backend.connect {
+        Some(connect) => connect(url).await,
+        None => Err(config(format!(
+            "{scheme}:// needs the {title} backend: rebuild with the `{feature}` feature of distlock",
+            scheme = scheme.to_ascii_lowercase(),
+            title = backend.title,
+            feature = backend.feature,
+        ))),
     }
 }
 
-/// The backend `url`'s scheme names, and what follows `://`.
-fn backend_for(url: &str) -> Result<(Backend, &str), LockError> {
-    let (scheme, rest) = split_scheme(url)?;
-    let backend = SCHEMES
+/// Every URL scheme [`connect`] recognises, lowercase, whether or not its backend is
+/// compiled in (see [`scheme_available`]).
+pub fn schemes() -> impl Iterator<Item = &'static str> {
+    backends::BACKENDS
         .iter()
-        .find(|(known, _)| known.eq_ignore_ascii_case(scheme))
-        .map(|&(_, backend)| backend)
-        .ok_or_else(|| {
-            config(format!(
-                "unknown URL scheme `{}://`; known schemes: {}",
-                shorten(scheme),
-                known_schemes()
-            ))
-        })?;
-    Ok((backend, rest))
+        .flat_map(|b| b.schemes.iter().copied())
 }
 
-/// The error for a scheme whose backend's feature is off.
-// Unused when every backend feature is on.
-#[allow(dead_code)]
-fn feature_off(url: &str, backend: Backend) -> LockError {
-    let scheme = url.split_once("://").map_or(url, |(scheme, _)| scheme);
-    config(format!(
-        "{scheme}:// needs the {title} backend: rebuild with the `{feature}` feature of distlock",
-        scheme = scheme.to_ascii_lowercase(),
-        title = backend.title(),
-        feature = backend.feature(),
-    ))
+/// Whether [`connect`] can connect `scheme` in this build: known, and its backend's
+/// Cargo feature on. Matched case-insensitively.
+pub fn scheme_available(scheme: &str) -> bool {
+    backends::for_scheme(scheme).is_some_and(|b| b.connect.is_some())
 }
 
-/// A client of the memory store named by the rest of a `memory://` URL.
-fn memory_client(name: &str) -> Result<MemoryLock, LockError> {
+/// A client of the memory store named by a `memory://` URL (what follows `://`).
+fn memory_client(url: &str) -> Result<Client, LockError> {
+    let name = url.split_once("://").map_or("", |(_, name)| name);
     if name.contains(['?', '#']) {
         return Err(LockError::config(
             memory::MEMORY_BACKEND,
             "memory:// URLs take no options: use memory:// or memory://NAME, where NAME has no `?` or `#`",
         ));
     }
-    Ok(MemoryLock::with_store(memory::MemoryStore::named(name)))
+    Ok(MemoryLock::with_store(memory::MemoryStore::named(name)).client())
 }
 
 /// Splits `url` into its scheme and what follows `://`, checking the scheme's syntax.
@@ -230,9 +154,8 @@ fn config(message: impl Into<String>) -> LockError {
 
 /// `memory://, redis://, …` for error messages.
 fn known_schemes() -> String {
-    SCHEMES
-        .iter()
-        .map(|(scheme, _)| format!("{scheme}://"))
+    schemes()
+        .map(|scheme| format!("{scheme}://"))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -85,7 +85,10 @@ fn kind_of(primitive: Primitive, lease: &Lease) -> Kind {
 #[async_trait]
 impl Engine for EtcdLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(ETCD_BACKEND, capabilities())
+        BackendInfo::new(ETCD_BACKEND, capabilities()).with_unreleased_lock_ends(
+            "it is freed when its etcd lease runs out (the TTL, plus the leader's expiry sweep), \
+             or at once when its process exits and revokes the lease",
+        )
     }
 
     /// One contender's acquire, waiting on watches until the request's deadline.

@@ -17,50 +17,14 @@ use std::time::{Duration, Instant};
 
 use distlock_api::{LeaseState, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{
-    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
-    SemaphoreConnector, ServerHarness,
-};
+use distlock_conformance_faults::{run_selected_faults, FaultHarness, FaultVerdict, ServerHarness};
 use distlock_etcd::EtcdLock;
 use distlock_test_servers::{EtcdCluster, EtcdServer, ServerControl};
 
 const URL_TEMPLATE: &str = "etcd://{hosts}";
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.lock())
-        })
-    })
-}
-
-/// Election clients, for the election fault scenarios.
-fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.election())
-        })
-    })
-}
-
-fn semaphore_connector() -> SemaphoreConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.semaphore())
-        })
-    })
-}
-
-fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.rw_lock())
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(EtcdLock::connect(&url).await?.client()) }))
 }
 
 /// A cut-off holder keeps its lock until etcd expires its lease: the TTL (whole
@@ -69,7 +33,6 @@ fn timed(harness: ServerHarness) -> Arc<dyn FaultHarness> {
     let sweep = Duration::from_millis(600);
     Arc::new(
         harness
-            .with_election(election_connector())
             .with_timing(common::TTL, common::TTL + sweep)
             // A dead waiter holds its place until its 3 s waiting lease runs out.
             .with_dead_waiter_bound(common::WAITER_TTL + sweep),
@@ -85,10 +48,7 @@ async fn single_node() -> Arc<dyn FaultHarness> {
         .await
         .unwrap_or_else(|e| cannot_start(e));
     let servers: Vec<Box<dyn ServerControl>> = vec![Box::new(server)];
-    timed(
-        ServerHarness::new(servers, URL_TEMPLATE, connector())
-            .with_primitives(semaphore_connector(), rw_connector()),
-    )
+    timed(ServerHarness::new(servers, URL_TEMPLATE, connector()))
 }
 
 distlock_conformance_faults::fault_conformance_tests!(

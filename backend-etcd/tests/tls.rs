@@ -76,12 +76,7 @@ impl TlsHarness {
 }
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.lock())
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(EtcdLock::connect(&url).await?.client()) }))
 }
 
 #[async_trait]
@@ -96,7 +91,7 @@ impl Harness for TlsHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(common::with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn ttl(&self) -> Duration {

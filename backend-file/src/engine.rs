@@ -53,7 +53,9 @@ fn capabilities() -> Capabilities {
 #[async_trait]
 impl Engine for FileLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(FILE_BACKEND, capabilities())
+        BackendInfo::new(FILE_BACKEND, capabilities()).with_unreleased_lock_ends(
+            "it is freed when its process exits (the kernel drops its file lock)",
+        )
     }
 
     async fn acquire(&self, request: &Request<'_>) -> Result<Option<Grant>, LockError> {

@@ -20,10 +20,7 @@ impl Harness for FileHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = FileLock::open(self.dir.path())?;
-        Ok(Client::new(lock.lock())
-            .with_semaphore(lock.semaphore())
-            .with_rw_lock(lock.rw_lock())
-            .with_election(lock.election()))
+        Ok(Client::new(lock.client()))
     }
 }
 

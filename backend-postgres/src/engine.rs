@@ -82,7 +82,11 @@ impl PostgresLock {
 #[async_trait]
 impl Engine for PostgresLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(POSTGRES_BACKEND, capabilities())
+        BackendInfo::new(POSTGRES_BACKEND, capabilities()).with_unreleased_lock_ends(
+            "a Postgres lock lives as long as its database session: it ended with the server \
+             or the connection if they went down, and otherwise ends when its process exits \
+             and its session closes",
+        )
     }
 
     /// A try on a shared session (a read or a permit: on a dedicated one), then, while

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{
-    Claim, ElectionConnector, Fault, FaultHarness, RwConnector, SemaphoreConnector, ServerHarness,
-};
+use distlock_conformance_faults::{Claim, Fault, FaultHarness, ServerHarness};
 use distlock_postgres::PostgresLock;
 use distlock_test_servers::{terminate_sessions_at, PostgresServerOptions, Provider, ServerError};
 
@@ -39,29 +37,9 @@ async fn harness() -> Arc<dyn FaultHarness> {
         let config = config.clone();
         Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.client()) })
         })
     };
-    // The election of a client of its own, through the same proxy.
-    let elections: ElectionConnector = {
-        let config = config.clone();
-        Arc::new(move |url: String| {
-            let config = config.clone();
-            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.election()) })
-        })
-    };
-    // The semaphore and read-write lock likewise, each a client of its own.
-    let semaphores: SemaphoreConnector = {
-        let config = config.clone();
-        Arc::new(move |url: String| {
-            let config = config.clone();
-            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.semaphore()) })
-        })
-    };
-    let rw_locks: RwConnector = Arc::new(move |url: String| {
-        let config = config.clone();
-        Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.rw_lock()) })
-    });
     // 16 contending clients with a few sessions each, and the waits'.
     let options = PostgresServerOptions::default().with_setting("max_connections", "400");
     let provider = Provider::from_env().unwrap_or_else(|e| cannot_start(e));
@@ -81,9 +59,7 @@ async fn harness() -> Arc<dyn FaultHarness> {
                     .map_err(|e| e.to_string())
             })
         }))
-        .with_timing(ttl, crash_bound)
-        .with_election(elections)
-        .with_primitives(semaphores, rw_locks);
+        .with_timing(ttl, crash_bound);
     Arc::new(harness)
 }
 

@@ -384,7 +384,7 @@ impl Harness for TlsHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = PostgresLock::connect_with(&self.url, self.config.clone()).await?;
-        Ok(Client::new(lock.lock()))
+        Ok(Client::new(lock.client()))
     }
 
     fn crash_bound(&self, ttl: Duration) -> Duration {
@@ -395,7 +395,7 @@ impl Harness for TlsHarness {
         let config = self.config.clone();
         Some(Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.client()) })
         }))
     }
 }

@@ -64,7 +64,18 @@ impl RedisLock {
 #[async_trait]
 impl Engine for RedisLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(self.name(), self.capabilities())
+        let info = BackendInfo::new(self.name(), self.capabilities());
+        if self.is_redlock() {
+            // Our value found on one node says nothing of the other nodes.
+            info.with_unreleased_lock_ends(
+                "it is freed when its lease (the TTL) runs out on each node",
+            )
+            .without_release_continuity()
+        } else {
+            info.with_unreleased_lock_ends(
+                "it is freed when its lease (the TTL) runs out on the server",
+            )
+        }
     }
 
     async fn acquire(&self, request: &Request<'_>) -> Result<Option<Grant>, LockError> {

@@ -103,7 +103,7 @@ impl RedisLock {
         })
     }
 
-    fn is_redlock(&self) -> bool {
+    pub(crate) fn is_redlock(&self) -> bool {
         self.inner.nodes.len() > 1
     }
 

@@ -11,38 +11,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::Primitive;
 use distlock_conformance::UrlConnector;
 use distlock_conformance_faults::{
-    run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, RwConnector, SemaphoreConnector,
-    ServerHarness,
+    run_selected_faults, Claim, Fault, FaultHarness, FaultVerdict, ServerHarness,
 };
 use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{Provider, ServerControl, ServerError};
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.lock()) }))
-}
-
-/// Semaphore clients by URL; Redlock's capabilities refuse them, so its clients get
-/// none.
-fn semaphore_connector() -> SemaphoreConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = RedisLock::connect(&url).await?;
-            common::offered(&lock, Primitive::Semaphore, lock.semaphore())
-        })
-    })
-}
-
-/// Read-write lock clients by URL; refused on Redlock, as semaphores are.
-fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = RedisLock::connect(&url).await?;
-            common::offered(&lock, Primitive::RwLock, lock.rw_lock())
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.client()) }))
 }
 
 /// What Redis promises under each fault, with `nodes` servers without persistence.
@@ -81,8 +58,6 @@ async fn harness(nodes: usize) -> Arc<dyn FaultHarness> {
     let harness = ServerHarness::new(servers, template, connector())
         .with_claims(claims(nodes))
         .with_timing(ttl, ttl)
-        .with_election(common::election_connector())
-        .with_primitives(semaphore_connector(), rw_connector())
         // A killed FIFO waiter's queue entry lives until its entry TTL runs out.
         .with_dead_waiter_bound(RedisConfig::default().fifo_entry_ttl);
     Arc::new(harness)

@@ -41,10 +41,7 @@ impl Harness for ProxiedNode {
             .push(proxy.clone());
         let url = format!("redis://127.0.0.1:{}", proxy.local_addr().port());
         let lock = RedisLock::connect(&url).await?;
-        Ok(Client::new(lock.lock())
-            .with_semaphore(lock.semaphore())
-            .with_rw_lock(lock.rw_lock())
-            .with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 }
 

@@ -37,7 +37,7 @@ impl Harness for ReplicatedHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = RedisLock::connect(&self.url).await?;
-        Ok(Client::new(lock.lock()).with_election(lock.election()))
+        Ok(Client::new(lock.client()))
     }
 }
 

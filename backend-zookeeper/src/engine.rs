@@ -188,7 +188,11 @@ impl ZooKeeperLock {
 #[async_trait]
 impl Engine for ZooKeeperLock {
     fn info(&self) -> BackendInfo {
-        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities())
+        BackendInfo::new(ZOOKEEPER_BACKEND, capabilities()).with_unreleased_lock_ends(
+            "it is freed when its holder's ZooKeeper session closes (the process exits) or, if \
+             the server cannot be reached, expires (the session timeout, whatever the TTL); \
+             already, if the session ended",
+        )
     }
 
     /// Contends by the claim's recipe, waiting on watches until the request's deadline.

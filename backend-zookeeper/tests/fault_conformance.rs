@@ -12,10 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_conformance::UrlConnector;
-use distlock_conformance_faults::{
-    run_selected_faults, ElectionConnector, FaultHarness, FaultVerdict, RwConnector,
-    SemaphoreConnector, ServerHarness,
-};
+use distlock_conformance_faults::{run_selected_faults, FaultHarness, FaultVerdict, ServerHarness};
 use distlock_test_servers::{Provider, ZooKeeperEnsemble};
 use distlock_zookeeper::ZooKeeperLock;
 
@@ -26,40 +23,7 @@ fn connector() -> UrlConnector {
         Box::pin(async move {
             let lock =
                 ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(lock.lock())
-        })
-    })
-}
-
-/// Election clients of the same session settings, for the election fault scenarios.
-fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock =
-                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(lock.election())
-        })
-    })
-}
-
-/// Semaphore clients of the same session settings.
-fn semaphore_connector() -> SemaphoreConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock =
-                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(lock.semaphore())
-        })
-    })
-}
-
-/// Read-write lock clients of the same session settings.
-fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock =
-                ZooKeeperLock::connect_with(&url, common::config(common::SESSION_TIMEOUT)).await?;
-            Ok(lock.rw_lock())
+            Ok(lock.client())
         })
     })
 }
@@ -81,11 +45,7 @@ async fn standalone() -> Arc<dyn FaultHarness> {
         .zookeeper()
         .await
         .unwrap_or_else(|e| cannot_start(e));
-    timed(
-        ServerHarness::new(vec![server], URL_TEMPLATE, connector())
-            .with_election(election_connector())
-            .with_primitives(semaphore_connector(), rw_connector()),
-    )
+    timed(ServerHarness::new(vec![server], URL_TEMPLATE, connector()))
 }
 
 distlock_conformance_faults::fault_conformance_tests!(
@@ -115,10 +75,11 @@ async fn ensemble_loses_its_leader() {
     let ensemble = ZooKeeperEnsemble::start(3)
         .await
         .unwrap_or_else(|e| cannot_start(e));
-    let h = timed(
-        ServerHarness::over_ensemble(ensemble, URL_TEMPLATE, connector())
-            .with_election(election_connector()),
-    );
+    let h = timed(ServerHarness::over_ensemble(
+        ensemble,
+        URL_TEMPLATE,
+        connector(),
+    ));
     // The lock's scenario, then the election's on the same ensemble (the killed node
     // is back by then, and the next leader is killed).
     let scenarios = [

@@ -58,7 +58,7 @@ impl Harness for SecureHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(common::with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn crash_bound(&self, _ttl: std::time::Duration) -> std::time::Duration {
@@ -67,7 +67,7 @@ impl Harness for SecureHarness {
 
     fn url_connector(&self) -> Option<UrlConnector> {
         Some(Arc::new(|url: String| {
-            Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.lock()) })
+            Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.client()) })
         }))
     }
 }

@@ -129,6 +129,8 @@ enum Backend {
     File,
     /// `memory://`: the same, in this process: the cost of the API and guards alone.
     Memory,
+    /// Any other scheme `distlock::connect` takes: distlock's own rows only.
+    Other,
 }
 
 impl Backend {
@@ -144,9 +146,19 @@ impl Backend {
             "etcd" if cfg!(feature = "etcd") => Ok(Backend::Etcd),
             "file" => Ok(Backend::File),
             "memory" => Ok(Backend::Memory),
+            "etcd" => Err(BenchError {
+                message: "etcd:// needs the bench's `etcd` feature".to_owned(),
+                usage: true,
+            }),
+            other if distlock::scheme_available(other) => Ok(Backend::Other),
             _ => Err(BenchError {
                 message: format!(
-                    "bench supports redis://, redis+sentinel://, redis+cluster://, postgres://, zookeeper://, etcd:// (feature `etcd`), file:// and memory:// URLs, not {scheme}://"
+                    "bench takes the URLs distlock connects in this build ({}), not {scheme}://",
+                    distlock::schemes()
+                        .filter(|s| distlock::scheme_available(s))
+                        .map(|s| format!("{s}://"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
                 ),
                 usage: true,
             }),
@@ -162,6 +174,7 @@ impl Backend {
             Backend::Etcd => "etcd",
             Backend::File => "file",
             Backend::Memory => "memory",
+            Backend::Other => "other",
         }
     }
 
@@ -169,7 +182,11 @@ impl Backend {
     fn has_server(self) -> bool {
         !matches!(
             self,
-            Backend::RedisTopology | Backend::Etcd | Backend::File | Backend::Memory
+            Backend::RedisTopology
+                | Backend::Etcd
+                | Backend::File
+                | Backend::Memory
+                | Backend::Other
         )
     }
 
@@ -252,6 +269,7 @@ async fn connect_sides(
         Backend::File | Backend::Memory => {
             notes.push("no comparators for file:// and memory://: there is no server".into())
         }
+        Backend::Other => notes.push("no comparators known for this backend".into()),
         Backend::ZooKeeper => {
             add("raw", boxed(zookeeper::Raw::connect(url).await));
             add(
@@ -289,6 +307,7 @@ async fn server_version(backend: Backend, url: &str) -> String {
         Backend::Etcd => Err("built without the `etcd` feature".into()),
         Backend::File => Ok("no server: flock(2) on the local file system".to_owned()),
         Backend::Memory => Ok("no server: this process's memory".to_owned()),
+        Backend::Other => Err("the bench knows no version query for this backend".into()),
     };
     version.unwrap_or_else(|e| format!("{} (version unknown: {e})", backend.name()))
 }
@@ -383,9 +402,11 @@ async fn holding_cost(
         async move {
             match backend {
                 Backend::Redis => redis::connected_clients(&url).await,
-                Backend::RedisTopology | Backend::Etcd | Backend::File | Backend::Memory => {
-                    Err("connections are not counted on this backend".into())
-                }
+                Backend::RedisTopology
+                | Backend::Etcd
+                | Backend::File
+                | Backend::Memory
+                | Backend::Other => Err("connections are not counted on this backend".into()),
                 Backend::Postgres => postgres::client_connections(&url).await,
                 Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
             }

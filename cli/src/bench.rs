@@ -4,11 +4,10 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, ValueEnum};
+use clap::builder::PossibleValuesParser;
+use clap::Args;
 use distlock_bench::{BenchConfig, BenchError};
-use distlock_test_servers::{
-    EtcdServer, PostgresServer, PostgresServerOptions, RedisServer, ZooKeeperServer,
-};
+use distlock_test_servers::{kind_named, Started, SERVER_KINDS};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -55,8 +54,8 @@ pub struct BenchArgs {
     hold: Option<usize>,
     /// Start a throwaway local server of this kind and benchmark it (--backend is
     /// ignored). Needs the server installed, as for the tests.
-    #[arg(long, value_name = "KIND")]
-    spawn: Option<Spawn>,
+    #[arg(long, value_name = "KIND", value_parser = spawn_kinds())]
+    spawn: Option<String>,
     /// Instead of the lock benchmarks, measure election failover over N trials each:
     /// resign → the standby leads, and kill -9 of a `distlock elect` leader → the
     /// standby's command starts (p50, p99, max).
@@ -64,58 +63,22 @@ pub struct BenchArgs {
     failover: Option<usize>,
 }
 
-/// Servers `--spawn` can start.
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum Spawn {
-    Redis,
-    Postgres,
-    Zookeeper,
-    /// etcd (the CLI's `etcd` feature).
-    Etcd,
+/// The kinds `--spawn` can start: every `distlock_test_servers::SERVER_KINDS` name.
+fn spawn_kinds() -> PossibleValuesParser {
+    PossibleValuesParser::new(SERVER_KINDS.iter().map(|k| k.name))
 }
 
-/// A spawned server, kept alive for the run.
-enum Spawned {
-    Redis(RedisServer),
-    Postgres(PostgresServer),
-    ZooKeeper(ZooKeeperServer),
-    Etcd(EtcdServer),
-}
-
-impl Spawned {
-    fn url(&self) -> String {
-        match self {
-            Spawned::Redis(s) => s.url(),
-            Spawned::Postgres(s) => s.url(),
-            Spawned::ZooKeeper(s) => s.url(),
-            Spawned::Etcd(s) => s.url(),
-        }
-    }
-}
-
-async fn spawn(kind: Spawn) -> Result<Spawned, CliError> {
-    let failed =
-        |e: &dyn std::fmt::Display| CliError::failed(format!("cannot start the server: {e}"));
-    Ok(match kind {
-        Spawn::Redis => Spawned::Redis(RedisServer::start().await.map_err(|e| failed(&e))?),
-        // Bare-driver comparators use a connection per worker: room for 64 of them
-        // beside the other sides' connections.
-        Spawn::Postgres => Spawned::Postgres(
-            PostgresServer::start_with({
-                let mut config = PostgresServerOptions::default();
-                config
-                    .settings
-                    .push(("max_connections".into(), "300".into()));
-                config
-            })
-            .await
-            .map_err(|e| failed(&e))?,
-        ),
-        Spawn::Zookeeper => {
-            Spawned::ZooKeeper(ZooKeeperServer::start().await.map_err(|e| failed(&e))?)
-        }
-        Spawn::Etcd => Spawned::Etcd(EtcdServer::start().await.map_err(|e| failed(&e))?),
-    })
+/// Starts one server of the kind called `name`: the servers, kept alive for the run,
+/// and a client URL.
+async fn spawn(name: &str) -> Result<(Started, String), CliError> {
+    let kind =
+        kind_named(name).ok_or_else(|| usage(format!("--spawn knows no server kind {name:?}")))?;
+    let started = kind
+        .start(1)
+        .await
+        .map_err(|e| CliError::failed(format!("cannot start the server: {e}")))?;
+    let url = kind.url_for(&started.ports());
+    Ok((started, url))
 }
 
 /// A usage error (exit code 2), through the configuration-error path every
@@ -126,14 +89,13 @@ fn usage(message: String) -> CliError {
 
 /// Runs the benchmark against `url` (or a spawned server) and prints the report.
 pub async fn run(url: &str, args: BenchArgs) -> Result<(), CliError> {
-    let server = match args.spawn {
+    let server = match &args.spawn {
         Some(kind) => Some(spawn(kind).await?),
         None => None,
     };
     let url = server
         .as_ref()
-        .map(Spawned::url)
-        .unwrap_or_else(|| url.to_owned());
+        .map_or_else(|| url.to_owned(), |(_, url)| url.clone());
     if let Some(trials) = args.failover {
         return print_out(&crate::failover::run(&url, trials).await?);
     }

@@ -136,7 +136,7 @@ pub async fn run(args: ElectArgs) -> Result<(), CliError> {
             Err(error) => return Err(campaign_error(error, &name)),
         };
         elections = Some(election.clone());
-        let backend = election.info().name;
+        let backend = election.info();
         let term = leadership.term();
         if args.verbose {
             exec::warn(&format!(
@@ -165,7 +165,7 @@ pub async fn run(args: ElectArgs) -> Result<(), CliError> {
             &mut signals,
         )
         .await;
-        let release = exec::release(leadership.resign(), backend).await;
+        let release = exec::release(leadership.resign(), &backend).await;
         let end = match end {
             Ok(end) => end,
             Err(error) => {

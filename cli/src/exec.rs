@@ -5,7 +5,6 @@
 //! `distlock`, reaches every process of a `sh -c` pipeline, and a terminal's Ctrl-C
 //! reaches it once (forwarded by `distlock`), not twice.
 
-mod backends;
 mod hold;
 pub(crate) mod verdict;
 
@@ -17,8 +16,8 @@ use clap::Args;
 use std::time::SystemTime;
 
 use distlock::{
-    AutoRenew, Capability, Client, ExtendOutcome, Firing, LeaseState, LockError, LockGuard,
-    LockKey, LockOptions, MultiGuard, ReleaseOutcome, Schedule, WaitPolicy,
+    AutoRenew, BackendInfo, Capability, Client, ExtendOutcome, Firing, LeaseState, LockError,
+    LockGuard, LockKey, LockOptions, MultiGuard, ReleaseOutcome, Schedule, WaitPolicy,
 };
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tokio::time::Instant;
@@ -248,7 +247,7 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
             },
         }
     };
-    let backend_name = held.backend;
+    let backend_name = held.backend.name;
     let waited = started.elapsed();
     if let Some(firing) = &firing {
         if let Err(skip) = not_done_yet(&client, firing, &args.key).await {
@@ -338,12 +337,12 @@ async fn release_all(held: Held) -> Release {
     match companion {
         Some(companion) => {
             let (first, second) = tokio::join!(
-                release(released(primary), backend),
-                release(released(companion), backend)
+                release(released(primary), &backend),
+                release(released(companion), &backend)
             );
             first.worse(second)
         }
-        None => release(released(primary), backend).await,
+        None => release(released(primary), &backend).await,
     }
 }
 
@@ -367,7 +366,7 @@ async fn keep_until(held: Held, until: Instant) -> Release {
                 .await
                 .map(|all| worst(all.into_iter().map(as_release).collect()))
         };
-        found = found.worse(release(extended, backend).await);
+        found = found.worse(release(extended, &backend).await);
         set.let_expire();
     }
     found
@@ -460,16 +459,14 @@ async fn mark_done(client: &Client, firing: &Firing, key: &str) {
 /// (and a cron slot) waiting.
 pub(crate) async fn release(
     releasing: impl Future<Output = Result<ReleaseOutcome, LockError>>,
-    backend: &'static str,
+    backend: &BackendInfo,
 ) -> Release {
     let failed = |error| Release::Failed {
         error,
-        freed: backends::after_failed_release(backend),
+        freed: backend.unreleased_lock_ends,
     };
     match tokio::time::timeout(RELEASE_PATIENCE, releasing).await {
-        Ok(Ok(ReleaseOutcome::Released)) if backends::release_shows_continuity(backend) => {
-            Release::StillOurs
-        }
+        Ok(Ok(ReleaseOutcome::Released)) if backend.release_shows_continuity => Release::StillOurs,
         Ok(Ok(ReleaseOutcome::Released)) => Release::Inconclusive(
             "finding the lease on some Redlock nodes at release does not show that no one \
              else held a majority of them",

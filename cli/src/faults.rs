@@ -4,7 +4,7 @@
 //! Against a URL the tool can only put fault proxies in front of the servers it
 //! names (network faults); server faults skip as "server not controlled by the
 //! harness". With `--spawn` it starts throwaway servers of the URL's kind (through
-//! `distlock_test_servers`, the same way the tests do) and runs them all.
+//! `distlock_test_servers::SERVER_KINDS`, the same way the tests do) and runs them all.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,13 +14,9 @@ use distlock::memory::{MemoryStore, MEMORY_BACKEND};
 use distlock::LockError;
 use distlock_conformance::{MemoryHarness, UrlConnector};
 use distlock_conformance_faults::{
-    Claim, ElectionConnector, Fault, FaultHarness, FaultReport, ProxiedHarness, RwConnector,
-    SemaphoreConnector, ServerHarness,
+    Claim, Fault, FaultHarness, FaultReport, ProxiedHarness, ServerHarness,
 };
-use distlock_test_servers::{
-    EtcdCluster, EtcdServer, PostgresServer, PostgresServerOptions, RedisServer, ServerControl,
-    ServerError, ZooKeeperEnsemble, ZooKeeperServer,
-};
+use distlock_test_servers::{kind_for_scheme, ServerError, ServerKind, SERVER_KINDS};
 
 use crate::error::CliError;
 use crate::print_out;
@@ -46,99 +42,42 @@ fn short_session(url: String) -> String {
 
 /// `distlock::connect`, with a short ZooKeeper session.
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            distlock::connect(&short_session(url))
-                .await
-                .map(|c| c.lock())
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { distlock::connect(&short_session(url)).await }))
 }
 
-/// `distlock::connect` and `Client::semaphore`, with a short ZooKeeper session.
-fn semaphore_connector() -> SemaphoreConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            distlock::connect(&short_session(url))
-                .await
-                .map(|c| c.semaphore())
-        })
-    })
+/// The servers a URL names, as `--spawn` would start them: their kind (from
+/// `distlock_test_servers::SERVER_KINDS`) and how many nodes its host list has.
+#[derive(Clone, Copy)]
+struct Servers {
+    kind: &'static ServerKind,
+    nodes: usize,
 }
 
-/// `distlock::connect` and `Client::rw_lock`, with a short ZooKeeper session.
-fn rw_connector() -> RwConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            distlock::connect(&short_session(url))
-                .await
-                .map(|c| c.rw_lock())
-        })
-    })
-}
-
-/// `distlock::connect` and `Client::election`, with a short ZooKeeper session.
-fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            distlock::connect(&short_session(url))
-                .await
-                .map(|c| c.election())
-        })
-    })
-}
-
-/// Which servers `--spawn` starts for a URL. The CLI knows every backend, so the
-/// URL templates and claims that the backends' own fault tests state live here too
-/// for the servers it starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum ServerKind {
-    /// `nodes` redis-servers without persistence: one is a single node, more is Redlock.
-    Redis { nodes: usize },
-    /// One PostgreSQL server.
-    Postgres,
-    /// One standalone ZooKeeper server.
-    ZooKeeper,
-    /// A ZooKeeper ensemble of `nodes`.
-    ZooKeeperEnsemble { nodes: usize },
-    /// One etcd node.
-    Etcd,
-    /// An etcd cluster of `nodes` members.
-    EtcdCluster { nodes: usize },
-}
-
-impl ServerKind {
-    /// The kind a backend URL's scheme names, with the node count of its host list.
-    fn for_url(url: &str) -> Option<ServerKind> {
+impl Servers {
+    fn for_url(url: &str) -> Option<Servers> {
         let (scheme, rest) = url.split_once("://")?;
-        let hosts = rest
+        let nodes = rest
             .split(['/', '?'])
             .next()
             .map_or(1, |h| h.split(',').count().max(1));
-        match scheme {
-            "redis" => Some(ServerKind::Redis { nodes: 1 }),
-            "redis+redlock" => Some(ServerKind::Redis { nodes: hosts }),
-            "postgres" | "postgresql" => Some(ServerKind::Postgres),
-            "zk" | "zookeeper" if hosts > 1 => Some(ServerKind::ZooKeeperEnsemble { nodes: hosts }),
-            "zk" | "zookeeper" => Some(ServerKind::ZooKeeper),
-            "etcd" if hosts > 1 => Some(ServerKind::EtcdCluster { nodes: hosts }),
-            "etcd" => Some(ServerKind::Etcd),
-            _ => None,
-        }
+        Some(Servers {
+            kind: kind_for_scheme(scheme)?,
+            nodes,
+        })
     }
 
-    /// What the backend claims under `fault` with these servers, from its documented
-    /// semantics (the same claims as the backends' fault tests).
+    /// What the backend claims under `fault` on these servers, from its documented
+    /// semantics (the same claims as the backends' fault tests); safe elsewhere.
     fn claim(self, fault: Fault) -> Claim {
         let not = |why: &str| Claim::NotClaimed(why.to_owned());
-        match (self, fault) {
-            (ServerKind::Redis { nodes: 1 }, Fault::ServerRestart) => not(
+        match (self.kind.name, self.nodes, fault) {
+            ("redis", 1, Fault::ServerRestart) => not(
                 "redis-server without persistence forgets held locks and the fencing counter when restarted",
             ),
-            (ServerKind::Redis { .. }, Fault::ServerRestart) => not(
+            ("redis", _, Fault::ServerRestart) => not(
                 "Redlock nodes without persistence forget held locks when all restart at once",
             ),
-            (ServerKind::Postgres, Fault::ServerRestart) => not(
+            ("postgres", _, Fault::ServerRestart) => not(
                 "advisory locks die with the server; a holder learns of it only when its session breaks",
             ),
             _ => Claim::Safe,
@@ -147,61 +86,54 @@ impl ServerKind {
 
     /// Starts the servers and a harness over them.
     async fn start(self, connector: UrlConnector) -> Result<ServerHarness, ServerError> {
-        let harness = match self {
-            ServerKind::Redis { nodes } => {
-                let mut all: Vec<Box<dyn ServerControl>> = Vec::new();
-                for _ in 0..nodes.max(1) {
-                    all.push(Box::new(RedisServer::start().await?));
-                }
-                let template = if nodes <= 1 {
-                    "redis://{hosts}"
-                } else {
-                    "redis+redlock://{hosts}"
-                };
-                ServerHarness::new(all, template, connector)
-            }
-            ServerKind::Postgres => {
-                // 16 contending clients with a few sessions each, and the waits'.
-                let options =
-                    PostgresServerOptions::default().with_setting("max_connections", "400");
-                let server = PostgresServer::start_with(options).await?;
-                let port = server.port();
-                ServerHarness::new(
-                    vec![Box::new(server)],
-                    "postgres://postgres@{hosts}/postgres?application_name=distlock-fault-{client}",
-                    connector,
-                )
-                .with_session_terminator(Arc::new(move |client| {
+        let started = self.kind.start(self.nodes).await?;
+        let harness = if self.kind.name == "postgres" {
+            // Each client names its sessions, so that one client's can be ended.
+            let port = started.ports().first().copied().unwrap_or_default();
+            let template = format!(
+                "{}?application_name=distlock-fault-{{client}}",
+                self.kind.template(1)
+            );
+            ServerHarness::over_started(started, template, connector).with_session_terminator(
+                Arc::new(move |client| {
                     Box::pin(async move {
                         let name = format!("distlock-fault-{client}");
                         distlock_test_servers::terminate_sessions_at(port, &name)
                             .await
                             .map_err(|e| e.to_string())
                     })
-                }))
-            }
-            ServerKind::ZooKeeper => ServerHarness::new(
-                vec![Box::new(ZooKeeperServer::start().await?)],
-                "zookeeper://{hosts}",
-                connector,
-            ),
-            ServerKind::ZooKeeperEnsemble { nodes } => ServerHarness::over_ensemble(
-                ZooKeeperEnsemble::start(nodes).await?,
-                "zookeeper://{hosts}",
-                connector,
-            ),
-            ServerKind::Etcd => ServerHarness::new(
-                vec![Box::new(EtcdServer::start().await?)],
-                "etcd://{hosts}",
-                connector,
-            ),
-            ServerKind::EtcdCluster { nodes } => ServerHarness::over_etcd_cluster(
-                EtcdCluster::start(nodes).await?,
-                "etcd://{hosts}",
-                connector,
-            ),
+                }),
+            )
+        } else {
+            ServerHarness::over_started(started, self.kind.template(self.nodes), connector)
         };
         Ok(harness.with_claims(move |fault| self.claim(fault)))
+    }
+
+    /// The TTL and the longest a cut-off holder keeps its lock, with the clients'
+    /// default settings.
+    fn timing(self) -> (Duration, Duration) {
+        let ttl = Duration::from_millis(500);
+        match self.kind.name {
+            "etcd" => (ETCD_TTL, ETCD_TTL + ETCD_SWEEP),
+            // The default session timeout (10 s) and one heartbeat (2 s).
+            "postgres" => (ttl, Duration::from_millis(12_100)),
+            // The session, rounded up to a server tick, plus one for the sweep.
+            "zookeeper" => (ttl, Duration::from_millis(ZK_SESSION_MS + 400)),
+            _ => (ttl, ttl),
+        }
+    }
+
+    /// How long a killed FIFO waiter holds up the queue when that is longer than the
+    /// crash bound.
+    fn dead_waiter_bound(self, crash_bound: Duration) -> Duration {
+        match self.kind.name {
+            // The queue entry's TTL (clients here use the default config).
+            "redis" => crash_bound.max(distlock::redis::RedisConfig::default().fifo_entry_ttl),
+            // A waiter waits under a lease of its own of at most 3 s.
+            "etcd" => crash_bound.max(Duration::from_secs(3) + ETCD_SWEEP),
+            _ => crash_bound,
+        }
     }
 }
 
@@ -213,77 +145,45 @@ const ETCD_TTL: Duration = Duration::from_secs(2);
 /// (every 500 ms) and the revoke's raft round.
 const ETCD_SWEEP: Duration = Duration::from_millis(600);
 
-/// The TTL and the longest a cut-off holder keeps its lock, for `kind` with the
-/// clients' default settings.
-fn timing(kind: Option<ServerKind>) -> (Duration, Duration) {
-    if let Some(ServerKind::Etcd | ServerKind::EtcdCluster { .. }) = kind {
-        return (ETCD_TTL, ETCD_TTL + ETCD_SWEEP);
-    }
-    let ttl = Duration::from_millis(500);
-    let bound = match kind {
-        // The default session timeout (10 s) and one heartbeat (2 s).
-        Some(ServerKind::Postgres) => Duration::from_millis(12_100),
-        // The session, rounded up to a server tick, plus one for the sweep.
-        Some(ServerKind::ZooKeeper | ServerKind::ZooKeeperEnsemble { .. }) => {
-            Duration::from_millis(ZK_SESSION_MS + 400)
-        }
-        _ => ttl,
-    };
-    (ttl, bound)
-}
-
-/// How long a killed FIFO waiter holds up the queue when it is longer than the crash
-/// bound: on Redis, the queue entry's TTL (clients here use the default config).
-fn dead_waiter_bound(kind: Option<ServerKind>, crash_bound: Duration) -> Duration {
-    match kind {
-        Some(ServerKind::Redis { .. }) => {
-            crash_bound.max(distlock::redis::RedisConfig::default().fifo_entry_ttl)
-        }
-        // A waiter waits under a lease of its own of at most 3 s.
-        Some(ServerKind::Etcd | ServerKind::EtcdCluster { .. }) => {
-            crash_bound.max(Duration::from_secs(3) + ETCD_SWEEP)
-        }
-        _ => crash_bound,
-    }
-}
+/// The TTL and crash bounds of servers we know nothing of: the kit's defaults.
+const DEFAULT_TIMING: (Duration, Duration) =
+    (Duration::from_millis(500), Duration::from_millis(500));
 
 async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliError> {
-    let kind = ServerKind::for_url(url);
+    let servers = Servers::for_url(url);
     // Only the scheme goes into messages: URLs may carry passwords.
     let scheme = url
         .split_once("://")
         .map_or("(no scheme)", |(scheme, _)| scheme);
     if spawn {
-        let kind = kind.ok_or_else(|| {
+        let servers = servers.ok_or_else(|| {
+            let known: Vec<String> = SERVER_KINDS
+                .iter()
+                .flat_map(|k| k.schemes.iter().map(|s| format!("{s}://")))
+                .collect();
             usage(format!(
-                "--spawn starts redis://, redis+redlock://h1,h2,h3, postgres://, zookeeper://, \
-                 zookeeper://h1,h2,h3, etcd:// or etcd://h1,h2,h3 servers; {scheme}:// is none \
-                 of these"
+                "--spawn starts servers for {} URLs (several hosts: Redlock, a ZooKeeper \
+                 ensemble or an etcd cluster); {scheme}:// is none of these",
+                known.join(", ")
             ))
         })?;
-        if matches!(kind, ServerKind::Etcd | ServerKind::EtcdCluster { .. })
-            && !cfg!(feature = "etcd")
-        {
-            return Err(usage(
-                "etcd:// needs a distlock built with the `etcd` feature \
-                 (cargo build -p distlock-cli --features etcd)",
-            ));
+        if !distlock::scheme_available(scheme) {
+            // connect() names the feature to turn on.
+            distlock::connect(url).await?;
         }
-        let (ttl, bound) = timing(Some(kind));
-        let harness = kind
+        let (ttl, bound) = servers.timing();
+        let harness = servers
             .start(connector())
             .await
             .map_err(|e| CliError::failed(format!("cannot start the servers: {e}")))?;
         return Ok(Arc::new(
             harness
                 .with_timing(ttl, bound)
-                .with_dead_waiter_bound(dead_waiter_bound(Some(kind), bound))
-                .with_primitives(semaphore_connector(), rw_connector())
-                .with_election(election_connector()),
+                .with_dead_waiter_bound(servers.dead_waiter_bound(bound)),
         ));
     }
     // Connect once first, so a bad or unreachable backend is one clear error.
-    let probe = distlock::connect(url).await?.lock();
+    let probe = distlock::connect(url).await?;
     if probe.info().name == MEMORY_BACKEND {
         let name = url.split_once("://").map_or("", |(_, name)| name);
         return Ok(Arc::new(MemoryHarness::with_store(MemoryStore::named(
@@ -291,13 +191,14 @@ async fn harness(url: &str, spawn: bool) -> Result<Arc<dyn FaultHarness>, CliErr
         ))));
     }
     drop(probe);
-    let (ttl, bound) = timing(kind);
+    let (ttl, bound) = servers.map_or(DEFAULT_TIMING, Servers::timing);
+    let dead_waiter = servers.map_or(bound, |s| s.dead_waiter_bound(bound));
     let harness = ProxiedHarness::new(url, connector()).await.map_err(usage)?;
     Ok(Arc::new(
         harness
-            .with_claims(move |fault| kind.map_or(Claim::Safe, |kind| kind.claim(fault)))
+            .with_claims(move |fault| servers.map_or(Claim::Safe, |s| s.claim(fault)))
             .with_timing(ttl, bound)
-            .with_dead_waiter_bound(dead_waiter_bound(kind, bound)),
+            .with_dead_waiter_bound(dead_waiter),
     ))
 }
 

@@ -5,9 +5,8 @@ use std::sync::Arc;
 use distlock::{async_trait, LockError};
 use distlock_conformance::{Client, Harness, UrlConnector};
 
-/// Each client is a fresh [`distlock::connect`] of one URL, with a semaphore, a
-/// read-write lock and an election connected by the same URL where the backend offers
-/// them. It has no fault hooks, so the scenarios that need to crash a client are
+/// Each client is a fresh [`distlock::connect`] of one URL: every primitive over one
+/// connection, as an application's client has. It has no fault hooks, so the scenarios that need to crash a client are
 /// skipped.
 pub struct UrlHarness {
     url: String,
@@ -22,7 +21,7 @@ impl UrlHarness {
 
 /// A connector that is [`distlock::connect`].
 pub fn connector() -> UrlConnector {
-    Arc::new(|url: String| Box::pin(async move { distlock::connect(&url).await.map(|c| c.lock()) }))
+    Arc::new(|url: String| Box::pin(async move { distlock::connect(&url).await }))
 }
 
 /// `url` with any password replaced by `***`, for reports.
@@ -48,20 +47,7 @@ impl Harness for UrlHarness {
     }
 
     async fn client(&self) -> Result<Client, LockError> {
-        // One connection for every primitive, as an application's client has.
-        let connected = distlock::connect(&self.url).await?;
-        let offers = connected.info().capabilities;
-        let mut client = Client::new(connected.lock());
-        if offers.semaphore.offered.is_supported() {
-            client = client.with_semaphore(connected.semaphore());
-        }
-        if offers.rw_lock.offered.is_supported() {
-            client = client.with_rw_lock(connected.rw_lock());
-        }
-        if offers.election.offered.is_supported() {
-            client = client.with_election(connected.election());
-        }
-        Ok(client)
+        Ok(Client::new(distlock::connect(&self.url).await?))
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {
@@ -98,8 +84,13 @@ mod tests {
         let a = harness.client().await.unwrap();
         let b = harness.client().await.unwrap();
         assert!(a.faults.is_none());
-        let _held = a.lock.acquire(&key, &options).await.unwrap();
-        assert!(b.lock.try_acquire(&key, &options).await.unwrap().is_none());
+        let _held = a.lock().acquire(&key, &options).await.unwrap();
+        assert!(b
+            .lock()
+            .try_acquire(&key, &options)
+            .await
+            .unwrap()
+            .is_none());
         let connect = harness.url_connector().unwrap();
         assert!(matches!(
             connect("bogus".to_owned()).await,
@@ -108,6 +99,11 @@ mod tests {
         let c = connect("memory://url-harness-test".to_owned())
             .await
             .unwrap();
-        assert!(c.try_acquire(&key, &options).await.unwrap().is_none());
+        assert!(c
+            .lock()
+            .try_acquire(&key, &options)
+            .await
+            .unwrap()
+            .is_none());
     }
 }

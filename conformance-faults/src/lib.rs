@@ -38,9 +38,7 @@ pub use runner::{
     run_fault_scenario, run_fault_scenario_test, run_faults, run_selected_faults, serial,
 };
 pub use scenarios::{FaultScenario, FAULT_SCENARIOS, PROVIDER_LACKS};
-pub use server_harness::{
-    ElectionConnector, RwConnector, SemaphoreConnector, ServerHarness, SessionTerminator,
-};
+pub use server_harness::{ServerHarness, SessionTerminator};
 
 #[cfg(doc)]
 use distlock_test_servers::FaultProxy;

@@ -12,17 +12,6 @@ use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_test_servers::FaultProxy;
 
-/// The port a scheme's servers listen on when the URL names none.
-fn default_port(scheme: &str) -> Option<u16> {
-    match scheme {
-        "redis" | "rediss" | "redis+redlock" => Some(6379),
-        "postgres" | "postgresql" => Some(5432),
-        "zk" | "zookeeper" => Some(2181),
-        "etcd" | "etcd+tls" => Some(2379),
-        _ => None,
-    }
-}
-
 /// Clients of a backend URL whose every server address is swapped for a per-client
 /// [`FaultProxy`]: network faults only. Server faults skip ("server not controlled by
 /// the harness").
@@ -68,7 +57,7 @@ impl ProxiedHarness {
             {
                 host.to_owned()
             } else {
-                let port = default_port(scheme).ok_or_else(|| {
+                let port = distlock_test_servers::default_port(scheme).ok_or_else(|| {
                     format!("{host:?} has no port and {scheme}:// has no default")
                 })?;
                 format!("{host}:{port}")
@@ -160,7 +149,7 @@ impl FaultHarness for ProxiedHarness {
             .map(|p| p.local_addr().to_string())
             .collect::<Vec<_>>()
             .join(",");
-        let lock = (self.connector)(format!("{}{hosts}{}", self.head, self.tail)).await?;
+        let client = (self.connector)(format!("{}{hosts}{}", self.head, self.tail)).await?;
         self.proxies
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -168,7 +157,7 @@ impl FaultHarness for ProxiedHarness {
         let net = NetFaults::new(proxies);
         Ok(FaultClient {
             id,
-            client: Client::new(lock).with_faults(Arc::new(net.clone())),
+            client: Client::new(client).with_faults(Arc::new(net.clone())),
             net: Some(net),
         })
     }

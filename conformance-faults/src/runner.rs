@@ -21,7 +21,7 @@ pub async fn run_fault_scenario(h: Arc<dyn FaultHarness>, scenario: &FaultScenar
     let started = std::time::Instant::now();
     let claim = h.claim(scenario.fault);
     let fencing = match h.client().await {
-        Ok(c) => c.lock.info().capabilities.mutex.fencing.is_supported(),
+        Ok(c) => c.info().capabilities.mutex.fencing.is_supported(),
         Err(_) => false,
     };
     let run = scenario.run;

@@ -11,47 +11,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{DistributedRwLock, DistributedSemaphore, LeaderElection, LockError};
+use distlock_api::LockError;
 use tokio::sync::Mutex as AsyncMutex;
 
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_test_servers::{
-    EtcdCluster, FaultProxy, ServerControl, ServerError, ZooKeeperEnsemble,
+    EtcdCluster, FaultProxy, ServerControl, ServerError, Started, ZooKeeperEnsemble,
 };
-
-/// Connects a semaphore client by URL (`distlock::connect(url)` and its `semaphore()`), for
-/// [`ServerHarness::with_primitives`].
-pub type SemaphoreConnector = Arc<
-    dyn Fn(
-            String,
-        )
-            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedSemaphore>, LockError>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// Connects a read-write lock client by URL (`distlock::connect(url)` and its `rw_lock()`), for
-/// [`ServerHarness::with_primitives`].
-pub type RwConnector = Arc<
-    dyn Fn(
-            String,
-        )
-            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedRwLock>, LockError>> + Send>>
-        + Send
-        + Sync,
->;
-
-/// Connects an election client by URL (`distlock::connect(url)` and its `election()`), for
-/// [`ServerHarness::with_election`].
-pub type ElectionConnector = Arc<
-    dyn Fn(
-            String,
-        )
-            -> Pin<Box<dyn Future<Output = Result<Arc<dyn LeaderElection>, LockError>> + Send>>
-        + Send
-        + Sync,
->;
 
 /// Ends the server-side sessions of one client: given the client's number, the
 /// count of sessions ended, or why not.
@@ -85,17 +52,6 @@ pub struct ServerHarness {
     /// `None`: the lease, as [`Harness::crash_bound`] has it by default.
     crash_bound: Option<Duration>,
     dead_waiter_bound: Option<Duration>,
-    primitives: Option<(SemaphoreConnector, RwConnector)>,
-    election: Option<ElectionConnector>,
-}
-
-/// A primitive's client, `None` where the backend does not offer it.
-fn offered<T>(connected: Result<T, LockError>) -> Result<Option<T>, LockError> {
-    match connected {
-        Ok(client) => Ok(Some(client)),
-        Err(LockError::Unsupported { .. }) => Ok(None),
-        Err(e) => Err(e),
-    }
 }
 
 fn err(e: ServerError) -> String {
@@ -150,6 +106,27 @@ impl ServerHarness {
         )
     }
 
+    /// A harness over servers a [`distlock_test_servers::ServerKind`] started: nodes,
+    /// an ensemble or a cluster, as [`new`](Self::new),
+    /// [`over_ensemble`](Self::over_ensemble) and
+    /// [`over_etcd_cluster`](Self::over_etcd_cluster) take them; `url_template` as in
+    /// [`new`](Self::new).
+    pub fn over_started(
+        started: Started,
+        url_template: impl Into<String>,
+        connector: UrlConnector,
+    ) -> Self {
+        match started {
+            Started::Nodes(nodes) => Self::new(nodes, url_template, connector),
+            Started::ZooKeeperEnsemble(ensemble) => {
+                Self::over_ensemble(ensemble, url_template, connector)
+            }
+            Started::EtcdCluster(cluster) => {
+                Self::over_etcd_cluster(cluster, url_template, connector)
+            }
+        }
+    }
+
     fn with_servers(
         servers: Servers,
         ports: Vec<u16>,
@@ -170,28 +147,7 @@ impl ServerHarness {
             slack: Duration::from_secs(1),
             crash_bound: None,
             dead_waiter_bound: None,
-            primitives: None,
-            election: None,
         }
-    }
-
-    /// Also gives every client an election handle, connected by the client's URL
-    /// through its own proxies, for the election fault scenarios. A backend without
-    /// elections (the connector answers [`LockError::Unsupported`]) gets clients
-    /// without one, and those scenarios skip.
-    pub fn with_election(mut self, election: ElectionConnector) -> Self {
-        self.election = Some(election);
-        self
-    }
-
-    /// Also gives every client a semaphore and a read-write lock, connected by the
-    /// client's URL through its own proxies (so its crash and network faults hit them
-    /// too), for the fault scenarios of those primitives. A backend that does not
-    /// offer one (the connector answers [`LockError::Unsupported`]) gets clients
-    /// without it, and those scenarios skip.
-    pub fn with_primitives(mut self, semaphore: SemaphoreConnector, rw: RwConnector) -> Self {
-        self.primitives = Some((semaphore, rw));
-        self
     }
 
     /// What the backend claims under each fault ([`FaultHarness::claim`]): its
@@ -296,30 +252,15 @@ impl FaultHarness for ServerHarness {
             proxies.push(proxy);
         }
         let ports: Vec<u16> = proxies.iter().map(|p| p.local_addr().port()).collect();
-        let lock = (self.connector)(self.url_for(&ports, id)).await?;
+        let client = (self.connector)(self.url_for(&ports, id)).await?;
         self.proxies
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .extend(proxies.iter().cloned());
         let net = NetFaults::new(proxies);
-        let mut client = Client::new(lock).with_faults(Arc::new(net.clone()));
-        if let Some((semaphore, rw)) = &self.primitives {
-            let url = self.url_for(&ports, id);
-            if let Some(semaphore) = offered(semaphore(url.clone()).await)? {
-                client = client.with_semaphore(semaphore);
-            }
-            if let Some(rw) = offered(rw(url).await)? {
-                client = client.with_rw_lock(rw);
-            }
-        }
-        if let Some(election) = &self.election {
-            if let Some(election) = offered(election(self.url_for(&ports, id)).await)? {
-                client = client.with_election(election);
-            }
-        }
         Ok(FaultClient {
             id,
-            client,
+            client: Client::new(client).with_faults(Arc::new(net.clone())),
             net: Some(net),
         })
     }

@@ -311,9 +311,8 @@ impl Harness for BrokenHarness {
     async fn client(&self) -> Result<Client, LockError> {
         let lock = BrokenLock::new(self.store.clone(), self.mistake);
         let crashed = lock.crashed.clone();
-        let client = Client::new(Arc::new(lock));
-        Ok(primitives::with_primitives(
-            client,
+        Ok(primitives::client_of(
+            Arc::new(lock),
             &self.store,
             self.mistake,
             move || {

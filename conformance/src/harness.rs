@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use distlock_api::{
-    DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection, LockError,
+    BackendInfo, DistributedLock, DistributedRwLock, DistributedSemaphore, LeaderElection,
+    LockError,
 };
 
 /// Fault hooks on one client. All optional: scenarios that need one skip without it.
@@ -19,53 +20,24 @@ pub trait ClientFaults: Send + Sync {
     async fn crash(&self) -> Result<(), LockError>;
 }
 
-/// One client of the backend under test, as if in its own process.
+/// One client of the backend under test, as if in its own process: a
+/// [`distlock_api::Client`] (every primitive over one connection) and its fault hooks.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct Client {
-    /// The client's lock handle.
-    pub lock: Arc<dyn DistributedLock>,
-    /// The client's fault hooks, if the harness offers them.
+    client: distlock_api::Client,
+    /// The client's fault hooks, if the harness offers them. Crashing the client
+    /// crashes every primitive of it.
     pub faults: Option<Arc<dyn ClientFaults>>,
-    /// The client's semaphore handle, where the backend offers one: the semaphore
-    /// scenarios skip without it. Crashing the client crashes it too.
-    pub semaphore: Option<Arc<dyn DistributedSemaphore>>,
-    /// The client's read-write lock handle, where the backend offers one: the
-    /// read-write scenarios skip without it. Crashing the client crashes it too.
-    pub rw_lock: Option<Arc<dyn DistributedRwLock>>,
-    /// The client's election handle, where the backend offers one: the election
-    /// scenarios skip without it. Crashing the client crashes it too.
-    pub election: Option<Arc<dyn LeaderElection>>,
 }
 
 impl Client {
-    /// A client without fault hooks.
-    pub fn new(lock: Arc<dyn DistributedLock>) -> Self {
+    /// `client`, without fault hooks.
+    pub fn new(client: distlock_api::Client) -> Self {
         Client {
-            lock,
+            client,
             faults: None,
-            semaphore: None,
-            rw_lock: None,
-            election: None,
         }
-    }
-
-    /// Adds the election handle of the same client.
-    pub fn with_election(mut self, election: Arc<dyn LeaderElection>) -> Self {
-        self.election = Some(election);
-        self
-    }
-
-    /// Adds the semaphore handle of the same client.
-    pub fn with_semaphore(mut self, semaphore: Arc<dyn DistributedSemaphore>) -> Self {
-        self.semaphore = Some(semaphore);
-        self
-    }
-
-    /// Adds the read-write lock handle of the same client.
-    pub fn with_rw_lock(mut self, rw_lock: Arc<dyn DistributedRwLock>) -> Self {
-        self.rw_lock = Some(rw_lock);
-        self
     }
 
     /// Adds fault hooks.
@@ -73,14 +45,38 @@ impl Client {
         self.faults = Some(faults);
         self
     }
+
+    /// The client's name and guarantees, per primitive.
+    pub fn info(&self) -> BackendInfo {
+        self.client.info()
+    }
+
+    /// The client's mutex.
+    pub fn lock(&self) -> Arc<dyn DistributedLock> {
+        self.client.lock()
+    }
+
+    /// The client's semaphore (it refuses every acquire where the backend offers none).
+    pub fn semaphore(&self) -> Arc<dyn DistributedSemaphore> {
+        self.client.semaphore()
+    }
+
+    /// The client's read-write lock (it refuses every acquire where the backend offers
+    /// none).
+    pub fn rw_lock(&self) -> Arc<dyn DistributedRwLock> {
+        self.client.rw_lock()
+    }
+
+    /// The client's election (it refuses every campaign where the backend offers none).
+    pub fn election(&self) -> Arc<dyn LeaderElection> {
+        self.client.election()
+    }
 }
 
-/// A connector from URL to lock, for scenarios about URL handling.
+/// A connector from URL to client (`distlock::connect`, say), for scenarios about URL
+/// handling and harnesses that connect clients by URL.
 pub type UrlConnector = Arc<
-    dyn Fn(
-            String,
-        )
-            -> Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>, LockError>> + Send>>
+    dyn Fn(String) -> Pin<Box<dyn Future<Output = Result<distlock_api::Client, LockError>> + Send>>
         + Send
         + Sync,
 >;

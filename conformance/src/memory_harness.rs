@@ -60,11 +60,7 @@ impl Harness for MemoryHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = MemoryLock::with_store(self.store.clone());
-        Ok(Client::new(lock.lock())
-            .with_semaphore(lock.semaphore())
-            .with_rw_lock(lock.rw_lock())
-            .with_election(lock.election())
-            .with_faults(Arc::new(CrashMemoryClient(lock))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(CrashMemoryClient(lock))))
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {

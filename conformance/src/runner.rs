@@ -18,7 +18,7 @@ async fn skip_reason(harness: &dyn Harness, scenario: &Scenario) -> Result<Optio
         .client()
         .await
         .map_err(|e| format!("could not create a client: {e}"))?;
-    let caps = client.lock.info().capabilities;
+    let caps = client.info().capabilities;
     for requirement in scenario.requires {
         let missing = match requirement.capability(&caps, scenario.primitive()) {
             Some(capability) => match capability {

@@ -206,12 +206,40 @@ pub struct BackendInfo {
     pub name: &'static str,
     /// The guarantees offered, per primitive.
     pub capabilities: Capabilities,
+    /// How a lock ends that its holder could not release (a release that failed, a
+    /// process that died): one clause for operators, such as "it is freed when its
+    /// lease runs out on the server".
+    pub unreleased_lock_ends: &'static str,
+    /// Whether [`crate::ReleaseOutcome::Released`] shows that no one else held the lock
+    /// since the grant. Not on a quorum of independent nodes, where the lease found on
+    /// one node says nothing of the others.
+    pub release_shows_continuity: bool,
 }
 
 impl BackendInfo {
-    /// A backend named `name` (as used in errors and reports) offering `capabilities`.
+    /// A backend named `name` (as used in errors and reports) offering `capabilities`,
+    /// whose unreleased locks end with their lease, and whose releases show continuity.
     pub fn new(name: &'static str, capabilities: Capabilities) -> Self {
-        BackendInfo { name, capabilities }
+        BackendInfo {
+            name,
+            capabilities,
+            unreleased_lock_ends: "it is freed when the backend ends its lease",
+            release_shows_continuity: true,
+        }
+    }
+
+    /// Says how a lock its holder could not release ends (see
+    /// [`BackendInfo::unreleased_lock_ends`]).
+    pub fn with_unreleased_lock_ends(mut self, clause: &'static str) -> Self {
+        self.unreleased_lock_ends = clause;
+        self
+    }
+
+    /// Says a found lease does not show continuity (see
+    /// [`BackendInfo::release_shows_continuity`]).
+    pub fn without_release_continuity(mut self) -> Self {
+        self.release_shows_continuity = false;
+        self
     }
 }
 

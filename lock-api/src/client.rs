@@ -60,6 +60,25 @@ impl Client {
         }
     }
 
+    /// A client over four given handles instead of one engine: for wrappers that add
+    /// behaviour to each primitive, and for test doubles. The handles should share one
+    /// connection, as an engine's do; [`Client::info`] is the mutex's. Unlike
+    /// [`Client::new`], nothing here checks, bounds or measures the acquires: the
+    /// handles answer as they are.
+    pub fn from_handles(
+        lock: Arc<dyn DistributedLock>,
+        semaphore: Arc<dyn DistributedSemaphore>,
+        rw_lock: Arc<dyn DistributedRwLock>,
+        election: Arc<dyn LeaderElection>,
+    ) -> Self {
+        Client {
+            lock,
+            semaphore,
+            rw_lock,
+            election,
+        }
+    }
+
     /// The backend's name and guarantees, per primitive.
     pub fn info(&self) -> BackendInfo {
         self.lock.info()

@@ -121,14 +121,6 @@ pub fn keys_under(port: u16, prefix: &str) -> Vec<String> {
         .collect()
 }
 
-/// A kit client of `lock` with its election, semaphore and read-write lock handles.
-pub fn with_primitives(lock: EtcdLock) -> Client {
-    Client::new(lock.lock())
-        .with_election(lock.election())
-        .with_semaphore(lock.semaphore())
-        .with_rw_lock(lock.rw_lock())
-}
-
 /// The harness: one shared server, every client behind its own proxy.
 pub struct EtcdHarness {
     port: u16,
@@ -144,12 +136,7 @@ pub async fn harness() -> Arc<dyn Harness> {
 }
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = EtcdLock::connect(&url).await?;
-            Ok(lock.lock())
-        })
-    })
+    Arc::new(|url: String| Box::pin(async move { Ok(EtcdLock::connect(&url).await?.client()) }))
 }
 
 #[async_trait]
@@ -164,7 +151,7 @@ impl Harness for EtcdHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     fn ttl(&self) -> Duration {

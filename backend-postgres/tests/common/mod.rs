@@ -237,14 +237,6 @@ impl ClientFaults for SilentCrash {
     }
 }
 
-/// A kit client of `lock`, with its semaphore, read-write lock and election handles.
-fn with_primitives(lock: PostgresLock) -> Client {
-    Client::new(lock.lock())
-        .with_semaphore(lock.semaphore())
-        .with_rw_lock(lock.rw_lock())
-        .with_election(lock.election())
-}
-
 #[async_trait]
 impl Harness for PgHarness {
     fn name(&self) -> String {
@@ -254,13 +246,13 @@ impl Harness for PgHarness {
     async fn client(&self) -> Result<Client, LockError> {
         if !self.faults {
             let lock = PostgresLock::connect_with(&self.url(), self.config.clone()).await?;
-            return Ok(with_primitives(lock));
+            return Ok(Client::new(lock.client()));
         }
         let (lock, proxy) = self.proxied_client().await;
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(with_primitives(lock).with_faults(Arc::new(SilentCrash(proxy))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(SilentCrash(proxy))))
     }
 
     fn crash_bound(&self, ttl: Duration) -> Duration {
@@ -271,7 +263,7 @@ impl Harness for PgHarness {
         let config = self.config.clone();
         Some(Arc::new(move |url: String| {
             let config = config.clone();
-            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.lock()) })
+            Box::pin(async move { Ok(PostgresLock::connect_with(&url, config).await?.client()) })
         }))
     }
 }

@@ -9,9 +9,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::{Capability, LockError, Primitive};
+use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
-use distlock_conformance_faults::{ElectionConnector, ServerHarness};
+use distlock_conformance_faults::ServerHarness;
 use distlock_redis::{RedisConfig, RedisLock};
 use distlock_test_servers::{FaultProxy, RedisServer, ServerControl};
 use tokio::sync::Mutex;
@@ -55,35 +55,10 @@ pub async fn harness(nodes: usize) -> Arc<dyn Harness> {
     } else {
         "redis+redlock://{hosts}"
     };
-    let connector: UrlConnector =
-        Arc::new(|url: String| Box::pin(async move { Ok(RedisLock::connect(&url).await?.lock()) }));
-    Arc::new(ServerHarness::new(servers, template, connector).with_election(election_connector()))
-}
-
-/// Connects an election client by URL (Redlock's capabilities refuse it: its clients
-/// get none).
-pub fn election_connector() -> ElectionConnector {
-    Arc::new(|url: String| {
-        Box::pin(async move {
-            let lock = RedisLock::connect(&url).await?;
-            offered(&lock, Primitive::Election, lock.election())
-        })
-    })
-}
-
-/// `handle`, `lock`'s handle on `primitive`, when the client's capabilities offer the
-/// primitive; else the refusal they give, as the fault kit's connectors answer for a
-/// primitive a backend lacks (its clients then get no handle, and its scenarios skip).
-pub fn offered<T>(lock: &RedisLock, primitive: Primitive, handle: T) -> Result<T, LockError> {
-    let info = lock.client().info();
-    match info.capabilities.of(primitive).offered {
-        Capability::Supported => Ok(handle),
-        Capability::Unsupported(reason) => Err(LockError::Unsupported {
-            backend: info.name,
-            operation: primitive.as_str(),
-            reason,
-        }),
-    }
+    let connector: UrlConnector = Arc::new(|url: String| {
+        Box::pin(async move { Ok(RedisLock::connect(&url).await?.client()) })
+    });
+    Arc::new(ServerHarness::new(servers, template, connector))
 }
 
 /// The URL for `ports`: one node, or Redlock over all.
@@ -148,10 +123,7 @@ impl Harness for TopologyHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = RedisLock::connect_with(&self.url, self.config.clone()).await?;
-        Ok(Client::new(lock.lock())
-            .with_semaphore(lock.semaphore())
-            .with_rw_lock(lock.rw_lock())
-            .with_election(lock.election()))
+        Ok(Client::new(lock.client()))
     }
 }
 

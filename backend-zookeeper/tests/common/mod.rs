@@ -201,15 +201,6 @@ pub async fn watches_by_path(port: u16) -> HashMap<String, usize> {
     watches
 }
 
-/// A kit client of `lock`, with its semaphore, read-write lock and election on the
-/// same session.
-pub fn with_primitives(lock: ZooKeeperLock) -> Client {
-    Client::new(lock.lock())
-        .with_semaphore(lock.semaphore())
-        .with_rw_lock(lock.rw_lock())
-        .with_election(lock.election())
-}
-
 /// The standalone harness: one shared server, every client behind its own proxy.
 pub struct ZkHarness {
     port: u16,
@@ -242,7 +233,7 @@ impl Harness for ZkHarness {
         if let Ok(mut kept) = self.proxies.lock() {
             kept.push(proxy.clone());
         }
-        Ok(with_primitives(lock).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
+        Ok(Client::new(lock.client()).with_faults(Arc::new(NetFaults::new(vec![proxy]))))
     }
 
     /// A cut-off holder keeps its lock until the server expires its session: the
@@ -269,7 +260,9 @@ pub async fn url_harness() -> Arc<dyn Harness> {
 }
 
 fn connector() -> UrlConnector {
-    Arc::new(|url: String| Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.lock()) }))
+    Arc::new(|url: String| {
+        Box::pin(async move { Ok(ZooKeeperLock::connect(&url).await?.client()) })
+    })
 }
 
 #[async_trait]
@@ -280,7 +273,7 @@ impl Harness for UrlHarness {
 
     async fn client(&self) -> Result<Client, LockError> {
         let lock = ZooKeeperLock::connect(&url_for(self.port)).await?;
-        Ok(with_primitives(lock))
+        Ok(Client::new(lock.client()))
     }
 
     fn url_connector(&self) -> Option<UrlConnector> {

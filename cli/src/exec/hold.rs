@@ -46,8 +46,8 @@ pub struct Held {
     pub primary: MultiGuard,
     /// The write locks beside a plain exec's mutexes, where the backend has them.
     pub companion: Option<MultiGuard>,
-    /// The backend's name ([`distlock::BackendInfo::name`]).
-    pub backend: &'static str,
+    /// The backend's name and guarantees.
+    pub backend: distlock::BackendInfo,
 }
 
 impl Held {
@@ -112,7 +112,7 @@ pub async fn acquire(
             Ok(Held {
                 primary,
                 companion: None,
-                backend: info.name,
+                backend: info.clone(),
             })
         }
         Mode::Shared => {
@@ -124,7 +124,7 @@ pub async fn acquire(
             Ok(Held {
                 primary,
                 companion: None,
-                backend: info.name,
+                backend: info.clone(),
             })
         }
         Mode::Exclusive => {
@@ -148,7 +148,7 @@ pub async fn acquire(
             Ok(Held {
                 primary,
                 companion,
-                backend: info.name,
+                backend: info.clone(),
             })
         }
     }

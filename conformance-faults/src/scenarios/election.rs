@@ -10,11 +10,8 @@ use super::servers::{successor_of, Serving};
 use super::*;
 
 fn election_of(client: &FaultClient) -> Result<Arc<dyn LeaderElection>, Failure> {
-    client
-        .client
-        .election
-        .clone()
-        .ok_or_else(|| skip("needs an election (the backend offers none)"))
+    check_offered(client, distlock_api::Primitive::Election)?;
+    Ok(client.client.election())
 }
 
 fn candidate(label: &str) -> Result<Candidate, Failure> {
@@ -26,7 +23,7 @@ pub(super) async fn paused_leader_wakes_to_a_refused_write(
 ) -> Result<Outcome, Failure> {
     let history = History::new();
     let a = h.fault_client().await?;
-    let caps = a.client.lock.info().capabilities;
+    let caps = a.client.info().capabilities;
     if a.net.is_none() && !caps.election.ttl_expiry.is_supported() {
         return Err(skip(
             "needs TTL expiry or a network hook to stop the leader's session renewing",

@@ -7,7 +7,7 @@ pub(super) async fn paused_holder_wakes_to_a_refused_write(
 ) -> Result<Outcome, Failure> {
     let history = History::new();
     let a = h.fault_client().await?;
-    let caps = a.client.lock.info().capabilities;
+    let caps = a.client.info().capabilities;
     if a.net.is_none() && !caps.mutex.ttl_expiry.is_supported() {
         return Err(skip(
             "needs TTL expiry or a network hook to stop the holder's session renewing",

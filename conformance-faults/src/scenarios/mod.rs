@@ -147,6 +147,17 @@ fn skip(why: impl Into<String>) -> Failure {
     Failure::Skipped(why.into())
 }
 
+/// Skips, with the backend's reason, unless `client`'s backend offers `primitive`.
+fn check_offered(client: &FaultClient, primitive: distlock_api::Primitive) -> Result<(), Failure> {
+    match client.client.info().capabilities.of(primitive).offered {
+        distlock_api::Capability::Unsupported(why) => Err(skip(format!(
+            "needs a {} (the backend offers none: {why})",
+            primitive.as_str()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 const NEEDS_NET: &str =
     "needs a network fault hook on each client (a proxy), which this harness lacks";
 
@@ -158,7 +169,7 @@ async fn net_client(h: &dyn FaultHarness) -> Result<(FaultClient, NetFaults), Fa
 }
 
 fn recorder(client: &FaultClient, n: usize, history: &History) -> Recorder {
-    Recorder::new(n, client.client.lock.clone(), history.clone())
+    Recorder::new(n, client.client.lock(), history.clone())
 }
 
 fn renewed(ttl: Duration, wait: Duration) -> LockOptions {
@@ -216,7 +227,6 @@ fn stale_write(
 fn fencing(h_client: &FaultClient) -> bool {
     h_client
         .client
-        .lock
         .info()
         .capabilities
         .mutex

@@ -15,7 +15,7 @@ const PERMITS: u32 = 2;
 /// Skips unless the paused holder can be stopped renewing: TTL expiry, or a network
 /// hook that silences its session.
 fn check_pausable(client: &FaultClient, primitive: distlock_api::Primitive) -> Result<(), Failure> {
-    let caps = client.client.lock.info().capabilities;
+    let caps = client.client.info().capabilities;
     if client.net.is_none() && !caps.of(primitive).ttl_expiry.is_supported() {
         return Err(skip(
             "needs TTL expiry or a network hook to stop the holder's session renewing",
@@ -25,19 +25,13 @@ fn check_pausable(client: &FaultClient, primitive: distlock_api::Primitive) -> R
 }
 
 fn semaphore_of(client: &FaultClient) -> Result<Arc<dyn DistributedSemaphore>, Failure> {
-    client
-        .client
-        .semaphore
-        .clone()
-        .ok_or_else(|| skip("needs a semaphore (the backend offers none)"))
+    check_offered(client, distlock_api::Primitive::Semaphore)?;
+    Ok(client.client.semaphore())
 }
 
 fn rw_lock_of(client: &FaultClient) -> Result<Arc<dyn DistributedRwLock>, Failure> {
-    client
-        .client
-        .rw_lock
-        .clone()
-        .ok_or_else(|| skip("needs a read-write lock (the backend offers none)"))
+    check_offered(client, distlock_api::Primitive::RwLock)?;
+    Ok(client.client.rw_lock())
 }
 
 /// Blackholes every paused holder's network (where there is one) while `meanwhile`

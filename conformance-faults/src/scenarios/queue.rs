@@ -38,11 +38,11 @@ pub(super) async fn crashed_clients_do_not_stall_the_fifo_queue(
     let history = History::new();
     let observer = h.fault_client().await?;
     if let distlock_api::Capability::Unsupported(why) =
-        observer.client.lock.info().capabilities.mutex.fifo
+        observer.client.info().capabilities.mutex.fifo
     {
         return Err(skip(format!("needs FIFO waiting: {why}")));
     }
-    let observer = observer.client.lock;
+    let observer = observer.client.lock();
     let wait = takeover(h) + h.dead_waiter_bound() + HANG;
 
     // A waiter dies in the queue; the one behind it must not wait for it for long.

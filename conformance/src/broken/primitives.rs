@@ -8,8 +8,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use distlock_api::memory::MemoryStore;
 use distlock_api::{
-    BackendInfo, DistributedRwLock, DistributedSemaphore, ExtendOutcome, Lease, LockError,
-    LockGuard, LockKey, LockOptions, MemoryLock, ReleaseOutcome, RwMode, WaitOrder,
+    BackendInfo, DistributedLock, DistributedRwLock, DistributedSemaphore, ExtendOutcome, Lease,
+    LockError, LockGuard, LockKey, LockOptions, MemoryLock, ReleaseOutcome, RwMode, WaitOrder,
 };
 use tokio::time::Instant;
 
@@ -19,10 +19,11 @@ use crate::{Client, ClientFaults};
 /// How often the starved writer of [`Mistake::WriterStarved`] looks for a gap.
 const STARVED_WRITER_POLL: Duration = Duration::from_millis(5);
 
-/// `client` with a semaphore, a read-write lock and an election on `store` (broken as
-/// `mistake` says), and a crash hook that runs `crash_lock` and crashes them too.
-pub(super) fn with_primitives(
-    client: Client,
+/// A client of `lock` with a semaphore, a read-write lock and an election on `store`
+/// (broken as `mistake` says), and a crash hook that runs `crash_lock` and crashes them
+/// too.
+pub(super) fn client_of(
+    lock: Arc<dyn DistributedLock>,
     store: &Arc<MemoryStore>,
     mistake: Mistake,
     crash_lock: impl Fn() + Send + Sync + 'static,
@@ -46,11 +47,9 @@ pub(super) fn with_primitives(
         memory,
         crash_lock: Box::new(crash_lock),
     };
-    client
-        .with_semaphore(Arc::new(semaphore))
-        .with_rw_lock(Arc::new(rw_lock))
-        .with_election(election)
-        .with_faults(Arc::new(faults))
+    let client =
+        distlock_api::Client::from_handles(lock, Arc::new(semaphore), Arc::new(rw_lock), election);
+    Client::new(client).with_faults(Arc::new(faults))
 }
 
 struct CrashBoth {

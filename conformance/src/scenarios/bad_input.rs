@@ -34,7 +34,7 @@ pub(super) async fn bad_keys_are_typed_errors(h: &dyn Harness) -> Result<String,
         }
     }
     // The longest valid key, path-like and unicode keys all work end to end.
-    let lock = h.client().await?.lock;
+    let lock = h.client().await?.lock();
     let base = unique_key("bad-keys");
     let longest = format!(
         "{base}/{}",
@@ -61,7 +61,7 @@ pub(super) async fn bad_keys_are_typed_errors(h: &dyn Harness) -> Result<String,
 
 pub(super) async fn bad_options_are_typed_errors(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("bad-options");
-    let lock = h.client().await?.lock;
+    let lock = h.client().await?.lock();
     let bad = [
         ("zero ttl", LockOptions::new(Duration::ZERO)),
         (
@@ -108,7 +108,7 @@ pub(super) async fn bad_options_are_typed_errors(h: &dyn Harness) -> Result<Stri
 
 pub(super) async fn zero_and_enormous_waits(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("waits");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let holder = a.acquire(&key, &no_wait(LONG_TTL)).await?;
     let started = Instant::now();
     let zero = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Timeout(Duration::ZERO));
@@ -136,7 +136,7 @@ pub(super) async fn zero_and_enormous_waits(h: &dyn Harness) -> Result<String, F
 
 pub(super) async fn release_twice_is_a_typed_outcome(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("release-twice");
-    let lock = h.client().await?.lock;
+    let lock = h.client().await?.lock();
     let guard = lock.acquire(&key, &no_wait(LONG_TTL)).await?;
     let lease = guard.lease().clone();
     let first = guard.release().await?;

@@ -36,17 +36,18 @@ enum Taken {
 }
 
 impl Taker {
-    /// `client`'s handle on `primitive`, if the harness gave one.
-    fn of(client: Client, primitive: Primitive) -> Option<Taker> {
-        match primitive {
-            Primitive::Mutex => Some(Taker::Mutex(client.lock)),
-            Primitive::Semaphore => client.semaphore.map(Taker::Permit),
-            Primitive::RwLock => client.rw_lock.map(Taker::Write),
+    /// `client`'s handle on `primitive`.
+    fn of(client: Client, primitive: Primitive) -> Result<Taker, Failure> {
+        Ok(match primitive {
+            Primitive::Mutex => Taker::Mutex(client.lock()),
+            Primitive::Semaphore => Taker::Permit(client.semaphore()),
+            Primitive::RwLock => Taker::Write(client.rw_lock()),
             Primitive::Election => {
-                let candidate = Candidate::new("claims").ok()?;
-                client.election.map(|e| Taker::Lead(e, candidate))
+                let candidate = Candidate::new("claims")
+                    .map_err(|e| Failure::Failed(format!("candidate \"claims\": {e}")))?;
+                Taker::Lead(client.election(), candidate)
             }
-        }
+        })
     }
 
     fn info(&self) -> BackendInfo {
@@ -121,11 +122,10 @@ async fn primitives(
 ) -> Result<Vec<(Primitive, Taker, Guarantees)>, Failure> {
     let mut found = Vec::new();
     for primitive in Primitive::ALL {
-        if let Some(taker) = Taker::of(h.client().await?, primitive) {
-            let guarantees = *taker.info().capabilities.of(primitive);
-            if guarantees.offered.is_supported() == offered {
-                found.push((primitive, taker, guarantees));
-            }
+        let taker = Taker::of(h.client().await?, primitive)?;
+        let guarantees = *taker.info().capabilities.of(primitive);
+        if guarantees.offered.is_supported() == offered {
+            found.push((primitive, taker, guarantees));
         }
     }
     Ok(found)
@@ -133,12 +133,7 @@ async fn primitives(
 
 /// A fresh taker of `primitive` on a new client of the harness.
 async fn taker(h: &dyn Harness, primitive: Primitive) -> Result<Taker, Failure> {
-    Taker::of(h.client().await?, primitive).ok_or_else(|| {
-        Failure::Failed(format!(
-            "the harness gave a {} handle once, then not",
-            primitive.as_str()
-        ))
-    })
+    Taker::of(h.client().await?, primitive)
 }
 
 fn is_unsupported(result: &Result<impl Sized, LockError>) -> bool {

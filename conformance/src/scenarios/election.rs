@@ -12,7 +12,7 @@ use distlock_api::{
 };
 use tokio::time::Instant;
 
-use super::{check, election_of, millis, no_wait, unique_key, waiting, Failure, LONG_TTL};
+use super::{check, millis, no_wait, unique_key, waiting, Failure, LONG_TTL};
 use crate::Harness;
 
 fn candidate(label: &str) -> Result<Candidate, Failure> {
@@ -30,7 +30,7 @@ pub(super) async fn election_one_leader_at_a_time(h: &dyn Harness) -> Result<Str
     let terms: Arc<Mutex<Vec<FencingToken>>> = Arc::default();
     let mut tasks = Vec::new();
     for n in 0..CANDIDATES {
-        let election = election_of(h.client().await?)?;
+        let election = h.client().await?.election();
         let me = candidate(&format!("replica-{n}"))?;
         let (name, leading, most_leading, terms) = (
             name.clone(),
@@ -85,9 +85,9 @@ pub(super) async fn election_leader_reads_identity_and_term(
 ) -> Result<String, Failure> {
     let name = unique_key("election-leader");
     let (a, b, observer) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
+        h.client().await?.election(),
+        h.client().await?.election(),
+        h.client().await?.election(),
     );
     let before = observer.leader(&name).await?;
     check!(before.is_none(), "a new election has a leader: {before:?}");
@@ -164,10 +164,7 @@ pub(super) async fn election_resign_hands_over_promptly(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let name = unique_key("election-resign");
-    let (a, b) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-    );
+    let (a, b) = (h.client().await?.election(), h.client().await?.election());
     let leader = a
         .campaign(&name, &candidate("a")?, &no_wait(LONG_TTL))
         .await?;
@@ -211,13 +208,13 @@ pub(super) async fn election_crashed_leader_is_replaced_within_lease(
     let Some(faults) = a.faults.clone() else {
         return Err(Failure::Skipped("the harness cannot crash a client".into()));
     };
-    let a = election_of(a)?;
+    let a = a.election();
     let leader = a.campaign(&name, &candidate("a")?, &no_wait(ttl)).await?;
     let (granted, valid_until) = (leader.lease().acquired_at(), leader.valid_until());
     faults.crash().await?;
     drop(leader);
     let bound = h.crash_bound(ttl) + h.slack();
-    let b = election_of(h.client().await?)?;
+    let b = h.client().await?.election();
     let won = b
         .campaign(&name, &candidate("b")?, &waiting(LONG_TTL, bound))
         .await
@@ -244,9 +241,9 @@ pub(super) async fn election_observer_sees_changes_in_order(
 ) -> Result<String, Failure> {
     let name = unique_key("election-observe");
     let (a, b, observer) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
+        h.client().await?.election(),
+        h.client().await?.election(),
+        h.client().await?.election(),
     );
     let bound = h.slack() * 3;
     let mut watch = LeaderWatch::new(observer, name.clone());
@@ -299,9 +296,9 @@ pub(super) async fn election_cancelled_campaign_leaves_nothing(
 ) -> Result<String, Failure> {
     let name = unique_key("election-cancel");
     let (a, b, c) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
+        h.client().await?.election(),
+        h.client().await?.election(),
+        h.client().await?.election(),
     );
     let forever = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Forever);
     let me = candidate("b")?;
@@ -349,10 +346,7 @@ pub(super) async fn election_cancelled_campaign_leaves_nothing(
 pub(super) async fn election_lost_fires_by_deadline(h: &dyn Harness) -> Result<String, Failure> {
     let name = unique_key("election-lost");
     let ttl = h.ttl();
-    let (a, b) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-    );
+    let (a, b) = (h.client().await?.election(), h.client().await?.election());
     let leader = a.campaign(&name, &candidate("a")?, &no_wait(ttl)).await?;
     let valid_until = leader.valid_until();
     let lost = leader.lost();
@@ -400,10 +394,7 @@ pub(super) async fn election_bad_input_is_typed(h: &dyn Harness) -> Result<Strin
         "an identity above MAX_CANDIDATE_LEN was accepted"
     );
     let name = unique_key("election-bad");
-    let (a, b) = (
-        election_of(h.client().await?)?,
-        election_of(h.client().await?)?,
-    );
+    let (a, b) = (h.client().await?.election(), h.client().await?.election());
     let me = candidate("a")?;
     for ttl in [Duration::ZERO, Duration::from_micros(1)] {
         match a.campaign(&name, &me, &no_wait(ttl)).await {

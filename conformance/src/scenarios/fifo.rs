@@ -82,14 +82,14 @@ pub(super) async fn waiters_are_granted_in_arrival_order(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("fifo-order");
-    let (holder, observer) = (h.client().await?.lock, h.client().await?.lock);
+    let (holder, observer) = (h.client().await?.lock(), h.client().await?.lock());
     let held = holder.acquire(&key, &fifo(h.slack())).await?;
     let arrival = Arrival::for_backend(h, &*observer, &key).await;
     let wait = h.slack() * 30;
     let granted = Arc::new(Mutex::new(Vec::with_capacity(FIFO_WAITERS)));
     let mut waiters = Vec::with_capacity(FIFO_WAITERS);
     for arrived in 0..FIFO_WAITERS {
-        let lock = h.client().await?.lock;
+        let lock = h.client().await?.lock();
         let (waited_key, granted, options) = (key.clone(), granted.clone(), fifo(wait));
         waiters.push(tokio::spawn(async move {
             let guard = lock.acquire(&waited_key, &options).await?;

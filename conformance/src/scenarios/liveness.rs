@@ -17,7 +17,7 @@ use crate::Harness;
 
 pub(super) async fn release_frees_key_at_once(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("release-frees");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     for round in 0..5 {
         let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
         let released = guard.release().await?;
@@ -37,7 +37,7 @@ pub(super) async fn release_frees_key_at_once(h: &dyn Harness) -> Result<String,
 
 pub(super) async fn inspect_reports_held_then_free(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("inspect");
-    let (a, observer) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, observer) = (h.client().await?.lock(), h.client().await?.lock());
     let before = match observer.inspect(&key).await {
         Err(LockError::Unsupported { reason, .. }) => {
             return Err(Failure::Skipped(format!(
@@ -88,7 +88,7 @@ pub(super) async fn waiter_acquires_promptly_after_release(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("handoff");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let mut latencies = Vec::with_capacity(HANDOFFS);
     for _ in 0..HANDOFFS {
         let holder = a.acquire(&key, &no_wait(LONG_TTL)).await?;
@@ -126,7 +126,7 @@ pub(super) async fn waiter_acquires_promptly_after_release(
 
 pub(super) async fn wait_timeout_is_honoured(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("wait-timeout");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
     let limit = Duration::from_millis(300);
     let started = Instant::now();
@@ -156,13 +156,13 @@ pub(super) async fn crashed_holder_frees_within_lease(h: &dyn Harness) -> Result
     let Some(faults) = a.faults.clone() else {
         return Err(Failure::Skipped("the harness cannot crash a client".into()));
     };
-    let guard = a.lock.acquire(&key, &no_wait(ttl)).await?;
+    let guard = a.lock().acquire(&key, &no_wait(ttl)).await?;
     let (granted, valid_until) = (guard.lease().acquired_at(), guard.valid_until());
     faults.crash().await?;
     // The crashed process's guard goes away without a release reaching the server.
     drop(guard);
     let bound = h.crash_bound(ttl) + h.slack();
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let taken = b
         .acquire(&key, &waiting(LONG_TTL, bound))
         .await
@@ -187,9 +187,9 @@ pub(super) async fn crashed_holder_frees_within_lease(h: &dyn Harness) -> Result
 pub(super) async fn cancelled_acquire_leaks_nothing(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("cancel");
     let (a, b, c) = (
-        h.client().await?.lock,
-        h.client().await?.lock,
-        h.client().await?.lock,
+        h.client().await?.lock(),
+        h.client().await?.lock(),
+        h.client().await?.lock(),
     );
     let options = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Forever);
     // Uncontended: cut the acquire short after 0, 0.1 ms, 0.2 ms, … of progress.
@@ -227,7 +227,7 @@ pub(super) async fn cancelled_acquire_leaks_nothing(h: &dyn Harness) -> Result<S
 
 pub(super) async fn dropped_guard_frees_quickly(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("drop");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
     let dropped_at = Instant::now();
     drop(guard);
@@ -258,10 +258,10 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("abandoned-waiter");
-    let (a, c) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, c) = (h.client().await?.lock(), h.client().await?.lock());
 
     // Given up by its wait running out, after the next waiter queued behind it.
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let timed_out = hand_off_past(h, &key, &a, &c, |key, _| {
         let options = waiting(LONG_TTL, 3 * ARRIVAL_GAP);
         let waiting = tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) });
@@ -278,7 +278,7 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
     .map_err(|why| Failure::Failed(format!("a wait that ran out: {why}")))?;
 
     // Given up by dropping the acquire future; the client lives on.
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let dropped = hand_off_past(h, &key, &a, &c, |key, options| {
         let waiting = tokio::spawn(async move { b.acquire(&key, &options).await.map(drop) });
         async move {
@@ -293,7 +293,7 @@ pub(super) async fn abandoned_waiter_does_not_delay_the_next(
     // Given up by its process exiting: a client made on a runtime of its own, which shuts
     // down (as when `main` returns) while the acquire waits.
     let process = Process::start()?;
-    let b = OnRuntime::new(process.handle(), h.client()).await?.lock;
+    let b = OnRuntime::new(process.handle(), h.client()).await?.lock();
     let exited = hand_off_past(h, &key, &a, &c, |key, options| {
         let waiting = process
             .handle()

@@ -342,33 +342,6 @@ pub fn no_wait(ttl: Duration) -> LockOptions {
     LockOptions::new(ttl).with_wait(WaitPolicy::NoWait)
 }
 
-/// A client's semaphore handle, or a skip saying the harness has none.
-pub(crate) fn semaphore_of(
-    client: crate::Client,
-) -> Result<std::sync::Arc<dyn distlock_api::DistributedSemaphore>, Failure> {
-    client
-        .semaphore
-        .ok_or_else(|| Failure::Skipped("the harness's clients have no semaphore handle".into()))
-}
-
-/// A client's read-write lock handle, or a skip saying the harness has none.
-pub(crate) fn rw_lock_of(
-    client: crate::Client,
-) -> Result<std::sync::Arc<dyn distlock_api::DistributedRwLock>, Failure> {
-    client.rw_lock.ok_or_else(|| {
-        Failure::Skipped("the harness's clients have no read-write lock handle".into())
-    })
-}
-
-/// A client's election handle, or a skip saying the harness has none.
-pub(crate) fn election_of(
-    client: crate::Client,
-) -> Result<std::sync::Arc<dyn distlock_api::LeaderElection>, Failure> {
-    client
-        .election
-        .ok_or_else(|| Failure::Skipped("the harness's clients have no election handle".into()))
-}
-
 /// A TTL long enough that no scenario step outlives it by accident.
 pub const LONG_TTL: Duration = Duration::from_secs(60);
 

@@ -23,7 +23,7 @@ fn three_keys(label: &str) -> Vec<LockKey> {
 pub(super) async fn multi_key_overlapping_sets_never_deadlock(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let limit = h.slack() * 5;
     let started = Instant::now();
     for round in 0..ROUNDS {
@@ -54,9 +54,9 @@ pub(super) async fn multi_key_timeout_leaves_nothing_held(
 ) -> Result<String, Failure> {
     let keys = three_keys("multi-timeout");
     let (taker, blocker, observer) = (
-        h.client().await?.lock,
-        h.client().await?.lock,
-        h.client().await?.lock,
+        h.client().await?.lock(),
+        h.client().await?.lock(),
+        h.client().await?.lock(),
     );
     let blocked = blocker.acquire(&keys[1], &no_wait(LONG_TTL)).await?;
     let wait = Duration::from_millis(300);
@@ -94,7 +94,7 @@ pub(super) async fn multi_key_timeout_leaves_nothing_held(
 
 pub(super) async fn multi_key_lost_part_fires_lost(h: &dyn Harness) -> Result<String, Failure> {
     let keys = three_keys("multi-lost");
-    let (taker, observer) = (h.client().await?.lock, h.client().await?.lock);
+    let (taker, observer) = (h.client().await?.lock(), h.client().await?.lock());
     let ttl = h.ttl();
     let held = taker
         .acquire_all(&keys[..2], &LockOptions::new(ttl))

@@ -10,7 +10,7 @@ use distlock_api::{
 };
 use tokio::time::Instant;
 
-use super::{check, millis, no_wait, rw_lock_of, unique_key, waiting, Failure, LONG_TTL};
+use super::{check, millis, no_wait, unique_key, waiting, Failure, LONG_TTL};
 use crate::Harness;
 
 async fn try_take(
@@ -25,7 +25,7 @@ pub(super) async fn rw_readers_overlap(h: &dyn Harness) -> Result<String, Failur
     let key = unique_key("rw-overlap");
     let mut readers = Vec::new();
     for n in 0..3 {
-        let lock = rw_lock_of(h.client().await?)?;
+        let lock = h.client().await?.rw_lock();
         let Some(guard) = try_take(&lock, &key, RwMode::Read).await? else {
             return Err(Failure::Failed(format!(
                 "reader {} was refused beside {n} readers",
@@ -34,7 +34,7 @@ pub(super) async fn rw_readers_overlap(h: &dyn Harness) -> Result<String, Failur
         };
         readers.push(guard);
     }
-    let writer = rw_lock_of(h.client().await?)?;
+    let writer = h.client().await?.rw_lock();
     check!(
         try_take(&writer, &key, RwMode::Write).await?.is_none(),
         "a writer was granted beside 3 readers"
@@ -47,7 +47,7 @@ pub(super) async fn rw_readers_overlap(h: &dyn Harness) -> Result<String, Failur
             "a writer was refused after every reader left".into(),
         ));
     };
-    let reader = rw_lock_of(h.client().await?)?;
+    let reader = h.client().await?.rw_lock();
     check!(
         try_take(&reader, &key, RwMode::Read).await?.is_none(),
         "a reader was granted beside a writer"
@@ -71,7 +71,7 @@ pub(super) async fn rw_reader_and_writer_never_overlap(h: &dyn Harness) -> Resul
     let broken = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let lock = rw_lock_of(h.client().await?)?;
+        let lock = h.client().await?.rw_lock();
         let (key, readers, writers, max_readers, broken) = (
             key.clone(),
             readers.clone(),
@@ -138,7 +138,7 @@ pub(super) async fn rw_waiting_writer_is_not_starved(h: &dyn Harness) -> Result<
     let readers_inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for r in 0..READERS {
-        let lock = rw_lock_of(h.client().await?)?;
+        let lock = h.client().await?.rw_lock();
         let (key, stop, inside) = (key.clone(), stop.clone(), readers_inside.clone());
         let options = waiting(LONG_TTL, Duration::from_secs(60));
         tasks.push(tokio::spawn(async move {
@@ -168,7 +168,7 @@ pub(super) async fn rw_waiting_writer_is_not_starved(h: &dyn Harness) -> Result<
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let bound = h.slack() * 3;
-    let writer = rw_lock_of(h.client().await?)?;
+    let writer = h.client().await?.rw_lock();
     let started = Instant::now();
     let granted = writer
         .acquire(&key, RwMode::Write, &waiting(LONG_TTL, bound))
@@ -206,9 +206,9 @@ pub(super) async fn rw_waiting_writer_is_not_starved(h: &dyn Harness) -> Result<
 pub(super) async fn rw_cancelled_acquire_leaks_nothing(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("rw-cancel");
     let (a, b, c) = (
-        rw_lock_of(h.client().await?)?,
-        rw_lock_of(h.client().await?)?,
-        rw_lock_of(h.client().await?)?,
+        h.client().await?.rw_lock(),
+        h.client().await?.rw_lock(),
+        h.client().await?.rw_lock(),
     );
     let forever = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Forever);
     // Uncontended: cut reads and writes short after 0, 0.1 ms, … of progress.
@@ -270,7 +270,7 @@ pub(super) async fn rw_cancelled_acquire_leaks_nothing(h: &dyn Harness) -> Resul
 
 pub(super) async fn rw_bad_options_are_typed_errors(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("rw-bad");
-    let lock = rw_lock_of(h.client().await?)?;
+    let lock = h.client().await?.rw_lock();
     let bad = [
         LockOptions::new(Duration::ZERO),
         LockOptions::new(LONG_TTL).with_backoff(Backoff::new(Duration::ZERO, Duration::ZERO)),

@@ -31,7 +31,7 @@ pub(super) async fn mutual_exclusion_under_contention(h: &dyn Harness) -> Result
     let max_inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for c in 0..CLIENTS {
-        let lock = h.client().await?.lock;
+        let lock = h.client().await?.lock();
         let (key, balance, inside, max_inside) = (
             key.clone(),
             balance.clone(),
@@ -79,7 +79,7 @@ pub(super) async fn try_acquire_on_held_key_returns_held(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("try-held");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
     let started = Instant::now();
     let second = b.try_acquire(&key, &no_wait(LONG_TTL)).await?;
@@ -125,7 +125,7 @@ fn forged_lease(key: &LockKey) -> Lease {
 
 /// Whether a third client finds `key` held.
 async fn is_held(h: &dyn Harness, key: &LockKey) -> Result<bool, Failure> {
-    let probe = h.client().await?.lock;
+    let probe = h.client().await?.lock();
     match probe.try_acquire(key, &no_wait(LONG_TTL)).await? {
         None => Ok(true),
         Some(guard) => {
@@ -137,7 +137,7 @@ async fn is_held(h: &dyn Harness, key: &LockKey) -> Result<bool, Failure> {
 
 pub(super) async fn release_by_non_owner_is_refused(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("non-owner");
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(LONG_TTL)).await?;
     let forged = forged_lease(&key);
     let released = b.release(&forged).await?;
@@ -176,7 +176,7 @@ async fn expired_holder(
     ),
     Failure,
 > {
-    let lock = h.client().await?.lock;
+    let lock = h.client().await?.lock();
     let guard = lock.acquire(key, &no_wait(ttl)).await?;
     tokio::time::timeout(ttl + h.slack(), guard.lost())
         .await
@@ -190,7 +190,7 @@ pub(super) async fn late_release_after_expiry_keeps_new_holder(
     let key = unique_key("late-release");
     let ttl = h.ttl();
     let (_a, stale) = expired_holder(h, &key, ttl).await?;
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let fresh = b.acquire(&key, &waiting(LONG_TTL, ttl + h.slack())).await?;
     let late = stale.release().await?;
     check!(
@@ -220,7 +220,7 @@ pub(super) async fn release_racing_expiry_keeps_new_holder(
     // A few rounds: the race window is narrow by nature.
     for _ in 0..3 {
         let key = unique_key("release-race");
-        let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+        let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
         let stale = a.acquire(&key, &no_wait(ttl)).await?;
         let release_at = stale.valid_until() - RACE_LEAD;
         let waiter = {
@@ -264,7 +264,7 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
         "state after a failed extend is {:?}",
         stale.state()
     );
-    let probe = h.client().await?.lock;
+    let probe = h.client().await?.lock();
     let after = probe
         .acquire(&key, &waiting(LONG_TTL, h.slack()))
         .await
@@ -273,7 +273,7 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
     // Another client took the key.
     let key = unique_key("late-extend-taken");
     let (a, stale) = expired_holder(h, &key, ttl).await?;
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let fresh = b.acquire(&key, &waiting(ttl, ttl + h.slack())).await?;
     let fresh_deadline = fresh.valid_until();
     // Straight to the backend: the guard alone would refuse a lost lease without asking.
@@ -293,7 +293,7 @@ pub(super) async fn late_extend_after_expiry_fails_as_lost(
     // The stale extend must not have lengthened the new holder's lease: it still
     // lapses at its own deadline.
     tokio::time::sleep_until(fresh_deadline).await;
-    let c = h.client().await?.lock;
+    let c = h.client().await?.lock();
     let after = c
         .acquire(&key, &waiting(ttl, h.slack()))
         .await
@@ -321,7 +321,7 @@ pub(super) async fn fencing_token_iff_fencing_supported(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("token-presence");
-    let lock = h.client().await?.lock;
+    let lock = h.client().await?.lock();
     let fencing = lock.info().capabilities.mutex.fencing;
     let waited = lock.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
     let by_acquire = waited.fencing_token();
@@ -357,7 +357,7 @@ pub(super) async fn fencing_tokens_strictly_increase(h: &dyn Harness) -> Result<
     let key = unique_key("fencing");
     let mut last: Option<FencingToken> = None;
     for round in 0..10 {
-        let lock = h.client().await?.lock;
+        let lock = h.client().await?.lock();
         let guard = lock.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
         let token = token_of(&guard)?;
         if let Some(previous) = last {
@@ -379,14 +379,14 @@ pub(super) async fn fenced_store_rejects_stale_holder(h: &dyn Harness) -> Result
     let key = unique_key("fenced-store");
     let ttl = h.ttl();
     let store = FencedStore::new("initial");
-    let a = h.client().await?.lock;
+    let a = h.client().await?.lock();
     let stale = a.acquire(&key, &no_wait(ttl)).await?;
     let stale_token = token_of(&stale)?;
     // The holder pauses past its lease.
     tokio::time::timeout(ttl + h.slack(), stale.lost())
         .await
         .map_err(|_| Failure::Failed("lost() did not fire after the TTL".into()))?;
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let fresh = b.acquire(&key, &waiting(LONG_TTL, ttl + h.slack())).await?;
     let fresh_token = token_of(&fresh)?;
     check!(
@@ -425,7 +425,7 @@ pub(super) async fn different_keys_are_independent(h: &dyn Harness) -> Result<St
     for (i, variant) in variants.iter().enumerate() {
         let key = LockKey::new(variant)
             .map_err(|e| Failure::Failed(format!("valid key {variant:?} refused: {e}")))?;
-        let lock = h.client().await?.lock;
+        let lock = h.client().await?.lock();
         match lock.try_acquire(&key, &LockOptions::new(LONG_TTL)).await? {
             Some(guard) => guards.push(guard),
             None => {

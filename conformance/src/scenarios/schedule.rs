@@ -38,7 +38,7 @@ pub(super) async fn scheduled_firings_run_once_under_skew(
     let first = SystemTime::now() + SKEW + PERIOD;
     let mut replicas = Vec::new();
     for (offset, ahead) in [(SKEW, false), (Duration::ZERO, false), (SKEW, true)] {
-        let lock = h.client().await?.lock;
+        let lock = h.client().await?.lock();
         let (schedule, runs) = (schedule.clone(), runs.clone());
         replicas.push(tokio::spawn(async move {
             let Ok(mut at) = schedule.firing_at(first) else {
@@ -109,7 +109,7 @@ pub(super) async fn scheduled_firing_of_a_dead_runner_waits_at_most_for(
     let runner = {
         let (firing, options) = (firing.clone(), options.clone());
         tokio::spawn(async move {
-            run_once(&*dying.lock, &firing, &options, |turn| async move {
+            run_once(&*dying.lock(), &firing, &options, |turn| async move {
                 let _ = started_tx.send(turn.lease.valid_until());
                 // The process dies mid-job: nothing more reaches the server.
                 let _ = faults.crash().await;
@@ -122,7 +122,7 @@ pub(super) async fn scheduled_firing_of_a_dead_runner_waits_at_most_for(
         .await
         .map_err(|_| Failure::Failed("the first runner never started".to_owned()))?;
     let started = Instant::now();
-    let other = h.client().await?.lock;
+    let other = h.client().await?.lock();
     let bound = at_most_for + h.slack();
     let ran = loop {
         match run_once(&*other, &firing, &options, |_| async {}).await? {

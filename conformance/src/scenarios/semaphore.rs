@@ -8,7 +8,7 @@ use std::time::Duration;
 use distlock_api::{LockError, LockGuard, LockOptions, WaitPolicy, MAX_PERMITS};
 use tokio::time::Instant;
 
-use super::{check, millis, no_wait, semaphore_of, unique_key, waiting, Failure, LONG_TTL};
+use super::{check, millis, no_wait, unique_key, waiting, Failure, LONG_TTL};
 use crate::Harness;
 
 const PERMITS: u32 = 3;
@@ -17,7 +17,7 @@ pub(super) async fn semaphore_grants_exactly_max(h: &dyn Harness) -> Result<Stri
     let key = unique_key("semaphore-max");
     let mut held: Vec<LockGuard> = Vec::new();
     for n in 0..PERMITS {
-        let semaphore = semaphore_of(h.client().await?)?;
+        let semaphore = h.client().await?.semaphore();
         let guard = semaphore
             .try_acquire(&key, PERMITS, &no_wait(LONG_TTL))
             .await?;
@@ -29,7 +29,7 @@ pub(super) async fn semaphore_grants_exactly_max(h: &dyn Harness) -> Result<Stri
         };
         held.push(guard);
     }
-    let extra = semaphore_of(h.client().await?)?;
+    let extra = h.client().await?.semaphore();
     let refused = extra.try_acquire(&key, PERMITS, &no_wait(LONG_TTL)).await?;
     check!(
         refused.is_none(),
@@ -72,7 +72,7 @@ pub(super) async fn semaphore_never_admits_more_than_max(
     let max_inside = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for _ in 0..CLIENTS {
-        let semaphore = semaphore_of(h.client().await?)?;
+        let semaphore = h.client().await?.semaphore();
         let (key, inside, max_inside) = (key.clone(), inside.clone(), max_inside.clone());
         let options = waiting(LONG_TTL, Duration::from_secs(60));
         tasks.push(tokio::spawn(async move {
@@ -104,10 +104,7 @@ pub(super) async fn semaphore_never_admits_more_than_max(
 
 pub(super) async fn semaphore_dropped_permit_is_freed(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("semaphore-drop");
-    let (a, b) = (
-        semaphore_of(h.client().await?)?,
-        semaphore_of(h.client().await?)?,
-    );
+    let (a, b) = (h.client().await?.semaphore(), h.client().await?.semaphore());
     let first = a.try_acquire(&key, 2, &no_wait(LONG_TTL)).await?;
     let second = a.try_acquire(&key, 2, &no_wait(LONG_TTL)).await?;
     let (Some(first), Some(second)) = (first, second) else {
@@ -139,7 +136,7 @@ pub(super) async fn semaphore_crashed_holder_is_freed(h: &dyn Harness) -> Result
     let Some(faults) = a.faults.clone() else {
         return Err(Failure::Skipped("the harness cannot crash a client".into()));
     };
-    let crashing = semaphore_of(a)?;
+    let crashing = a.semaphore();
     let Some(guard) = crashing.try_acquire(&key, 1, &no_wait(ttl)).await? else {
         return Err(Failure::Failed(
             "the only permit of a free key was refused".into(),
@@ -149,7 +146,7 @@ pub(super) async fn semaphore_crashed_holder_is_freed(h: &dyn Harness) -> Result
     faults.crash().await?;
     drop(guard);
     let bound = h.crash_bound(ttl) + h.slack();
-    let b = semaphore_of(h.client().await?)?;
+    let b = h.client().await?.semaphore();
     let taken = b
         .acquire(&key, 1, &waiting(LONG_TTL, bound))
         .await
@@ -176,9 +173,9 @@ pub(super) async fn semaphore_cancelled_acquire_leaks_nothing(
 ) -> Result<String, Failure> {
     let key = unique_key("semaphore-cancel");
     let (a, b, c) = (
-        semaphore_of(h.client().await?)?,
-        semaphore_of(h.client().await?)?,
-        semaphore_of(h.client().await?)?,
+        h.client().await?.semaphore(),
+        h.client().await?.semaphore(),
+        h.client().await?.semaphore(),
     );
     let forever = LockOptions::new(LONG_TTL).with_wait(WaitPolicy::Forever);
     // Uncontended: with one of 2 permits held, cut the acquire of the other short after
@@ -231,10 +228,7 @@ pub(super) async fn semaphore_bad_counts_are_typed_errors(
     h: &dyn Harness,
 ) -> Result<String, Failure> {
     let key = unique_key("semaphore-bad");
-    let (a, b) = (
-        semaphore_of(h.client().await?)?,
-        semaphore_of(h.client().await?)?,
-    );
+    let (a, b) = (h.client().await?.semaphore(), h.client().await?.semaphore());
     for bad in [0, MAX_PERMITS + 1, u32::MAX] {
         let tried = a.try_acquire(&key, bad, &no_wait(LONG_TTL)).await;
         check!(

@@ -10,7 +10,7 @@ use crate::Harness;
 pub(super) async fn unrenewed_lease_expires_after_ttl(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("expiry");
     let ttl = h.ttl();
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(ttl)).await?;
     let (granted, valid_until) = (guard.lease().acquired_at(), guard.valid_until());
     check!(
@@ -43,7 +43,7 @@ pub(super) async fn unrenewed_lease_expires_after_ttl(h: &dyn Harness) -> Result
 pub(super) async fn extend_pushes_expiry_out(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("extend");
     let ttl = h.ttl();
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let guard = a.acquire(&key, &no_wait(ttl)).await?;
     let first_deadline = guard.valid_until();
     let longer = ttl * 3;
@@ -95,7 +95,7 @@ pub(super) async fn extend_pushes_expiry_out(h: &dyn Harness) -> Result<String, 
 pub(super) async fn auto_renew_holds_past_five_ttls(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("auto-renew");
     let ttl = h.ttl();
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let options = LockOptions::new(ttl).with_auto_renew(AutoRenew::new());
     let guard = a.acquire(&key, &options).await?;
     let granted = guard.lease().acquired_at();
@@ -138,7 +138,7 @@ pub(super) async fn auto_renew_holds_past_five_ttls(h: &dyn Harness) -> Result<S
 pub(super) async fn auto_renew_stops_at_max_hold(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("max-hold");
     let ttl = h.ttl();
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let cap = ttl * 2;
     let options = LockOptions::new(ttl).with_auto_renew(AutoRenew::new().with_max_hold(cap));
     let guard = a.acquire(&key, &options).await?;
@@ -174,7 +174,7 @@ pub(super) async fn auto_renew_stops_at_max_hold(h: &dyn Harness) -> Result<Stri
 pub(super) async fn lost_fires_when_lease_lost(h: &dyn Harness) -> Result<String, Failure> {
     let key = unique_key("lost");
     let ttl = h.ttl();
-    let a = h.client().await?.lock;
+    let a = h.client().await?.lock();
     let guard = a.acquire(&key, &no_wait(ttl)).await?;
     check!(
         guard.state() == LeaseState::Held,
@@ -211,7 +211,7 @@ pub(super) async fn lost_fires_when_renewal_fails(h: &dyn Harness) -> Result<Str
         return Err(Failure::Skipped("the harness cannot crash a client".into()));
     };
     let options = LockOptions::new(ttl).with_auto_renew(AutoRenew::new());
-    let guard = a.lock.acquire(&key, &options).await?;
+    let guard = a.lock().acquire(&key, &options).await?;
     faults.crash().await?;
     let crashed_at = Instant::now();
     let bound = h.crash_bound(ttl) + h.slack();
@@ -225,7 +225,7 @@ pub(super) async fn lost_fires_when_renewal_fails(h: &dyn Harness) -> Result<Str
         "state after lost() is {:?}",
         guard.state()
     );
-    let b = h.client().await?.lock;
+    let b = h.client().await?.lock();
     let taken = b
         .acquire(&key, &waiting(ttl, bound))
         .await
@@ -243,7 +243,7 @@ pub(super) async fn contended_reports_a_wait_on_a_held_key(
 ) -> Result<String, Failure> {
     let key = unique_key("contended");
     let ttl = h.ttl();
-    let (a, b) = (h.client().await?.lock, h.client().await?.lock);
+    let (a, b) = (h.client().await?.lock(), h.client().await?.lock());
     let free = b.acquire(&key, &waiting(LONG_TTL, h.slack())).await?;
     check!(
         !free.contended(),

@@ -170,7 +170,10 @@ impl Engine for MemoryLock {
     fn info(&self) -> BackendInfo {
         let capabilities = Capabilities::all_supported()
             .with_every(|g| g.fifo = Capability::Unsupported(NOT_FIFO));
-        BackendInfo::new(MEMORY_BACKEND, capabilities)
+        BackendInfo::new(MEMORY_BACKEND, capabilities).with_unreleased_lock_ends(
+            "it is freed when its process exits (the lock lives in its memory) or its lease \
+             runs out",
+        )
     }
 
     async fn acquire(&self, request: &Request<'_>) -> Result<Option<Grant>, LockError> {
