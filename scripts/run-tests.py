@@ -7,9 +7,12 @@ TTLs, watches, failovers), not computing. Here each binary starts as soon as car
 has linked it, while cargo goes on compiling the rest, and up to --jobs binaries run
 side by side. (cargo keeps its normal priority: niced, it starved behind other work
 on a shared machine, at a load of 17 on two cores; the tests must bear such load
-anyway.) Each binary still runs its own tests exactly as under `cargo test` (its
-test threads, its in-process locks such as the fault kit's `serial()`, its shared
-servers); only whole binaries overlap.
+anyway.) A crate keeps its integration tests in one binary, `tests/it/main.rs`, with a
+module per former test file, so the dependency tree is linked once per crate; each
+top-level module of such a binary is a job of its own (the binary run with `--exact`
+and the module's test names), so modules overlap as separate binaries did. Each job
+runs its tests as `cargo test` would (its test threads, its in-process locks such as
+the fault kit's `serial()`, its shared servers).
 
 Usage: run-tests.py [--jobs N] (--build 'CARGO TEST ARGS')... [--doc 'SHELL COMMAND']...
                     [-- TEST_ARGS...]
@@ -45,28 +48,28 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TIMES = os.path.join(ROOT, "target", "test-times.json")
 
-# Seconds the slow binaries took, run one at a time on the 2-core machine; they only
-# order a first run.
+# Seconds the slow jobs took, run one at a time on the 2-core machine; they only order a
+# first run (a job is a test binary, or one module of a crate's `it` binary).
 ESTIMATES = {
-    "conformance/test:self_test": 128,
-    "backend-postgres/test:conformance": 110,
-    "cli/test:postgres_tls": 90,
-    "backend-redis/test:cluster": 90,
-    "backend-redis/test:fault_conformance": 76,
-    "cli/test:cli_servers": 72,
-    "backend-postgres/test:tls": 62,
-    "backend-etcd/test:fault_conformance": 59,
-    "backend-redis/test:sentinel": 59,
-    "backend-zookeeper/test:failover": 45,
-    "backend-postgres/test:election": 44,
-    "backend-zookeeper/test:fault_conformance": 44,
-    "backend-postgres/test:fault_conformance": 42,
-    "backend-redis/test:conformance": 39,
-    "cli/test:redis_topologies": 37,
+    "conformance/test:it::self_test": 128,
+    "backend-postgres/test:it::conformance": 110,
+    "cli/test:it::postgres_tls": 90,
+    "backend-redis/test:it::cluster": 90,
+    "backend-redis/test:it::fault_conformance": 76,
+    "cli/test:it::cli_servers": 72,
+    "backend-postgres/test:it::tls": 62,
+    "backend-etcd/test:it::fault_conformance": 59,
+    "backend-redis/test:it::sentinel": 59,
+    "backend-zookeeper/test:it::failover": 45,
+    "backend-postgres/test:it::election": 44,
+    "backend-zookeeper/test:it::fault_conformance": 44,
+    "backend-postgres/test:it::fault_conformance": 42,
+    "backend-redis/test:it::conformance": 39,
+    "cli/test:it::redis_topologies": 37,
     "doc-tests": 36,
-    "backend-zookeeper/test:secure_conformance": 35,
-    "backend-etcd/test:conformance": 33,
-    "backend-zookeeper/test:conformance": 23,
+    "backend-zookeeper/test:it::secure_conformance": 35,
+    "backend-etcd/test:it::conformance": 33,
+    "backend-zookeeper/test:it::conformance": 23,
 }
 
 
@@ -211,6 +214,25 @@ def main(argv):
         if any("bin" in target["kind"] for target in package["targets"])
     }
 
+    def split(label, path, cwd):
+        """The jobs of one test binary: a crate's integration-test binary (`it`, one
+        module per former test file) runs each top-level module as a job of its own,
+        so that they overlap and each has its own time limit; others run whole. With
+        test arguments (a filter, say) every binary runs whole."""
+        if not label.endswith(":it") or test_args:
+            return [(label, [path, *test_args], cwd)]
+        listed = subprocess.run([path, "--list", "--format", "terse"], cwd=cwd,
+                                stdout=subprocess.PIPE, text=True)
+        modules = {}
+        for line in listed.stdout.splitlines():
+            if line.endswith(": test"):
+                name = line[: -len(": test")]
+                modules.setdefault(name.split("::")[0], []).append(name)
+        if listed.returncode != 0 or not modules:
+            return [(label, [path], cwd)]
+        return [(f"{label}::{module}", [path, "--exact", *names], cwd)
+                for module, names in sorted(modules.items())]
+
     def build_all():
         seen = set()
         for i, args in enumerate(builds):
@@ -223,12 +245,11 @@ def main(argv):
                     found = test_executable(line)
                     if found and found[1] not in seen:
                         seen.add(found[1])
-                        label, path, cwd = found
-                        job = (label, [path, *test_args], cwd)
-                        if cwd in with_bins:
-                            held_back.append(job)
-                        else:
-                            jobs.add(*job)
+                        for job in split(*found):
+                            if job[2] in with_bins:
+                                held_back.append(job)
+                            else:
+                                jobs.add(*job)
             report(f"build {i + 1}: cargo test --no-run {shlex.join(args)}",
                    cargo.returncode == 0, time.monotonic() - start)
             for job in held_back:

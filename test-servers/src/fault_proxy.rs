@@ -79,6 +79,32 @@ impl Drop for Inner {
 }
 
 impl FaultProxy {
+    /// Starts a proxy to `upstream`, as [`FaultProxy::start`], on a process-wide runtime
+    /// of its own rather than the caller's. It plays the network, so it outlives the
+    /// runtime a client runs on: a test that shuts a client's runtime down to play its
+    /// process exiting still sees that client's last requests reach the server.
+    ///
+    /// # Errors
+    /// Binding the listener failed, or the proxies' runtime could not be made.
+    pub async fn start_detached(upstream: SocketAddr) -> io::Result<FaultProxy> {
+        static NETWORK: std::sync::OnceLock<io::Result<tokio::runtime::Runtime>> =
+            std::sync::OnceLock::new();
+        let network = NETWORK.get_or_init(|| {
+            tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
+                .thread_name("fault-proxy")
+                .enable_all()
+                .build()
+        });
+        let network = network
+            .as_ref()
+            .map_err(|e| io::Error::new(e.kind(), format!("the fault proxies' runtime: {e}")))?;
+        network
+            .spawn(FaultProxy::start(upstream))
+            .await
+            .map_err(|e| io::Error::other(format!("starting a fault proxy: {e}")))?
+    }
+
     /// Listens on `127.0.0.1:0` and forwards every accepted connection to `upstream`,
     /// cleanly until a fault is set. Must be called within a Tokio runtime.
     ///

@@ -65,6 +65,7 @@ mod redis;
 mod redis_cluster;
 mod redis_sentinel;
 mod redis_shared;
+mod shared;
 mod zookeeper;
 mod zookeeper_tls;
 
@@ -87,6 +88,7 @@ pub use provider::{Provider, PROVIDER_VAR};
 pub use redis::{RedisServer, RedisServerOptions};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinelGroup;
+pub use shared::shared_server;
 pub use zookeeper::{ZooKeeperEnsemble, ZooKeeperMode, ZooKeeperServer, ZooKeeperServerOptions};
 pub use zookeeper_tls::ZooKeeperTlsServer;
 

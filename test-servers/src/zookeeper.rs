@@ -240,6 +240,9 @@ impl ZooKeeperServer {
             "-Dzookeeper.forceSync=no".into(),
             "-Dzookeeper.preAllocSize=1024".into(),
             "-Dzookeeper.jmx.log4j.disable=true".into(),
+            // Empty container nodes are reaped every 500 ms instead of every minute, so
+            // a test can watch a lock directory go.
+            "-Dznode.container.checkIntervalMs=500".into(),
             format!("-Dlog4j.configuration=file:{}", log4j_path.display()).into(),
             "-cp".into(),
             runtime.classpath.clone(),

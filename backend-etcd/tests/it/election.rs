@@ -2,7 +2,7 @@
 //! `etcdctl elect`: one election shared by both, each reading the other's leader, and
 //! nothing left in etcd once the candidates leave.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};

@@ -10,7 +10,7 @@
 //! `whole_cluster_restart_refreshes_lease_ttls` measures it), and a holder's validity
 //! deadline always ends before etcd can expire its lease.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! keys and ours exclude each other), a semaphore waiter is granted when any of the
 //! holders before it leaves, and nothing (no key, no lease) is left once they end.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

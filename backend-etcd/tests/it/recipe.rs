@@ -3,7 +3,7 @@
 //! (unreachable endpoints, a wrong password, TLS against a plaintext server, a TTL
 //! below etcd's minimum, foreign keys in a lock's range) get typed errors in time.
 
-mod common;
+use crate::common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};

@@ -7,7 +7,7 @@
 
 #![cfg(feature = "tls")]
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -17,43 +17,21 @@ use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_etcd::{EtcdConfig, EtcdLock};
-use distlock_test_servers::{EtcdTlsServer, FaultProxy};
-
-static SHARED: Mutex<Option<EtcdTlsServer>> = Mutex::new(None);
-
-extern "C" fn stop_shared_server() {
-    if let Ok(mut shared) = SHARED.lock() {
-        shared.take();
-    }
-}
+use distlock_test_servers::{shared_server, EtcdTlsServer, FaultProxy};
 
 /// One TLS server (client certificates demanded) for every test of this binary: its
 /// URL, port and CA file.
-#[allow(unsafe_code)] // FFI: see the SAFETY note
 fn shared() -> &'static (String, u16, String) {
     static URL: OnceLock<(String, u16, String)> = OnceLock::new();
     URL.get_or_init(|| {
-        let server = std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start etcd on")
-                .block_on(EtcdTlsServer::start(true))
+        shared_server(EtcdTlsServer::start(true), |server| match server {
+            Ok(server) => (
+                server.url(),
+                server.port(),
+                server.ca_cert().display().to_string(),
+            ),
+            Err(e) => panic!("could not start etcd with TLS (run scripts/test.sh): {e}"),
         })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the TLS etcd server panicked"))
-        .unwrap_or_else(|e| panic!("could not start etcd with TLS (run scripts/test.sh): {e}"));
-        let shared = (
-            server.url(),
-            server.port(),
-            server.ca_cert().display().to_string(),
-        );
-        *SHARED.lock().expect("shared server slot") = Some(server);
-        // SAFETY: registers a plain `extern "C"` function with no captured state.
-        unsafe {
-            libc::atexit(stop_shared_server);
-        }
-        shared
     })
 }
 

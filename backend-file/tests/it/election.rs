@@ -71,9 +71,13 @@ async fn leader_process() {
 /// This binary as a leader of `name` in `dir`, in its own process group; returns once
 /// it leads, with its term.
 fn spawn_leader(dir: &Path, name: &LockKey) -> (Child, u64) {
+    // libtest names a test by its module path without the crate: `election::leader_process`.
+    let module = module_path!()
+        .split_once("::")
+        .map_or("", |(_, module)| module);
     let mut child = Command::new(std::env::current_exe().expect("the test binary"))
         .args([
-            "leader_process",
+            &format!("{module}::leader_process"),
             "--exact",
             "--nocapture",
             "--test-threads=1",

@@ -1,7 +1,7 @@
 //! The whole conformance kit against a real PostgreSQL server: with short session
 //! timeouts and crashable clients, and with the default settings as the CLI runs it.
 
-mod common;
+use crate::common;
 
 mod crashable {
     distlock_conformance::conformance_tests!(super::common::harness());

@@ -1,7 +1,7 @@
 //! Connecting: every failure names the `host:port` that was tried, and never the
 //! password of the URL.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

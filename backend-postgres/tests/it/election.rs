@@ -1,7 +1,7 @@
 //! Postgres elections beyond the kit: a dead leader's row never reads as leader, and
 //! the failover times (resign, killed leader, silent leader) over many trials.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

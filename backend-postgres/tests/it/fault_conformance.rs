@@ -5,7 +5,7 @@
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Caveats" and the README's fault table): keep them in step.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

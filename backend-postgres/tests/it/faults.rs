@@ -2,7 +2,7 @@
 //! which terminate a session): a restarted or paused server seen through `pg_locks`, waits
 //! that time out or are abandoned, reset connections, and one client asking twice.
 
-mod common;
+use crate::common;
 
 use distlock_test_servers::ServerControl;
 use std::sync::atomic::{AtomicUsize, Ordering};

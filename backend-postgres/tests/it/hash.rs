@@ -1,7 +1,7 @@
 //! The advisory key of a lock key: fixed values, the same number in SQL, and locks
 //! taken by hand in SQL under that number exclude ours.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! leave in `pg_locks` (nothing, once their guards end), the count id other holders
 //! see, writer preference from the server's queue, fencing tokens, and bad input.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Scale: 10,000 locks held at once over a bounded number of connections, checked in
 //! `pg_locks` and `pg_stat_activity`; and a full server lock table as a clear error.
 
-mod common;
+use crate::common;
 
 use std::error::Error as _;
 use std::time::Duration;

@@ -2,10 +2,12 @@
 //! `sslmode` as libpq has it, client certificates, and the refusals (wrong CA, wrong
 //! host name, no TLS on the server, missing files) as typed errors in time.
 
-mod common;
+#![cfg(feature = "tls")]
+
+use crate::common;
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -13,18 +15,10 @@ use distlock_api::{DistributedLock, LockError, LockKey, LockOptions};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_postgres::{parse_url, PostgresConfig, PostgresLock, PostgresXactLock};
 use distlock_test_servers::{
-    CertUse, IssuedCert, PostgresServer, PostgresTlsServer, ServerError, CLIENT_CERT_DATABASE,
+    shared_server, CertUse, IssuedCert, PostgresServer, PostgresTlsServer, ServerError,
+    CLIENT_CERT_DATABASE,
 };
 use sqlx::{Connection, PgConnection};
-
-static SHARED: Mutex<Option<PostgresTlsServer>> = Mutex::new(None);
-
-extern "C" fn stop_shared_server() {
-    // Dropping the handle stops the server and deletes its directory and certificates.
-    if let Ok(mut shared) = SHARED.lock() {
-        shared.take();
-    }
-}
 
 /// The addresses and certificates of the binary's shared TLS server.
 struct TlsServer {
@@ -40,43 +34,29 @@ struct TlsServer {
 /// needs TLS: started on first use, stopped when the test process exits. Making the
 /// certificates, `initdb` and the start take seconds, most of a test. The tests only
 /// connect to it, each under names (keys, `application_name`) of its own.
-#[allow(unsafe_code)] // FFI: see the SAFETY note
 fn tls_server() -> &'static TlsServer {
     static SERVER: OnceLock<TlsServer> = OnceLock::new();
     SERVER.get_or_init(|| {
-        // The handle does not depend on a runtime; start it on a private one.
-        let (server, stranger) = std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start PostgreSQL on")
-                .block_on(async {
-                    let server = PostgresTlsServer::start().await?;
-                    let stranger = server
-                        .other_ca()
-                        .issue("stranger", "postgres", CertUse::Client)
-                        .await?;
-                    Ok::<_, ServerError>((server, stranger))
-                })
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the TLS PostgreSQL server panicked"))
-        .unwrap_or_else(|e| {
-            panic!("could not start PostgreSQL with TLS (run scripts/test.sh, which installs it and openssl): {e}")
-        });
-        let shared = TlsServer {
-            port: server.port(),
-            ca: server.ca_cert(),
-            other_ca: server.other_ca_cert(),
-            client: server.client_cert().clone(),
-            stranger,
+        let start = async {
+            let server = PostgresTlsServer::start().await?;
+            let stranger = server
+                .other_ca()
+                .issue("stranger", "postgres", CertUse::Client)
+                .await?;
+            Ok::<_, ServerError>((server, stranger))
         };
-        *SHARED.lock().expect("shared server slot") = Some(server);
-        // SAFETY: registers a plain `extern "C"` function with no captured state.
-        unsafe {
-            libc::atexit(stop_shared_server);
-        }
-        shared
+        shared_server(start, |started| match started {
+            Ok((server, stranger)) => TlsServer {
+                port: server.port(),
+                ca: server.ca_cert(),
+                other_ca: server.other_ca_cert(),
+                client: server.client_cert().clone(),
+                stranger: stranger.clone(),
+            },
+            Err(e) => panic!(
+                "could not start PostgreSQL with TLS (run scripts/test.sh, which installs it and openssl): {e}"
+            ),
+        })
     })
 }
 

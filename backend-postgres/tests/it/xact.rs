@@ -1,6 +1,6 @@
 //! The transaction-scoped mode: the lock and the work share one transaction.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! whose hash tag would be empty, wake-ups across nodes, a master failover while a
 //! lock is held and waited for, and bad input.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

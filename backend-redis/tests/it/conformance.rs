@@ -1,6 +1,6 @@
 //! The whole conformance kit against a real single redis-server and a 3-node Redlock.
 
-mod common;
+use crate::common;
 
 mod single_node {
     distlock_conformance::conformance_tests!(super::common::harness(1));

@@ -1,7 +1,7 @@
 //! Connecting: what each failure says (the address, the server's actual refusal, no
 //! password), Redlock with a minority down at start-up, and one server listed twice.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

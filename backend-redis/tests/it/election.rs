@@ -3,7 +3,7 @@
 //! observers woken by the server, nothing left behind, a namespace of its own, a
 //! foreign key refused, Redlock's refusal, a cut-off leader, and failover times.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

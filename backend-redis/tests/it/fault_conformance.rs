@@ -6,8 +6,6 @@
 //! The claims below are this backend's documented guarantees under faults (the crate
 //! docs' "Guarantees and caveats" and the README's fault table): keep them in step.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! killed connections, Redlock's orphan keys looked up on every node, partial grants
 //! undone, interop with plain `SET NX PX` holders.
 
-mod common;
+use crate::common;
 
 use distlock_test_servers::ServerControl;
 use std::time::Duration;

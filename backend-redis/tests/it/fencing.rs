@@ -1,7 +1,7 @@
 //! Fencing tokens on real servers: a single node hands out its `{K}:fence` counter;
 //! Redlock, which cannot promise ordered tokens, hands out none and keeps no counter.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

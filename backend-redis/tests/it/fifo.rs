@@ -4,7 +4,7 @@
 //! head (a live one, past an expired entry), no residue, and typed errors for bad
 //! parameters.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

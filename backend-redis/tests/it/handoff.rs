@@ -2,7 +2,7 @@
 //! the waiters of one client on one key are served first come, first served, one
 //! retrying at a time.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

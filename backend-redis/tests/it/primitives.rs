@@ -3,7 +3,7 @@
 //! run), nothing left behind, bad input, and Redlock's refusal. Sentinel and Cluster
 //! run the same scenarios through `common::kit_passes`.
 
-mod common;
+use crate::common;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};

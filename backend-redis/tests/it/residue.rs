@@ -1,7 +1,7 @@
 //! What locks leave on the server once they ended: nothing, after their TTL and the
 //! fencing record's margin. Keys stay O(locks held + keys waited on).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! a failover while a lock is held and waited for, an election through a failover,
 //! and bad input.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

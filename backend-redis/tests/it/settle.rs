@@ -4,7 +4,7 @@
 //! answer was on its way (shutting a runtime down drops its unfinished tasks, and the
 //! lock would stay held until its TTL).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

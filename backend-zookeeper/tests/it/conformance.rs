@@ -1,7 +1,7 @@
 //! The whole conformance kit against a real standalone ZooKeeper server (shared by
 //! every scenario of this binary).
 
-mod common;
+use crate::common;
 
 /// Each client behind its own fault proxy, with a 2 s session, so the crash scenarios
 /// run too.

@@ -6,7 +6,7 @@
 //! A small Java driver (tests/curator/CuratorDriver.java) is compiled with `javac` into
 //! a temporary directory at test time and driven over stdin/stdout.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;

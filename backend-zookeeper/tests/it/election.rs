@@ -3,7 +3,7 @@
 //! nodes' `czxid`s, one wake-up per resignation, observers on a watch, session expiry
 //! handing leadership over, and nothing left once the election ends.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -5,7 +5,7 @@
 //! with a 50 ms tick, since the server checks expiry once a tick. Prints p50/p99 (run
 //! with `--nocapture`) and checks the bounds.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

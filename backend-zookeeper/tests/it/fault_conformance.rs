@@ -6,7 +6,7 @@
 //! ZooKeeper claims safety under every fault the kit injects (the crate docs'
 //! "Caveats" and the README's fault table), so the harness states no exceptions.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

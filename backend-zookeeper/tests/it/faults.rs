@@ -2,7 +2,7 @@
 //! cut off by a lost connection, a server restart (within and past the session
 //! timeout), and a 3-node ensemble losing its leader while locks are held and waited on.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! their nodes' `czxid`s in grant order, and the session's beat watches their nodes as
 //! it watches the mutex's.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! 200 waiters, and node names that follow Apache Curator's layout (with a lock taken
 //! through `zookeeper-client`'s Curator-compatible recipe excluding ours and vice versa).
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

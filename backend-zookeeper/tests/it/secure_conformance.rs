@@ -2,7 +2,7 @@
 //! over TLS with a client certificate (feature `tls`): every client behind its own
 //! fault proxy with a 2 s session, so the crash scenarios run too.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 
@@ -86,50 +86,27 @@ mod with_digest_credentials {
 
 #[cfg(feature = "tls")]
 mod over_tls {
-    use std::sync::{Arc, Mutex, OnceLock};
+    use std::sync::{Arc, OnceLock};
 
     use distlock_conformance::Harness;
-    use distlock_test_servers::ZooKeeperTlsServer;
-
-    static SHARED: Mutex<Option<ZooKeeperTlsServer>> = Mutex::new(None);
-
-    extern "C" fn stop_shared_server() {
-        if let Ok(mut shared) = SHARED.lock() {
-            shared.take();
-        }
-    }
+    use distlock_test_servers::{shared_server, ZooKeeperTlsServer};
 
     /// One TLS server (client certificates demanded) for every scenario of this binary.
-    #[allow(unsafe_code)] // FFI: see the SAFETY note
     fn shared() -> &'static (String, u16) {
         static URL: OnceLock<(String, u16)> = OnceLock::new();
         URL.get_or_init(|| {
-            let server = std::thread::spawn(|| {
-                tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                    .expect("a runtime to start ZooKeeper on")
-                    .block_on(async {
-                        let server = ZooKeeperTlsServer::start(true).await?;
-                        serving_tls(&server.url_with_credentials("kit:secret")).await;
-                        Ok::<_, distlock_test_servers::ServerError>(server)
-                    })
+            let start = async {
+                let server = ZooKeeperTlsServer::start(true).await?;
+                serving_tls(&server.url_with_credentials("kit:secret")).await;
+                Ok::<_, distlock_test_servers::ServerError>(server)
+            };
+            shared_server(start, |server| match server {
+                Ok(server) => (
+                    server.url_with_credentials("kit:secret"),
+                    server.secure_port(),
+                ),
+                Err(e) => panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}"),
             })
-            .join()
-            .unwrap_or_else(|_| panic!("starting the TLS ZooKeeper server panicked"))
-            .unwrap_or_else(|e| {
-                panic!("could not start ZooKeeper with TLS (run scripts/test.sh): {e}")
-            });
-            let shared = (
-                server.url_with_credentials("kit:secret"),
-                server.secure_port(),
-            );
-            *SHARED.lock().expect("shared server slot") = Some(server);
-            // SAFETY: registers a plain `extern "C"` function with no captured state.
-            unsafe {
-                libc::atexit(stop_shared_server);
-            }
-            shared
         })
     }
 

@@ -1,7 +1,7 @@
 //! Digest credentials and creator-only ACLs, TLS (feature `tls`), and contenders of
 //! other libraries (kazoo, Curator) in a lock directory, against real ZooKeeper.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};

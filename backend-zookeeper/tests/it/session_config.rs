@@ -2,7 +2,7 @@
 //! every run, and connection errors name the servers they concern; against real
 //! servers.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! A runtime that shuts down closes the ZooKeeper sessions opened on it: the locks held
 //! there are freed at once, and guards that outlive the runtime read lost.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

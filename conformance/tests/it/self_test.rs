@@ -32,7 +32,7 @@ async fn every_anti_pattern_is_caught_and_the_reference_passes() {
 
 #[test]
 fn docs_list_every_scenario() {
-    let docs = include_str!("../../docs/conformance.md");
+    let docs = include_str!("../../../docs/conformance.md");
     for scenario in distlock_conformance::SCENARIOS {
         assert!(
             docs.contains(&format!("`{}`", scenario.name)),

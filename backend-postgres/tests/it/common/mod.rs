@@ -13,7 +13,7 @@ use distlock_api::LockError;
 use distlock_conformance::{Client, ClientFaults, Harness, UrlConnector};
 use distlock_postgres::{PostgresConfig, PostgresLock};
 use distlock_test_servers::FaultProxy;
-use distlock_test_servers::{PostgresServer, PostgresServerOptions, ServerError};
+use distlock_test_servers::{shared_server, PostgresServer, PostgresServerOptions};
 use sqlx::{Connection, PgConnection};
 use tokio::sync::{Mutex, OwnedSemaphorePermit, Semaphore};
 
@@ -55,7 +55,7 @@ pub struct PgHarness {
 /// The server settings every harness starts with; `start_with` adds to them.
 const SETTINGS: [(&str, &str); 1] = [("max_connections", "400")];
 
-fn cannot_start(e: ServerError) -> ! {
+fn cannot_start(e: impl std::fmt::Display) -> ! {
     panic!("could not start PostgreSQL (run scripts/test.sh, which installs it): {e}")
 }
 
@@ -91,45 +91,21 @@ pub async fn start() -> PgHarness {
     start_with(&[]).await
 }
 
-static SHARED: std::sync::Mutex<Option<PostgresServer>> = std::sync::Mutex::new(None);
-
-extern "C" fn stop_shared_server() {
-    // Dropping the handle stops the server and deletes its directory.
-    if let Ok(mut shared) = SHARED.lock() {
-        shared.take();
-    }
-}
-
 /// The port of one server (the settings of [`start`]) shared by every test of this
 /// binary: started on first use, stopped when the test process exits. A cluster's
 /// `initdb` and start take seconds, most of a short test. For tests that neither
 /// stop nor pause it, and that use keys of their own.
-#[allow(unsafe_code)] // FFI: see the SAFETY note
 pub fn shared_port() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
     *PORT.get_or_init(|| {
-        // The handle does not depend on a runtime; start it on a private one.
-        let server = std::thread::spawn(|| {
-            let mut options = PostgresServerOptions::default();
-            for (name, value) in SETTINGS {
-                options = options.with_setting(name, value);
-            }
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start PostgreSQL on")
-                .block_on(PostgresServer::start_with(options))
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the shared PostgreSQL server panicked"))
-        .unwrap_or_else(|e| cannot_start(e));
-        let port = server.port();
-        *SHARED.lock().expect("shared server slot") = Some(server);
-        // SAFETY: registers a plain `extern "C"` function with no captured state.
-        unsafe {
-            libc::atexit(stop_shared_server);
+        let mut options = PostgresServerOptions::default();
+        for (name, value) in SETTINGS {
+            options = options.with_setting(name, value);
         }
-        port
+        shared_server(PostgresServer::start_with(options), |server| match server {
+            Ok(server) => server.port(),
+            Err(e) => cannot_start(e),
+        })
     })
 }
 

@@ -13,7 +13,7 @@ use distlock_api::LockError;
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_conformance_faults::NetFaults;
 use distlock_test_servers::FaultProxy;
-use distlock_test_servers::{ZooKeeperServer, ZooKeeperServerOptions};
+use distlock_test_servers::{shared_server, ZooKeeperServer, ZooKeeperServerOptions};
 use distlock_zookeeper::{ZooKeeperConfig, ZooKeeperLock};
 use zookeeper_client as zk;
 
@@ -38,46 +38,11 @@ pub async fn start_server() -> ZooKeeperServer {
         })
 }
 
-static SHARED: Mutex<Option<ZooKeeperServer>> = Mutex::new(None);
-
-extern "C" fn stop_shared_server() {
-    // Dropping the handle kills the JVM and deletes its directory.
-    if let Ok(mut shared) = SHARED.lock() {
-        shared.take();
-    }
-}
-
 /// The port of one server shared by every test of this binary (started on first use,
 /// stopped when the test process exits). For tests that do not kill or pause it.
-#[allow(unsafe_code)] // FFI: see the SAFETY notes
 pub fn shared_port() -> u16 {
     static PORT: OnceLock<u16> = OnceLock::new();
-    *PORT.get_or_init(|| {
-        // Empty container nodes are reaped every 500 ms instead of every minute, so a
-        // test can watch a lock directory go. The JVM reads this from its environment.
-        // Every test of a binary that uses the shared server calls this first and
-        // waits on the `OnceLock`, so nothing else reads the environment meanwhile.
-        if std::env::var_os("JAVA_TOOL_OPTIONS").is_none() {
-            std::env::set_var("JAVA_TOOL_OPTIONS", "-Dznode.container.checkIntervalMs=500");
-        }
-        // The handle does not depend on a runtime; start it on a private one.
-        let server = std::thread::spawn(|| {
-            tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .expect("a runtime to start ZooKeeper on")
-                .block_on(start_server())
-        })
-        .join()
-        .unwrap_or_else(|_| panic!("starting the shared ZooKeeper server panicked"));
-        let port = server.port();
-        *SHARED.lock().expect("shared server slot") = Some(server);
-        // SAFETY: registers a plain `extern "C"` function with no captured state.
-        unsafe {
-            libc::atexit(stop_shared_server);
-        }
-        port
-    })
+    *PORT.get_or_init(|| shared_server(start_server(), ZooKeeperServer::port))
 }
 
 pub fn url_for(port: u16) -> String {
@@ -113,24 +78,11 @@ pub async fn proxied(
     (lock, proxy)
 }
 
-/// A fault proxy to the server on `port` that runs on a runtime of its own: it is the
-/// network, not part of the client's process, so it outlives the runtime the client
-/// runs on (a scenario shuts a client's runtime down to play its process exiting, and
-/// the client then closes its session through the proxy).
+/// A fault proxy to the server on `port`, on a runtime of its own (see
+/// [`FaultProxy::start_detached`]).
 pub async fn network_proxy(port: u16) -> FaultProxy {
-    static NETWORK: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    let network = NETWORK.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("fault-proxy")
-            .enable_all()
-            .build()
-            .expect("a runtime for the fault proxies")
-    });
-    network
-        .spawn(FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], port))))
+    FaultProxy::start_detached(SocketAddr::from(([127, 0, 0, 1], port)))
         .await
-        .expect("the proxy's start does not panic")
         .expect("fault proxy starts")
 }
 
