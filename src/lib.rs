@@ -140,9 +140,7 @@ pub async fn connect(url: &str) -> Result<Client, LockError> {
             .await?
             .client()),
         #[cfg(feature = "postgres")]
-        Backend::Postgres => Ok(distlock_postgres::PostgresLock::connect(url)
-            .await?
-            .client()),
+        Backend::Postgres => distlock_postgres::connect(url).await,
         #[cfg(feature = "etcd")]
         Backend::Etcd => Ok(distlock_etcd::EtcdLock::connect(url).await?.client()),
         #[allow(unreachable_patterns)] // every feature on

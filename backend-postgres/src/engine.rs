@@ -41,7 +41,7 @@ fn capabilities() -> Capabilities {
 
 /// What finds the other holders of `primitive`'s lock on `key`, for the outcome of a
 /// release or extend of a lease this client no longer holds.
-fn probe(primitive: Primitive, key: &LockKey) -> Probe {
+pub(crate) fn probe(primitive: Primitive, key: &LockKey) -> Probe {
     match primitive {
         Primitive::Mutex => Probe::key(advisory_key(key)),
         Primitive::Semaphore => semaphore::probe(key),

@@ -225,14 +225,17 @@ mod error;
 mod keys;
 mod lock;
 mod mailbox;
+mod pinned;
 mod rw;
 mod semaphore;
 mod session;
 mod sql;
 mod tls;
 mod xact;
+mod xact_engine;
+mod xact_sql;
 
-pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
+pub use config::{parse_url, PoolMode, PostgresConfig, PostgresUrl, POOL_MODE_PARAM, URL_SCHEMES};
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;
@@ -240,6 +243,20 @@ pub use lock::PostgresLock;
 /// sources) can be named without a separate dependency on a matching version.
 pub use sqlx;
 pub use xact::{PostgresXactLock, XactError, XactFuture};
+
+/// Connects the design `url`'s `pool_mode` selects ([`PoolMode`]) and returns it as a
+/// [`distlock_api::Client`]: [`PostgresLock`] (session advisory locks) by default,
+/// [`PostgresXactLock`] (transaction-scoped, pinned transactions) with
+/// `pool_mode=transaction`. What `distlock::connect` calls for `postgres://` URLs.
+///
+/// # Errors
+/// As [`PostgresLock::connect`] or [`PostgresXactLock::connect`].
+pub async fn connect(url: &str) -> Result<distlock_api::Client, distlock_api::LockError> {
+    match parse_url(url)?.pool_mode() {
+        PoolMode::Transaction => Ok(PostgresXactLock::connect(url).await?.client()),
+        _ => Ok(PostgresLock::connect(url).await?.client()),
+    }
+}
 
 /// The backend name, in errors and reports.
 pub const POSTGRES_BACKEND: &str = "postgres";
