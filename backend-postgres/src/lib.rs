@@ -226,6 +226,7 @@ mod keys;
 mod lock;
 mod mailbox;
 mod pinned;
+mod pooler;
 mod rw;
 mod semaphore;
 mod session;

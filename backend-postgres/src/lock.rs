@@ -17,9 +17,10 @@ use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
-use crate::config::{parse_url, session_options, PostgresConfig};
+use crate::config::{parse_url, session_options, PoolMode, PostgresConfig, POOL_MODE_PARAM};
 use crate::error;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::pooler;
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
@@ -117,8 +118,11 @@ impl PostgresLock {
     ///
     /// # Errors
     /// [`LockError::Config`] for another scheme, a URL sqlx cannot parse, refused
-    /// credentials, a missing database, a server older than PostgreSQL 14, or a missing
-    /// fencing sequence this user may not create; [`LockError::Connection`] when the
+    /// credentials, a missing database, a server older than PostgreSQL 14, a missing
+    /// fencing sequence this user may not create, a URL with `pool_mode=transaction`
+    /// (that design is [`crate::PostgresXactLock`]), or a transaction pooler in front
+    /// of the server (PgBouncer with `pool_mode = transaction`: the error names the URL
+    /// form that works there; see the crate docs, "Poolers"); [`LockError::Connection`] when the
     /// server cannot be reached within the request timeout.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         PostgresLock::connect_with(url, PostgresConfig::default()).await
@@ -131,9 +135,27 @@ impl PostgresLock {
     /// [`PostgresConfig::validate`].
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let connect = session_options(&parse_url(url)?, &config);
+        let parsed = parse_url(url)?;
+        if parsed.pool_mode() == PoolMode::Transaction {
+            return Err(LockError::config(
+                POSTGRES_BACKEND,
+                format!(
+                    "{POOL_MODE_PARAM}=transaction selects the transaction-pooling design: \
+                     connect with distlock::connect, distlock_postgres::connect or \
+                     PostgresXactLock::connect"
+                ),
+            ));
+        }
+        let connect = session_options(&parsed, &config);
         let sql = Statements::new(&config.schema);
         let mut conn = session::connect_retrying(&connect, config.request_timeout).await?;
+        // Before any lock: a transaction pooler would strand them (see `pooler`).
+        let checked =
+            pooler::refuse_transaction_pooler(&mut conn, &connect, config.request_timeout).await;
+        if let Err(e) = checked {
+            let _ = conn.close().await;
+            return Err(e);
+        }
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
             return Err(e);

@@ -104,7 +104,9 @@ async fn harness(target: Target) -> Arc<dyn FaultHarness> {
             Arc::new(move |url: String| {
                 let config = config.clone();
                 Box::pin(async move {
-                    Ok(PostgresXactLock::connect_with(&url, config).await?.$handle())
+                    Ok(PostgresXactLock::connect_with(&url, config)
+                        .await?
+                        .$handle())
                 }) as _
             })
         }};
@@ -116,7 +118,11 @@ async fn harness(target: Target) -> Arc<dyn FaultHarness> {
     let pg = pooler::postgres().await;
     let bouncer = pooler::bouncer(&pg, PoolMode::Transaction, pooler::SHARED_POOL).await;
     let pg_port = pg.port();
-    let stack = Stack { bouncer, pg, target };
+    let stack = Stack {
+        bouncer,
+        pg,
+        target,
+    };
     // PgBouncer sets each client's application_name on the server connection it lends
     // it, so one client's open transactions can be ended.
     let template = "postgres://postgres@{hosts}/postgres?pool_mode=transaction\
