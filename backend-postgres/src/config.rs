@@ -342,10 +342,28 @@ pub(crate) fn pooler_options(url: &PostgresUrl) -> PgConnectOptions {
 /// with (see the crate docs).
 pub(crate) fn session_options(url: &PostgresUrl, config: &PostgresConfig) -> PgConnectOptions {
     let options = url.options.clone();
+    // Waits are long statements by design: keep sqlx from logging them as slow.
+    options
+        .options(session_settings(config))
+        .disable_statement_logging()
+}
+
+/// The same settings as `SET` statements, for a session whose start-up parameters a
+/// pooler dropped (PgBouncer's `ignore_startup_parameters` ignores `options`).
+pub(crate) fn session_set_statements(config: &PostgresConfig) -> String {
+    session_settings(config)
+        .into_iter()
+        .map(|(name, value)| format!("SET {name} = '{value}'"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The server settings of every session (values are numbers or `on`).
+fn session_settings(config: &PostgresConfig) -> Vec<(&'static str, String)> {
     let peer_secs = config.dead_peer_timeout.as_secs().max(2);
     let keepalive_idle = peer_secs / 2;
     let keepalive_count = (peer_secs - keepalive_idle).max(1);
-    let settings: Vec<(&str, String)> = vec![
+    let settings: Vec<(&'static str, String)> = vec![
         (
             "idle_session_timeout",
             config.session_timeout.as_millis().to_string(),
@@ -373,8 +391,7 @@ pub(crate) fn session_options(url: &PostgresUrl, config: &PostgresConfig) -> PgC
         // Fencing tokens must survive a server crash once handed out.
         ("synchronous_commit", "on".to_string()),
     ];
-    // Waits are long statements by design: keep sqlx from logging them as slow.
-    options.options(settings).disable_statement_logging()
+    settings
 }
 
 #[cfg(test)]

@@ -17,7 +17,9 @@ use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
-use crate::config::{parse_url, session_options, PoolMode, PostgresConfig, POOL_MODE_PARAM};
+use crate::config::{
+    parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
+};
 use crate::error;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
 use crate::pooler;
@@ -152,9 +154,19 @@ impl PostgresLock {
         // Before any lock: a transaction pooler would strand them (see `pooler`).
         let checked =
             pooler::refuse_transaction_pooler(&mut conn, &connect, config.request_timeout).await;
-        if let Err(e) = checked {
-            let _ = conn.close().await;
-            return Err(e);
+        let restate = match checked {
+            Ok(true) => Some(session_set_statements(&config)),
+            Ok(false) => None,
+            Err(e) => {
+                let _ = conn.close().await;
+                return Err(e);
+            }
+        };
+        if let Some(sql) = &restate {
+            if let Err(e) = session::restate(&mut conn, sql, config.request_timeout).await {
+                let _ = conn.close().await;
+                return Err(e);
+            }
         }
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
@@ -166,6 +178,7 @@ impl PostgresLock {
                 config,
                 connect,
                 sql,
+                restate,
             }),
             registry: Mutex::default(),
             pool: Mutex::default(),
@@ -377,7 +390,22 @@ impl PostgresLock {
                 None => slots.acquire_owned().await,
             }
             .map_err(|_| error::connection("the client is shutting down"))?;
-            let session = self.wait_session().await?;
+            // Opening a session may queue at a pooler for a server connection: that
+            // counts against the wait too, and the error says so.
+            let session = match deadline {
+                Some(d) => {
+                    let started = Instant::now();
+                    timeout_at(d, self.wait_session()).await.map_err(|_| {
+                        self.state.settings.connection_error(format!(
+                            "waited {:?} for a new session to wait for {key} in: the server, or \
+                             a pooler's session pool, had no connection free (budget one per \
+                             waiter and per lock taken after a wait, beside the shared ones)",
+                            started.elapsed()
+                        ))
+                    })??
+                }
+                None => self.wait_session().await?,
+            };
             let lock_timeout_ms = match deadline {
                 None => 0,
                 Some(d) => {

@@ -40,7 +40,7 @@ use crate::xact_sql::run;
 use crate::POSTGRES_BACKEND;
 
 /// How long the first connection's own session may take to answer while the probe
-/// holds a transaction open.
+/// holds a transaction open, and the probe's transaction to begin.
 const OWN_SESSION_ANSWER: Duration = Duration::from_secs(1);
 
 /// The error of the session design behind a transaction pooler at `address`.
@@ -73,7 +73,9 @@ async fn pid(conn: &mut PgConnection, limit: Duration) -> Result<Option<i32>, Lo
 }
 
 /// Fails with [`transaction_pooler`] when `conn` (the client's first connection, made
-/// with `options`) is not a server session of its own; see the module docs.
+/// with `options`) is not a server session of its own; see the module docs. Returns
+/// whether something stands between the client and the server (a session pooler, a
+/// proxy): its start-up settings may have been dropped, and must be restated.
 ///
 /// # Errors
 /// [`LockError::Config`] behind a transaction pooler; connection and backend errors.
@@ -81,7 +83,7 @@ pub(crate) async fn refuse_transaction_pooler(
     conn: &mut PgConnection,
     options: &PgConnectOptions,
     limit: Duration,
-) -> Result<(), LockError> {
+) -> Result<bool, LockError> {
     let address = server_address(options);
     let direct = timeout(limit, run(conn, "SELECT inet_server_port()"))
         .await
@@ -93,7 +95,7 @@ pub(crate) async fn refuse_transaction_pooler(
         .flatten();
     let tcp = options.get_socket().is_none();
     if tcp && served == Some(i32::from(options.get_port())) {
-        return Ok(());
+        return Ok(false);
     }
     let Some(first) = pid(conn, limit).await? else {
         return Err(crate::error::connection("no answer to the first query"));
@@ -103,10 +105,16 @@ pub(crate) async fn refuse_transaction_pooler(
     // be concluded: the pooler's own errors remain the check.
     let Ok(Ok(mut probe)) = timeout(limit, PgConnection::connect_with(options)).await else {
         tracing::debug!(%address, "could not open the pooler probe's connection");
-        return Ok(());
+        return Ok(true);
     };
     let verdict = async {
-        let pinned = match timeout(limit, run(&mut probe, "BEGIN; SELECT pg_backend_pid()")).await {
+        // Bounded short: in a full session pool the probe waits for a server
+        // connection, and a connect should not wait on it for long.
+        let begun = timeout(
+            OWN_SESSION_ANSWER,
+            run(&mut probe, "BEGIN; SELECT pg_backend_pid()"),
+        );
+        let pinned = match begun.await {
             Ok(Ok(rows)) => rows.last().and_then(|r| r.try_get::<i32, _>(0).ok()),
             _ => None,
         };
@@ -145,6 +153,6 @@ pub(crate) async fn refuse_transaction_pooler(
     let _ = timeout(limit, probe.close()).await;
     match verdict? {
         Some(evidence) => Err(transaction_pooler(&address, evidence)),
-        None => Ok(()),
+        None => Ok(true),
     }
 }

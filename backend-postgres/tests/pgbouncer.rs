@@ -7,9 +7,11 @@ mod pooler;
 
 use std::time::Duration;
 
+use std::net::SocketAddr;
+
 use distlock_api::{with_lock, LockError, LockKey, LockOptions, WaitPolicy};
-use distlock_postgres::{PostgresLock, PostgresXactLock};
-use distlock_test_servers::PoolMode;
+use distlock_postgres::{PostgresConfig, PostgresLock, PostgresXactLock};
+use distlock_test_servers::{FaultProxy, PoolMode};
 use sqlx::{Connection, PgConnection};
 use tokio::time::Instant;
 
@@ -178,4 +180,79 @@ async fn three_clients_share_a_session_pool_of_four() {
         finished[2] < Duration::from_secs(4),
         "three 1 s critical sections through a pool of 4 took {finished:?}"
     );
+}
+
+/// A wait's bound covers the time queued for a server connection, and the error says
+/// that is what it waited for: with a session pool of 2, one client holding the key
+/// and another's shared session in it, the other's wait finds no connection to wait in.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_queued_for_a_connection_ends_at_its_bound_saying_so() {
+    let pg = pooler::postgres().await;
+    let bouncer = pooler::bouncer(&pg, PoolMode::Session, 2).await;
+    let url = bouncer.url();
+    let options = LockOptions::new(Duration::from_secs(30));
+    let a = PostgresLock::connect(&url).await.expect("connects");
+    let held = a
+        .lock()
+        .try_acquire(&key("queued"), &options)
+        .await
+        .unwrap()
+        .unwrap();
+    let b = PostgresLock::connect(&url).await.expect("connects");
+    let wait = Duration::from_millis(1500);
+    let started = Instant::now();
+    let error = b
+        .lock()
+        .acquire(
+            &key("queued"),
+            &options.clone().with_wait(WaitPolicy::Timeout(wait)),
+        )
+        .await
+        .expect_err("no connection to wait in");
+    let took = started.elapsed();
+    assert!(
+        took < wait + Duration::from_secs(1),
+        "gave up after {took:?}"
+    );
+    let text = error.to_string();
+    assert!(
+        text.contains("waited") && text.contains("session"),
+        "the error does not say what it waited for: {text}"
+    );
+    held.release().await.expect("released");
+}
+
+/// Behind a session pooler (which drops the start-up settings), the sessions still run
+/// with their idle timeout: a holder cut off silently loses its lock on the server
+/// within the session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_holder_behind_a_session_pool_is_freed_within_the_session_timeout() {
+    let pg = pooler::postgres().await;
+    let bouncer = pooler::bouncer(&pg, PoolMode::Session, 4).await;
+    let proxy = FaultProxy::start(SocketAddr::from(([127, 0, 0, 1], bouncer.port())))
+        .await
+        .expect("proxy");
+    let mut config = PostgresConfig::default();
+    config.session_timeout = Duration::from_secs(1);
+    let client = PostgresLock::connect_with(&pooler::url_for(proxy.local_addr().port()), config)
+        .await
+        .expect("connects");
+    let _held = client
+        .lock()
+        .try_acquire(&key("silent"), &LockOptions::new(Duration::from_secs(60)))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(advisory_locks(pg.port()).await, 1);
+    proxy.refuse_new(true);
+    proxy.blackhole();
+    let cut = Instant::now();
+    // pg_locks changes only through other sessions: poll it.
+    while advisory_locks(pg.port()).await != 0 {
+        assert!(
+            cut.elapsed() < Duration::from_secs(8),
+            "the lock outlived its silent holder's session timeout by far"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
