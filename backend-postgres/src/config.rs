@@ -27,7 +27,9 @@ pub struct PostgresConfig {
     /// ([`crate::PostgresLock::rw_lock`]) and every permit of the semaphore
     /// ([`crate::PostgresLock::semaphore`]) takes one of these too, waiting or not, for
     /// as long as it is held (a `try_acquire` waits for one at most the request timeout,
-    /// then reports the key held).
+    /// then reports the key held). In the transaction-pooling design
+    /// ([`PoolMode::Transaction`]) it is the size of the lock pool instead: one
+    /// connection per held lease and per waiting acquire.
     pub wait_sessions: usize,
     /// The server setting `idle_session_timeout` of every lock session: a session that
     /// sends nothing for this long is ended by the server, and its locks with it.
