@@ -457,6 +457,45 @@ mod tests {
     }
 
     #[test]
+    fn pool_mode_selects_the_design_and_is_not_passed_on() {
+        let session = parse_url("postgres://u@h/db").unwrap();
+        assert_eq!(session.pool_mode(), PoolMode::Session);
+        let t =
+            parse_url("postgres://u@h:6432/db?pool_mode=transaction&application_name=x").unwrap();
+        assert_eq!(t.pool_mode(), PoolMode::Transaction);
+        assert_eq!(t.options().get_application_name(), Some("x"));
+        assert_eq!(t.options().get_port(), 6432);
+        let only = parse_url("postgres://u@h/db?pool_mode=session").unwrap();
+        assert_eq!(only.pool_mode(), PoolMode::Session);
+        for bad in [
+            "postgres://u:secret@h/db?pool_mode=statement",
+            "postgres://u:secret@h/db?pool_mode=",
+            "postgres://u:secret@h/db?pool_mode=session&pool_mode=transaction",
+        ] {
+            match parse_url(bad) {
+                Err(LockError::Config { message, .. }) => {
+                    assert!(message.contains("pool_mode"), "{message}");
+                    assert!(!message.contains("secret"), "{message}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn pooler_options_send_no_startup_settings() {
+        let o = pooler_options(&parse_url("postgres://u@h/db?pool_mode=transaction").unwrap());
+        assert!(o.get_options().is_none());
+    }
+
+    #[test]
+    fn session_settings_as_statements() {
+        let sql = session_set_statements(&PostgresConfig::default());
+        assert!(sql.contains("SET idle_session_timeout = '10000'"), "{sql}");
+        assert!(sql.contains("SET synchronous_commit = 'on'"), "{sql}");
+    }
+
+    #[test]
     fn urls() {
         let c = PostgresConfig::default();
         for url in [

@@ -168,9 +168,9 @@
 //!   both and PgBouncer drops `options`). When the server's port is not the URL's
 //!   (something stands between), every new session restates its settings with `SET`,
 //!   so the session timeout and the rest hold behind a session pooler too. Before any
-//!   lock, the first connection is checked to be a server session of its own (a
-//!   second connection holds a transaction open while the first asks for its server
-//!   process again, see `pooler`); behind a transaction pooler, and on the prepared
+//!   lock, the first connection is checked to be a server session of its own (it and
+//!   a second connection ask in turn for their server process id: a changed or shared
+//!   id gives a pooler away); behind a transaction pooler, and on the prepared
 //!   statement errors one causes, the client fails with [`distlock_api::LockError::Config`]
 //!   naming PgBouncer, transaction pooling and `pool_mode=transaction`. That check is a
 //!   heuristic: a transaction pooler under heavy load from other clients can pass it.

@@ -12,20 +12,19 @@
 //! - **Is anything in between?** The first connection asks the server which port it
 //!   serves (`inet_server_port()`); straight to the server, it is the port the URL
 //!   names, and the check ends there (no extra connection).
-//! - **Is it a transaction pooler?** Otherwise a second connection opens a
-//!   transaction (which pins a server connection in any pooler) and the first asks
-//!   for its server process id again, twice around the end of that transaction. Its
-//!   own session always answers at once with the same id; through a transaction
-//!   pooler the answer comes from whichever server connection the pooler lends (the
-//!   one the probe's transaction holds, or just released: PgBouncer lends the most
-//!   recently used first), or waits for one to come free. A changed id, the probe's
-//!   own id, or no answer within a second means a transaction pooler.
+//! - **Is it a transaction pooler?** Otherwise a second connection and the first ask
+//!   in turn, eight times, for their server process id. The first connection's own
+//!   session always answers with the same id, and never with the second's; through a
+//!   transaction pooler each statement runs on whichever server connection the pooler
+//!   lends (PgBouncer lends the most recently released first, so the second
+//!   connection usually gets the one the first just used). A changed id, a shared id,
+//!   or no answer within a second means a transaction pooler.
 //! - **Its errors.** A pooler's refusal of the start-up settings, and the prepared
 //!   statement errors a transaction pooler causes, are turned into the same kind of
 //!   error (see `crate::error`).
 //!
 //! The probe is a heuristic: under other clients' load a transaction pooler could lend
-//! the first connection the same server connection three times in a row. The pooler's
+//! the first connection the same server connection every time, and the second others. The pooler's
 //! own errors catch most of what it misses.
 
 use std::time::Duration;
@@ -39,9 +38,12 @@ use crate::config::{server_address, POOL_MODE_PARAM};
 use crate::xact_sql::run;
 use crate::POSTGRES_BACKEND;
 
-/// How long the first connection's own session may take to answer while the probe
-/// holds a transaction open, and the probe's transaction to begin.
+/// How long the first connection's own session may take to answer during the probe,
+/// and the probe's connection to be served.
 const OWN_SESSION_ANSWER: Duration = Duration::from_secs(1);
+/// Rounds of the probe: each asks the second connection, then the first, for its
+/// server process.
+const PROBE_ROUNDS: usize = 8;
 
 /// The error of the session design behind a transaction pooler at `address`.
 pub(crate) fn transaction_pooler(address: &str, evidence: &str) -> LockError {
@@ -100,54 +102,40 @@ pub(crate) async fn refuse_transaction_pooler(
     let Some(first) = pid(conn, limit).await? else {
         return Err(crate::error::connection("no answer to the first query"));
     };
-    // The probe: a connection of its own, holding a transaction open. If it cannot be
-    // had in time (a session pool with every server connection in use), nothing can
-    // be concluded: the pooler's own errors remain the check.
+    // The probe: a connection of its own. If it cannot be had in time (a session pool
+    // with every server connection in use), nothing can be concluded: the pooler's
+    // own errors remain the check.
     let Ok(Ok(mut probe)) = timeout(limit, PgConnection::connect_with(options)).await else {
         tracing::debug!(%address, "could not open the pooler probe's connection");
         return Ok(true);
     };
     let verdict = async {
-        // Bounded short: in a full session pool the probe waits for a server
-        // connection, and a connect should not wait on it for long.
-        let begun = timeout(
-            OWN_SESSION_ANSWER,
-            run(&mut probe, "BEGIN; SELECT pg_backend_pid()"),
-        );
-        let pinned = match begun.await {
-            Ok(Ok(rows)) => rows.last().and_then(|r| r.try_get::<i32, _>(0).ok()),
-            _ => None,
-        };
-        let Some(pinned) = pinned else {
-            return Ok::<_, LockError>(None);
-        };
-        if pinned == first {
-            return Ok(Some(
-                "a second connection got the first one's server process",
-            ));
-        }
-        match pid(conn, OWN_SESSION_ANSWER).await? {
-            None => {
+        for _ in 0..PROBE_ROUNDS {
+            // Bounded short: in a full session pool the probe waits for a server
+            // connection, and a connect should not wait on it for long.
+            let Some(other) = pid(&mut probe, OWN_SESSION_ANSWER).await? else {
+                return Ok::<_, LockError>(None);
+            };
+            if other == first {
                 return Ok(Some(
-                    "the first connection waited for a server connection while another held \
-                     a transaction",
-                ))
+                    "a second connection was served by the first one's server process",
+                ));
             }
-            Some(again) if again != first => {
-                return Ok(Some("the first connection's server process changed"))
+            match pid(conn, OWN_SESSION_ANSWER).await? {
+                None => {
+                    return Ok(Some(
+                        "the first connection waited for a server connection to be lent",
+                    ))
+                }
+                Some(again) if again != first => {
+                    return Ok(Some(
+                        "the first connection's server process changed between statements",
+                    ))
+                }
+                Some(_) => {}
             }
-            Some(_) => {}
         }
-        let _ = timeout(limit, run(&mut probe, "ROLLBACK")).await;
-        match pid(conn, OWN_SESSION_ANSWER).await? {
-            None => Ok(Some(
-                "the first connection waited for a server connection after another's transaction",
-            )),
-            Some(again) if again != first => {
-                Ok(Some("the first connection's server process changed"))
-            }
-            Some(_) => Ok(None),
-        }
+        Ok(None)
     }
     .await;
     let _ = timeout(limit, probe.close()).await;

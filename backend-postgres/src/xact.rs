@@ -14,7 +14,9 @@ use sqlx::{Acquire as _, Connection as _, Postgres, Transaction};
 use tokio::sync::OnceCell;
 use tokio::time::{timeout, Instant};
 
-use crate::config::{parse_url, pooler_options, server_address, PostgresConfig};
+use crate::config::{
+    parse_url, pooler_options, server_address, PostgresConfig, CLIENT_CHECK_INTERVAL_MS,
+};
 use crate::error::{connect_error, lock_error, sqlstate};
 use crate::keys::advisory_key;
 use crate::pinned::XactState;
@@ -272,6 +274,15 @@ impl PostgresXactLock {
                     .await
             }
             Some(ms) => {
+                // The server checks a waiter's connection every second, so a waiter
+                // that goes away leaves the queue (no start-up setting says so: a
+                // pooler may refuse them). Its own statement, before the wait starts.
+                let check = format!(
+                    "SET LOCAL client_connection_check_interval = {CLIENT_CHECK_INTERVAL_MS}"
+                );
+                if let Err(e) = crate::xact_sql::run(tx, &check).await {
+                    return Err(lock_error(e));
+                }
                 sqlx::query_scalar::<_, Option<i64>>(&self.sql.xact_wait)
                     .bind(hash)
                     .bind(ms.to_string())

@@ -18,7 +18,7 @@ use async_trait::async_trait;
 use distlock_api::backend::{unanswered_message, Claim, Engine, Grant, Request};
 use distlock_api::backend::{MonitorWriter, NewLease};
 use distlock_api::{
-    BackendInfo, Candidate, Capabilities, Capability, Client, DistributedLock, DistributedRwLock,
+    BackendInfo, Candidate, Capabilities, Client, DistributedLock, DistributedRwLock,
     DistributedSemaphore, ExtendOutcome, FencingToken, KeyStatus, Leader, LeaderElection, Lease,
     LeaseMonitor, LockError, LockKey, OwnerToken, PermitMismatch, Primitive, ReleaseOutcome,
     RwMode, NOT_YET,
@@ -29,7 +29,8 @@ use sqlx::{Connection as _, Postgres, Row as _};
 use tokio::sync::oneshot;
 use tokio::time::{sleep_until, timeout, timeout_at, Instant};
 
-use crate::engine::probe;
+use crate::election::leader_of;
+use crate::engine::{capabilities_bound_by, probe};
 use crate::error::{lock_error, sqlstate};
 use crate::keys::{
     advisory_key, election_advisory_key, permit_count_key, permit_slot_key, rw_advisory_key,
@@ -38,7 +39,7 @@ use crate::mailbox::Probe;
 use crate::pinned::{self, validity, Command, Pinned, XactState};
 use crate::sql::ensure_election_table;
 use crate::xact_sql::{run, run_on, XactGrab};
-use crate::{semaphore, PostgresXactLock, POSTGRES_BACKEND};
+use crate::{PostgresXactLock, POSTGRES_BACKEND};
 
 /// Why no lease outlives its client: every grant is an open transaction of it.
 const TRANSACTION_BOUND: &str = "a lock lives in its client's open transaction: the server \
@@ -51,11 +52,7 @@ const LOCK_TIMEOUT: &str = "55P03";
 /// the sequence, leases enforced by the client and bounded by the transaction, waits
 /// in the server's queue, permits polled).
 fn capabilities() -> Capabilities {
-    let mut capabilities = Capabilities::all_supported()
-        .with_every(|g| g.outlives_client = Capability::Unsupported(TRANSACTION_BOUND));
-    capabilities.semaphore.fifo = Capability::Unsupported(semaphore::POLLED);
-    capabilities.semaphore.wake_on_release = Capability::Unsupported(semaphore::POLLED);
-    capabilities
+    capabilities_bound_by(TRANSACTION_BOUND)
 }
 
 /// Closes a pooled connection when dropped armed: a transaction cut short (an acquire
@@ -537,16 +534,7 @@ impl Engine for PostgresXactLock {
         };
         let candidate: Vec<u8> = row.try_get(0).map_err(lock_error)?;
         let term: i64 = row.try_get(1).map_err(lock_error)?;
-        let candidate = Candidate::new(candidate).map_err(|e| {
-            LockError::backend_error(
-                POSTGRES_BACKEND,
-                format!("the leader row of election {name} holds no valid identity: {e}"),
-            )
-        })?;
-        Ok(Some(Leader::new(
-            candidate,
-            FencingToken::new(term.unsigned_abs()),
-        )))
+        leader_of(name, candidate, term).map(Some)
     }
 
     fn unanswered(&self, wait: Duration) -> LockError {

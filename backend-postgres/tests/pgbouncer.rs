@@ -49,7 +49,7 @@ async fn session_design_refuses_a_transaction_pooler() {
         let refused = PostgresLock::connect(&url).await.expect_err("refused");
         assert_names_the_cure(&refused);
     }
-    let at_once: Vec<_> = (0..3)
+    let at_once: Vec<_> = (0..6)
         .map(|_| {
             let url = url.clone();
             tokio::spawn(async move { PostgresLock::connect(&url).await })
