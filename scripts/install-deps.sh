@@ -7,7 +7,7 @@
 # client for the ZooKeeper interoperability test), Curator's jars (libcurator-*-java)
 # and javac (the Curator semaphore and read-write lock interoperability test), and
 # protoc with the protobuf well-known types (packages protobuf-compiler and
-# libprotobuf-dev), which the `etcd` feature's gRPC stubs are generated with at build
+# libprotobuf-dev), PgBouncer (package pgbouncer: the Postgres pooler tests), which the `etcd` feature's gRPC stubs are generated with at build
 # time, and faketime (replicas with skewed clocks in the CLI's scheduled-job test).
 # ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper package
 # pulls in.
@@ -35,6 +35,12 @@ fi
 
 if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     missing+=(postgresql)
+fi
+
+# The Postgres pooler tests put Debian's PgBouncer (transaction and session pooling)
+# in front of the test Postgres.
+if [[ -z "${DISTLOCK_PGBOUNCER:-}" ]] && ! command -v pgbouncer >/dev/null 2>&1 && [[ ! -x /usr/sbin/pgbouncer ]]; then
+    missing+=(pgbouncer)
 fi
 
 # The Sentinel and Cluster test servers are set up with redis-cli (--cluster create,

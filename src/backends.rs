@@ -70,8 +70,9 @@ pub(crate) const BACKENDS: &[Backend] = &[
         title: "Postgres",
         feature: "postgres",
         schemes: &["postgres", "postgresql"],
+        // `pool_mode=` picks the session or the transaction-pooling design.
         #[cfg(feature = "postgres")]
-        connect: connect_of!(distlock_postgres::PostgresLock),
+        connect: Some(|url| Box::pin(distlock_postgres::connect(url))),
         #[cfg(not(feature = "postgres"))]
         connect: None,
     },

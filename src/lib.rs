@@ -52,7 +52,9 @@ pub use distlock_zookeeper as zookeeper;
 /// - `zookeeper://` and `zk://` connect to ZooKeeper (feature `zookeeper`), and
 ///   `zookeeper+tls://` and `zk+tls://` over TLS (feature `zookeeper-tls`).
 /// - `postgres://` and `postgresql://` connect to PostgreSQL (feature `postgres`),
-///   over TLS as libpq's `sslmode` says (feature `postgres-tls`).
+///   over TLS as libpq's `sslmode` says (feature `postgres-tls`); behind a
+///   transaction pooler (PgBouncer's `pool_mode = transaction`) add
+///   `?pool_mode=transaction` (`distlock_postgres::PoolMode`).
 /// - `etcd://` connects to etcd (feature `etcd`), and `etcd+tls://` over TLS
 ///   (feature `etcd-tls`).
 ///

@@ -21,6 +21,9 @@ pub(crate) struct Settings {
     pub config: PostgresConfig,
     pub connect: PgConnectOptions,
     pub sql: Statements,
+    /// `SET` statements every new session runs first, when something between the
+    /// client and the server (a session pooler) may drop the start-up settings.
+    pub restate: Option<String>,
 }
 
 impl Settings {

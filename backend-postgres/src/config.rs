@@ -27,7 +27,9 @@ pub struct PostgresConfig {
     /// ([`crate::PostgresLock::rw_lock`]) and every permit of the semaphore
     /// ([`crate::PostgresLock::semaphore`]) takes one of these too, waiting or not, for
     /// as long as it is held (a `try_acquire` waits for one at most the request timeout,
-    /// then reports the key held).
+    /// then reports the key held). In the transaction-pooling design
+    /// ([`PoolMode::Transaction`]) it is the size of the lock pool instead: one
+    /// connection per held lease and per waiting acquire.
     pub wait_sessions: usize,
     /// The server setting `idle_session_timeout` of every lock session: a session that
     /// sends nothing for this long is ended by the server, and its locks with it.
@@ -181,6 +183,7 @@ pub(crate) fn server_address(options: &PgConnectOptions) -> String {
 #[derive(Clone)]
 pub struct PostgresUrl {
     options: PgConnectOptions,
+    pool_mode: PoolMode,
 }
 
 impl PostgresUrl {
@@ -188,7 +191,38 @@ impl PostgresUrl {
     pub fn options(&self) -> &PgConnectOptions {
         &self.options
     }
+
+    /// The design the URL's `pool_mode` parameter selects (default
+    /// [`PoolMode::Session`]).
+    pub fn pool_mode(&self) -> PoolMode {
+        self.pool_mode
+    }
 }
+
+/// What sits between the client and the server, as the URL parameter `pool_mode` says,
+/// and so which design a client uses (see the crate docs, "Poolers").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum PoolMode {
+    /// `pool_mode=session` (the default): every connection of the client is its own
+    /// server session for as long as it is open: the server itself, or a pooler in
+    /// session mode (PgBouncer's `pool_mode = session`). Session advisory locks,
+    /// multiplexed over a few sessions ([`crate::PostgresLock`]). Behind a transaction
+    /// pooler this design refuses to run (a [`LockError::Config`] naming the URL form
+    /// below).
+    #[default]
+    Session,
+    /// `pool_mode=transaction`: a transaction pooler (PgBouncer's `pool_mode =
+    /// transaction`) may hand each transaction to another server connection. Each grant
+    /// is a transaction-scoped advisory lock in a transaction of its own, kept open
+    /// (pinned to one server connection) for the lease's life, with unnamed statements
+    /// only ([`crate::PostgresXactLock`] as an engine). Correct straight to the server
+    /// too.
+    Transaction,
+}
+
+/// The URL parameter that selects a [`PoolMode`].
+pub const POOL_MODE_PARAM: &str = "pool_mode";
 
 impl std::fmt::Debug for PostgresUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -207,8 +241,12 @@ impl std::fmt::Debug for PostgresUrl {
 /// default files in `~/.postgresql/` (see the crate docs for the rules and the few
 /// differences). The named files are checked here, so a missing one fails the parse.
 ///
+/// `pool_mode=session` (the default) or `pool_mode=transaction` selects the design
+/// ([`PoolMode`]); it is not passed to the driver.
+///
 /// # Errors
-/// [`LockError::Config`] for another scheme, a URL sqlx cannot parse, an unknown or
+/// [`LockError::Config`] for another scheme, a URL sqlx cannot parse, an unknown
+/// `pool_mode`, an unknown or
 /// unsupported (`allow`) `sslmode`, a certificate or key file that cannot be read, a
 /// verifying mode without a root certificate, a client certificate without its key, or
 /// a mode needing TLS in a build without the `tls` feature. Error messages never
@@ -235,27 +273,99 @@ pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
         message: "the Postgres URL could not be parsed".into(),
         source: Some(source),
     };
-    let parsed = url::Url::parse(url).map_err(|e| unparsable(e.into()))?;
+    let mut parsed = url::Url::parse(url).map_err(|e| unparsable(e.into()))?;
+    let pool_mode = take_pool_mode(&mut parsed)?;
     // TLS first: its errors are clearer than the driver's.
     let tls = tls::resolve(&parsed, &tls::Sources::process())?;
-    let options = PgConnectOptions::from_str(url).map_err(|e| unparsable(e.into()))?;
+    let options = PgConnectOptions::from_str(parsed.as_str()).map_err(|e| unparsable(e.into()))?;
     let options = tls.apply(options);
     let options = if options.get_application_name().is_none() {
         options.application_name("distlock")
     } else {
         options
     };
-    Ok(PostgresUrl { options })
+    Ok(PostgresUrl { options, pool_mode })
+}
+
+/// Removes the `pool_mode` parameter from `url` (the driver does not know it) and
+/// returns the mode it names.
+fn take_pool_mode(url: &mut url::Url) -> Result<PoolMode, LockError> {
+    let mut mode = None;
+    let mut rest = Vec::new();
+    for (name, value) in url.query_pairs() {
+        if name == POOL_MODE_PARAM {
+            let named = match value.as_ref() {
+                "session" => PoolMode::Session,
+                "transaction" => PoolMode::Transaction,
+                other => {
+                    return Err(LockError::config(
+                        POSTGRES_BACKEND,
+                        format!(
+                            "{POOL_MODE_PARAM}={other:?} is not a pooling mode: use \
+                             {POOL_MODE_PARAM}=transaction behind a transaction pooler \
+                             (PgBouncer's pool_mode = transaction), or session (the default)"
+                        ),
+                    ))
+                }
+            };
+            if mode.is_some_and(|m| m != named) {
+                return Err(LockError::config(
+                    POSTGRES_BACKEND,
+                    format!("{POOL_MODE_PARAM} is given twice, with different values"),
+                ));
+            }
+            mode = Some(named);
+        } else {
+            rest.push((name.into_owned(), value.into_owned()));
+        }
+    }
+    if mode.is_some() {
+        if rest.is_empty() {
+            url.set_query(None);
+        } else {
+            url.query_pairs_mut().clear().extend_pairs(rest);
+        }
+    }
+    Ok(mode.unwrap_or_default())
+}
+
+/// The connect options of `url` for the transaction-pooling design: no start-up
+/// parameters beyond the pooler's known ones (no `options`, no `extra_float_digits`),
+/// and no statement cache.
+pub(crate) fn pooler_options(url: &PostgresUrl) -> PgConnectOptions {
+    url.options
+        .clone()
+        .extra_float_digits(None)
+        .statement_cache_capacity(0)
+        .disable_statement_logging()
 }
 
 /// The connect options of `url` with the server settings every distlock session runs
 /// with (see the crate docs).
 pub(crate) fn session_options(url: &PostgresUrl, config: &PostgresConfig) -> PgConnectOptions {
     let options = url.options.clone();
+    // Waits are long statements by design: keep sqlx from logging them as slow.
+    options
+        .options(session_settings(config))
+        .disable_statement_logging()
+}
+
+/// The same settings as `SET` statements, for a session whose start-up parameters a
+/// pooler dropped (PgBouncer's `ignore_startup_parameters` ignores `options`).
+pub(crate) fn session_set_statements(config: &PostgresConfig) -> String {
+    session_settings(config)
+        .into_iter()
+        .map(|(name, value)| format!("SET {name} = '{value}'"))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The server settings of every session (values are numbers or `on`).
+fn session_settings(config: &PostgresConfig) -> Vec<(&'static str, String)> {
     let peer_secs = config.dead_peer_timeout.as_secs().max(2);
     let keepalive_idle = peer_secs / 2;
     let keepalive_count = (peer_secs - keepalive_idle).max(1);
-    let settings: Vec<(&str, String)> = vec![
+    let settings: Vec<(&'static str, String)> = vec![
         (
             "idle_session_timeout",
             config.session_timeout.as_millis().to_string(),
@@ -283,8 +393,7 @@ pub(crate) fn session_options(url: &PostgresUrl, config: &PostgresConfig) -> PgC
         // Fencing tokens must survive a server crash once handed out.
         ("synchronous_commit", "on".to_string()),
     ];
-    // Waits are long statements by design: keep sqlx from logging them as slow.
-    options.options(settings).disable_statement_logging()
+    settings
 }
 
 #[cfg(test)]
@@ -345,6 +454,45 @@ mod tests {
                 "{c:?}"
             );
         }
+    }
+
+    #[test]
+    fn pool_mode_selects_the_design_and_is_not_passed_on() {
+        let session = parse_url("postgres://u@h/db").unwrap();
+        assert_eq!(session.pool_mode(), PoolMode::Session);
+        let t =
+            parse_url("postgres://u@h:6432/db?pool_mode=transaction&application_name=x").unwrap();
+        assert_eq!(t.pool_mode(), PoolMode::Transaction);
+        assert_eq!(t.options().get_application_name(), Some("x"));
+        assert_eq!(t.options().get_port(), 6432);
+        let only = parse_url("postgres://u@h/db?pool_mode=session").unwrap();
+        assert_eq!(only.pool_mode(), PoolMode::Session);
+        for bad in [
+            "postgres://u:secret@h/db?pool_mode=statement",
+            "postgres://u:secret@h/db?pool_mode=",
+            "postgres://u:secret@h/db?pool_mode=session&pool_mode=transaction",
+        ] {
+            match parse_url(bad) {
+                Err(LockError::Config { message, .. }) => {
+                    assert!(message.contains("pool_mode"), "{message}");
+                    assert!(!message.contains("secret"), "{message}");
+                }
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn pooler_options_send_no_startup_settings() {
+        let o = pooler_options(&parse_url("postgres://u@h/db?pool_mode=transaction").unwrap());
+        assert!(o.get_options().is_none());
+    }
+
+    #[test]
+    fn session_settings_as_statements() {
+        let sql = session_set_statements(&PostgresConfig::default());
+        assert!(sql.contains("SET idle_session_timeout = '10000'"), "{sql}");
+        assert!(sql.contains("SET synchronous_commit = 'on'"), "{sql}");
     }
 
     #[test]

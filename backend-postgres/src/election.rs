@@ -104,17 +104,27 @@ pub(crate) async fn leader(
 ) -> Result<Option<Leader>, LockError> {
     ready(locks).await?;
     let row = locks.leader_row(name, hash(name)).await?;
-    row.map(|(candidate, term)| {
-        let candidate = Candidate::new(candidate).map_err(|e| {
-            LockError::backend_error(
-                POSTGRES_BACKEND,
-                format!("the leader row of election {name} holds no valid identity: {e}"),
-            )
-        })?;
-        Ok(Leader::new(
-            candidate,
-            FencingToken::new(term.unsigned_abs()),
-        ))
-    })
-    .transpose()
+    row.map(|(candidate, term)| leader_of(name, candidate, term))
+        .transpose()
+}
+
+/// The leader a row of the election `name` records.
+///
+/// # Errors
+/// [`LockError::Backend`] for a row holding no valid candidate identity.
+pub(crate) fn leader_of(
+    name: &LockKey,
+    candidate: Vec<u8>,
+    term: i64,
+) -> Result<Leader, LockError> {
+    let candidate = Candidate::new(candidate).map_err(|e| {
+        LockError::backend_error(
+            POSTGRES_BACKEND,
+            format!("the leader row of election {name} holds no valid identity: {e}"),
+        )
+    })?;
+    Ok(Leader::new(
+        candidate,
+        FencingToken::new(term.unsigned_abs()),
+    ))
 }

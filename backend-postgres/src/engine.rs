@@ -32,8 +32,15 @@ const SESSION_BOUND: &str = "a lock lives in its client's database session: the 
 /// - a permit waiter polls the slots at the options' backoff (`semaphore::POLLED`):
 ///   neither FIFO nor woken by a release.
 fn capabilities() -> Capabilities {
+    capabilities_bound_by(SESSION_BOUND)
+}
+
+/// The claims above, with `bound` as the reason no lease outlives its client: shared
+/// by both designs (the transaction-pooling one's grants are bound by their
+/// transactions instead of sessions).
+pub(crate) fn capabilities_bound_by(bound: &'static str) -> Capabilities {
     let mut capabilities = Capabilities::all_supported()
-        .with_every(|g| g.outlives_client = Capability::Unsupported(SESSION_BOUND));
+        .with_every(|g| g.outlives_client = Capability::Unsupported(bound));
     capabilities.semaphore.fifo = Capability::Unsupported(semaphore::POLLED);
     capabilities.semaphore.wake_on_release = Capability::Unsupported(semaphore::POLLED);
     capabilities
@@ -41,7 +48,7 @@ fn capabilities() -> Capabilities {
 
 /// What finds the other holders of `primitive`'s lock on `key`, for the outcome of a
 /// release or extend of a lease this client no longer holds.
-fn probe(primitive: Primitive, key: &LockKey) -> Probe {
+pub(crate) fn probe(primitive: Primitive, key: &LockKey) -> Probe {
     match primitive {
         Primitive::Mutex => Probe::key(advisory_key(key)),
         Primitive::Semaphore => semaphore::probe(key),

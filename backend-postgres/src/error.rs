@@ -93,6 +93,30 @@ fn lock_table_full(error: &sqlx::Error) -> Option<LockTableFull> {
     })
 }
 
+/// The words of a prepared-statement error that a transaction pooler causes: the
+/// driver's statements met a server connection that had another client's
+/// (`42P05` duplicate_prepared_statement) or lacked its own (`26000`).
+fn pooler_symptom(error: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    let pg = db.try_downcast_ref::<PgDatabaseError>()?;
+    let prepared = pg.message().contains("prepared statement");
+    (prepared && ["42P05", "26000"].contains(&pg.code()))
+        .then(|| format!("server said: {}", pg.message()))
+}
+
+/// Whether a pooler refused the start-up parameters distlock sends (PgBouncer:
+/// "unsupported startup parameter"), and its words.
+fn startup_refused(error: &sqlx::Error) -> Option<String> {
+    let sqlx::Error::Database(db) = error else {
+        return None;
+    };
+    db.message()
+        .contains("unsupported startup parameter")
+        .then(|| db.message().to_owned())
+}
+
 /// SQLSTATEs the server uses for "this transaction lost a race, run it again":
 /// serialization_failure and deadlock_detected. The statement was rolled back.
 const RETRY_STATES: [&str; 2] = ["40001", "40P01"];
@@ -101,6 +125,9 @@ const RETRY_STATES: [&str; 2] = ["40001", "40P01"];
 /// connection error, a [`RETRY_STATES`] refusal is [`LockError::Transient`], and
 /// anything else the server refused is a backend error.
 pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
+    if let Some(evidence) = pooler_symptom(&error) {
+        return crate::pooler::transaction_pooler("the server", &evidence);
+    }
     if let Some(full) = lock_table_full(&error) {
         return LockError::backend_error(POSTGRES_BACKEND, full);
     }
@@ -125,6 +152,23 @@ pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
 /// settings, a TLS refusal: see [`tls_refusal`]) are configuration errors; the rest are connection errors. Either names the
 /// address.
 pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
+    if let Some(said) = startup_refused(&error) {
+        return LockError::Config {
+            backend: POSTGRES_BACKEND,
+            message: format!(
+                "{address}: a pooler (PgBouncer) refused the session settings sent at start-up \
+                 (server said: {said}). Behind PgBouncer in session mode, set \
+                 ignore_startup_parameters = extra_float_digits,options in pgbouncer.ini; \
+                 behind a transaction pooler, connect with {param}=transaction \
+                 (postgres://user@host/db?{param}=transaction), which sends none",
+                param = crate::config::POOL_MODE_PARAM
+            ),
+            source: Some(error.into()),
+        };
+    }
+    if let Some(evidence) = pooler_symptom(&error) {
+        return crate::pooler::transaction_pooler(address, &evidence);
+    }
     if let Some(full) = lock_table_full(&error) {
         // A new session needs lock slots too.
         return LockError::backend_error(POSTGRES_BACKEND, AtAddress::new(address, full));

@@ -1,6 +1,7 @@
 //! The Postgres backend of distlock: session-level advisory locks, multiplexed over a
 //! few sessions, with server-side waiting, client-enforced leases, loss detection, a
-//! persisted fencing sequence, and a transaction-scoped mode.
+//! persisted fencing sequence, and a transaction-scoped design for transaction poolers
+//! such as PgBouncer (`?pool_mode=transaction`, see "Poolers").
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), distlock_api::LockError> {
@@ -158,11 +159,55 @@
 //! one row per election name. Observers poll (`wait_change`'s default). Leases, loss
 //! and crash bounds are the mutex's.
 //!
-//! # Transaction-scoped mode
-//! [`PostgresXactLock`] takes `pg_advisory_xact_lock` inside a transaction and runs the
-//! caller's work in the same transaction; the lock ends with it. It uses unnamed
-//! statements and a plain sqlx pool, so it works behind PgBouncer in transaction mode,
-//! which breaks session locks (and refuses the startup settings [`PostgresLock`] sends).
+//! # Poolers
+//! The URL parameter `pool_mode` ([`PoolMode`], removed before the driver sees the
+//! URL) selects the design; [`connect`] (what `distlock::connect` calls) follows it.
+//! - **`pool_mode=session`** (the default): [`PostgresLock`], above. Straight to the
+//!   server, or through a pooler in session mode (PgBouncer's `pool_mode = session`,
+//!   with `ignore_startup_parameters = extra_float_digits,options`, since sqlx sends
+//!   both and PgBouncer drops `options`). When the server's port is not the URL's
+//!   (something stands between), every new session restates its settings with `SET`,
+//!   so the session timeout and the rest hold behind a session pooler too. Before any
+//!   lock, the first connection is checked to be a server session of its own (it and
+//!   a second connection ask in turn for their server process id: a changed or shared
+//!   id gives a pooler away); behind a transaction pooler, and on the prepared
+//!   statement errors one causes, the client fails with [`distlock_api::LockError::Config`]
+//!   naming PgBouncer, transaction pooling and `pool_mode=transaction`. That check is a
+//!   heuristic: a transaction pooler under heavy load from other clients can pass it.
+//! - **`pool_mode=transaction`**: [`PostgresXactLock`] as an engine, correct behind a
+//!   transaction pooler (PgBouncer's `pool_mode = transaction`) and straight to the
+//!   server. Each grant is a connection of the client's lock pool (at most
+//!   [`PostgresConfig::wait_sessions`]) running `BEGIN` with `SET LOCAL
+//!   idle_in_transaction_session_timeout` = [`PostgresConfig::session_timeout`] and
+//!   `pg_try_advisory_xact_lock` in one round trip; while the key is held, it waits in
+//!   the server's queue in the same transaction (`pg_advisory_xact_lock` under `SET
+//!   LOCAL lock_timeout`, the time left; a permit polls at the backoff). The transaction
+//!   then stays open, pinning its server connection in the pooler, until the release
+//!   or the TTL (`ROLLBACK`); a heartbeat every [`PostgresConfig::heartbeat`] proves it
+//!   alive, and a frozen or cut-off holder is ended by the server at the session
+//!   timeout. The fencing token is `nextval` in a short transaction of its own,
+//!   committed with `synchronous_commit = on` on a control connection after the grant
+//!   (so it survives a crash, and rises per key in grant order); an election's leader
+//!   row is written there with the holder's server process id. Every statement is plain
+//!   text (the simple query protocol): a transaction pooler cannot split a statement's
+//!   parse from its execution, and no prepared statement is left on a shared server
+//!   connection. No start-up parameter beyond the pooler's own is sent.
+//!   Capabilities, leases, loss and fencing are the session design's (semaphore
+//!   waiters poll; no lease outlives its client).
+//!
+//! Server connections per process: the session design holds none when idle (after
+//! half the session timeout), shared sessions for held locks (about one per 8 requests
+//! in flight, at most [`PostgresConfig::shared_sessions`], for any number of locks),
+//! and one dedicated session per waiter, per lock granted after a wait, per read and
+//! per permit (at most [`PostgresConfig::wait_sessions`]); a contended acquire's wait
+//! bound covers the time it queues at a pooler for a new session, and the error then
+//! says so. The transaction design holds one per held lock and per waiter, none when
+//! idle, and one more for one round trip per grant, resign and look-up.
+//!
+//! [`PostgresXactLock::with_lock`] runs the caller's work in the locking transaction
+//! itself (`pg_advisory_xact_lock`; the lock ends with the commit or rollback), with
+//! unnamed statements inside that transaction: it works behind a transaction pooler
+//! too.
 //!
 //! # TLS
 //! URLs take libpq's parameters: `sslmode` (`disable`, `prefer` (the default),
@@ -225,14 +270,18 @@ mod error;
 mod keys;
 mod lock;
 mod mailbox;
+mod pinned;
+mod pooler;
 mod rw;
 mod semaphore;
 mod session;
 mod sql;
 mod tls;
 mod xact;
+mod xact_engine;
+mod xact_sql;
 
-pub use config::{parse_url, PostgresConfig, PostgresUrl, URL_SCHEMES};
+pub use config::{parse_url, PoolMode, PostgresConfig, PostgresUrl, POOL_MODE_PARAM, URL_SCHEMES};
 pub use error::LockTableFull;
 pub use keys::advisory_key;
 pub use lock::PostgresLock;
@@ -240,6 +289,20 @@ pub use lock::PostgresLock;
 /// sources) can be named without a separate dependency on a matching version.
 pub use sqlx;
 pub use xact::{PostgresXactLock, XactError, XactFuture};
+
+/// Connects the design `url`'s `pool_mode` selects ([`PoolMode`]) and returns it as a
+/// [`distlock_api::Client`]: [`PostgresLock`] (session advisory locks) by default,
+/// [`PostgresXactLock`] (transaction-scoped, pinned transactions) with
+/// `pool_mode=transaction`. What `distlock::connect` calls for `postgres://` URLs.
+///
+/// # Errors
+/// As [`PostgresLock::connect`] or [`PostgresXactLock::connect`].
+pub async fn connect(url: &str) -> Result<distlock_api::Client, distlock_api::LockError> {
+    match parse_url(url)?.pool_mode() {
+        PoolMode::Transaction => Ok(PostgresXactLock::connect(url).await?.client()),
+        _ => Ok(PostgresLock::connect(url).await?.client()),
+    }
+}
 
 /// The backend name, in errors and reports.
 pub const POSTGRES_BACKEND: &str = "postgres";

@@ -17,9 +17,12 @@ use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
-use crate::config::{parse_url, session_options, PostgresConfig};
+use crate::config::{
+    parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
+};
 use crate::error;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::pooler;
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
@@ -117,8 +120,11 @@ impl PostgresLock {
     ///
     /// # Errors
     /// [`LockError::Config`] for another scheme, a URL sqlx cannot parse, refused
-    /// credentials, a missing database, a server older than PostgreSQL 14, or a missing
-    /// fencing sequence this user may not create; [`LockError::Connection`] when the
+    /// credentials, a missing database, a server older than PostgreSQL 14, a missing
+    /// fencing sequence this user may not create, a URL with `pool_mode=transaction`
+    /// (that design is [`crate::PostgresXactLock`]), or a transaction pooler in front
+    /// of the server (PgBouncer with `pool_mode = transaction`: the error names the URL
+    /// form that works there; see the crate docs, "Poolers"); [`LockError::Connection`] when the
     /// server cannot be reached within the request timeout.
     pub async fn connect(url: &str) -> Result<Self, LockError> {
         PostgresLock::connect_with(url, PostgresConfig::default()).await
@@ -131,9 +137,37 @@ impl PostgresLock {
     /// [`PostgresConfig::validate`].
     pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let connect = session_options(&parse_url(url)?, &config);
+        let parsed = parse_url(url)?;
+        if parsed.pool_mode() == PoolMode::Transaction {
+            return Err(LockError::config(
+                POSTGRES_BACKEND,
+                format!(
+                    "{POOL_MODE_PARAM}=transaction selects the transaction-pooling design: \
+                     connect with distlock::connect, distlock_postgres::connect or \
+                     PostgresXactLock::connect"
+                ),
+            ));
+        }
+        let connect = session_options(&parsed, &config);
         let sql = Statements::new(&config.schema);
         let mut conn = session::connect_retrying(&connect, config.request_timeout).await?;
+        // Before any lock: a transaction pooler would strand them (see `pooler`).
+        let checked =
+            pooler::refuse_transaction_pooler(&mut conn, &connect, config.request_timeout).await;
+        let restate = match checked {
+            Ok(true) => Some(session_set_statements(&config)),
+            Ok(false) => None,
+            Err(e) => {
+                let _ = conn.close().await;
+                return Err(e);
+            }
+        };
+        if let Some(sql) = &restate {
+            if let Err(e) = session::restate(&mut conn, sql, config.request_timeout).await {
+                let _ = conn.close().await;
+                return Err(e);
+            }
+        }
         if let Err(e) = ensure_schema(&mut conn, &config.schema, &sql).await {
             let _ = conn.close().await;
             return Err(e);
@@ -144,6 +178,7 @@ impl PostgresLock {
                 config,
                 connect,
                 sql,
+                restate,
             }),
             registry: Mutex::default(),
             pool: Mutex::default(),
@@ -355,7 +390,22 @@ impl PostgresLock {
                 None => slots.acquire_owned().await,
             }
             .map_err(|_| error::connection("the client is shutting down"))?;
-            let session = self.wait_session().await?;
+            // Opening a session may queue at a pooler for a server connection: that
+            // counts against the wait too, and the error says so.
+            let session = match deadline {
+                Some(d) => {
+                    let started = Instant::now();
+                    timeout_at(d, self.wait_session()).await.map_err(|_| {
+                        self.state.settings.connection_error(format!(
+                            "waited {:?} for a new session to wait for {key} in: the server, or \
+                             a pooler's session pool, had no connection free (budget one per \
+                             waiter and per lock taken after a wait, beside the shared ones)",
+                            started.elapsed()
+                        ))
+                    })??
+                }
+                None => self.wait_session().await?,
+            };
             let lock_timeout_ms = match deadline {
                 None => 0,
                 Some(d) => {

@@ -119,6 +119,9 @@ pub(crate) async fn open(
         client.settings.config.request_timeout,
     )
     .await?;
+    if let Some(sql) = &client.settings.restate {
+        restate(&mut conn, sql, client.settings.config.request_timeout).await?;
+    }
     let backend = match kind {
         Kind::Shared => None,
         Kind::Wait => Some(
@@ -128,14 +131,36 @@ pub(crate) async fn open(
             )
             .await
             .map_err(|_| {
-                client
-                    .settings
-                    .connection_error("no answer to the session's first query")
+                client.settings.connection_error(format!(
+                    "no answer to a new session's first query within {:?}: the server is slow, \
+                     or a pooler in front of it has no server connection free",
+                    client.settings.config.request_timeout
+                ))
             })?
             .map_err(lock_error)?,
         ),
     };
     Ok(start_as(kind, conn, client, backend))
+}
+
+/// Runs `sql` (the session's settings as `SET` statements) on a new session.
+///
+/// # Errors
+/// Connection and backend errors; a connection error when `limit` passes first.
+pub(crate) async fn restate(
+    conn: &mut PgConnection,
+    sql: &str,
+    limit: Duration,
+) -> Result<(), LockError> {
+    timeout(limit, crate::xact_sql::run(conn, sql))
+        .await
+        .map_err(|_| {
+            crate::error::connection(format!(
+                "no answer to a new session's settings within {limit:?}"
+            ))
+        })?
+        .map_err(lock_error)?;
+    Ok(())
 }
 
 /// Opens a connection with `options` within `limit`.

@@ -5,19 +5,29 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use distlock_api::{FencingToken, LockError, LockKey, WaitPolicy};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Acquire as _, Postgres, Transaction};
-use tokio::time::Instant;
+use sqlx::{Acquire as _, Connection as _, Postgres, Transaction};
+use tokio::sync::OnceCell;
+use tokio::time::{timeout, Instant};
 
-use crate::config::{parse_url, server_address, session_options, PostgresConfig};
+use crate::config::{
+    parse_url, pooler_options, server_address, PostgresConfig, CLIENT_CHECK_INTERVAL_MS,
+};
 use crate::error::{connect_error, lock_error, sqlstate};
 use crate::keys::advisory_key;
+use crate::pinned::XactState;
+use crate::session;
 use crate::sql::{ensure_schema, Statements};
+use crate::xact_sql::XactSql;
 use crate::POSTGRES_BACKEND;
+
+/// Connections for short statements beside the leases' transactions (tokens, leader
+/// rows, look-ups): each statement holds one for one round trip.
+const CONTROL_CONNECTIONS: u32 = 2;
 
 /// The future a [`PostgresXactLock::with_lock`] work closure returns.
 pub type XactFuture<'t, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 't>>;
@@ -58,28 +68,36 @@ impl<E> From<LockError> for XactError<E> {
     }
 }
 
-/// Transaction-scoped advisory locks: the lock is taken inside a transaction with
-/// `pg_advisory_xact_lock` (keyed by [`crate::advisory_key`], so it excludes session
-/// locks of [`crate::PostgresLock`] on the same key) and ends with the transaction,
-/// at commit or rollback. The work runs in that same transaction.
+/// Transaction-scoped advisory locks, correct behind a transaction pooler (PgBouncer's
+/// `pool_mode = transaction`) as well as straight to the server. Two ways to use them:
 ///
-/// There is no lease to renew and nothing to release: the lock lives exactly as long as
-/// the transaction. A holder that dies mid-transaction loses it when the server notices
-/// (its connection closes, or TCP keepalives fail). Fencing tokens come from the same
-/// sequence as session locks'. All statements are unnamed (not prepared), so this works
-/// through PgBouncer in transaction mode.
+/// - **As an engine**, for every primitive ([`PostgresXactLock::client`], or
+///   `distlock::connect` with `?pool_mode=transaction`): each grant is a
+///   `pg_advisory_xact_lock` in a transaction of its own, kept open on one pooled
+///   connection for the lease's life (a transaction pins its server connection in the
+///   pooler), ended by `ROLLBACK` at release or TTL. See the crate docs, "Poolers".
+/// - **Lock and work in one transaction** ([`PostgresXactLock::with_lock`],
+///   [`PostgresXactLock::lock_in`]): the lock ends when the caller's transaction
+///   commits or rolls back.
 ///
-/// Cloning is cheap and shares the pool.
+/// The locks are keyed by [`crate::advisory_key`] (and the same derived ids as the
+/// session design's semaphore, read-write lock and election), so they exclude session
+/// locks of [`crate::PostgresLock`] on the same key. Fencing tokens come from the same
+/// sequence. Only unnamed statements are used: the engine sends plain text (the simple
+/// query protocol), the work mode unnamed prepared statements inside its transaction.
+///
+/// Cloning is cheap and shares the pools.
 #[derive(Clone)]
 pub struct PostgresXactLock {
-    pool: PgPool,
     sql: Arc<Statements>,
+    pub(crate) state: Arc<XactState>,
 }
 
 impl fmt::Debug for PostgresXactLock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresXactLock")
-            .field("pool_size", &self.pool.size())
+            .field("pool_size", &self.state.locks.size())
+            .field("held", &self.held_count())
             .finish_non_exhaustive()
     }
 }
@@ -104,33 +122,51 @@ impl Drop for CloseUnlessDone {
 }
 
 impl PostgresXactLock {
-    /// Connects a pool of up to 10 connections to the server named by a `postgres://`
-    /// or `postgresql://` URL, and creates the fencing sequence (schema `distlock`) if it
-    /// is missing. The connections run with `synchronous_commit = on`, so a fencing
-    /// token handed out survives a crash.
+    /// Connects to the server (or transaction pooler) named by a `postgres://` or
+    /// `postgresql://` URL (see [`crate::parse_url`]; `pool_mode` is ignored here: this
+    /// design is the one `pool_mode=transaction` selects), with the default
+    /// [`PostgresConfig`], and creates the fencing sequence (schema `distlock`) if it is
+    /// missing.
     ///
     /// # Errors
     /// As [`crate::PostgresLock::connect`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let config = PostgresConfig::default();
-        // The URL checks, TCP keepalives and synchronous commit of the session mode;
-        // no idle timeout (pooled connections idle between transactions) and no
-        // session-wide lock timeout (the work's own statements may wait).
-        let options = session_options(&parse_url(url)?, &config)
-            .options([("idle_session_timeout", "0"), ("lock_timeout", "0")]);
-        let address = server_address(&options);
+        PostgresXactLock::connect_with(url, PostgresConfig::default()).await
+    }
+
+    /// Connects with `config`. Of its fields, this design uses `wait_sessions` (the most
+    /// connections of the lock pool: one per held lease and per waiting acquire),
+    /// `session_timeout` (each lease's transaction runs with
+    /// `idle_in_transaction_session_timeout` set to it), `heartbeat`,
+    /// `request_timeout` and `schema`; `shared_sessions` and `dead_peer_timeout` are
+    /// the session design's.
+    ///
+    /// No setting is sent at connection start-up (a pooler refuses unknown start-up
+    /// parameters unless told to ignore them): each transaction sets its own with
+    /// `SET LOCAL`.
+    ///
+    /// # Errors
+    /// As [`crate::PostgresLock::connect_with`].
+    pub async fn connect_with(url: &str, config: PostgresConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let options = pooler_options(&parse_url(url)?);
         let pool = PgPoolOptions::new()
-            .max_connections(10)
+            .max_connections(u32::try_from(config.wait_sessions).unwrap_or(u32::MAX))
             .acquire_timeout(config.request_timeout)
-            .connect_with(options)
-            .await
-            .map_err(|e| connect_error(e, &address))?;
-        PostgresXactLock::from_pool(pool, &config.schema).await
+            .test_before_acquire(false)
+            .connect_lazy_with(options);
+        // A first connection, retried while the server starts up (as the session
+        // design's first connect is), so the pool's first acquire finds it up.
+        let first =
+            session::connect_retrying(&pool.connect_options(), config.request_timeout).await?;
+        let _ = timeout(config.request_timeout, first.close()).await;
+        PostgresXactLock::from_pool_with(pool, config).await
     }
 
     /// Uses `pool` (for example one pointed at PgBouncer), with the fencing sequence in
     /// `schema` (created if missing; `distlock` is the default of the session mode).
-    /// Tokens are as durable as the pool's commits: keep `synchronous_commit` on.
+    /// The engine's statements are plain text, so the pool's statement cache is not
+    /// used by them.
     ///
     /// # Errors
     /// [`LockError::Config`] for an invalid schema name or a missing sequence this user
@@ -140,23 +176,64 @@ impl PostgresXactLock {
             schema: schema.to_owned(),
             ..PostgresConfig::default()
         };
+        PostgresXactLock::from_pool_with(pool, config).await
+    }
+
+    async fn from_pool_with(pool: PgPool, config: PostgresConfig) -> Result<Self, LockError> {
         config.validate()?;
-        let sql = Statements::new(schema);
-        let address = server_address(&pool.connect_options());
-        let mut conn = pool
-            .acquire()
+        let sql = Statements::new(&config.schema);
+        let options = pool.connect_options();
+        let address = server_address(&options);
+        let mut conn = timeout(config.request_timeout, pool.acquire())
             .await
+            .map_err(|_| {
+                LockError::connection_at(
+                    POSTGRES_BACKEND,
+                    &address,
+                    format!("no connection within {:?}", config.request_timeout),
+                )
+            })?
             .map_err(|e| connect_error(e, &address))?;
-        ensure_schema(&mut conn, schema, &sql).await?;
+        // In a transaction: behind a transaction pooler, the checks' unnamed statements
+        // must meet the server connection they were parsed on.
+        let mut tx = conn.begin().await.map_err(lock_error)?;
+        ensure_schema(&mut tx, &config.schema, &sql).await?;
+        tx.commit().await.map_err(lock_error)?;
+        drop(conn);
+        let control = PgPoolOptions::new()
+            .max_connections(CONTROL_CONNECTIONS)
+            .acquire_timeout(config.request_timeout)
+            .test_before_acquire(false)
+            .connect_lazy_with(options.as_ref().clone());
+        let state = XactState {
+            sql: XactSql::new(&config.schema, config.session_timeout.as_millis()),
+            config,
+            address,
+            locks: pool,
+            control,
+            holders: Mutex::default(),
+            election_table: OnceCell::new(),
+        };
         Ok(PostgresXactLock {
-            pool,
             sql: Arc::new(sql),
+            state: Arc::new(state),
         })
+    }
+
+    /// The session design's statements (the schema checks use them).
+    pub(crate) fn statements(&self) -> &Statements {
+        &self.sql
+    }
+
+    /// How many leases this client holds now: each keeps one connection (and, behind
+    /// a transaction pooler, one server connection).
+    pub fn held_count(&self) -> usize {
+        crate::client::locked(&self.state.holders).len()
     }
 
     /// The pool the transactions run on.
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        &self.state.locks
     }
 
     /// Takes `key` inside the caller's transaction `tx`, waiting as `wait` allows (in the
@@ -197,6 +274,15 @@ impl PostgresXactLock {
                     .await
             }
             Some(ms) => {
+                // The server checks a waiter's connection every second, so a waiter
+                // that goes away leaves the queue (no start-up setting says so: a
+                // pooler may refuse them). Its own statement, before the wait starts.
+                let check = format!(
+                    "SET LOCAL client_connection_check_interval = {CLIENT_CHECK_INTERVAL_MS}"
+                );
+                if let Err(e) = crate::xact_sql::run(tx, &check).await {
+                    return Err(lock_error(e));
+                }
                 sqlx::query_scalar::<_, Option<i64>>(&self.sql.xact_wait)
                     .bind(hash)
                     .bind(ms.to_string())
@@ -259,10 +345,11 @@ impl PostgresXactLock {
         F: for<'t> FnOnce(&'t mut Transaction<'_, Postgres>, FencingToken) -> XactFuture<'t, T, E>,
     {
         let conn = self
-            .pool
+            .state
+            .locks
             .acquire()
             .await
-            .map_err(|e| connect_error(e, &server_address(&self.pool.connect_options())))?;
+            .map_err(|e| connect_error(e, &self.state.address))?;
         let mut holder = CloseUnlessDone(Some(conn));
         let Some(conn) = holder.0.as_mut() else {
             return Err(XactError::Lock(crate::error::connection(

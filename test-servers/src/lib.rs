@@ -1,5 +1,5 @@
 //! Throwaway real servers for integration tests: redis-server, PostgreSQL,
-//! ZooKeeper and etcd on free loopback ports, controlled through [`ServerControl`] (url, kill,
+//! ZooKeeper and etcd on free loopback ports, PgBouncer in front of PostgreSQL, controlled through [`ServerControl`] (url, kill,
 //! restart, pause, resume, logs), and [`FaultProxy`], a TCP fault-injection proxy.
 //!
 //! **Not API-stable**: like other test-fixture crates, this one changes whenever the
@@ -38,6 +38,7 @@
 //! | `DISTLOCK_JAVA` | path of the `java` binary (else `$JAVA_HOME/bin/java`, else `java` on `PATH`) |
 //! | `DISTLOCK_ZK_CLASSPATH` | the full Java class path for the ZooKeeper server |
 //! | `DISTLOCK_ETCD` | path of the `etcd` binary |
+//! | `DISTLOCK_PGBOUNCER` | path of the `pgbouncer` binary |
 //!
 //! Whether a server that cannot be started is a test failure or a skip is
 //! decided by [`require_servers`]; [`skip_or_panic`] implements that policy.
@@ -57,6 +58,7 @@ mod etcd_tls;
 pub mod fault_proxy;
 mod kinds;
 mod openssl_ca;
+mod pgbouncer;
 mod postgres;
 mod postgres_tls;
 mod process;
@@ -82,6 +84,7 @@ pub use etcd_tls::EtcdTlsServer;
 pub use fault_proxy::FaultProxy;
 pub use kinds::{default_port, kind_for_scheme, kind_named, ServerKind, Started, SERVER_KINDS};
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
+pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
 pub use provider::{Provider, PROVIDER_VAR};

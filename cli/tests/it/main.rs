@@ -14,6 +14,7 @@ mod etcd;
 mod exec;
 mod exec_lease;
 mod exec_modes;
+mod exec_pgbouncer;
 mod exec_servers;
 mod exec_ttl;
 mod postgres_tls;

@@ -5,4 +5,5 @@
 //! of its own.
 
 mod containers;
+mod pgbouncer;
 mod servers;
