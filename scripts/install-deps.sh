@@ -7,8 +7,9 @@
 # client for the ZooKeeper interoperability test), Curator's jars (libcurator-*-java)
 # and javac (the Curator semaphore and read-write lock interoperability test), and
 # protoc with the protobuf well-known types (packages protobuf-compiler and
-# libprotobuf-dev), PgBouncer (package pgbouncer: the Postgres pooler tests), which the `etcd` feature's gRPC stubs are generated with at build
-# time, and faketime (replicas with skewed clocks in the CLI's scheduled-job test).
+# libprotobuf-dev), which the `etcd` feature's gRPC stubs are generated with at build
+# time, PgBouncer (package pgbouncer: the Postgres pooler tests), and faketime
+# (replicas with skewed clocks in the CLI's scheduled-job test).
 # ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper package
 # pulls in.
 #
