@@ -395,7 +395,10 @@ async fn revoking_the_lease_from_outside_fires_lost() {
         .acquire(&key, &no_wait(Duration::from_secs(30)))
         .await
         .unwrap();
-    let lease = (guard.lease().owner().as_u128() >> 64) as u64;
+    // The lease the key is on (the client's shared lease of that TTL).
+    let own = keys_under(port, &lock.lock_prefix(&key));
+    assert_eq!(own.len(), 1, "{own:?}");
+    let lease = lease_of(port, &own[0]);
     let revoked = Instant::now();
     etcdctl(port, &["lease", "revoke", &format!("{lease:x}")]);
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
