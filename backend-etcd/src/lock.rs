@@ -263,7 +263,7 @@ impl EtcdLock {
         }
         let deleted = self
             .requests()
-            .delete_own(&prefix, &own, revision, marker.as_deref())
+            .delete_own(&prefix, &own, revision, marker.as_deref(), held.is_none())
             .await;
         let deleted = match deleted {
             Ok(deleted) => deleted,
@@ -449,9 +449,16 @@ impl Drop for Undo {
             self.lock.inner.shared.retire(on.id);
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let lock = self.lock.clone();
+            let (lock, placed) = (self.lock.clone(), self.placed);
             spawn_cleanup(&runtime, async move {
-                if let Err(fail) = delete_keys(&lock, &own, marker.as_deref()).await {
+                let mut deleted = delete_keys(&lock, &own, marker.as_deref()).await;
+                if !placed && deleted.is_ok() {
+                    // A put sent but not answered may be applied after that delete (etcd
+                    // serves concurrent requests in no set order): once more, later.
+                    tokio::time::sleep(LATE_PUT).await;
+                    deleted = delete_keys(&lock, &own, marker.as_deref()).await;
+                }
+                if let Err(fail) = deleted {
                     lock.inner.shared.retire(on.id);
                     tracing::warn!(error = %LockError::from(fail), "deleting an abandoned contender's key failed; it goes with its lease, retired");
                 }
@@ -462,6 +469,10 @@ impl Drop for Undo {
         }
     }
 }
+
+/// How long after deleting the key of a put whose answer never came the key is
+/// deleted again, should the put have been applied after the first deletion.
+const LATE_PUT: Duration = Duration::from_millis(300);
 
 /// Deletes our key `own` (named by an id no other contender uses) and its pending
 /// `marker`, if any.
@@ -519,7 +530,7 @@ async fn delete_when_lost(
     for _ in 0..LOST_DELETE_TRIES {
         match lock
             .requests()
-            .delete_own(&prefix, &own, revision, None)
+            .delete_own(&prefix, &own, revision, None, false)
             .await
         {
             Ok(_) => return,

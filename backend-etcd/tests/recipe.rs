@@ -8,7 +8,7 @@ mod common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{direct, etcdctl, eventually, keys_under, shared_port};
+use common::{direct, etcdctl, eventually, keys_under, lease_of, shared_port};
 use distlock_api::{LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_etcd::{EtcdConfig, EtcdLock};
 use distlock_test_servers::EtcdServer;
@@ -556,18 +556,6 @@ async fn until_no_lease(port: u16) {
         "{}",
         etcdctl(port, &["lease", "list"])
     );
-}
-
-/// The lease `key` is attached to, from `etcdctl get -w json` (0 for none or no key).
-fn lease_of(port: u16, key: &str) -> u64 {
-    let json = etcdctl(port, &["get", key, "-w", "json"]);
-    json.split("\"lease\":")
-        .nth(1)
-        .and_then(|rest| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .unwrap_or(0)
 }
 
 /// A waiter whose lock has a TTL above the 3 s waiting lease is granted while its key

@@ -8,7 +8,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{direct, etcdctl, eventually, keys_under, start_server};
+use common::{direct, etcdctl, eventually, keys_under, lease_of, leases, start_server};
 use distlock_api::{ExtendOutcome, LeaseState, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_etcd::etcd_client::{self, LockOptions as EtcdLockOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -43,16 +43,6 @@ async fn proposals(port: u16) -> u64 {
         .and_then(|n| n.trim().parse::<f64>().ok())
         .map(|n| n as u64)
         .unwrap_or_else(|| panic!("no proposals count in the metrics"))
-}
-
-/// The ids `etcdctl lease list` shows.
-fn leases(port: u16) -> Vec<String> {
-    // etcdctl 3.4 prints `found N leases`, then one id in hex a line.
-    etcdctl(port, &["lease", "list"])
-        .lines()
-        .filter(|l| !l.is_empty() && !l.starts_with("found "))
-        .map(str::to_owned)
-        .collect()
 }
 
 const CYCLES: u64 = 40;
@@ -144,11 +134,11 @@ async fn locks_on_one_lease_keep_their_own_ttls() {
         "a fresh grant's validity is its TTL, give or take the lease's last keep-alive"
     );
     assert_eq!(
-        lease_of_key(
+        lease_of(
             port,
             &keys_under(port, &format!("distlock/{}/", short.as_str()))[0]
         ),
-        lease_of_key(
+        lease_of(
             port,
             &keys_under(port, &format!("distlock/{}/", long.as_str()))[0]
         ),
@@ -170,18 +160,6 @@ async fn locks_on_one_lease_keep_their_own_ttls() {
     assert!(b.try_acquire(&long, &no_wait(ttl)).await.unwrap().is_none());
     taken.release().await.unwrap();
     assert_eq!(kept.release().await.unwrap(), ReleaseOutcome::Released);
-}
-
-/// The lease `key` is attached to (from `etcdctl get -w json`; 0 for none).
-fn lease_of_key(port: u16, key: &str) -> u64 {
-    let json = etcdctl(port, &["get", key, "-w", "json"]);
-    json.split("\"lease\":")
-        .nth(1)
-        .and_then(|rest| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .unwrap_or(0)
 }
 
 /// `etcdctl lease revoke` of the shared lease deletes every key on it: every lock on

@@ -218,6 +218,22 @@ impl SharedLeases {
     }
 }
 
+/// A shared lease being granted: revoked in the background if the grant fails or
+/// its future is dropped, unless it was answered.
+struct Granting<'a> {
+    lock: &'a EtcdLock,
+    id: Option<i64>,
+}
+
+impl Drop for Granting<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.lock.inner.shared.ended(id);
+            super::revoke_in_background(self.lock.clone(), id);
+        }
+    }
+}
+
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -247,7 +263,10 @@ impl EtcdLock {
                 Alive::Since(at) => Instant::now() < at + ttl / 2,
                 Alive::Gone => false,
             };
-            if usable && !lock(&shared.retired).contains(&slot.id) {
+            // A lock's TTL is not served by a lease etcd granted longer (a waiting
+            // lease above etcd's shortest, say): asked again, it is refused.
+            let fits = asked.is_none() || slot.secs <= secs;
+            if usable && fits && !lock(&shared.retired).contains(&slot.id) {
                 slot.users.fetch_add(1, Ordering::AcqRel);
                 return Ok(LeaseUse {
                     id: slot.id,
@@ -262,16 +281,18 @@ impl EtcdLock {
         let id = new_lease_id();
         self.live().add(id);
         shared.ids().insert(id);
-        let sent = Instant::now();
-        let granted = match self.requests().grant(id, secs).await {
-            Ok(granted) => granted,
-            Err(fail) => {
-                // The grant may have landed: revoked (or left to run out) behind.
-                shared.ended(id);
-                super::revoke_in_background(self.clone(), id);
-                return Err(self.connection_error(fail));
-            }
+        // A grant that fails or is dropped unanswered may have landed: revoked behind.
+        let mut granting = Granting {
+            lock: self,
+            id: Some(id),
         };
+        let sent = Instant::now();
+        let granted = self
+            .requests()
+            .grant(id, secs)
+            .await
+            .map_err(|fail| self.connection_error(fail))?;
+        granting.id = None;
         if let Some(ttl) = asked.filter(|_| granted > secs) {
             drop(slots);
             shared.ended(id);
