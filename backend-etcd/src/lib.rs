@@ -45,10 +45,12 @@
 //!
 //! - **acquire** puts `P/<K>/<id in hex>` (an id of its own, in a lease id's shape)
 //!   under the client's shared lease of the options' TTL (see "Leases and fencing"),
-//!   in a transaction that creates it only if absent (`CreateRevision == 0`) and reads
-//!   the oldest contender in the same round trip. Contenders are ranked by create revision; the oldest holds the lock. That is
-//!   exactly `concurrency.Mutex`, so foreign contenders in the range (an `etcdctl lock`,
-//!   a Go service) count, and ours count for them. A key ahead of ours that does not
+//!   in a transaction that creates it only if absent (`CreateRevision == 0`) and, in
+//!   the same round trip, finds the range empty (a range compare: then ours holds, and
+//!   nothing is read back) or reads the oldest contenders. Contenders are ranked by
+//!   create revision; the oldest holds the lock. That is exactly `concurrency.Mutex`,
+//!   so foreign contenders in the range (an `etcdctl lock`, a Go service) count, and
+//!   ours count for them. A key ahead of ours that does not
 //!   have a contender's shape (named by a lease id in lowercase hex, attached to a
 //!   lease) is another tool's data under this prefix, which may never go: the acquire
 //!   fails with [`distlock_api::LockError::Config`] naming it, and deletes its key.
@@ -76,8 +78,9 @@
 //!   for a second, or when an extend asks: to the client's shared lease of the lock's
 //!   TTL. So the move is off the hand-off's path, and a lock held briefly never moves.
 //!   A release while the move is under way deletes the key by its create revision, as
-//!   every release does; an extend waits for the move. A waiter rides out retryable errors (a member going
-//!   away, a leader election) in its place for at most the options' error patience
+//!   every release does; an extend waits for the move. A waiter rides out retryable
+//!   errors (a member going away, a leader election) in its place for at most the
+//!   options' error patience
 //!   ([`distlock_api::LockOptions::error_patience`]); past it, the attempt ends (its
 //!   key goes) and the acquire is retried, or fails, as on every backend.
 //! - An acquire (that may wait) of a key whose last acquire by this client found it
