@@ -157,13 +157,15 @@ impl Requests {
 
     /// Puts `key` with `value` (empty for a lock, the candidate for an election, the
     /// count for a permit) under `lease` unless it exists, and in the same transaction
-    /// reads the oldest contenders of `rule.blocking` (up to its room).
+    /// reads the oldest contenders of `rule.blocking` (up to its room); or, when the
+    /// caller `hopes` to be alone, first asks whether that range is empty (see below).
     pub(crate) async fn place(
         &self,
         rule: &Rule,
         key: &str,
         value: &[u8],
         lease: i64,
+        hopes: bool,
     ) -> Result<Placed, Fail> {
         // Without values, enough keys for a waiter to count down (ours among them).
         let limit = if rule.values {
@@ -187,8 +189,9 @@ impl Requests {
         // With room for one and no values to read, a blocking range found empty (a
         // range compare, etcd 3.3+) makes ours the holder with no read at all: the
         // uncontended acquire's one write reads nothing back. Else, in the same round
-        // trip, the put and read above (a nested transaction).
-        let alone = rule.room == 1 && !rule.values;
+        // trip, the put and read above (a nested transaction). Not for a key expected
+        // held: the compare would read the whole queue before the read of it.
+        let alone = hopes && rule.room == 1 && !rule.values;
         let txn = if alone {
             Txn::new()
                 .when([

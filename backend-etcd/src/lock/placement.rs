@@ -87,7 +87,8 @@ impl EtcdLock {
         // the read-write lock (see `Kind::parks`). A key this client last had to wait
         // for is likely held again: its contender goes straight there, sparing the move.
         let parks = secs > WAITER_TTL_SECS && kind.parks();
-        let straight = parks && wait && self.inner.contended.expects(&prefix);
+        let expects_held = self.inner.contended.expects(&prefix);
+        let straight = parks && wait && expects_held;
         let first_on = || async {
             Ok::<_, LockError>(if straight {
                 Placement::Parked {
@@ -114,9 +115,12 @@ impl EtcdLock {
             None
         };
         let mut sent = Instant::now();
+        // A key found held last time is likely held again: its put reads the queue at
+        // once rather than first asking whether the range is empty.
+        let alone = !expects_held;
         let mut placed = match self
             .requests()
-            .place(&rule, &own, value, placement.on().id)
+            .place(&rule, &own, value, placement.on().id, alone)
             .await
         {
             // The shared lease ran out or was revoked from outside before its keep-alive
@@ -127,7 +131,7 @@ impl EtcdLock {
                 undo.delete_if_failed(&own, None, placement.on());
                 sent = Instant::now();
                 self.requests()
-                    .place(&rule, &own, value, placement.on().id)
+                    .place(&rule, &own, value, placement.on().id, alone)
                     .await
             }
             placed => placed,
@@ -138,9 +142,7 @@ impl EtcdLock {
             undo.delete_now().await;
             return Err(mismatch);
         }
-        if parks {
-            self.inner.contended.record(&prefix, !placed.first);
-        }
+        self.inner.contended.record(&prefix, !placed.first);
         let place = (prefix.as_str(), own.as_str(), placed.revision);
         let mut won = Won {
             kind,
