@@ -47,13 +47,14 @@
 //!   under the client's shared lease of the options' TTL (see "Leases and fencing"),
 //!   in a transaction that creates it only if absent (`CreateRevision == 0`) and, in
 //!   the same round trip, finds the range empty (a range compare: then ours holds, and
-//!   nothing is read back) or reads the oldest contenders. Contenders are ranked by
-//!   create revision; the oldest holds the lock. That is exactly `concurrency.Mutex`,
-//!   so foreign contenders in the range (an `etcdctl lock`, a Go service) count, and
-//!   ours count for them. A key ahead of ours that does not
-//!   have a contender's shape (named by a lease id in lowercase hex, attached to a
-//!   lease) is another tool's data under this prefix, which may never go: the acquire
-//!   fails with [`distlock_api::LockError::Config`] naming it, and deletes its key.
+//!   nothing is read back; not for a key this client last found held) or reads the
+//!   oldest contenders. Contenders are ranked by create revision; the oldest holds
+//!   the lock. That is exactly `concurrency.Mutex`, so foreign contenders in the range
+//!   (an `etcdctl lock`, a Go service) count, and ours count for them. A key ahead of
+//!   ours that does not have a contender's shape (named by a lease id in lowercase
+//!   hex, attached to a lease) is another tool's data under this prefix, which may
+//!   never go: the acquire fails with [`distlock_api::LockError::Config`] naming it,
+//!   and deletes its key.
 //! - A waiter learns every contender older than its own (up to 64 of them) from the
 //!   transaction that put its key (which reads them, oldest first), else one read, then
 //!   counts their deletions down as the client's one watch of its prefix (see below;
