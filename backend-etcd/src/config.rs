@@ -19,7 +19,7 @@ pub const DEFAULT_PREFIX: &str = "distlock";
 #[non_exhaustive]
 pub struct EtcdConfig {
     /// Limit on each request's reply (default 5 s). A request past it fails with a
-    /// connection error; what it may have created is removed by revoking its lease.
+    /// connection error; what it may have created is deleted (or goes with its lease).
     pub request_timeout: Duration,
     /// Limit on connecting (and authenticating) at [`crate::EtcdLock::connect`]
     /// (default 5 s).

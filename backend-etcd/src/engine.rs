@@ -28,9 +28,11 @@ const REVOKED_AT_EXIT: &str = "a process that exits cleanly revokes every lease 
 /// keep a contender waiting. Supported:
 /// - **offered** and **extend**: all four (an extend is a keep-alive of the key's
 ///   lease, or a move of the key to a longer one);
-/// - **TTL expiry**: every key lives under an etcd lease of at least the TTL asked
+/// - **TTL expiry**: every key lives under the client's etcd lease of the TTL asked
 ///   for, rounded up to whole seconds, which etcd ends only later, never earlier (a
-///   restart refreshes it);
+///   restart refreshes it); a grant's deadline passed unrenewed, its client deletes
+///   the key, and a client that stops leaves it to that lease, gone one TTL after the
+///   client's last keep-alive;
 /// - **wake on release**: waiters learn of the deletions ahead of them from watches
 ///   (the client's prefix watch, or one of the keys ahead), never by polling;
 /// - **FIFO**: contenders rank by create revision, and a younger one is granted only
@@ -264,10 +266,11 @@ impl EtcdLock {
     /// **Beside Go's `recipes.RWMutex`.** That recipe ranks contenders by *mod*
     /// revision, ours by create revision: the same for a key never written again.
     /// Hence two differences from the mutex:
-    /// - a waiter waits under its lock's own lease, kept alive, and not under the
-    ///   mutex's short waiting lease: moving the key to another lease would write it
-    ///   again. So a waiter whose process dies holds up the queue for the lock's TTL.
-    /// - an `extend` to a TTL longer than the lease's own moves the key to a new lease
+    /// - a waiter waits under the client's lease of its lock's TTL, kept alive, and
+    ///   not under the mutex's short waiting lease: moving the key to another lease
+    ///   would write it again. So a waiter whose process dies holds up the queue for
+    ///   the lock's TTL.
+    /// - an `extend` to a TTL longer than the lease's own moves the key to another lease
     ///   (as the mutex's does), which writes it again: a Go `RWMutex` contender
     ///   looking after that may rank the key behind its own. Between distlock clients
     ///   nothing changes (they rank by create revision); beside Go contenders, extend
@@ -288,7 +291,8 @@ impl EtcdLock {
     ///
     /// **Semantics.** The candidates of the election `name` put their keys in the range
     /// [`EtcdLock::election_prefix`] (`P/+election/<encode_key(name)>/`), each
-    /// `<range><lease id in hex>` under a lease of its own, created only if absent,
+    /// `<range><id in hex>` under the client's lease of the options' TTL (see the
+    /// crate docs, "Leases and fencing"), created only if absent,
     /// with the candidate's identity ([`distlock_api::Candidate::as_bytes`]) as its
     /// value. The key with the lowest create revision leads; a waiting candidate learns
     /// of the deletions ahead of it from watches, so candidates lead in the order they
@@ -303,13 +307,13 @@ impl EtcdLock {
     ///   for the whole cluster, kept through leader changes and restarts, and a newer
     ///   key is always younger than every key in the range, so each new leader's term
     ///   is above every earlier one's.
-    /// - **The lease** is an etcd lease of the options' TTL (whole seconds; at least
-    ///   2 s with etcd's default election timeout), kept alive by the guard's watchdog
-    ///   with auto-renew. [`distlock_api::Leadership::lost`] fires when the key is
+    /// - **The lease** is the options' TTL (whole seconds; at least 2 s with etcd's
+    ///   default election timeout), the key on the client's etcd lease of that TTL,
+    ///   renewed by the guard's watchdog with auto-renew. [`distlock_api::Leadership::lost`] fires when the key is
     ///   deleted (its lease expired or was revoked, or someone deleted it: one watch
     ///   per client sees it), when a renewal is refused, and at the validity deadline
     ///   without news. A crashed leader is replaced once etcd expires its lease: the
-    ///   TTL plus etcd's expiry sweep.
+    ///   TTL after its last keep-alive, plus etcd's expiry sweep.
     /// - [`LeaderElection::leader`] reads the oldest key of the range, as
     ///   `concurrency.Election.Leader` does: its value as the identity, its create
     ///   revision as the term, and its lease's remaining TTL (whole seconds, from

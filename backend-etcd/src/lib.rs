@@ -7,6 +7,11 @@
 //! semaphore ([`EtcdLock::semaphore`]) and a read-write lock ([`EtcdLock::rw_lock`],
 //! in the layout of etcd's `recipes.RWMutex`) on the same recipe.
 //!
+//! Like a Go service's `concurrency.Session`, a client puts all its keys of one TTL
+//! under one lease, kept alive by one task, so that an uncontended acquire and release
+//! is two raft writes (the put, the delete), not a lease grant and revoke besides
+//! (see "Leases and fencing").
+//!
 //! [`EtcdLock`] is one client (one connection, its leases and one watch of the prefix)
 //! and implements [`distlock_api::backend::Engine`]: [`EtcdLock::client`] gives the
 //! [`distlock_api::Client`] whose four primitives share it, and [`EtcdLock::lock`],
@@ -38,16 +43,18 @@
 //! `P/<encode_key(K)>/` ([`encode_key`] keeps plain names as they are, so `etcdctl
 //! lock P/orders` is the lock of key `orders`).
 //!
-//! - **acquire** grants a lease of the options' TTL (rounded up to whole seconds; the
-//!   id is chosen by the client, so a dropped acquire can always revoke it), then puts
-//!   `P/<K>/<lease id in hex>` under that lease in a transaction that creates it only if
-//!   absent (`CreateRevision == 0`) and reads the oldest contender in the same round
-//!   trip. Contenders are ranked by create revision; the oldest holds the lock. That is
-//!   exactly `concurrency.Mutex`, so foreign contenders in the range (an `etcdctl lock`,
-//!   a Go service) count, and ours count for them. A key ahead of ours that does not
-//!   have a contender's shape (named by a lease id in lowercase hex, attached to a
-//!   lease) is another tool's data under this prefix, which may never go: the acquire
-//!   fails with [`distlock_api::LockError::Config`] naming it, and revokes its lease.
+//! - **acquire** puts `P/<K>/<id in hex>` (an id of its own, in a lease id's shape)
+//!   under the client's shared lease of the options' TTL (see "Leases and fencing"),
+//!   in a transaction that creates it only if absent (`CreateRevision == 0`) and, in
+//!   the same round trip, finds the range empty (a range compare: then ours holds, and
+//!   nothing is read back; not for a key this client last found held) or reads the
+//!   oldest contenders. Contenders are ranked by create revision; the oldest holds
+//!   the lock. That is exactly `concurrency.Mutex`, so foreign contenders in the range
+//!   (an `etcdctl lock`, a Go service) count, and ours count for them. A key ahead of
+//!   ours that does not have a contender's shape (named by a lease id in lowercase
+//!   hex, attached to a lease) is another tool's data under this prefix, which may
+//!   never go: the acquire fails with [`distlock_api::LockError::Config`] naming it,
+//!   and deletes its key.
 //! - A waiter learns every contender older than its own (up to 64 of them) from the
 //!   transaction that put its key (which reads them, oldest first), else one read, then
 //!   counts their deletions down as the client's one watch of its prefix (see below;
@@ -69,39 +76,31 @@
 //!   revoke of its own. A mutex or election waiter is granted on that lease (valid
 //!   until the send time of its last answered keep-alive plus 3 s, less the margin),
 //!   and its key moves back to a lease of the lock's TTL once the grant has been held
-//!   for a second, or when an extend asks: to the lease granted for it while two thirds
-//!   of that lease's TTL are left, else to a fresh one; the validity deadline is then
-//!   that lease's. So the move is off the hand-off's path, and a lock held briefly
-//!   never moves: its release is one delete of its key (the shared lease is never
-//!   revoked for one contender; a failed or dropped acquire deletes its key too). A
-//!   release while the move is under way deletes the key by its create revision; an
-//!   extend waits for the move. A waiter rides out retryable errors (a member going
-//!   away, a leader election) in its place for at most the options' error patience
+//!   for a second, or when an extend asks: to the client's shared lease of the lock's
+//!   TTL. So the move is off the hand-off's path, and a lock held briefly never moves.
+//!   A release while the move is under way deletes the key by its create revision, as
+//!   every release does; an extend waits for the move. A waiter rides out retryable
+//!   errors (a member going away, a leader election) in its place for at most the
+//!   options' error patience
 //!   ([`distlock_api::LockOptions::error_patience`]); past it, the attempt ends (its
 //!   key goes) and the acquire is retried, or fails, as on every backend.
 //! - An acquire (that may wait) of a key whose last acquire by this client found it
-//!   held puts its key straight on the waiting lease (named by an id of its own),
-//!   granting no lease of the lock's TTL first: a contended cycle is then two raft
-//!   writes (the put and, at the release, the delete) instead of six. Found free all
-//!   the same, the grant is a parked one, as a waiter's: valid for the waiting lease's
-//!   3 s until its key moves to a fresh lease of the lock's TTL a second later. An
-//!   acquire that finds the key free clears the hint, so an uncontended key always gets
-//!   its own lease at once.
-//! - **release** of a lock this client holds is one lease revoke: the lease carries
-//!   that key alone, so etcd deletes the key in the same raft entry, and the lock is
-//!   free for others when the release returns. When the lease is gone (it ran out, or
-//!   was revoked from outside), when the loss watch saw the key deleted, or for a lease
-//!   another client took, the release deletes the key if its create revision is still
-//!   the one the lease records (in its owner token; for the mutex it is also the
-//!   fencing token) in one transaction, then revokes the lease. A key that is
-//!   gone reads `Expired`, or `HeldByOther` while another contender is in the range.
-//!   (A key deleted from outside, by `etcdctl del`, within the loss watch's delay,
-//!   under a millisecond, before a release reads `Released`: the revoke cannot tell.)
-//! - **extend** by up to the lease's own TTL is a lease keep-alive (with a check, in the
-//!   same round trip, that the key is still ours); by another TTL it grants a lease of
-//!   that TTL, moves the key to it in a transaction guarded by the create revision (the
-//!   revision, hence the token and the queue place, stays), and revokes the old lease.
-//! - **try-acquire** (and `NoWait`) revoke their lease again when they do not hold.
+//!   held puts its key straight on the waiting lease, sparing the move there: a
+//!   contended cycle is then two raft writes (the put and, at the release, the delete).
+//!   Found free all the same, the grant is a parked one, as a waiter's: valid for the
+//!   waiting lease's 3 s until its key moves to the lease of the lock's TTL a second
+//!   later. An acquire that finds the key free clears the hint.
+//! - **release** is one transaction that deletes the key if its create revision is
+//!   still the one the grant records (in its owner token; for the mutex it is also the
+//!   fencing token): one raft write, and the lock is free for others when the release
+//!   returns. The shared lease is never revoked for one lock. A key that is gone reads
+//!   `Expired`, or `HeldByOther` while another contender is in the range.
+//! - **extend** by up to the TTL of the lease the key is on is a keep-alive of that
+//!   lease (with a check, in the same round trip, that the key is still ours); by a
+//!   longer TTL it moves the key to the client's lease of that TTL in a transaction
+//!   guarded by the create revision (the revision, hence the token and the queue place,
+//!   stays). Either way the grant's own deadline is the new TTL from the extend.
+//! - **try-acquire** (and `NoWait`) delete their key again when they do not hold.
 //!
 //! # Leader election
 //! [`EtcdLock::election`] is the mutex's recipe in the range
@@ -116,7 +115,7 @@
 //! Both are the mutex's recipe with another rule of which older contenders keep a
 //! contender waiting, in namespaces of their own under the prefix (`+semaphore`,
 //! `+rw`: no key encodes to a name with `+`, so they never meet a mutex's range).
-//! Leases, keep-alives, the loss watch, validity deadline, release (one revoke),
+//! Leases, keep-alives, the loss watch, validity deadline, release (one delete),
 //! extend and leaving nothing behind are the mutex's. So is the fencing token of a grant at once (the key's create
 //! revision), but not of a grant after a wait: several waiters can be granted by the
 //! same deletion and learn it in any order. A waiter marks its grant pending
@@ -149,19 +148,40 @@
 //!   `P/+rw/<K>/write/<id>`; a writer waits for every older key, a reader for every
 //!   older writer (writer preference, FIFO), so a Go `recipe.NewRWMutex(session,
 //!   "P/+rw/<K>")` and ours exclude each other. Because that recipe ranks by mod
-//!   revision, a read-write waiter waits under its lock's own lease (not the short
+//!   revision, a read-write waiter waits under its lock's TTL's lease (not the short
 //!   waiting lease, whose move would write the key again), and an extend beyond the
 //!   lock's TTL, which moves the key to a new lease, is unsafe beside Go contenders
 //!   (see [`EtcdLock::rw_lock`]).
 //!
 //! # Leases and fencing
-//! The validity deadline is the send time of the lease grant (or of the last keep-alive
-//! answered before the grant) plus the TTL less a margin (1 % + 2 ms); for a waiter
-//! granted on its waiting lease, that lease's until its key has moved (see above). One
-//! watch per client over the prefix (which also feeds its waiters) marks a held lock
-//! lost as soon as its key is deleted: the lease expired, was revoked (`etcdctl lease
-//! revoke`), or the key was deleted from outside; a lock lost by its deadline has its
-//! lease revoked at once. The
+//! A client keeps one etcd lease per TTL in use (in whole seconds, rounded up), as a Go
+//! service keeps a `concurrency.Session` of a TTL: every key of that TTL, held or
+//! waiting, is put under it. One task per lease keeps it alive every third of its TTL
+//! while any key or acquire of the client uses it, and revokes it once none has for two
+//! seconds. A lock's TTL keeps its meaning:
+//!
+//! - **validity deadline**: the grant's send time (or, after a wait, the moment the
+//!   turn was seen ours; or the last extend's send time) plus the TTL, less a margin
+//!   (1 % + 2 ms), but never later than the send time of the lease's last answered
+//!   keep-alive plus the lease's TTL, less the margin: etcd keeps the key at least
+//!   until then. Each keep-alive moves that bound on, so a grant is valid for its whole
+//!   TTL once the lease's next keep-alive (a third of the TTL at most) has answered. A
+//!   parked grant is valid as long as the waiting lease until its key has moved (see
+//!   above).
+//! - **a deadline passed unrenewed**: the client deletes the key at once (the lease
+//!   lives on for the client's other keys), and the next contender is granted.
+//! - **a frozen, killed or cut-off client**: its keep-alives stop, and etcd deletes every
+//!   key on the lease one TTL (rounded up, plus the leader's 500 ms expiry sweep) after
+//!   the last keep-alive it answered: within the TTL of the client stopping, which is
+//!   as soon as a per-lock lease renewed by a watchdog would go. A lock left unrenewed
+//!   on purpose and frozen near its deadline may therefore stay up to one TTL past it
+//!   (a lease of its own would go at the deadline); the holder, frozen, cannot act on
+//!   it, and its validity deadline has passed, so safety does not depend on it.
+//!
+//! One watch per client over the prefix (which also feeds its waiters) marks a held
+//! lock lost as soon as its key is deleted: the lease expired, was revoked (`etcdctl
+//! lease revoke`, which takes every lock of the client on that lease), or the key was
+//! deleted from outside. The
 //! mutex's fencing token is the key's create revision (for the other primitives, see
 //! above): etcd's revision is one counter for the
 //! whole cluster, kept through leader elections and restarts, so tokens rise across all
@@ -179,15 +199,16 @@
 //! etcd grants no lease shorter than 1.5 × its election timeout, rounded up to whole
 //! seconds (2 s with the default 1 s election timeout); asking for less is
 //! [`distlock_api::LockError::InvalidOptions`] and leaves nothing behind. A TTL that is
-//! not a whole number of seconds is rounded up on the server (the lock may outlive an
-//! unrenewed lease by under a second; the validity deadline uses the TTL asked for).
+//! not a whole number of seconds is rounded up for the lease (the validity deadline
+//! uses the TTL asked for).
 //!
 //! # Leaving nothing behind
-//! Every lease this client grants is listed until revoked. A dropped acquire revokes
-//! its lease (and with it its key) in the background; so does a dropped guard. If the
-//! runtime shuts down first (a program exiting while it waits), a task spawned at
-//! connect revokes every listed lease from a fresh connection as the runtime drops it,
-//! within a second. A process killed outright leaves its keys until their lease's TTL.
+//! Every lease this client grants is listed until revoked. A dropped acquire deletes
+//! its key in the background; so does a dropped guard. A shared lease is revoked two
+//! seconds after its last use. If the runtime shuts down first (a program exiting while
+//! it waits), a task spawned at connect revokes every listed lease (and with them
+//! every key) from a fresh connection as the runtime drops it, within a second. A
+//! process killed outright leaves its keys until their lease's TTL.
 //!
 //! # Connecting
 //! [`EtcdLock::connect`] connects and reads the prefix once. A refused or silent port,

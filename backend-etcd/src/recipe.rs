@@ -157,13 +157,15 @@ impl Requests {
 
     /// Puts `key` with `value` (empty for a lock, the candidate for an election, the
     /// count for a permit) under `lease` unless it exists, and in the same transaction
-    /// reads the oldest contenders of `rule.blocking` (up to its room).
+    /// reads the oldest contenders of `rule.blocking` (up to its room); or, when the
+    /// caller `hopes` to be alone, first asks whether that range is empty (see below).
     pub(crate) async fn place(
         &self,
         rule: &Rule,
         key: &str,
         value: &[u8],
         lease: i64,
+        hopes: bool,
     ) -> Result<Placed, Fail> {
         // Without values, enough keys for a waiter to count down (ours among them).
         let limit = if rule.values {
@@ -179,17 +181,52 @@ impl Requests {
             oldest = oldest.with_keys_only();
         }
         let blocking = rule.blocking.as_str();
-        let txn = Txn::new()
+        let put = || TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
+        let placing = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
-                TxnOp::get(blocking, Some(oldest.clone())),
-            ])
+            .and_then([put(), TxnOp::get(blocking, Some(oldest.clone()))])
             .or_else([TxnOp::get(key, None), TxnOp::get(blocking, Some(oldest))]);
+        // With room for one and no values to read, a blocking range found empty (a
+        // range compare, etcd 3.3+) makes ours the holder with no read at all: the
+        // uncontended acquire's one write reads nothing back. Else, in the same round
+        // trip, the put and read above (a nested transaction). Not for a key expected
+        // held: the compare would read the whole queue before the read of it.
+        let alone = hopes && rule.room == 1 && !rule.values;
+        let txn = if alone {
+            Txn::new()
+                .when([
+                    Compare::create_revision(key, CompareOp::Equal, 0),
+                    Compare::create_revision(blocking, CompareOp::Equal, 0)
+                        .with_range(prefix_end(blocking)),
+                ])
+                .and_then([put()])
+                .or_else([TxnOp::txn(placing)])
+        } else {
+            placing
+        };
         let response = self.txn(txn).await?;
-        let responses = response.op_responses();
-        let revision = if response.succeeded() {
-            response.header().map_or(0, |h| h.revision())
+        let header_revision = response.header().map_or(0, |h| h.revision());
+        if alone && response.succeeded() {
+            if header_revision <= 0 {
+                return Err(no_revision());
+            }
+            return Ok(Placed {
+                revision: header_revision,
+                first: true,
+                seen: Vec::new(),
+                ahead: Some(HashSet::new()),
+            });
+        }
+        let (succeeded, responses) = if alone {
+            match response.op_responses().into_iter().next() {
+                Some(TxnOpResponse::Txn(inner)) => (inner.succeeded(), inner.op_responses()),
+                _ => return Err(no_revision()),
+            }
+        } else {
+            (response.succeeded(), response.op_responses())
+        };
+        let revision = if succeeded {
+            header_revision
         } else {
             // The key exists already: an earlier attempt's put was applied.
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
@@ -199,9 +236,7 @@ impl Requests {
             contender_shape(rule, kv)?;
         }
         if revision <= 0 {
-            return Err(Fail::Etcd(etcd_client::Error::Internal(
-                "etcd's answer to the contender put carried no revision".into(),
-            )));
+            return Err(no_revision());
         }
         let older = seen
             .iter()
@@ -499,19 +534,19 @@ impl Requests {
     }
 
     /// Deletes `key` if its create revision is `revision` (and with it our pending
-    /// `marker`, if any, should it still be there); returns the deleted key's lease, or,
-    /// when it was not ours, whether any contender holds `lock_prefix`.
+    /// `marker`, if any, should it still be there); returns the deleted key's lease
+    /// when `lease` asks for it (else 0), or, when it was not ours, whether any
+    /// contender holds `lock_prefix`.
     pub(crate) async fn delete_own(
         &self,
         lock_prefix: &str,
         key: &str,
         revision: i64,
         marker: Option<&str>,
+        lease: bool,
     ) -> Result<Result<i64, bool>, Fail> {
-        let mut deletes = vec![TxnOp::delete(
-            key,
-            Some(DeleteOptions::new().with_prev_key()),
-        )];
+        let options = lease.then(|| DeleteOptions::new().with_prev_key());
+        let mut deletes = vec![TxnOp::delete(key, options)];
         deletes.extend(marker.map(|marker| TxnOp::delete(marker, None)));
         let txn = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, revision)])
@@ -809,6 +844,13 @@ fn all_kvs(response: Option<&TxnOpResponse>) -> Vec<KeyValue> {
         Some(TxnOpResponse::Get(get)) => get.kvs().to_vec(),
         _ => Vec::new(),
     }
+}
+
+/// etcd's answer to a contender's put carried no revision (or not the shape asked for).
+fn no_revision() -> Fail {
+    Fail::Etcd(etcd_client::Error::Internal(
+        "etcd's answer to the contender put carried no revision".into(),
+    ))
 }
 
 /// The first key of a range response inside a transaction.

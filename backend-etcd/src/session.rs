@@ -1,9 +1,10 @@
 //! The connection to etcd, the leases this client owns, and revoking them when the
 //! runtime that serves them shuts down.
 //!
-//! Every contender (waiting or holding) lives under a lease of its own, and every such
-//! lease is listed in [`LiveLeases`] from before it is granted until it is revoked. A
-//! drop revokes in a background task ([`distlock_api::backend::spawn_cleanup`]); but
+//! Every contender (waiting or holding) lives under one of the client's shared leases
+//! (one per TTL, see `lock::shared`), and every such lease is listed in [`LiveLeases`]
+//! from before it is granted until it is revoked. A drop deletes keys and an idle lease
+//! is revoked in a background task ([`distlock_api::backend::spawn_cleanup`]); but
 //! when the runtime shuts down (a program returning from `main` while an acquire waits,
 //! say), tokio drops those tasks unrun and closes the connection, and etcd, unlike
 //! ZooKeeper, does not end leases with connections: the keys would stay until their

@@ -1,8 +1,9 @@
 //! etcd comparators: the raw bound (the round trips distlock's uncontended cycle makes:
 //! a lease grant, a put-if-absent transaction and a lease revoke, which deletes the key,
 //! through etcd-client) and etcd-client's own `lock()`/`unlock()` (etcd's v3lock
-//! service, on a lease granted per cycle as its callers must, revoked after the
-//! unlock).
+//! service), on a lease granted per cycle and revoked after the unlock, and on one
+//! lease per worker kept alive for the run, as a Go `concurrency.NewSession` user
+//! holds one (two raft writes a cycle: the put and the delete).
 
 use async_trait::async_trait;
 use etcd_client::{
@@ -158,6 +159,87 @@ impl Contender for RecipeContender {
         held();
         self.client.unlock(locked.key()).await?;
         self.client.lease_revoke(lease).await?;
+        Ok(())
+    }
+}
+
+/// etcd-client's `lock()`/`unlock()` on one lease per worker, granted when the worker
+/// starts and kept alive by a task of its own (as a Go `concurrency.Session` keeps its
+/// lease): a cycle is the lock's put and the unlock's delete. One client shared by the
+/// workers.
+pub(crate) struct SessionRecipe {
+    client: Client,
+}
+
+impl SessionRecipe {
+    pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
+        Ok(SessionRecipe {
+            client: client(url).await?,
+        })
+    }
+}
+
+#[async_trait]
+impl Side for SessionRecipe {
+    fn name(&self) -> &'static str {
+        "etcd-client lock, lease per worker"
+    }
+
+    async fn contender(&self, _worker: usize) -> Result<Box<dyn Contender>, BoxError> {
+        let mut client = self.client.clone();
+        let lease = client.lease_grant(ttl_secs(), None).await?.id();
+        let (mut keeper, mut answers) = client.lease_keep_alive(lease).await?;
+        // Keeps the lease alive every third of its TTL until the worker goes; then
+        // revokes it (a task that outlives a dropped runtime is not needed: the run's
+        // server is thrown away, and the TTL bounds what is left).
+        let period = std::time::Duration::from_secs(u64::try_from(ttl_secs()).unwrap_or(30) / 3);
+        let keep = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(period).await;
+                if keeper.keep_alive().await.is_err() || answers.message().await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Box::new(SessionContender {
+            client: self.client.clone(),
+            lease,
+            keep,
+        }))
+    }
+}
+
+struct SessionContender {
+    client: Client,
+    lease: i64,
+    keep: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for SessionContender {
+    fn drop(&mut self) {
+        self.keep.abort();
+        let (mut client, lease) = (self.client.clone(), self.lease);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = client.lease_revoke(lease).await;
+            });
+        }
+    }
+}
+
+#[async_trait]
+impl Contender for SessionContender {
+    async fn cycle(&mut self, key: &str, held: &mut (dyn FnMut() + Send)) -> Result<(), BoxError> {
+        let name = format!("bench/session/{key}");
+        let locked = tokio::time::timeout(
+            PATIENCE,
+            self.client
+                .lock(name, Some(LockOptions::new().with_lease(self.lease))),
+        )
+        .await
+        .map_err(|_| "etcd-client lock on a worker's lease: acquire timed out")??;
+        held();
+        self.client.unlock(locked.key()).await?;
         Ok(())
     }
 }

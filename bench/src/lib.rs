@@ -284,6 +284,10 @@ async fn connect_sides(
                 "etcd-client lock",
                 boxed(etcd::Recipe::connect(url).await),
             );
+            add(
+                "etcd-client lock, lease per worker",
+                boxed(etcd::SessionRecipe::connect(url).await),
+            );
         }
         #[cfg(not(feature = "etcd"))]
         Backend::Etcd => {}

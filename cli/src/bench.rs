@@ -18,7 +18,7 @@ pub struct BenchArgs {
     /// Also measure the raw bound (bare driver, same round trips) and the peer crates
     /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock,
     /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe; etcd: etcd-client's
-    /// lock()/unlock()). rslock and
+    /// lock()/unlock() on a lease per cycle and on one lease per worker). rslock and
     /// distributed-lock need a build with the `compare` feature; without it they are
     /// left out with a note.
     #[arg(long)]

@@ -10,4 +10,5 @@ mod election;
 mod fault_conformance;
 mod primitives;
 mod recipe;
+mod session_lease;
 mod tls;

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use common::{etcdctl, eventually, keys_under, shared_port, start_server, url_for};
+use common::{etcdctl, eventually, keys_under, leases, shared_port, start_server, url_for};
 use distlock_api::{LockError, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_etcd::EtcdLock;
 
@@ -37,15 +37,6 @@ async fn connect(port: u16) -> EtcdLock {
     EtcdLock::connect(&url_for(port))
         .await
         .expect("connects to etcd")
-}
-
-/// The ids `etcdctl lease list` shows on the server at `port`.
-fn leases(port: u16) -> Vec<String> {
-    etcdctl(port, &["lease", "list"])
-        .lines()
-        .filter(|l| l.starts_with("id: "))
-        .map(str::to_owned)
-        .collect()
 }
 
 /// On a server of its own (so that no other test's lease is listed): permits and

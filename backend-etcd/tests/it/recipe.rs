@@ -8,7 +8,7 @@ use crate::common;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{direct, etcdctl, eventually, keys_under, shared_port};
+use common::{direct, etcdctl, eventually, keys_under, lease_of, shared_port};
 use distlock_api::{LockError, LockKey, LockOptions, ReleaseOutcome, WaitPolicy};
 use distlock_etcd::{EtcdConfig, EtcdLock};
 use distlock_test_servers::EtcdServer;
@@ -395,7 +395,10 @@ async fn revoking_the_lease_from_outside_fires_lost() {
         .acquire(&key, &no_wait(Duration::from_secs(30)))
         .await
         .unwrap();
-    let lease = (guard.lease().owner().as_u128() >> 64) as u64;
+    // The lease the key is on (the client's shared lease of that TTL).
+    let own = keys_under(port, &lock.lock_prefix(&key));
+    assert_eq!(own.len(), 1, "{own:?}");
+    let lease = lease_of(port, &own[0]);
     let revoked = Instant::now();
     etcdctl(port, &["lease", "revoke", &format!("{lease:x}")]);
     tokio::time::timeout(Duration::from_secs(2), guard.lost())
@@ -553,18 +556,6 @@ async fn until_no_lease(port: u16) {
         "{}",
         etcdctl(port, &["lease", "list"])
     );
-}
-
-/// The lease `key` is attached to, from `etcdctl get -w json` (0 for none or no key).
-fn lease_of(port: u16, key: &str) -> u64 {
-    let json = etcdctl(port, &["get", key, "-w", "json"]);
-    json.split("\"lease\":")
-        .nth(1)
-        .and_then(|rest| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            digits.parse().ok()
-        })
-        .unwrap_or(0)
 }
 
 /// A waiter whose lock has a TTL above the 3 s waiting lease is granted while its key

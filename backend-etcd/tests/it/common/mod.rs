@@ -71,6 +71,28 @@ pub fn etcdctl(port: u16, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// The ids (hex) `etcdctl lease list` shows: etcdctl 3.4 prints `found N leases`,
+/// then one id a line.
+pub fn leases(port: u16) -> Vec<String> {
+    etcdctl(port, &["lease", "list"])
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with("found "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The lease `key` is attached to, from `etcdctl get -w json` (0 for none or no key).
+pub fn lease_of(port: u16, key: &str) -> u64 {
+    let json = etcdctl(port, &["get", key, "-w", "json"]);
+    json.split("\"lease\":")
+        .nth(1)
+        .and_then(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .unwrap_or(0)
+}
+
 /// Every key under `prefix` (`etcdctl get --prefix --keys-only`).
 pub fn keys_under(port: u16, prefix: &str) -> Vec<String> {
     etcdctl(port, &["get", "--prefix", "--keys-only", prefix])
@@ -121,9 +143,10 @@ impl Harness for EtcdHarness {
         Duration::from_millis(1500)
     }
 
-    /// A cut-off holder keeps its lock until etcd expires its lease: the TTL rounded
-    /// up to whole seconds, plus the leader's expiry sweep (every 500 ms) and the
-    /// revoke's raft round.
+    /// A cut-off holder keeps its lock until etcd expires the client's lease of that
+    /// TTL: the TTL rounded up to whole seconds after its last keep-alive (sent before
+    /// the cut), plus the leader's expiry sweep (every 500 ms) and the revoke's raft
+    /// round.
     fn crash_bound(&self, ttl: Duration) -> Duration {
         Duration::from_secs(ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0))
             + Duration::from_millis(600)
