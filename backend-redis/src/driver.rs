@@ -35,12 +35,12 @@ pub(crate) fn install_crypto_provider() {
 /// [`LockError::Config`] for a URL the driver refuses (the message does not repeat
 /// the URL: it may carry a password).
 pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), LockError> {
-    let info = url.into_connection_info().map_err(|e| LockError::Config {
-        backend: REDIS_BACKEND,
-        // Not the URL itself: it may carry a password.
-        message: "invalid Redis URL".to_owned(),
-        source: Some(Box::new(e)),
-    })?;
+    // The driver's own error says no more than "did not parse" and its enum's name:
+    // the message says what is wrong in words, naming the address (never the URL
+    // itself, which may carry a password).
+    let info = url
+        .into_connection_info()
+        .map_err(|_| LockError::config(REDIS_BACKEND, url_problem(url)))?;
     let settings = info
         .redis_settings()
         .clone()
@@ -49,12 +49,60 @@ pub(crate) fn driver_client(url: &str) -> Result<(redis::Client, String, i64), L
     let info = info.set_redis_settings(settings);
     let address = info.addr().to_string();
     install_crypto_provider();
-    let client = redis::Client::open(info).map_err(|e| LockError::Config {
-        backend: REDIS_BACKEND,
-        message: format!("{address}: invalid Redis connection settings"),
-        source: Some(Box::new(e)),
+    let client = redis::Client::open(info).map_err(|e| {
+        LockError::config(
+            REDIS_BACKEND,
+            format!(
+                "{address}: invalid Redis connection settings ({})",
+                distlock_api::in_words(&e)
+            ),
+        )
     })?;
     Ok((client, address, db))
+}
+
+/// What is wrong with a Redis `url` the driver refused, in words, after the
+/// `host:port` it names (if it names one): never the URL's credentials.
+pub(crate) fn url_problem(url: &str) -> String {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (authority, path) = match rest.find(['/', '?', '#']) {
+        Some(at) => rest.split_at(at),
+        None => (rest, ""),
+    };
+    // Credentials end at the last '@' of the authority.
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let problem = if host_port.is_empty() {
+        "the Redis URL names no host".to_owned()
+    } else if let Some(port) = bad_port(host_port) {
+        format!("the port {port:?} is not a number from 1 to 65535")
+    } else if let Some(db) = path
+        .strip_prefix('/')
+        .map(|p| p.split(['?', '#']).next().unwrap_or(p))
+        .filter(|db| !db.is_empty() && db.parse::<u32>().is_err())
+    {
+        format!("the database {db:?} (the URL's path) is not a number")
+    } else {
+        "not a valid Redis URL (redis://[user:password@]host[:port][/db])".to_owned()
+    };
+    if host_port.is_empty() {
+        format!("invalid Redis URL: {problem}")
+    } else {
+        format!("{host_port}: invalid Redis URL: {problem}")
+    }
+}
+
+/// The port of `host_port` when it is given and is not a port number.
+fn bad_port(host_port: &str) -> Option<&str> {
+    // `[::1]:6379`: the port follows the bracket.
+    let after_host = match host_port.rsplit_once(']') {
+        Some((_, after)) => after,
+        None => host_port,
+    };
+    let (_, port) = after_host.rsplit_once(':')?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => None,
+        _ => Some(port),
+    }
 }
 
 /// Opens an auto-reconnecting connection with `client` to the server at `address`

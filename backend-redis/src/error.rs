@@ -107,7 +107,7 @@ fn server_said(error: &RedisError) -> String {
 /// flux, which the next attempt finds settled: `MOVED`, `ASK` and `CLUSTERDOWN` from a
 /// Cluster whose slot moved or that is failing over (once the driver's own redirects
 /// are spent), `READONLY` from a Sentinel master demoted to a replica.
-const RETRY_CODES: [&str; 8] = [
+pub(crate) const RETRY_CODES: [&str; 8] = [
     "LOADING",
     "BUSY",
     "TRYAGAIN",

@@ -185,7 +185,13 @@
 //! the last reason (a [`distlock_api::LockError::Connection`] naming the address and
 //! the cause in words, such as "connection refused"). Refused credentials or
 //! database, and a server that is not Redis (or wants TLS), fail at once. Redlock,
-//! Sentinel and Cluster URLs make one attempt per node within that timeout.
+//! Sentinel and Cluster URLs retry the same way within that timeout: Redlock the nodes
+//! that refuse for now, until a majority is up; Sentinel while the Sentinels refuse
+//! connections or do not know the master yet (a misspelt name is a
+//! [`distlock_api::LockError::Config`] at the timeout) and while the master they
+//! name refuses, loads or is still a replica; Cluster while its seeds refuse or the
+//! Cluster is not `cluster_state:ok`. A malformed URL is a configuration error saying
+//! what is wrong, naming the `host:port` it gives, never its password.
 
 // docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -2,8 +2,10 @@
 //! counted twice, and letting a Redlock node that was down at start-up join later.
 //!
 //! - A single node must answer at connect.
-//! - Redlock needs a majority at connect, as it does for every acquire later. A node
-//!   that does not answer (a connection error) is retried in the background, and its
+//! - Redlock needs a majority at connect, as it does for every acquire later. Nodes
+//!   refusing for now (a closed port while a server restarts, `LOADING`) are tried
+//!   again with backoff until a majority is up or the connect timeout has passed. A
+//!   node still not answering then is retried in the background, and its
 //!   share of every operation fails at once, without spending a connect timeout, until
 //!   it joins. A node that answers with a refusal (credentials, database, not a Redis
 //!   server) fails the connect whatever the others do: that is configuration, not an
@@ -17,8 +19,10 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use distlock_api::connect_retry::{Refused, CONNECT_BACKOFF};
 use distlock_api::{AtAddress, LockError};
 use futures_util::future::join_all;
+use tokio::time::{sleep_until, timeout_at, Instant};
 
 use crate::conn::NodeConn;
 use crate::node::{Node, WeakNode};
@@ -51,33 +55,17 @@ pub(crate) async fn connect_nodes(
         return Ok(nodes);
     }
     refuse_shared_addresses(&nodes, connect_timeout).await?;
-    let opened = join_all(nodes.iter().map(|node| async move {
-        let conn = node.open().await?;
-        let id = node.server_id(&conn).await?;
-        Ok::<_, LockError>((conn, id))
-    }))
-    .await;
+    let opened = open_majority(&nodes, connect_timeout).await?;
     let (mut up, mut down) = (Vec::new(), Vec::new());
-    for (node, result) in nodes.iter().zip(opened) {
-        match result {
-            Ok((conn, id)) => up.push((node, conn, id)),
-            Err(error @ LockError::Config { .. }) => return Err(error),
-            Err(error) => down.push((node, error)),
+    for (node, state) in nodes.iter().zip(opened) {
+        match state {
+            Opened::Up(conn, id) => up.push((node, conn, id)),
+            Opened::Trying(error) => down.push((
+                node,
+                error.unwrap_or_else(|| node.no_connection(connect_timeout)),
+            )),
+            Opened::Down(error) => down.push((node, error)),
         }
-    }
-    refuse_shared_identities(&up)?;
-    let quorum = nodes.len() / 2 + 1;
-    if up.len() < quorum {
-        let reasons: Vec<String> = down.iter().map(|(_, error)| at_node(error)).collect();
-        return Err(LockError::connection(
-            REDLOCK_BACKEND,
-            format!(
-                "only {} of {} Redlock nodes answered, and a majority of {quorum} is needed: {}",
-                up.len(),
-                nodes.len(),
-                reasons.join("; ")
-            ),
-        ));
     }
     for (node, conn, _) in up {
         node.join(conn);
@@ -92,6 +80,112 @@ pub(crate) async fn connect_nodes(
         tokio::spawn(join_later(node.downgrade(), everyone.clone()));
     }
     Ok(nodes)
+}
+
+/// Where one Redlock node stands while the connect opens them.
+enum Opened {
+    /// Connected, with its server's `run_id` (if it tells).
+    Up(NodeConn, Option<String>),
+    /// Refused for now (a closed port, `LOADING`), with the last reason (`None` while
+    /// no attempt has ended): tried again until the connect timeout.
+    Trying(Option<LockError>),
+    /// Refused in a way retrying at connect cannot fix, short of a configuration error
+    /// (something other than Redis listens there): left to the background joiner.
+    Down(LockError),
+}
+
+/// Opens Redlock's nodes all at once, then again those that refused for now (with
+/// [`CONNECT_BACKOFF`] between rounds) until a majority is up or `limit` has passed;
+/// whatever is up by then is the answer. Each round waits for every node it tries,
+/// but never past the connect deadline.
+///
+/// # Errors
+/// [`LockError::Config`] at once for a node's refusal that is configuration
+/// (credentials, database) or for two nodes reporting one `run_id`;
+/// [`LockError::Connection`] when no majority is up at the deadline, naming every
+/// node that is not and why.
+async fn open_majority(nodes: &[Node], limit: Duration) -> Result<Vec<Opened>, LockError> {
+    let deadline = Instant::now() + limit;
+    let mut delays = CONNECT_BACKOFF.delays();
+    let mut state: Vec<Opened> = nodes.iter().map(|_| Opened::Trying(None)).collect();
+    let quorum = nodes.len() / 2 + 1;
+    loop {
+        let trying: Vec<usize> = (0..nodes.len())
+            .filter(|&i| matches!(state[i], Opened::Trying(_)))
+            .collect();
+        let answers = join_all(trying.iter().map(|&i| async move {
+            let node = &nodes[i];
+            let attempt = async {
+                let conn = node.open_once().await?;
+                let id = node.server_id(&conn).await.map_err(Refused::by_kind)?;
+                Ok::<_, Refused>((conn, id))
+            };
+            // `None`: cut at the deadline, which says less than an earlier reason.
+            timeout_at(deadline, attempt).await.ok()
+        }))
+        .await;
+        for (i, answer) in trying.into_iter().zip(answers) {
+            match answer {
+                Some(Ok((conn, id))) => state[i] = Opened::Up(conn, id),
+                Some(Err(Refused::Lasting(error @ LockError::Config { .. }))) => return Err(error),
+                Some(Err(Refused::Lasting(error))) => state[i] = Opened::Down(error),
+                Some(Err(Refused::Passing(error))) => state[i] = Opened::Trying(Some(error)),
+                None => {}
+            }
+        }
+        let up: Vec<(&Node, NodeConn, Option<String>)> = nodes
+            .iter()
+            .zip(&state)
+            .filter_map(|(node, state)| match state {
+                Opened::Up(conn, id) => Some((node, conn.clone(), id.clone())),
+                _ => None,
+            })
+            .collect();
+        refuse_shared_identities(&up)?;
+        let still_trying = state.iter().any(|s| matches!(s, Opened::Trying(_)));
+        let next = Instant::now() + delays.next_delay();
+        if up.len() >= quorum {
+            return Ok(state);
+        }
+        if !still_trying {
+            return Err(no_majority(nodes, &state, up.len(), quorum, limit));
+        }
+        if next >= deadline {
+            // As `retry_connect`: a connect gives up at its timeout, not before.
+            sleep_until(deadline).await;
+            return Err(no_majority(nodes, &state, up.len(), quorum, limit));
+        }
+        sleep_until(next).await;
+    }
+}
+
+/// The error of a Redlock connect that found only `up` of its nodes answering.
+fn no_majority(
+    nodes: &[Node],
+    state: &[Opened],
+    up: usize,
+    quorum: usize,
+    limit: Duration,
+) -> LockError {
+    let reasons: Vec<String> = nodes
+        .iter()
+        .zip(state)
+        .filter_map(|(node, state)| match state {
+            Opened::Up(..) => None,
+            Opened::Trying(Some(error)) | Opened::Down(error) => Some(at_node(error)),
+            Opened::Trying(None) => Some(at_node(&node.no_connection(limit))),
+        })
+        .collect();
+    LockError::connection(
+        REDLOCK_BACKEND,
+        format!(
+            "only {up} of {} Redlock nodes answered within the connect timeout of {} ms, \
+             and a majority of {quorum} is needed: {}",
+            nodes.len(),
+            limit.as_millis(),
+            reasons.join("; ")
+        ),
+    )
 }
 
 /// A node's error as `address: what happened`, without the backend's prefix.

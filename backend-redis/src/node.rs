@@ -4,7 +4,7 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
-use distlock_api::connect_retry::retry_connect;
+use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
 use redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
 
@@ -205,35 +205,39 @@ impl Node {
     /// # Errors
     /// As [`Node::open`].
     pub(crate) async fn open_retrying(&self) -> Result<NodeConn, LockError> {
-        let Some(client) = &self.link.client else {
-            return self.open().await;
-        };
         let limit = self.link.connect_timeout;
         retry_connect(
             limit,
-            |_| async {
-                let manager =
-                    open_manager_with(client, self.link.connect_timeout, self.push_sink())
-                        .await
-                        .map_err(|e| {
-                            crate::error::connect_refused(&self.address, self.link.db, e)
-                        })?;
-                Ok(NodeConn::Direct(manager))
-            },
-            |last| {
-                last.unwrap_or_else(|| {
-                    LockError::connection_at(
-                        REDIS_BACKEND,
-                        &self.address,
-                        format!(
-                            "no connection within the connect timeout of {} ms",
-                            limit.as_millis()
-                        ),
-                    )
-                })
-            },
+            |_| self.open_once(),
+            |last| last.unwrap_or_else(|| self.no_connection(limit)),
         )
         .await
+    }
+
+    /// One connect attempt, its refusal sorted for
+    /// [`distlock_api::connect_retry::retry_connect`]: a refused or silent port and a
+    /// server still loading its dataset may pass; other refusals do not.
+    pub(crate) async fn open_once(&self) -> Result<NodeConn, Refused> {
+        let Some(client) = &self.link.client else {
+            return self.open().await.map_err(Refused::Lasting);
+        };
+        let manager = open_manager_with(client, self.link.connect_timeout, self.push_sink())
+            .await
+            .map_err(|e| crate::error::connect_refused(&self.address, self.link.db, e))?;
+        Ok(NodeConn::Direct(manager))
+    }
+
+    /// The error of a connect whose every attempt was still unanswered at the end of
+    /// the connect timeout `limit`.
+    pub(crate) fn no_connection(&self, limit: Duration) -> LockError {
+        LockError::connection_at(
+            REDIS_BACKEND,
+            &self.address,
+            format!(
+                "no connection within the connect timeout of {} ms",
+                limit.as_millis()
+            ),
+        )
     }
 }
 

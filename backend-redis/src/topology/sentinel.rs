@@ -19,6 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::LockError;
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
@@ -29,7 +30,7 @@ use redis::{
 use tokio::sync::Notify;
 
 use crate::config::SentinelUrl;
-use crate::driver::{driver_client, open_manager, PushSink};
+use crate::driver::{driver_client, open_manager_with, PushSink};
 use crate::REDIS_BACKEND;
 
 /// How often the Sentinels are asked whether the master moved, when nothing failed.
@@ -65,11 +66,17 @@ struct Sentinels {
 /// Finds the master through the Sentinels of `url` and connects to it, within
 /// `timeout` in all; then follows it in the background (see the module docs).
 ///
+/// What may pass is retried with backoff until `timeout` (see
+/// [`distlock_api::connect_retry`]): Sentinels or a master refusing connections
+/// (restarting), Sentinels that do not know the master yet, a master still loading
+/// its dataset or still a replica. The connect then fails with the last reason.
+///
 /// # Errors
-/// [`LockError::Config`] when the answering Sentinels do not know a master of that
-/// name, or the master refuses the credentials or database;
-/// [`LockError::Connection`] when no Sentinel answers, or the master they name does
-/// not answer or is not a master, within `timeout`.
+/// At once, [`LockError::Config`] when the master refuses the credentials or
+/// database, and [`LockError::Connection`] when every Sentinel refused in a way
+/// retrying cannot fix. At the timeout, [`LockError::Config`] when the answering
+/// Sentinels still know no master of that name, else [`LockError::Connection`]: no
+/// Sentinel answered, or the master they name did not answer or is not a master.
 pub(crate) async fn connect(
     url: SentinelUrl,
     timeout: Duration,
@@ -80,22 +87,28 @@ pub(crate) async fn connect(
         url,
         timeout,
     };
-    let first = tokio::time::timeout(timeout, async {
-        let address = sentinels.master_address(None).await?;
-        let conn = open_master(&sentinels.url, &address, timeout, router.clone()).await?;
-        Ok::<_, LockError>(Current { address, conn })
-    })
-    .await
-    .unwrap_or_else(|_| {
-        Err(LockError::connection(
-            REDIS_BACKEND,
-            format!(
-                "the Sentinels ({}) did not lead to an answering master {:?} within {timeout:?}",
-                sentinels.url.sentinels.join(","),
-                sentinels.url.master_name
-            ),
-        ))
-    })?;
+    let first = retry_connect(
+        timeout,
+        |_| async {
+            let address = sentinels.master_address(None).await?;
+            let conn = open_master(&sentinels.url, &address, timeout, router.clone()).await?;
+            Ok(Current { address, conn })
+        },
+        |last| {
+            last.unwrap_or_else(|| {
+                LockError::connection(
+                    REDIS_BACKEND,
+                    format!(
+                        "the Sentinels ({}) did not lead to an answering master {:?} within the connect timeout of {} ms",
+                        sentinels.url.sentinels.join(","),
+                        sentinels.url.master_name,
+                        timeout.as_millis()
+                    ),
+                )
+            })
+        },
+    )
+    .await?;
     let look_now = Arc::new(Notify::new());
     let state = Arc::new(State {
         sentinels,
@@ -137,7 +150,8 @@ impl State {
         let address = match self.sentinels.master_address(Some(&now)).await {
             Ok(address) if address != now => address,
             Ok(_) => return,
-            Err(error) => {
+            Err(refused) => {
+                let error = LockError::from(refused);
                 tracing::debug!(%error, "asking the Sentinels for the master failed");
                 return;
             }
@@ -151,7 +165,8 @@ impl State {
         .await
         {
             Ok(conn) => conn,
-            Err(error) => {
+            Err(refused) => {
+                let error = LockError::from(refused);
                 tracing::warn!(%error, master = %address, "the Sentinels name a new master that does not answer yet");
                 return;
             }
@@ -203,13 +218,22 @@ impl Sentinels {
     ///
     /// Stops waiting once a majority of the listed Sentinels agree, so one Sentinel
     /// that does not answer (a partition) costs nothing when the others do.
-    async fn master_address(&self, now: Option<&str>) -> Result<String, LockError> {
+    ///
+    /// # Errors
+    /// [`Refused::Passing`] when no Sentinel names a master: those that answer do not
+    /// know the name (yet: a Sentinel just started learns it from its configuration or
+    /// a `SENTINEL MONITOR`; for a misspelt name this is a [`LockError::Config`] once
+    /// the connect timeout is spent), or they are unreachable for now;
+    /// [`Refused::Lasting`] when every Sentinel refused in a way retrying cannot fix
+    /// (a password it wants, TLS on one side only, not a Sentinel).
+    async fn master_address(&self, now: Option<&str>) -> Result<String, Refused> {
         let mut asking: FuturesUnordered<_> = (0..self.conns.len())
             .map(|i| async move { (i, self.ask(i).await) })
             .collect();
         let majority = self.conns.len() / 2 + 1;
         let mut votes: HashMap<String, usize> = HashMap::new();
         let (mut unknown, mut failures) = (Vec::new(), Vec::new());
+        let mut lasting_failures = 0;
         while let Some((i, answer)) = asking.next().await {
             let sentinel = self.url.sentinels[i].as_str();
             match answer {
@@ -226,7 +250,10 @@ impl Sentinels {
                         break;
                     }
                 }
-                Err(error) => failures.push(format!("{sentinel}: {error}")),
+                Err(Asked { words, lasting }) => {
+                    failures.push(format!("{sentinel}: {words}"));
+                    lasting_failures += usize::from(lasting);
+                }
             }
         }
         let most = votes.values().copied().max().unwrap_or(0);
@@ -245,7 +272,7 @@ impl Sentinels {
         }
         let name = &self.url.master_name;
         if !unknown.is_empty() {
-            return Err(LockError::config(
+            return Err(Refused::Passing(LockError::config(
                 REDIS_BACKEND,
                 format!(
                     "the Sentinels ({}) know no master named {name:?}{}",
@@ -256,20 +283,25 @@ impl Sentinels {
                         format!("; others did not answer: {}", failures.join("; "))
                     }
                 ),
-            ));
+            )));
         }
-        Err(LockError::connection(
+        let error = LockError::connection(
             REDIS_BACKEND,
             format!(
                 "no Sentinel answered for master {name:?}: {}",
                 failures.join("; ")
             ),
-        ))
+        );
+        Err(if lasting_failures == self.conns.len() {
+            Refused::Lasting(error)
+        } else {
+            Refused::Passing(error)
+        })
     }
 
     /// Sentinel `i`'s answer: the master's `host:port`, or `None` when it does not
     /// know the name.
-    async fn ask(&self, i: usize) -> Result<Option<String>, String> {
+    async fn ask(&self, i: usize) -> Result<Option<String>, Asked> {
         let address = &self.url.sentinels[i];
         let cached = self.conns[i]
             .lock()
@@ -295,41 +327,79 @@ impl Sentinels {
             Ok(Ok(reply)) => Ok(reply.map(|(host, port)| format!("{host}:{port}"))),
             Ok(Err(error)) => {
                 *self.conns[i].lock().unwrap_or_else(PoisonError::into_inner) = None;
-                Err(error.to_string())
+                Err(Asked::from(error))
             }
             Err(_) => {
                 *self.conns[i].lock().unwrap_or_else(PoisonError::into_inner) = None;
-                Err(format!("no answer within {:?}", self.timeout))
+                Err(Asked {
+                    words: format!("no answer within {} ms", self.timeout.as_millis()),
+                    lasting: false,
+                })
             }
         }
     }
 
-    async fn open(&self, address: &str) -> Result<MultiplexedConnection, String> {
-        let client =
-            redis::Client::open(self.url.sentinel_url(address)).map_err(|e| e.to_string())?;
+    async fn open(&self, address: &str) -> Result<MultiplexedConnection, Asked> {
+        let client = redis::Client::open(self.url.sentinel_url(address)).map_err(|_| Asked {
+            words: "invalid Sentinel address".to_owned(),
+            lasting: true,
+        })?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.timeout))
             .set_response_timeout(Some(self.timeout));
         client
             .get_multiplexed_async_connection_with_config(&config)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(Asked::from)
+    }
+}
+
+/// Why a Sentinel gave no master address: the cause in words, and whether retrying
+/// cannot fix it (anything but a refused or silent port and a "try again" reply).
+struct Asked {
+    words: String,
+    lasting: bool,
+}
+
+impl From<RedisError> for Asked {
+    fn from(error: RedisError) -> Asked {
+        let passing = error.is_connection_refusal()
+            || error.is_timeout()
+            || crate::error::is_transient(&error);
+        let words = if error.is_connection_refusal() {
+            "connection refused".to_owned()
+        } else if error.is_timeout() {
+            "timed out".to_owned()
+        } else {
+            distlock_api::in_words(&error)
+        };
+        Asked {
+            words,
+            lasting: !passing,
+        }
     }
 }
 
 /// Connects to the master at `address` and checks it says it is one.
+///
+/// # Errors
+/// As [`crate::node::Node::open_once`]; a server that says it is a replica (a
+/// failover under way) may pass.
 async fn open_master(
     url: &SentinelUrl,
     address: &str,
     timeout: Duration,
     router: PushSink,
-) -> Result<ConnectionManager, LockError> {
-    let (client, address, db) = driver_client(&url.master_url(address))?;
-    let mut conn = open_manager(&client, &address, db, timeout, router).await?;
+) -> Result<ConnectionManager, Refused> {
+    let (client, address, db) =
+        driver_client(&url.master_url(address)).map_err(Refused::Lasting)?;
+    let mut conn = open_manager_with(&client, timeout, router)
+        .await
+        .map_err(|e| crate::error::connect_refused(&address, db, e))?;
     let role: RedisResult<Vec<Value>> = redis::cmd("ROLE").query_async(&mut conn).await;
     match role.as_deref() {
         Ok([Value::BulkString(role), ..]) if role.as_slice() != b"master" => {
-            Err(LockError::connection_at(
+            Err(Refused::Passing(LockError::connection_at(
                 REDIS_BACKEND,
                 &address,
                 format!(
@@ -337,7 +407,7 @@ async fn open_master(
                     url.master_name,
                     String::from_utf8_lossy(role)
                 ),
-            ))
+            )))
         }
         // An ACL user without ROLE: trust the Sentinels.
         Ok(_) | Err(_) => Ok(conn),

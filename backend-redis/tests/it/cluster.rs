@@ -226,7 +226,11 @@ async fn bad_cluster_urls_are_typed_errors_within_the_request_timeout() {
     ))
     .await
     .unwrap_err();
-    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "took {:?}",
+        started.elapsed()
+    );
     assert!(matches!(error, LockError::Connection { .. }), "{error}");
 
     for url in [

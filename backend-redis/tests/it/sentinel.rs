@@ -287,6 +287,9 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
         .collect::<Vec<_>>()
         .join(",");
     let bound = Duration::from_millis(2500);
+    // What may pass (a name the Sentinels may learn yet, a Sentinel refusing
+    // connections) is retried until the connect timeout (2 s), then fails.
+    let retried = Duration::from_secs(6);
 
     for url in [
         format!("redis+sentinel://{hosts}"),
@@ -301,7 +304,7 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
     let error = RedisLock::connect(&format!("redis+sentinel://{hosts}/nosuchmaster"))
         .await
         .unwrap_err();
-    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    assert!(started.elapsed() < retried, "took {:?}", started.elapsed());
     assert!(matches!(error, LockError::Config { .. }), "{error}");
     assert!(error.to_string().contains("nosuchmaster"), "{error}");
 
@@ -314,7 +317,7 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
     let error = RedisLock::connect(&format!("redis+sentinel://127.0.0.1:{nobody}/distlock"))
         .await
         .unwrap_err();
-    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    assert!(started.elapsed() < retried, "took {:?}", started.elapsed());
     assert!(matches!(error, LockError::Connection { .. }), "{error}");
 
     // A Sentinel that never answers (a partition) delays nothing while a majority of
@@ -341,7 +344,7 @@ async fn bad_sentinel_urls_are_typed_errors_within_the_request_timeout() {
     ))
     .await
     .unwrap_err();
-    assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
+    assert!(started.elapsed() < retried, "took {:?}", started.elapsed());
     assert!(matches!(error, LockError::Config { .. }), "{error}");
 
     // One Sentinel down among answering ones is no obstacle.
