@@ -232,6 +232,16 @@ impl std::fmt::Debug for PostgresUrl {
     }
 }
 
+/// The `host[:port]` list of `url`, without any user or password, for messages.
+fn address_of(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let authority = rest.split(['/', '?', '#']).next()?;
+    let hosts = authority
+        .rsplit_once('@')
+        .map_or(authority, |(_, hosts)| hosts);
+    (!hosts.is_empty()).then_some(hosts)
+}
+
 /// Parses `postgres://` or `postgresql://` URLs in the forms sqlx accepts
 /// (`postgres://user:password@host:port/database?options`). An `application_name` is
 /// set to `distlock` unless the URL names one.
@@ -270,7 +280,10 @@ pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
     }
     let unparsable = |source: Box<dyn std::error::Error + Send + Sync>| LockError::Config {
         backend: POSTGRES_BACKEND,
-        message: "the Postgres URL could not be parsed".into(),
+        message: match address_of(url) {
+            Some(address) => format!("{address}: the Postgres URL could not be parsed"),
+            None => "the Postgres URL could not be parsed".into(),
+        },
         source: Some(source),
     };
     let mut parsed = url::Url::parse(url).map_err(|e| unparsable(e.into()))?;
@@ -399,6 +412,22 @@ fn session_settings(config: &PostgresConfig) -> Vec<(&'static str, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unparsable_url_names_its_address_but_not_its_password() {
+        let Err(LockError::Config {
+            message, source, ..
+        }) = parse_url("postgres://app:s3cret@db.example:99999/locks")
+        else {
+            panic!("a bad port is a configuration error");
+        };
+        assert_eq!(
+            message,
+            "db.example:99999: the Postgres URL could not be parsed"
+        );
+        assert!(source.is_some_and(|s| s.to_string().contains("port")));
+        assert_eq!(address_of("postgres:///locks"), None);
+    }
 
     #[test]
     fn default_is_valid() {

@@ -8,6 +8,7 @@ mod cluster;
 mod common;
 mod conformance;
 mod connect;
+mod connect_topologies;
 mod election;
 mod fault_conformance;
 mod faults;
