@@ -17,7 +17,7 @@ use tokio::sync::Mutex as AsyncMutex;
 use super::harness::{Claim, Fault, FaultClient, FaultHarness, NetFaults, ServerAction, Topology};
 use distlock_conformance::{Client, Harness, UrlConnector};
 use distlock_test_servers::{
-    EtcdCluster, FaultProxy, ServerControl, ServerError, Started, ZooKeeperEnsemble,
+    loopback_hosts, EtcdCluster, FaultProxy, ServerControl, ServerError, Started, ZooKeeperEnsemble,
 };
 
 /// Ends the server-side sessions of one client: given the client's number, the
@@ -187,13 +187,8 @@ impl ServerHarness {
     /// The URL template filled in for the servers at `ports` (the real ones, or a
     /// client's proxies) and client number `id`.
     pub fn url_for(&self, ports: &[u16], id: usize) -> String {
-        let hosts = ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
         self.url_template
-            .replace("{hosts}", &hosts)
+            .replace("{hosts}", &loopback_hosts(ports))
             .replace("{client}", &id.to_string())
     }
 

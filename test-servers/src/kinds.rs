@@ -77,13 +77,18 @@ impl ServerKind {
 
     /// The template filled in for servers at `ports`.
     pub fn url_for(&self, ports: &[u16]) -> String {
-        let hosts = ports
-            .iter()
-            .map(|p| format!("127.0.0.1:{p}"))
-            .collect::<Vec<_>>()
-            .join(",");
-        self.template(ports.len()).replace("{hosts}", &hosts)
+        self.template(ports.len())
+            .replace("{hosts}", &loopback_hosts(ports))
     }
+}
+
+/// `127.0.0.1:P1,127.0.0.1:P2,…` for `ports`: what a URL template's `{hosts}` stands for.
+pub fn loopback_hosts(ports: &[u16]) -> String {
+    ports
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Every kind of server, by backend.

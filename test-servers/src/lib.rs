@@ -82,7 +82,9 @@ pub use control::ServerControl;
 pub use etcd::{EtcdCluster, EtcdServer, EtcdServerOptions};
 pub use etcd_tls::EtcdTlsServer;
 pub use fault_proxy::FaultProxy;
-pub use kinds::{default_port, kind_for_scheme, kind_named, ServerKind, Started, SERVER_KINDS};
+pub use kinds::{
+    default_port, kind_for_scheme, kind_named, loopback_hosts, ServerKind, Started, SERVER_KINDS,
+};
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
