@@ -43,12 +43,9 @@ while (($#)); do
     shift
 done
 
-# The CLI and the bench (feature `compare`) build on their own: the peer crate
-# distributed-lock turns on sqlx's native-tls, and sqlx then uses OpenSSL instead of
-# rustls in every crate of the same build, which would test the Postgres backend's TLS
-# on a stack its users do not get by default (README, "Postgres TLS").
-workspace="--workspace --exclude distlock-cli --exclude distlock-bench --all-features"
-cli="-p distlock-cli -p distlock-bench --all-features"
+# One selection: every crate, every feature. (No peer crate in the bench turns on
+# sqlx's native-tls, which would switch the Postgres backend's TLS to OpenSSL.)
+workspace="--workspace --all-features"
 # With every backend feature off, connect() must name the feature a scheme needs.
 no_default="-p distlock --no-default-features --lib"
 
@@ -56,11 +53,10 @@ q_cargo=""
 q_test=""
 ((${#cargo_args[@]} == 0)) || q_cargo=$(printf ' %q' "${cargo_args[@]}")
 ((${#test_args[@]} == 0)) || q_test=$(printf ' %q' "${test_args[@]}")
-# Doc tests cannot be built ahead; they run last, each with its build's selection so
-# that cargo finds the libraries built already.
-doc="cargo test --doc $workspace$q_cargo --$q_test; ws=\$?"
-doc+="; cargo test --doc $cli$q_cargo --$q_test && exit \$ws"
+# Doc tests cannot be built ahead; they run last, with the build's selection so that
+# cargo finds the libraries built already.
+doc="cargo test --doc $workspace$q_cargo --$q_test"
 
 python3 scripts/run-tests.py \
-    --build "$workspace$q_cargo" --build "$cli$q_cargo" --build "$no_default$q_cargo" \
+    --build "$workspace$q_cargo" --build "$no_default$q_cargo" \
     --doc "$doc" -- "${test_args[@]}"

@@ -255,13 +255,10 @@ async fn connect_sides(
                 "sqlx PgAdvisoryLock",
                 Ok(Box::new(postgres::SqlxAdvisory::new(url))),
             );
-            #[cfg(feature = "compare")]
-            add(
-                "distributed-lock",
-                boxed(postgres::DistributedLockPostgres::connect(url).await),
+            notes.push(
+                "distributed-lock left out: its Postgres crate switches sqlx to OpenSSL in the whole build"
+                    .into(),
             );
-            #[cfg(not(feature = "compare"))]
-            notes.push(WITHOUT_PEERS.into());
         }
         Backend::RedisTopology => notes.push(
             "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),

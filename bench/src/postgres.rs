@@ -1,20 +1,14 @@
 //! Postgres comparators: the raw bound (`pg_try_advisory_lock` + `pg_advisory_unlock`
-//! through sqlx), sqlx's own `PgAdvisoryLock` and distributed-lock 0.2; and the
-//! server-side connection count.
-
-#[cfg(feature = "compare")]
-use std::sync::Arc;
+//! through sqlx) and sqlx's own `PgAdvisoryLock`; and the server-side connection count.
+//!
+//! distributed-lock's Postgres lock is not a comparator: its crate turns on sqlx's
+//! `native-tls`, and sqlx then uses OpenSSL instead of rustls in every crate of the same
+//! build, the Postgres backend's TLS included.
 
 use async_trait::async_trait;
-#[cfg(feature = "compare")]
-use distributed_lock::{
-    DistributedLock as _, LockHandle as _, LockProvider as _, PostgresLockProvider,
-};
 use sqlx::postgres::PgAdvisoryLock;
 use sqlx::{Connection as _, PgConnection};
 
-#[cfg(feature = "compare")]
-use crate::side::PATIENCE;
 use crate::side::{BoxError, Contender, Side};
 
 /// Client connections open on the server (`pg_stat_activity`), this probe included.
@@ -145,58 +139,6 @@ impl Contender for SqlxContender {
         let guard = lock.acquire(conn).await?;
         held();
         self.conn = Some(guard.release_now().await?);
-        Ok(())
-    }
-}
-
-#[cfg(feature = "compare")]
-/// distributed-lock 0.2 (Postgres) with its defaults: one provider (its own sqlx pool)
-/// shared by every worker.
-pub(crate) struct DistributedLockPostgres {
-    provider: Arc<PostgresLockProvider>,
-}
-
-#[cfg(feature = "compare")]
-impl DistributedLockPostgres {
-    pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
-        Ok(DistributedLockPostgres {
-            provider: Arc::new(
-                PostgresLockProvider::builder()
-                    .connection_string(url)
-                    .build()
-                    .await?,
-            ),
-        })
-    }
-}
-
-#[cfg(feature = "compare")]
-#[async_trait]
-impl Side for DistributedLockPostgres {
-    fn name(&self) -> &'static str {
-        "distributed-lock"
-    }
-
-    async fn contender(&self, _worker: usize) -> Result<Box<dyn Contender>, BoxError> {
-        Ok(Box::new(DistributedLockPostgresContender {
-            provider: self.provider.clone(),
-        }))
-    }
-}
-
-#[cfg(feature = "compare")]
-struct DistributedLockPostgresContender {
-    provider: Arc<PostgresLockProvider>,
-}
-
-#[cfg(feature = "compare")]
-#[async_trait]
-impl Contender for DistributedLockPostgresContender {
-    async fn cycle(&mut self, key: &str, held: &mut (dyn FnMut() + Send)) -> Result<(), BoxError> {
-        let lock = self.provider.create_lock(&format!("bench/dl/{key}"));
-        let handle = lock.acquire(Some(PATIENCE)).await?;
-        held();
-        handle.release().await?;
         Ok(())
     }
 }

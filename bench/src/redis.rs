@@ -5,9 +5,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 #[cfg(feature = "compare")]
-use distributed_lock::{
-    DistributedLock as _, LockHandle as _, LockProvider as _, RedisLockProvider,
-};
+use distributed_lock_core::{DistributedLock as _, LockHandle as _, LockProvider as _};
+#[cfg(feature = "compare")]
+use distributed_lock_redis::RedisLockProvider;
 use redis::aio::MultiplexedConnection;
 
 #[cfg(feature = "compare")]
