@@ -28,12 +28,12 @@
 //!
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
-//! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
-//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token (a
-//!   fresh counter is seeded with the server's clock in µs and expires the TTL + 10 s
-//!   later; Redlock skips the counter and hands out no token); when the key is held
-//!   it returns the holder's `PTTL` instead, the longest a waiter has to wait, and a
-//!   waiter listening for wake-ups marks the key `{K}:waiting` (with an expiry);
+//! - **acquire**: the first attempt is a pipeline without a script, `SET {K} <owner>
+//!   NX PX <ttl>` and (not on Redlock, which hands out no token) `INCR` of the key's
+//!   hash-slot counter (see [`KeyNames::fence`]), whose new value is the fencing token;
+//!   a waiter's later attempts run a Lua script doing the same that, when the key is
+//!   held, marks it `{K}:waiting` (with an expiry) and returns the holder's `PTTL`, the
+//!   longest the waiter has to wait;
 //! - **release** is an owner-checked `DEL` in Lua, of the lock and its `{K}:waiting`
 //!   marker together, that `PUBLISH`es on `{K}:released` only when the marker was
 //!   there (FIFO waiters mark it too while queued; woken waiters that find the key held
@@ -140,8 +140,9 @@
 //!   above every earlier grant's of the key, so a fenced resource can refuse a writer
 //!   whose lease ran out.
 //!
-//! Waiting, the `:waiting` marker and fencing tokens (a `:fence` counter seeded from the
-//! server's clock) work as for the mutex. FIFO waiting is the mutex's only. Across a
+//! Waiting and the `:waiting` marker work as for the mutex; their fencing tokens come
+//! from a per-key `:fence` counter seeded from the server's clock (µs), which expires
+//! the TTL plus 10 s after it was seeded. FIFO waiting is the mutex's only. Across a
 //! Sentinel or Cluster failover they follow the mutex's rules: replication is
 //! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
@@ -151,7 +152,8 @@
 //! leadership is the mutex recipe on the record `{K}:election`, a hash of the owner
 //! token, the term and the candidate identity with the lease as its `PX`, written,
 //! extended and deleted whole by Lua scripts; the term is the next value of
-//! `{K}:election:fence`, the mutex's clock-seeded counter, taken in the winning
+//! `{K}:election:fence`, a per-key clock-seeded counter (the
+//! mutex's before its slot counters), taken in the winning
 //! campaign's script and carried by the lease as its fencing token. `leader()` reads
 //! the live leader's identity, term and remaining `PTTL` in one script. Candidates
 //! wait as mutex waiters do (a resign publishes on `{K}:election:released`); observers
@@ -164,11 +166,14 @@
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
-//! - Fencing: the `{K}:fence` counter, seeded from the server's clock whenever it is
-//!   gone (expired, or forgotten by a restart without persistence), so tokens keep
-//!   rising unless the server's clock steps back (the README's "Fencing tokens on
-//!   Redis" states how far is tolerated). A restart without persistence still forgets
-//!   held locks. Failover to an asynchronous replica can grant a lock twice.
+//! - Fencing: the key's hash-slot counter ([`KeyNames::fence`]), never expiring, and
+//!   seeded from the server's clock (ten times the µs) whenever it is gone (forgotten
+//!   by a restart without persistence), so tokens keep rising unless the server's clock
+//!   steps back just then (the Redis guide's "Fencing" states how far is tolerated). A
+//!   restart without persistence still forgets held locks. Failover to an asynchronous
+//!   replica can grant a lock twice. Clients of releases with per-key `{K}:fence`
+//!   counters exclude these on every key, but their tokens do not interleave (see the
+//!   guide's "Upgrading from the per-key counters").
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node
@@ -207,6 +212,7 @@ mod lock;
 mod membership;
 mod node;
 mod scripts;
+mod slots;
 mod topology;
 mod wakeups;
 

@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
-use redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value,
+};
 
 use crate::conn::NodeConn;
 use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
@@ -20,7 +22,8 @@ use crate::REDIS_BACKEND;
 pub(crate) enum NodeGrant {
     /// Granted, with the grant's fencing token (`None` when unfenced).
     Granted(Option<FencingToken>),
-    /// Held by another owner for at most this long (`None`: no expiry set).
+    /// Held by another owner for at most this long (`None`: no expiry set, or not
+    /// asked: an attempt of nobody subscribed retries at once anyway).
     Held(Option<Duration>),
 }
 
@@ -321,9 +324,17 @@ impl Node {
         }
     }
 
-    /// Runs the acquire script; `fenced` also hands out the next fencing token on
-    /// `{K}:fence`. `waiting`: how long a held key stays marked as waited on (`None`
-    /// for an attempt of nobody subscribed to the wake-ups).
+    /// One acquire attempt; `fenced` also hands out the next fencing token of the
+    /// key's slot counter (`names.fence`). `waiting`: how long a held key stays marked
+    /// as waited on (`None` for an attempt of nobody subscribed to the wake-ups).
+    ///
+    /// An attempt of nobody subscribed (every acquire's first) is a pipeline of
+    /// `SET NX PX` and `INCR` of the counter, no script: the cheapest grant that keeps
+    /// tokens rising per key (the `INCR` follows the `SET` on one connection, and the
+    /// next grant of the key follows this grant's release, so it comes after this
+    /// `INCR`). A held key's `INCR` is a token handed to nobody, which costs no
+    /// guarantee. A subscribed waiter's attempt runs [`crate::scripts::ACQUIRE`], which
+    /// also marks the key waited on and says how long it is held.
     pub(crate) async fn try_grant(
         &self,
         names: &KeyNames,
@@ -332,6 +343,9 @@ impl Node {
         fenced: bool,
         waiting: Option<Duration>,
     ) -> Result<NodeGrant, LockError> {
+        let Some(waiting) = waiting else {
+            return self.try_grant_pipelined(names, owner, ttl, fenced).await;
+        };
         let script = &*crate::scripts::ACQUIRE;
         let keys: &[&str] = if fenced {
             &[&names.lock, &names.fence]
@@ -339,12 +353,59 @@ impl Node {
             &[&names.lock]
         };
         let mut cmd = evalsha(script, keys);
-        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
-        if let Some(waiting) = waiting {
-            cmd.arg(ttl_millis(waiting));
+        cmd.arg(&hex(owner)[..])
+            .arg(ttl_millis(ttl))
+            .arg(ttl_millis(waiting));
+        let answer: Value = self.run(script, &cmd).await?;
+        grant_of(&answer, fenced).ok_or_else(|| unexpected("acquire script", &answer))
+    }
+
+    /// [`Node::try_grant`] without a script: `SET NX PX`, and `INCR` of the slot
+    /// counter when `fenced`, in one round trip.
+    async fn try_grant_pipelined(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<NodeGrant, LockError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&names.lock)
+            .arg(&hex(owner)[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_millis(ttl));
+        if fenced {
+            pipe.cmd("INCR").arg(&names.fence);
         }
-        let answer: i64 = self.run(script, &cmd).await?;
-        Ok(grant_of(answer, fenced))
+        let answers: Vec<Value> = pipe
+            .query_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
+        match answers.as_slice() {
+            [Value::Nil, ..] => Ok(NodeGrant::Held(None)),
+            [Value::Okay] if !fenced => Ok(NodeGrant::Granted(None)),
+            [Value::Okay, Value::Int(counted)] if fenced => {
+                let token = if *counted >= crate::scripts::SEED_FLOOR {
+                    counted.unsigned_abs()
+                } else {
+                    // The counter was gone: seed it from the server's clock.
+                    self.seeded_token(names).await?
+                };
+                Ok(NodeGrant::Granted(Some(FencingToken::new(token))))
+            }
+            _ => Err(unexpected("acquire", &Value::Array(answers))),
+        }
+    }
+
+    /// The next token of `names`' slot counter, which `INCR` found gone: seeded (see
+    /// [`crate::scripts::SEEDED_TOKEN`]).
+    async fn seeded_token(&self, names: &KeyNames) -> Result<u64, LockError> {
+        let script = &*crate::scripts::SEEDED_TOKEN;
+        let cmd = evalsha(script, &[&names.fence]);
+        let answer: Value = self.run(script, &cmd).await?;
+        token_of(&answer).ok_or_else(|| unexpected("token seeding script", &answer))
     }
 
     /// Runs the FIFO acquire script for the queued waiter `waiter`: joins the queue
@@ -374,21 +435,25 @@ impl Node {
             .arg(ttl_millis(ttl))
             .arg(waiter)
             .arg(ttl_millis(entry_ttl))
-            .arg(if join { "1" } else { "0" })
-            .arg(fence_keep_millis(ttl));
-        let answer: Vec<i64> = self.run(script, &cmd).await?;
+            .arg(if join { "1" } else { "0" });
+        let answer: Vec<Value> = self.run(script, &cmd).await?;
         let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
         Ok(match answer.as_slice() {
-            [1, token] => QueueGrant::Granted(FencingToken::new((*token).max(0) as u64)),
-            [0, held_for, next_deadline, place] => QueueGrant::Waiting {
-                held_for: millis(*held_for),
-                next_deadline: millis(*next_deadline),
-                place: u64::try_from(*place).ok(),
+            [Value::Int(1), token] => match token_of(token) {
+                Some(token) => QueueGrant::Granted(FencingToken::new(token)),
+                None => return Err(unexpected("FIFO acquire script", token)),
             },
-            other => {
-                return Err(LockError::backend_error(
-                    REDIS_BACKEND,
-                    format!("unexpected answer to the FIFO acquire script: {other:?}"),
+            [Value::Int(0), Value::Int(held_for), Value::Int(next_deadline), Value::Int(place)] => {
+                QueueGrant::Waiting {
+                    held_for: millis(*held_for),
+                    next_deadline: millis(*next_deadline),
+                    place: u64::try_from(*place).ok(),
+                }
+            }
+            _ => {
+                return Err(unexpected(
+                    "FIFO acquire script",
+                    &Value::Array(answer.clone()),
                 ))
             }
         })
@@ -538,14 +603,56 @@ impl Node {
 }
 
 /// What the acquire script's answer says (see [`crate::scripts::ACQUIRE`]): a grant
-/// when positive (the fencing token when `fenced`), else held, for `-1 - answer` ms
-/// when that is not negative.
-fn grant_of(answer: i64, fenced: bool) -> NodeGrant {
-    if answer > 0 {
-        NodeGrant::Granted(fenced.then(|| FencingToken::new(answer.unsigned_abs())))
-    } else {
-        let pttl = answer.saturating_neg().saturating_sub(1);
-        NodeGrant::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
+/// when a string (the fencing token, when `fenced`) or a positive number (unfenced),
+/// else held, for `-1 - answer` ms when that is not negative. `None` for anything else.
+fn grant_of(answer: &Value, fenced: bool) -> Option<NodeGrant> {
+    match answer {
+        Value::Int(answer) if *answer > 0 && !fenced => Some(NodeGrant::Granted(None)),
+        Value::Int(answer) if *answer <= 0 => {
+            let pttl = answer.saturating_neg().saturating_sub(1);
+            Some(NodeGrant::Held(
+                u64::try_from(pttl).ok().map(Duration::from_millis),
+            ))
+        }
+        other if fenced => Some(NodeGrant::Granted(Some(FencingToken::new(token_of(
+            other,
+        )?)))),
+        _ => None,
+    }
+}
+
+/// A fencing token a script answered as a string (or, from a counter below 2^53, a
+/// number).
+fn token_of(answer: &Value) -> Option<u64> {
+    match answer {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        Value::Int(n) => u64::try_from(*n).ok().filter(|n| *n > 0),
+        _ => None,
+    }
+}
+
+/// The error of a reply distlock does not understand (another program's key of the
+/// same name, a server of another kind): the reply is named by its shape only.
+fn unexpected(what: &str, answer: &Value) -> LockError {
+    LockError::backend_error(
+        REDIS_BACKEND,
+        format!("unexpected answer to the {what}: {}", shape(answer)),
+    )
+}
+
+/// A short description of a reply, for errors: its kind and size, no contents.
+fn shape(answer: &Value) -> String {
+    match answer {
+        Value::Nil => "nothing".to_owned(),
+        Value::Int(n) => format!("the number {n}"),
+        Value::BulkString(bytes) => format!("a string of {} bytes", bytes.len()),
+        Value::Array(items) => format!(
+            "a list of {}",
+            items.iter().map(shape).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Okay => "OK".to_owned(),
+        _ => "a reply of another kind".to_owned(),
     }
 }
 
@@ -595,30 +702,33 @@ mod tests {
 
     #[test]
     fn acquire_answers() {
+        let token = Value::BulkString(b"17000000000000000001".to_vec());
         assert_eq!(
-            grant_of(1_700_000_000_000_000, true),
-            NodeGrant::Granted(Some(FencingToken::new(1_700_000_000_000_000)))
+            grant_of(&token, true),
+            Some(NodeGrant::Granted(Some(FencingToken::new(
+                17_000_000_000_000_000_001
+            ))))
         );
-        assert_eq!(grant_of(1, false), NodeGrant::Granted(None));
+        assert_eq!(
+            grant_of(&Value::Int(1), false),
+            Some(NodeGrant::Granted(None))
+        );
         // -1 - PTTL: 1234 ms left, none (no expiry).
         assert_eq!(
-            grant_of(-1235, true),
-            NodeGrant::Held(Some(Duration::from_millis(1234)))
+            grant_of(&Value::Int(-1235), true),
+            Some(NodeGrant::Held(Some(Duration::from_millis(1234))))
         );
-        assert_eq!(grant_of(-1, true), NodeGrant::Held(Some(Duration::ZERO)));
-        assert_eq!(grant_of(0, true), NodeGrant::Held(None));
-        assert!(matches!(
-            grant_of(i64::MIN, false),
-            NodeGrant::Held(Some(_))
-        ));
-    }
-
-    #[test]
-    fn fence_margin_in_the_script_matches() {
         assert_eq!(
-            crate::scripts::FENCE_MARGIN_MS.parse::<u128>().ok(),
-            Some(crate::scripts::FENCE_MARGIN.as_millis())
+            grant_of(&Value::Int(-1), true),
+            Some(NodeGrant::Held(Some(Duration::ZERO)))
         );
+        assert_eq!(grant_of(&Value::Int(0), true), Some(NodeGrant::Held(None)));
+        assert!(matches!(
+            grant_of(&Value::Int(i64::MIN), false),
+            Some(NodeGrant::Held(Some(_)))
+        ));
+        assert_eq!(grant_of(&Value::BulkString(b"x".to_vec()), true), None);
+        assert_eq!(grant_of(&Value::Nil, false), None);
     }
 
     #[test]
