@@ -651,8 +651,9 @@ impl RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner (a foreign holder's
-/// odd value or key type included). Redlock reports no token (it keeps no counters) and
-/// no queue, and the shortest remaining lease among the majority's nodes.
+/// odd value or key type included). No fencing token: the slot counter is every key's
+/// of its slot, so it is no key's own (Redlock keeps none). No queue on Redlock, and
+/// the shortest remaining lease among the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views.iter().filter_map(|v| v.owner.as_ref()).find(|owner| {
         views
@@ -662,9 +663,7 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
             >= quorum
     });
     let token = |status: KeyStatus| match views {
-        [view] if !redlock => status
-            .with_fencing_token(view.fence)
-            .with_waiters(Some(view.queued)),
+        [view] if !redlock => status.with_waiters(Some(view.queued)),
         _ => status,
     };
     // Keys on a minority of nodes (a partial or expiring grant) hold nobody's lock.

@@ -51,8 +51,6 @@ pub(crate) struct NodeView {
     pub(crate) owner: Option<Holder>,
     /// The lock's remaining `PX`, if held with an expiry.
     pub(crate) remaining: Option<Duration>,
-    /// The key's fencing counter: the last token this node handed out.
-    pub(crate) fence: Option<FencingToken>,
     /// Live entries in the key's FIFO queue.
     pub(crate) queued: usize,
 }
@@ -535,17 +533,17 @@ impl Node {
         })
     }
 
-    /// Reads the lock and its counter without changing them. Whatever a foreign holder
-    /// left on the key (an empty or odd value, no expiry, another type) reads as held.
+    /// Reads the lock and its FIFO queue without changing them (not the slot's
+    /// fencing counter: other keys of the slot move it, so it is no key's token).
+    /// Whatever a foreign holder left on the key (an empty or odd value, no expiry,
+    /// another type) reads as held.
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<NodeView, LockError> {
-        let (kind, value, pttl, fence, queued): (String, String, i64, String, i64) =
-            crate::scripts::INSPECT
-                .key(&names.lock)
-                .key(&names.fence)
-                .key(names.queue_deadlines())
-                .invoke_async(&mut self.conn()?)
-                .await
-                .map_err(|e| lock_error(&self.address, e))?;
+        let (kind, value, pttl, queued): (String, String, i64, i64) = crate::scripts::INSPECT
+            .key(&names.lock)
+            .key(names.queue_deadlines())
+            .invoke_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
         let owner = match kind.as_str() {
             "none" => None,
             "string" => Some(Holder::Value(value)),
@@ -554,7 +552,6 @@ impl Node {
         Ok(NodeView {
             owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            fence: fence.parse().ok().map(FencingToken::new),
             queued: usize::try_from(queued).unwrap_or(0),
         })
     }

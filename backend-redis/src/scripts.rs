@@ -174,29 +174,25 @@ return 0
     )
 });
 
-/// `KEYS = [lock, fence, queue deadlines]`. Returns `{type of the lock key ('none' when
-/// absent), its value ('' unless a string), PTTL of the lock, counter or '', live FIFO
-/// queue entries}`: one consistent read of a key's state, for `inspect`. A foreign
-/// holder may leave any value or type on the key: it is reported, never an error.
+/// `KEYS = [lock, queue deadlines]`. Returns `{type of the lock key ('none' when
+/// absent), its value ('' unless a string), PTTL of the lock, live FIFO queue
+/// entries}`: one consistent read of a key's state, for `inspect`. A foreign holder may
+/// leave any value or type on the key: it is reported, never an error.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local function string_at(key)
-  if redis.call('TYPE', key)['ok'] == 'string' then
-    return redis.call('GET', key)
-  end
-  return ''
-end
 local kind = redis.call('TYPE', KEYS[1])['ok']
-local owner = string_at(KEYS[1])
-local fence = string_at(KEYS[2])
+local owner = ''
+if kind == 'string' then
+  owner = redis.call('GET', KEYS[1])
+end
 local queued = 0
-if redis.call('TYPE', KEYS[3])['ok'] == 'zset' then
+if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  queued = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+  queued = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 end
-return {kind, owner, redis.call('PTTL', KEYS[1]), fence, queued}
+return {kind, owner, redis.call('PTTL', KEYS[1]), queued}
 ",
     )
 });

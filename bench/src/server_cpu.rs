@@ -74,15 +74,8 @@ fn listener_pid(port: u16) -> Option<u32> {
     if inodes.is_empty() {
         return None;
     }
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+    for (pid, dir) in processes()? {
+        let Ok(fds) = std::fs::read_dir(dir.join("fd")) else {
             continue;
         };
         for fd in fds.flatten() {
@@ -96,20 +89,22 @@ fn listener_pid(port: u16) -> Option<u32> {
     None
 }
 
+/// Every process's id and `/proc` directory.
+fn processes() -> Option<impl Iterator<Item = (u32, std::path::PathBuf)>> {
+    let entries = std::fs::read_dir("/proc").ok()?;
+    Some(entries.flatten().filter_map(|entry| {
+        let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+        Some((pid, entry.path()))
+    }))
+}
+
 /// CPU time of `root` and every live descendant, with the reaped children each
 /// accounts for (`cutime`, `cstime`), so a Postgres backend that ended mid-turn still
 /// counts.
 fn tree_cpu(root: u32) -> Option<Duration> {
     let mut parent_and_ticks: HashMap<u32, (u32, u64)> = HashMap::new();
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+    for (pid, dir) in processes()? {
+        let Ok(stat) = std::fs::read_to_string(dir.join("stat")) else {
             continue;
         };
         // Fields after the command name (which may hold spaces) in parentheses:
