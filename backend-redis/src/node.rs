@@ -377,10 +377,20 @@ impl Node {
         if fenced {
             pipe.cmd("INCR").arg(&names.fence);
         }
+        // Each command's own error comes back in its place, with its code (`BUSY`,
+        // `LOADING`: transient), instead of one error listing them all. An error after
+        // a granted `SET` fails the attempt, whose caller releases what it may hold.
+        pipe.ignore_errors();
         let answers: Vec<Value> = pipe
             .query_async(&mut self.conn()?)
             .await
             .map_err(|e| lock_error(&self.address, e))?;
+        if let Some(error) = answers.iter().find_map(|answer| match answer {
+            Value::ServerError(error) => Some(error.clone()),
+            _ => None,
+        }) {
+            return Err(lock_error(&self.address, error.into()));
+        }
         match answers.as_slice() {
             [Value::Nil, ..] => Ok(NodeGrant::Held(None)),
             [Value::Okay] if !fenced => Ok(NodeGrant::Granted(None)),
