@@ -23,9 +23,9 @@ pub struct KeyNames {
     /// smallest number whose decimal form hashes to that slot), shared by every key of
     /// the slot and `INCR`ed by every mutex grant, so it rises per key. It never
     /// expires (a server keeps at most one per slot, 16384); when it is gone (a restart
-    /// without persistence) the server's clock seeds it again, at ten times the µs
-    /// since 1970, above every token it handed out before (see the README's trust
-    /// model). Redlock does not use it. (For the other primitives, whose names
+    /// without persistence) the server's clock seeds it again, at the µs since 1970
+    /// (below 2^53), above every token it handed out before (see the Redis guide's
+    /// "Fencing" for the trust model). Redlock does not use it. (For the other primitives, whose names
     /// [`KeyNames`] also gives inside the crate, it stays a per-key counter.)
     pub fence: String,
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by

@@ -167,13 +167,14 @@
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
 //! - Fencing: the key's hash-slot counter ([`KeyNames::fence`]), never expiring, and
-//!   seeded from the server's clock (ten times the µs) whenever it is gone (forgotten
-//!   by a restart without persistence), so tokens keep rising unless the server's clock
+//!   seeded from the server's clock (its µs since 1970, below 2^53 until about 2255,
+//!   so tokens stay exact in JSON and JavaScript) whenever it is gone (forgotten by a
+//!   restart without persistence), so tokens keep rising unless the server's clock
 //!   steps back just then (the Redis guide's "Fencing" states how far is tolerated). A
 //!   restart without persistence still forgets held locks. Failover to an asynchronous
 //!   replica can grant a lock twice. Clients of releases with per-key `{K}:fence`
-//!   counters exclude these on every key, but their tokens do not interleave (see the
-//!   guide's "Upgrading from the per-key counters").
+//!   counters exclude these on every key, but their tokens must not be mixed: finish
+//!   the upgrade first (see the guide's "Upgrading from the per-key counters").
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node

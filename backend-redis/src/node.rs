@@ -628,8 +628,8 @@ fn grant_of(answer: &Value, fenced: bool) -> Option<NodeGrant> {
     }
 }
 
-/// A fencing token a script answered as a string (or, from a counter below 2^53, a
-/// number).
+/// A fencing token a script answered as a string (the slot counter's, read with
+/// `GET`) or a number (the primitives' per-key counters).
 fn token_of(answer: &Value) -> Option<u64> {
     match answer {
         Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
@@ -709,11 +709,11 @@ mod tests {
 
     #[test]
     fn acquire_answers() {
-        let token = Value::BulkString(b"17000000000000000001".to_vec());
+        let token = Value::BulkString(b"1764410000000001".to_vec());
         assert_eq!(
             grant_of(&token, true),
             Some(NodeGrant::Granted(Some(FencingToken::new(
-                17_000_000_000_000_000_001
+                1_764_410_000_000_001
             ))))
         );
         assert_eq!(

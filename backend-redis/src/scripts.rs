@@ -41,23 +41,23 @@ return -1 - redis.call('PTTL', KEYS[1])
 ///
 /// `INCR` gives the next token while the counter lives; it never expires. A counter
 /// that is gone (a restart without persistence, a flush) comes back from `INCR` as a
-/// small number, below [`SEED_FLOOR`]: it is seeded with ten times the server's time in
-/// µs since 1970, which is above every value it held before unless the server's clock
-/// stepped back by more than the time since the old seed minus a tenth of a µs per
-/// `INCR` (a server cannot run ten million `INCR`s a second), and above every token of
-/// the older per-key layout (`{K}:fence`, seeded with the µs themselves). The seed is
-/// written as a string: it is above 2^53, where Lua's numbers (doubles) lose digits, so
-/// the token is read back with `GET`, never taken from Lua arithmetic.
+/// small number, below [`SEED_FLOOR`]: it is seeded with the server's time in µs since
+/// 1970 (about 1.8 × 10^15 in 2026, below 2^53 until about 2255, so a token survives a
+/// JSON or JavaScript consumer's doubles). That is above every value the counter held
+/// before unless it counted more `INCR`s than µs passed since its own seed (more than
+/// one grant per µs, sustained: see the Redis guide's "Fencing") or the server's clock
+/// stepped back. The token is read back with `GET`, as a string, never taken from
+/// Lua arithmetic (doubles): a counter someone set past 2^53 still reads exactly.
 const SLOT_TOKEN: &str = r"
 if redis.call('INCR', fence) < 1000000000000000 then
   local t = redis.call('TIME')
-  redis.call('SET', fence, t[1] .. string.format('%06d', t[2]) .. '0')
+  redis.call('SET', fence, t[1] .. string.format('%06d', t[2]))
 end
 local token = redis.call('GET', fence)
 ";
 
-/// The value below which a slot counter is one `INCR` created (or one of the older
-/// per-key layout): the counter is then seeded (see [`SLOT_TOKEN`]).
+/// The value below which a slot counter is one `INCR` created (a value no seed from
+/// a clock after 2001 gives): the counter is then seeded (see [`SLOT_TOKEN`]).
 pub(crate) const SEED_FLOOR: i64 = 1_000_000_000_000_000;
 
 /// `KEYS = [fence]`: the next token of a slot counter that `INCR` found gone, seeded

@@ -147,18 +147,98 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let fifth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert!(token(&fifth) > t3);
     fifth.release().await.unwrap();
-    // The older layout's per-key counter (`{K}:fence`, seeded with the clock's µs)
-    // is below every token of the slot counter (ten times the µs).
-    let old_layout: u64 = std::time::SystemTime::now()
+    // Seeds are the clock's µs, not a multiple of it (so that tokens fit a double).
+    let clock = micros_now();
+    assert!(
+        t3 <= clock && t3 > clock - 600_000_000,
+        "{t3} is not the µs clock {clock}"
+    );
+}
+
+/// The server's clock (this machine's: the test server is local) in µs since 1970.
+fn micros_now() -> u64 {
+    std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_micros()
         .try_into()
-        .unwrap();
-    assert!(
-        t1 > old_layout,
-        "{t1} is not above the µs clock {old_layout}"
-    );
+        .unwrap()
+}
+
+/// The largest integer a double (a JSON number read by JavaScript, say) holds exactly.
+const MAX_SAFE: u64 = (1 << 53) - 1;
+
+/// Before: a slot counter was seeded with ten times the clock's µs (about 1.8 × 10^16),
+/// above 2^53, so a consumer reading tokens as doubles (JSON in JavaScript) rounded
+/// them, and a fenced store there could take a stale write for a fresh one. Now every
+/// way to a token stays at or below 2^53 − 1: the first attempt's pipeline, a waiter's
+/// script and the FIFO script after a FLUSHALL re-seeds the slot counter, and the
+/// semaphore's, read-write lock's and election's per-key counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_token_fits_a_double_after_a_reseed() {
+    use distlock_api::{Candidate, RwMode, WaitOrder};
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let mut raw = h.raw(0).await;
+    let k = key("doubles");
+    let fits = |what: &str, token: u64| {
+        assert!(token <= MAX_SAFE, "{what}: token {token} is above 2^53 - 1");
+    };
+    for round in 0..3 {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+        // The first attempt's pipeline seeds the counter.
+        let first = lock.lock().acquire(&k, &options()).await.unwrap();
+        fits("pipeline", first.fencing_token().unwrap().get());
+        // A waiter's script, finding the counter gone (as a flush leaves it), seeds it.
+        let waiter = {
+            let (lock, k) = (lock.clone(), k.clone());
+            tokio::spawn(async move { lock.lock().acquire(&k, &options()).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lock.waiters_in_line(&k) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _: () = raw.del(&KeyNames::for_key(&k).fence).await.unwrap();
+        first.release().await.unwrap();
+        let granted = waiter.await.unwrap().unwrap();
+        fits("waiter's script", granted.fencing_token().unwrap().get());
+        granted.release().await.unwrap();
+        // The FIFO script seeds it too.
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+        let fifo = lock
+            .lock()
+            .acquire(&k, &options().with_order(WaitOrder::Fifo))
+            .await
+            .unwrap();
+        fits("FIFO script", fifo.fencing_token().unwrap().get());
+        fifo.release().await.unwrap();
+        // The other primitives' per-key counters.
+        let permit = lock.semaphore().acquire(&k, 2, &options()).await.unwrap();
+        fits("semaphore", permit.fencing_token().unwrap().get());
+        permit.release().await.unwrap();
+        let writer = lock
+            .rw_lock()
+            .acquire(&k, RwMode::Write, &options())
+            .await
+            .unwrap();
+        fits("writer", writer.fencing_token().unwrap().get());
+        writer.release().await.unwrap();
+        let leader = lock
+            .election()
+            .campaign(
+                &k,
+                &Candidate::new(format!("c{round}")).unwrap(),
+                &options(),
+            )
+            .await
+            .unwrap();
+        fits("election", leader.term().get());
+        leader.resign().await.unwrap();
+    }
 }
 
 /// A waiter's attempt (the acquire script, not the first attempt's pipeline) seeds a
