@@ -120,6 +120,18 @@
 //! asynchronous, so a grant, or the fencing counter's last increment, that had not
 //! reached the replica is lost with the master.
 //!
+//! # Replica acknowledgement
+//! `min_replicas=N` (and `replica_timeout=MS`, default 500 ms) in the URL, or
+//! [`RedisConfig::min_replicas`]: every grant, extend and leadership renewal is
+//! followed, in one pipeline on the same connection, by `WAIT N MS` to the master that
+//! took it, and counts only when N replicas acknowledged. Fewer: a grant is released
+//! and the call fails with [`distlock_api::LockError::Transient`] whose source is a
+//! [`TooFewReplicas`]; an extend is not counted (the lease turns suspect, then lost,
+//! as for any failing renewal). A failover to an acknowledging replica then keeps the
+//! grant and the fencing counter. `WAIT` is not consensus: a failover to a replica that
+//! did not acknowledge still loses it. Single node, Sentinel and Cluster; Redlock
+//! refuses it. `WAIT` holds the client's one connection until it answers.
+//!
 //! # Semaphores and read-write locks
 //! [`RedisLock::semaphore`] and [`RedisLock::rw_lock`] share the client's connection,
 //! wake-ups and waiter lines, on a single node, a Sentinel master or a Cluster (Redlock
@@ -212,6 +224,7 @@ mod keys;
 mod lock;
 mod membership;
 mod node;
+mod replicas;
 mod scripts;
 mod slots;
 mod topology;
@@ -223,6 +236,7 @@ pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use redis;
+pub use replicas::TooFewReplicas;
 
 /// The backend name of a single-node client, in errors and reports.
 pub const REDIS_BACKEND: &str = "redis";

@@ -14,6 +14,7 @@ use crate::conn::NodeConn;
 use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
 use crate::error::lock_error;
 use crate::keys::KeyNames;
+use crate::replicas::ReplicaWait;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -89,6 +90,8 @@ struct Link {
     conn: OnceLock<NodeConn>,
     /// Until then: why not, for the errors of operations that skip this node.
     absent: Mutex<String>,
+    /// Replicas every grant and extend must reach (`min_replicas`), once set.
+    replicas: OnceLock<ReplicaWait>,
 }
 
 /// A [`Node`] that does not keep its connection alive: a background joiner holds this,
@@ -143,6 +146,7 @@ impl Node {
                 wakeups: Arc::new(Wakeups::default()),
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
+                replicas: OnceLock::new(),
             }),
         })
     }
@@ -161,6 +165,7 @@ impl Node {
                 wakeups: Arc::new(Wakeups::default()),
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
+                replicas: OnceLock::new(),
             }),
         }
     }
@@ -247,6 +252,13 @@ impl Node {
     /// once; a later call changes nothing.
     pub(crate) fn join(&self, conn: NodeConn) {
         let _ = self.link.conn.set(conn);
+    }
+
+    /// Makes every grant and extend on this node wait for `wait`'s replicas (see
+    /// [`crate::replicas`]). Set once, before the node is used; a later call changes
+    /// nothing.
+    pub(crate) fn require_replicas(&self, wait: ReplicaWait) {
+        let _ = self.link.replicas.set(wait);
     }
 
     /// Records why the node has not joined, for the errors of operations meanwhile.
@@ -354,8 +366,14 @@ impl Node {
         cmd.arg(&hex(owner)[..])
             .arg(ttl_millis(ttl))
             .arg(ttl_millis(waiting));
-        let answer: Value = self.run(script, &cmd).await?;
-        grant_of(&answer, fenced).ok_or_else(|| unexpected("acquire script", &answer))
+        let (answer, short): (Value, _) = self.run_acked(script, &cmd).await?;
+        let grant =
+            grant_of(&answer, fenced).ok_or_else(|| unexpected("acquire script", &answer))?;
+        // Too few replicas for a grant: the caller releases it (as after any error).
+        match (grant, short) {
+            (NodeGrant::Granted(_), Some(short)) => Err(short),
+            (grant, _) => Ok(grant),
+        }
     }
 
     /// [`Node::try_grant`] without a script: `SET NX PX`, and `INCR` of the slot
@@ -377,23 +395,35 @@ impl Node {
         if fenced {
             pipe.cmd("INCR").arg(&names.fence);
         }
+        let wait = self.link.replicas.get().copied();
+        if let Some(wait) = &wait {
+            wait.append(&mut pipe);
+        }
         // Each command's own error comes back in its place, with its code (`BUSY`,
         // `LOADING`: transient), instead of one error listing them all. An error after
         // a granted `SET` fails the attempt, whose caller releases what it may hold.
         pipe.ignore_errors();
-        let answers: Vec<Value> = pipe
+        let mut answers: Vec<Value> = pipe
             .query_async(&mut self.conn()?)
             .await
             .map_err(|e| lock_error(&self.address, e))?;
+        let short = match (&wait, answers.pop()) {
+            (Some(wait), Some(waited)) => wait.shortfall(&self.address, &waited)?,
+            (None, Some(last)) => {
+                answers.push(last);
+                None
+            }
+            (_, None) => return Err(unexpected("acquire", &Value::Array(answers))),
+        };
         if let Some(error) = answers.iter().find_map(|answer| match answer {
             Value::ServerError(error) => Some(error.clone()),
             _ => None,
         }) {
             return Err(lock_error(&self.address, error.into()));
         }
-        match answers.as_slice() {
-            [Value::Nil, ..] => Ok(NodeGrant::Held(None)),
-            [Value::Okay] if !fenced => Ok(NodeGrant::Granted(None)),
+        let grant = match answers.as_slice() {
+            [Value::Nil, ..] => return Ok(NodeGrant::Held(None)),
+            [Value::Okay] if !fenced => NodeGrant::Granted(None),
             [Value::Okay, Value::Int(counted)] if fenced => {
                 let token = if *counted >= crate::scripts::SEED_FLOOR {
                     counted.unsigned_abs()
@@ -401,9 +431,14 @@ impl Node {
                     // The counter was gone: seed it from the server's clock.
                     self.seeded_token(names).await?
                 };
-                Ok(NodeGrant::Granted(Some(FencingToken::new(token))))
+                NodeGrant::Granted(Some(FencingToken::new(token)))
             }
-            _ => Err(unexpected("acquire", &Value::Array(answers))),
+            _ => return Err(unexpected("acquire", &Value::Array(answers))),
+        };
+        // Too few replicas for a grant: the caller releases it (as after any error).
+        match short {
+            Some(short) => Err(short),
+            None => Ok(grant),
         }
     }
 
@@ -412,7 +447,12 @@ impl Node {
     async fn seeded_token(&self, names: &KeyNames) -> Result<u64, LockError> {
         let script = &*crate::scripts::SEEDED_TOKEN;
         let cmd = evalsha(script, &[&names.fence]);
-        let answer: Value = self.run(script, &cmd).await?;
+        // The seed must reach the replicas too: a failover to one without it would
+        // hand out tokens from the counter's older value.
+        let (answer, short): (Value, _) = self.run_acked(script, &cmd).await?;
+        if let Some(short) = short {
+            return Err(short);
+        }
         token_of(&answer).ok_or_else(|| unexpected("token seeding script", &answer))
     }
 
@@ -444,7 +484,11 @@ impl Node {
             .arg(waiter)
             .arg(ttl_millis(entry_ttl))
             .arg(if join { "1" } else { "0" });
-        let answer: Vec<Value> = self.run(script, &cmd).await?;
+        let (answer, short): (Vec<Value>, _) = self.run_acked(script, &cmd).await?;
+        if let (Some(short), [Value::Int(1), _]) = (short, answer.as_slice()) {
+            // Too few replicas for a grant: the caller releases it (as after any error).
+            return Err(short);
+        }
         let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
         Ok(match answer.as_slice() {
             [Value::Int(1), token] => match token_of(token) {
@@ -533,7 +577,12 @@ impl Node {
     ) -> Result<ExtendOutcome, LockError> {
         let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
-        let found: i64 = self.run(script, &cmd).await?;
+        let (found, short): (i64, _) = self.run_acked(script, &cmd).await?;
+        if let (Some(short), 1) = (short, found) {
+            // Applied on the master, but too few replicas have it: not counted, so the
+            // lease keeps its earlier validity (and turns suspect).
+            return Err(short);
+        }
         Ok(match found {
             1 => ExtendOutcome::Extended {
                 valid_until: tokio::time::Instant::now(),
@@ -581,6 +630,47 @@ impl Node {
                 cmd.query_async(&mut conn).await.map_err(error)
             }
             other => other.map_err(error),
+        }
+    }
+
+    /// [`Node::run`] for a write that grants or extends: with `min_replicas` set, the
+    /// `EVALSHA` and a `WAIT` go in one pipeline (see [`crate::replicas`]), and the
+    /// second value is the error of too few acknowledgements, for the caller to act on
+    /// when the script granted or extended (`None` when enough acknowledged or none
+    /// were asked for).
+    pub(crate) async fn run_acked<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<(T, Option<LockError>), LockError> {
+        let Some(wait) = self.link.replicas.get() else {
+            return Ok((self.run(script, cmd).await?, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        wait.append(&mut pipe);
+        pipe.ignore_errors();
+        let mut conn = self.conn()?;
+        let error = |e| lock_error(&self.address, e);
+        let mut loaded = false;
+        loop {
+            let answers: Vec<Value> = pipe.query_async(&mut conn).await.map_err(error)?;
+            let [answer, waited] = <[Value; 2]>::try_from(answers)
+                .map_err(|answers| unexpected("script and WAIT", &Value::Array(answers)))?;
+            if let Value::ServerError(e) = &answer {
+                let e = RedisError::from(e.clone());
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !loaded {
+                    // The WAIT waited for nothing of this script, which did not run.
+                    script.load_async(&mut conn).await.map_err(error)?;
+                    loaded = true;
+                    continue;
+                }
+                return Err(error(e));
+            }
+            let short = wait.shortfall(&self.address, &waited)?;
+            let value =
+                T::from_redis_value(answer.clone()).map_err(|_| unexpected("script", &answer))?;
+            return Ok((value, short));
         }
     }
 

@@ -16,6 +16,7 @@ mod fencing;
 mod fifo;
 mod handoff;
 mod primitives;
+mod replicas;
 mod residue;
 mod sentinel;
 mod settle;
