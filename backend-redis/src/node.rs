@@ -407,20 +407,22 @@ impl Node {
             .query_async(&mut self.conn()?)
             .await
             .map_err(|e| lock_error(&self.address, e))?;
-        let short = match (&wait, answers.pop()) {
-            (Some(wait), Some(waited)) => wait.shortfall(&self.address, &waited)?,
-            (None, Some(last)) => {
-                answers.push(last);
-                None
-            }
-            (_, None) => return Err(unexpected("acquire", &Value::Array(answers))),
+        let waited = match wait {
+            Some(_) => answers.pop(),
+            None => None,
         };
+        // The writes' own errors first: on a demoted master the `SET`'s `READONLY` says
+        // "follow the failover", where the `WAIT`'s refusal would not.
         if let Some(error) = answers.iter().find_map(|answer| match answer {
             Value::ServerError(error) => Some(error.clone()),
             _ => None,
         }) {
             return Err(lock_error(&self.address, error.into()));
         }
+        let short = match (&wait, &waited) {
+            (Some(wait), Some(waited)) => wait.shortfall(&self.address, waited)?,
+            _ => None,
+        };
         let grant = match answers.as_slice() {
             [Value::Nil, ..] => return Ok(NodeGrant::Held(None)),
             [Value::Okay] if !fenced => NodeGrant::Granted(None),

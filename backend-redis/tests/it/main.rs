@@ -10,6 +10,7 @@ mod conformance;
 mod connect;
 mod connect_topologies;
 mod election;
+mod failover_replicas;
 mod fault_conformance;
 mod faults;
 mod fencing;

@@ -60,8 +60,8 @@ fn too_few<T: std::fmt::Debug>(what: &str, result: Result<T, LockError>) -> TooF
     }
 }
 
-/// Every primitive granted on `client` and held once the calls return; `name` keys.
-async fn every_primitive_is_granted(client: &RedisLock, name: &str) -> Vec<String> {
+/// Every primitive granted (and extended) on `client`, then released; `name` keys.
+async fn every_primitive_is_granted(client: &RedisLock, name: &str) {
     let (k, fifo) = (key(name), key(&format!("{name}-fifo")));
     let guard = client.lock().acquire(&k, &no_wait()).await.unwrap();
     assert!(matches!(
@@ -86,19 +86,11 @@ async fn every_primitive_is_granted(client: &RedisLock, name: &str) -> Vec<Strin
         .await
         .unwrap();
     leader.extend(Duration::from_secs(10)).await.unwrap();
-    let names = vec![
-        KeyNames::for_key(&k).lock,
-        KeyNames::for_key(&fifo).lock,
-        format!("{}:semaphore", KeyNames::for_key(&k).lock),
-        format!("{}:rw:writer", KeyNames::for_key(&fifo).lock),
-        format!("{}:election", KeyNames::for_key(&k).lock),
-    ];
     guard.release().await.unwrap();
     queued.release().await.unwrap();
     permit.release().await.unwrap();
     writer.release().await.unwrap();
     leader.resign().await.unwrap();
-    names
 }
 
 /// Every primitive refused on `client` with [`TooFewReplicas`] (`required` asked for),
