@@ -87,8 +87,9 @@ pub use kinds::{
     default_port, kind_for_scheme, kind_named, loopback_hosts, ServerKind, Started, SERVER_KINDS,
 };
 pub use mariadb::{
-    connections_of, kill_connections_of, mariadb_sql, MariaDbServer, MARIADB_DATABASE,
-    MARIADB_PASSWORD, MARIADB_USER,
+    add_fault_users, connections_of, kill_connections_of, mariadb_sql, MariaDbServer,
+    MARIADB_DATABASE, MARIADB_FAULT_CLIENTS, MARIADB_FAULT_URL_TEMPLATE, MARIADB_PASSWORD,
+    MARIADB_USER,
 };
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};

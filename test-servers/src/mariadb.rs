@@ -414,3 +414,29 @@ async fn handshake(port: u16) -> Result<(), ServerError> {
         detail,
     })
 }
+
+/// How many fault-kit clients [`add_fault_users`] makes users for.
+pub const MARIADB_FAULT_CLIENTS: usize = 128;
+
+/// The client URL template of the fault kit on MariaDB: client `N` logs in as the
+/// user `faultN` ([`add_fault_users`]), so that its sessions can be told apart and
+/// killed ([`kill_connections_of`]).
+pub const MARIADB_FAULT_URL_TEMPLATE: &str =
+    "mysql://fault{client}:distlock-test@{hosts}/distlock";
+
+/// Creates the users `fault0` … `fault127` (password [`MARIADB_PASSWORD`], every
+/// right on [`MARIADB_DATABASE`]) on the server at 127.0.0.1:`port`, for
+/// [`MARIADB_FAULT_URL_TEMPLATE`].
+///
+/// # Errors
+/// As [`mariadb_sql`].
+pub async fn add_fault_users(port: u16) -> Result<(), ServerError> {
+    let mut sql = String::new();
+    for client in 0..MARIADB_FAULT_CLIENTS {
+        sql.push_str(&format!(
+            "CREATE USER IF NOT EXISTS 'fault{client}'@'%' IDENTIFIED BY '{MARIADB_PASSWORD}'; \
+             GRANT ALL ON {MARIADB_DATABASE}.* TO 'fault{client}'@'%'; "
+        ));
+    }
+    mariadb_sql(port, "root", None, &sql).await.map(|_| ())
+}
