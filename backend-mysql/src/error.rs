@@ -83,7 +83,7 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
     let hint = match error_number(&error) {
         Some(1045) => Some("the server refused the credentials"),
         Some(1049) => Some("the database does not exist"),
-        Some(1044) => Some("the user may not use this database"),
+        Some(1044) => Some("the database does not exist, or this user may not use it"),
         Some(1130) => Some("the server does not let this host connect"),
         _ => None,
     };

@@ -49,6 +49,7 @@ async fn wrong_password_and_unknown_database_are_config_errors() {
     let (error, took) = refused(&url).await;
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
     assert!(error.to_string().contains("database does not exist"), "{error}");
+    assert!(!error.to_string().contains("distlock-test"), "{error}");
     assert!(took <= within(), "took {took:?}");
 }
 
