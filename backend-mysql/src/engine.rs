@@ -29,7 +29,7 @@ pub(crate) const EXCLUSIVE_ONLY: &str =
 
 /// Why waiters are not promised FIFO order.
 const NO_FIFO_PROMISE: &str = "GET_LOCK waiters are woken by the server, in an order \
-     neither MySQL nor MariaDB documents";
+     neither MySQL nor MariaDB documents, and a wait longer than the session timeout queues again";
 
 /// What each primitive guarantees, the one place the claims are made:
 /// - every grant takes a token from the durable fencing counter of its lock name (per
