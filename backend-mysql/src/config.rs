@@ -132,16 +132,8 @@ pub const URL_SCHEMES: [&str; 2] = ["mysql", "mariadb"];
 /// The URL parameters understood (sqlx's names, as the MySQL drivers spell them, and
 /// sqlx's aliases).
 const KNOWN_PARAMS: [&str; 10] = [
-    "ssl-mode",
-    "sslmode",
-    "ssl-ca",
-    "sslca",
-    "ssl-cert",
-    "sslcert",
-    "ssl-key",
-    "sslkey",
-    "charset",
-    "socket",
+    "ssl-mode", "sslmode", "ssl-ca", "sslca", "ssl-cert", "sslcert", "ssl-key", "sslkey",
+    "charset", "socket",
 ];
 
 /// Where `options` connect: `host:port`, or the Unix socket's path. For messages: never
@@ -216,7 +208,12 @@ pub fn parse_url(url: &str) -> Result<MySqlConnectOptions, LockError> {
             format!("{address}: the MySQL URL names no host"),
         ));
     }
-    let bad = |message: String| Err(LockError::config(MYSQL_BACKEND, format!("{address}: {message}")));
+    let bad = |message: String| {
+        Err(LockError::config(
+            MYSQL_BACKEND,
+            format!("{address}: {message}"),
+        ))
+    };
     let mut mode = None;
     for (name, value) in parsed.query_pairs() {
         if !KNOWN_PARAMS.contains(&name.as_ref()) {
@@ -247,14 +244,22 @@ pub fn parse_url(url: &str) -> Result<MySqlConnectOptions, LockError> {
                 .into(),
         );
     }
-    if matches!(mode, Some(MySqlSslMode::VerifyCa | MySqlSslMode::VerifyIdentity))
-        && !parsed.query_pairs().any(|(n, _)| n == "ssl-ca" || n == "sslca")
+    if matches!(
+        mode,
+        Some(MySqlSslMode::VerifyCa | MySqlSslMode::VerifyIdentity)
+    ) && !parsed
+        .query_pairs()
+        .any(|(n, _)| n == "ssl-ca" || n == "sslca")
     {
-        return bad("ssl-mode=verify_ca and verify_identity need ssl-ca (the CA's certificate file)".into());
+        return bad(
+            "ssl-mode=verify_ca and verify_identity need ssl-ca (the CA's certificate file)".into(),
+        );
     }
     for (name, value) in parsed.query_pairs() {
-        if matches!(name.as_ref(), "ssl-ca" | "sslca" | "ssl-cert" | "sslcert" | "ssl-key" | "sslkey")
-        {
+        if matches!(
+            name.as_ref(),
+            "ssl-ca" | "sslca" | "ssl-cert" | "sslcert" | "ssl-key" | "sslkey"
+        ) {
             if let Err(e) = std::fs::metadata(value.as_ref()) {
                 return bad(format!("{name}: cannot read {value:?}: {e}"));
             }
@@ -290,12 +295,19 @@ mod tests {
 
     #[test]
     fn both_schemes_parse() {
-        for url in ["mysql://u:p@db:3307/app", "mariadb://u@db/app", "MySQL://u@db/app"] {
+        for url in [
+            "mysql://u:p@db:3307/app",
+            "mariadb://u@db/app",
+            "MySQL://u@db/app",
+        ] {
             let options = parse_url(url).unwrap_or_else(|e| panic!("{url}: {e}"));
             assert_eq!(options.get_database(), Some("app"));
             assert_eq!(options.get_host(), "db");
         }
-        assert_eq!(parse_url("mysql://u@db/app").map(|o| o.get_port()).ok(), Some(3306));
+        assert_eq!(
+            parse_url("mysql://u@db/app").map(|o| o.get_port()).ok(),
+            Some(3306)
+        );
     }
 
     #[test]
@@ -306,7 +318,10 @@ mod tests {
         assert!(config_error("postgres://db/app").contains("postgres://"));
         assert!(config_error("mysql://u:secret@db/").contains("no database"));
         let message = config_error("mysql://u:secret@db/app?ssl-mode=sometimes");
-        assert!(message.contains("ssl-mode") && !message.contains("secret"), "{message}");
+        assert!(
+            message.contains("ssl-mode") && !message.contains("secret"),
+            "{message}"
+        );
         assert!(config_error("mysql://u@db/app?sslmod=required").contains("unknown URL parameter"));
         assert!(config_error("mysql://u@db/app?ssl-ca=/nonexistent/ca.pem").contains("ssl-ca"));
     }

@@ -24,7 +24,9 @@ const SESSION_ENDING: [u16; 3] = [1053, 1927, 1152];
 /// server errors that end the session.
 pub(crate) fn ends_session(error: &sqlx::Error) -> bool {
     match error {
-        sqlx::Error::Database(_) => error_number(error).is_some_and(|n| SESSION_ENDING.contains(&n)),
+        sqlx::Error::Database(_) => {
+            error_number(error).is_some_and(|n| SESSION_ENDING.contains(&n))
+        }
         sqlx::Error::Io(_)
         | sqlx::Error::Protocol(_)
         | sqlx::Error::Tls(_)

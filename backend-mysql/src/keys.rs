@@ -58,7 +58,9 @@ fn is_direct(key: &str) -> bool {
     !key.is_empty()
         && key.len() <= MAX_NAME_CHARS - DIRECT.len()
         && key.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'_' | b'-' | b'.' | b'/' | b':')
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || matches!(b, b'_' | b'-' | b'.' | b'/' | b':')
         })
 }
 

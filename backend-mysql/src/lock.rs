@@ -349,7 +349,10 @@ impl MySqlLock {
                 },
                 None => slots.acquire_owned().await,
             }
-            .map_err(|_| self.settings().connection_error("the client is shutting down"))?;
+            .map_err(|_| {
+                self.settings()
+                    .connection_error("the client is shutting down")
+            })?;
             let session = match deadline {
                 Some(d) => {
                     let started = Instant::now();

@@ -97,10 +97,7 @@ pub(crate) enum Command {
         reply: Reply<Option<u64>>,
     },
     /// Whether any permit of the semaphore `key` is held, by anyone.
-    PermitsInUse {
-        key: LockKey,
-        reply: Reply<bool>,
-    },
+    PermitsInUse { key: LockKey, reply: Reply<bool> },
     /// The leader's `(candidate, term)` of the election whose lock is `name`, if the
     /// session that recorded it holds the lock.
     Leader {

@@ -56,12 +56,11 @@ pub(crate) async fn permits_in_use(
     conn: &mut MySqlConnection,
     key: LockKey,
 ) -> Result<bool, sqlx::Error> {
-    let stored: Option<i64> = sqlx::query_scalar(
-        "SELECT CAST(permits AS SIGNED) FROM distlock_permits WHERE name = ?",
-    )
-    .bind(permit_count_name(&key))
-    .fetch_optional(&mut *conn)
-    .await?;
+    let stored: Option<i64> =
+        sqlx::query_scalar("SELECT CAST(permits AS SIGNED) FROM distlock_permits WHERE name = ?")
+            .bind(permit_count_name(&key))
+            .fetch_optional(&mut *conn)
+            .await?;
     let stored = stored
         .and_then(|n| u32::try_from(n).ok())
         .unwrap_or(0)

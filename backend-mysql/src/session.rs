@@ -104,7 +104,9 @@ pub(crate) async fn connect(settings: &Settings) -> Result<(MySqlConnection, u64
     let mut conn = timeout(limit, MySqlConnection::connect_with(&settings.connect))
         .await
         .map_err(|_| {
-            settings.connection_error(format!("no connection within the request timeout of {limit:?}"))
+            settings.connection_error(format!(
+                "no connection within the request timeout of {limit:?}"
+            ))
         })?
         .map_err(|e| connect_error(e, &settings.address))?;
     match prepare(&mut conn, settings).await {
@@ -135,7 +137,9 @@ async fn prepare(conn: &mut MySqlConnection, settings: &Settings) -> Result<u64,
     let id = timeout(limit, prepared)
         .await
         .map_err(|_| {
-            settings.connection_error(format!("no answer to a new session's settings within {limit:?}"))
+            settings.connection_error(format!(
+                "no answer to a new session's settings within {limit:?}"
+            ))
         })?
         .map_err(lock_error)?;
     Ok(id.unsigned_abs())
@@ -157,7 +161,10 @@ pub(crate) async fn connect_retrying(
         LockError::connection_at(
             MYSQL_BACKEND,
             address,
-            format!("no connection within the request timeout of {} ms", limit.as_millis()),
+            format!(
+                "no connection within the request timeout of {} ms",
+                limit.as_millis()
+            ),
         )
     };
     let conn = retry_connect(
@@ -547,7 +554,11 @@ impl Task {
     }
 
     /// A try: `GET_LOCK(name, 0)` unless the name is in use, then its token.
-    async fn try_grant(&mut self, grant: NewGrant, reply: Reply<Option<Granted>>) -> Result<(), End> {
+    async fn try_grant(
+        &mut self,
+        grant: NewGrant,
+        reply: Reply<Option<Granted>>,
+    ) -> Result<(), End> {
         let name = grant.name.clone();
         let trip = self
             .request(move |c| {
@@ -850,7 +861,9 @@ impl Task {
                         self.return_if_idle();
                         Ok(())
                     }
-                    Trip::Refused(e) => Err(End::Broken(format!("could not clean up a permit try: {e}"))),
+                    Trip::Refused(e) => {
+                        Err(End::Broken(format!("could not clean up a permit try: {e}")))
+                    }
                     Trip::Broken(why) => Err(End::Broken(why)),
                 }
             }
@@ -899,12 +912,20 @@ impl Task {
             };
         }
         if outcome.is_ok() {
-            let statement = if release_all { sql::RELEASE_ALL } else { sql::RELEASE_LOCK };
+            let statement = if release_all {
+                sql::RELEASE_ALL
+            } else {
+                sql::RELEASE_LOCK
+            };
             outcome = match self
                 .request(move |c| {
                     Box::pin(async move {
                         let query = sqlx::query_scalar::<_, Option<i64>>(statement);
-                        let query = if release_all { query } else { query.bind(&*name) };
+                        let query = if release_all {
+                            query
+                        } else {
+                            query.bind(&*name)
+                        };
                         query.fetch_one(c).await
                     })
                 })

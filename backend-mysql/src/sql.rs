@@ -60,7 +60,8 @@ pub(crate) const PING: &str = "SELECT 1";
 /// The session's connection id, for ending an abandoned wait from another session.
 pub(crate) const CONNECTION_ID: &str = "SELECT CAST(CONNECTION_ID() AS SIGNED)";
 /// Records the leader of an election, in the session that holds its lock.
-pub(crate) const SEAT: &str = "INSERT INTO distlock_election (name, candidate, term, connection_id) \
+pub(crate) const SEAT: &str =
+    "INSERT INTO distlock_election (name, candidate, term, connection_id) \
      VALUES (?, ?, ?, CONNECTION_ID()) ON DUPLICATE KEY UPDATE candidate = VALUES(candidate), \
      term = VALUES(term), connection_id = VALUES(connection_id)";
 /// Deletes a leader's row, owner-checked by term.

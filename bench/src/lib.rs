@@ -10,8 +10,8 @@
 mod etcd;
 mod holding;
 mod measure;
-mod plot;
 mod mysql;
+mod plot;
 mod postgres;
 mod primitives;
 mod redis;

@@ -8,8 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::{
-    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, PostgresServerOptions, RedisServer, ServerControl,
-    ServerError, ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, PostgresServerOptions, RedisServer,
+    ServerControl, ServerError, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// Servers of one kind, started together and stopped when dropped.

@@ -320,10 +320,7 @@ async fn install(bin: &Binaries, data_dir: &Path, cwd: &Path) -> Result<(), Serv
     let mut cmd = tokio::process::Command::new(&bin.install);
     cmd.arg("--no-defaults")
         .arg(format!("--datadir={}", data_dir.display()))
-        .args([
-            "--auth-root-authentication-method=normal",
-            "--skip-test-db",
-        ])
+        .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
         .args(SMALL)
         .current_dir(cwd)
         .stdin(std::process::Stdio::null())
@@ -421,8 +418,7 @@ pub const MARIADB_FAULT_CLIENTS: usize = 128;
 /// The client URL template of the fault kit on MariaDB: client `N` logs in as the
 /// user `faultN` ([`add_fault_users`]), so that its sessions can be told apart and
 /// killed ([`kill_connections_of`]).
-pub const MARIADB_FAULT_URL_TEMPLATE: &str =
-    "mysql://fault{client}:distlock-test@{hosts}/distlock";
+pub const MARIADB_FAULT_URL_TEMPLATE: &str = "mysql://fault{client}:distlock-test@{hosts}/distlock";
 
 /// Creates the users `fault0` … `fault127` (password [`MARIADB_PASSWORD`], every
 /// right on [`MARIADB_DATABASE`]) on the server at 127.0.0.1:`port`, for

@@ -33,22 +33,34 @@ async fn an_unreachable_server_is_a_connection_error_in_time() {
     let (error, took) = refused(&format!("mysql://u:secret@127.0.0.1:{port}/db")).await;
     assert!(matches!(error, LockError::Connection { .. }), "{error:?}");
     let text = error.to_string();
-    assert!(text.contains(&format!("127.0.0.1:{port}")) && !text.contains("secret"), "{text}");
+    assert!(
+        text.contains(&format!("127.0.0.1:{port}")) && !text.contains("secret"),
+        "{text}"
+    );
     assert!(took <= within(), "took {took:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn wrong_password_and_unknown_database_are_config_errors() {
     let port = common::shared_port();
-    let (error, took) = refused(&format!("mysql://distlock:wrong-secret@127.0.0.1:{port}/distlock")).await;
+    let (error, took) = refused(&format!(
+        "mysql://distlock:wrong-secret@127.0.0.1:{port}/distlock"
+    ))
+    .await;
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
     let text = error.to_string();
-    assert!(text.contains("credentials") && !text.contains("wrong-secret"), "{text}");
+    assert!(
+        text.contains("credentials") && !text.contains("wrong-secret"),
+        "{text}"
+    );
     assert!(took <= within(), "took {took:?}");
     let url = format!("mysql://distlock:distlock-test@127.0.0.1:{port}/no_such_db");
     let (error, took) = refused(&url).await;
     assert!(matches!(error, LockError::Config { .. }), "{error:?}");
-    assert!(error.to_string().contains("database does not exist"), "{error}");
+    assert!(
+        error.to_string().contains("database does not exist"),
+        "{error}"
+    );
     assert!(!error.to_string().contains("distlock-test"), "{error}");
     assert!(took <= within(), "took {took:?}");
 }
@@ -70,7 +82,10 @@ async fn a_user_without_create_rights_is_told_what_to_grant_then_works_once_crea
         LockError::Config { message, .. } => message.clone(),
         other => panic!("expected a config error, got {other:?}"),
     };
-    assert!(text.contains("CREATE") && text.contains("CREATE_TABLES"), "{text}");
+    assert!(
+        text.contains("CREATE") && text.contains("CREATE_TABLES"),
+        "{text}"
+    );
     // An administrator creates the tables ahead, as the guide says: then it works.
     common::admin(port, &format!("USE restricted; {CREATE_TABLES}")).await;
     let lock = MySqlLock::connect_with(&url, common::test_config())
@@ -79,7 +94,10 @@ async fn a_user_without_create_rights_is_told_what_to_grant_then_works_once_crea
     let key = distlock_api::LockKey::new("restricted/works").unwrap();
     let guard = lock
         .lock()
-        .acquire(&key, &distlock_api::LockOptions::new(Duration::from_secs(30)))
+        .acquire(
+            &key,
+            &distlock_api::LockOptions::new(Duration::from_secs(30)),
+        )
         .await
         .unwrap();
     assert!(guard.fencing_token().is_some());
@@ -105,7 +123,10 @@ async fn malformed_urls_and_settings_are_config_errors() {
         "mysql://u:secret@127.0.0.1/db?bogus=1",
     ] {
         let (error, took) = refused(url).await;
-        assert!(matches!(error, LockError::Config { .. }), "{url}: {error:?}");
+        assert!(
+            matches!(error, LockError::Config { .. }),
+            "{url}: {error:?}"
+        );
         assert!(!error.to_string().contains("secret"), "{error}");
         assert!(took < Duration::from_secs(1), "{url} took {took:?}");
     }
@@ -120,7 +141,10 @@ async fn malformed_urls_and_settings_are_config_errors() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn distlock_connect_picks_this_backend_for_both_schemes() {
     let port = common::shared_port();
-    for url in [common::url_for(port), common::url_for(port).replace("mysql://", "mariadb://")] {
+    for url in [
+        common::url_for(port),
+        common::url_for(port).replace("mysql://", "mariadb://"),
+    ] {
         let lock = MySqlLock::connect(&url).await.expect("connects");
         assert_eq!(lock.session_counts().0, 1);
     }

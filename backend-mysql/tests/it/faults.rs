@@ -43,8 +43,8 @@ async fn an_abandoned_wait_leaves_the_queue_and_holds_nothing() {
     let k = key("abandoned");
     let name = lock_name(&k);
     let guard = holder.acquire(&k, &no_wait(LONG)).await.unwrap();
-    let held_by = common::wait_for_holder(h.port, &name, LONG, "the holder", |id| id.is_some())
-        .await;
+    let held_by =
+        common::wait_for_holder(h.port, &name, LONG, "the holder", |id| id.is_some()).await;
     let forever = LockOptions::new(LONG).with_wait(WaitPolicy::Forever);
     for _ in 0..3 {
         let cut = timeout(Duration::from_millis(300), waiter.acquire(&k, &forever)).await;
@@ -87,9 +87,12 @@ async fn a_silent_holder_is_freed_by_the_server_within_the_bound() {
     })
     .await;
     // The holder learns of it by its validity deadline.
-    timeout(h.config.session_timeout + Duration::from_secs(2), guard.lost())
-        .await
-        .expect("lost() fired by the validity deadline");
+    timeout(
+        h.config.session_timeout + Duration::from_secs(2),
+        guard.lost(),
+    )
+    .await
+    .expect("lost() fired by the validity deadline");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -128,7 +131,11 @@ async fn one_client_never_grants_a_key_twice() {
     let first = lock.acquire(&k, &no_wait(LONG)).await.unwrap();
     // GET_LOCK on the session that holds the name would succeed: the client must say
     // "held" to a try, and make a waiting acquire wait.
-    assert!(lock.try_acquire(&k, &LockOptions::new(LONG)).await.unwrap().is_none());
+    assert!(lock
+        .try_acquire(&k, &LockOptions::new(LONG))
+        .await
+        .unwrap()
+        .is_none());
     let waited = lock
         .acquire(&k, &waiting(LONG, Duration::from_millis(300)))
         .await;
@@ -138,8 +145,13 @@ async fn one_client_never_grants_a_key_twice() {
     );
     let release = first.release();
     let (released, second) = tokio::join!(release, async {
-        lock.acquire(&k, &waiting(LONG, Duration::from_secs(10))).await
+        lock.acquire(&k, &waiting(LONG, Duration::from_secs(10)))
+            .await
     });
     released.unwrap();
-    second.expect("the waiting local acquire gets the key").release().await.unwrap();
+    second
+        .expect("the waiting local acquire gets the key")
+        .release()
+        .await
+        .unwrap();
 }

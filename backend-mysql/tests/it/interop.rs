@@ -67,13 +67,26 @@ async fn a_raw_get_lock_excludes_distlock() {
     let (id, granted) = line.split_once('\t').expect("two columns");
     assert_eq!(granted, "1", "the foreign client got the lock");
     // distlock sees it held, and by whom.
-    assert!(lock.try_acquire(&k, &LockOptions::new(LONG)).await.unwrap().is_none());
+    assert!(lock
+        .try_acquire(&k, &LockOptions::new(LONG))
+        .await
+        .unwrap()
+        .is_none());
     let status = lock.inspect(&k).await.unwrap();
-    assert_eq!(status.holder.as_deref(), Some(format!("connection {id}").as_str()));
+    assert_eq!(
+        status.holder.as_deref(),
+        Some(format!("connection {id}").as_str())
+    );
     let waited = lock
-        .acquire(&k, &LockOptions::new(LONG).with_wait(WaitPolicy::Timeout(Duration::from_millis(300))))
+        .acquire(
+            &k,
+            &LockOptions::new(LONG).with_wait(WaitPolicy::Timeout(Duration::from_millis(300))),
+        )
         .await;
-    assert!(waited.is_err(), "distlock took a name a foreign session holds");
+    assert!(
+        waited.is_err(),
+        "distlock took a name a foreign session holds"
+    );
     // A distlock waiter queues in GET_LOCK behind the foreign session; that session
     // ends, its lock goes with it, and the waiter gets it.
     let waiter = lock.clone();
@@ -93,7 +106,10 @@ async fn a_raw_get_lock_excludes_distlock() {
         if waiting.trim() != "0" {
             break;
         }
-        assert!(tokio::time::Instant::now() < deadline, "distlock never queued in GET_LOCK");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "distlock never queued in GET_LOCK"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     drop(stdin);
@@ -115,9 +131,17 @@ async fn distlock_excludes_a_raw_get_lock() {
         .acquire(&k, &LockOptions::new(LONG).with_wait(WaitPolicy::NoWait))
         .await
         .unwrap();
-    assert_eq!(raw_try(h.port, &name).await, "0", "a foreign GET_LOCK got a held name");
+    assert_eq!(
+        raw_try(h.port, &name).await,
+        "0",
+        "a foreign GET_LOCK got a held name"
+    );
     guard.release().await.unwrap();
-    assert_eq!(raw_try(h.port, &name).await, "1", "the released name stayed held");
+    assert_eq!(
+        raw_try(h.port, &name).await,
+        "1",
+        "the released name stayed held"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
