@@ -329,8 +329,10 @@ mod tests {
     #[test]
     fn config_bounds() {
         assert!(MySqlConfig::default().validate().is_ok());
-        let mut config = MySqlConfig::default();
-        config.session_timeout = Duration::from_millis(2500);
+        let mut config = MySqlConfig {
+            session_timeout: Duration::from_millis(2500),
+            ..MySqlConfig::default()
+        };
         assert!(config.validate().is_err());
         config.session_timeout = Duration::from_secs(1);
         assert!(config.validate().is_err());
