@@ -13,7 +13,7 @@ use distlock_api::{
     PermitMismatch,
 };
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, Semaphore};
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{timeout, timeout_at, Instant};
 
 use crate::client::{locked, ClientState, Settings};
@@ -99,6 +99,16 @@ pub(crate) enum Plan {
     /// An election's leadership: taken as [`Plan::Exclusive`], and recorded as the
     /// leader by the granting session before it is handed out.
     Lead(Arc<Seat>),
+}
+
+/// What a grant asks its session for (see [`MySqlLock::grant_on`]).
+struct Ask<'a> {
+    name: &'a Arc<str>,
+    grab: Grab,
+    options: &'a LockOptions,
+    /// A dedicated session's wait slot, kept with the grant.
+    slot: Option<OwnedSemaphorePermit>,
+    seat: Option<&'a Arc<Seat>>,
 }
 
 /// A grant as a session made it: the owner token it is held under, and the lease.
@@ -256,17 +266,27 @@ impl MySqlLock {
         }
     }
 
-    /// Sends a grant command made by `command` to `session` and waits for its answer,
-    /// undoing a grant that lands after this future is dropped. `None` when the
-    /// session closed before running it (try another).
+    /// Sends `ask` (a grant of `name` by `grab`, under a fresh owner token) to `session`
+    /// and waits for its answer, undoing a grant that lands after this future is
+    /// dropped. `None` when the session closed before running it (try another).
     async fn grant_on(
         &self,
         session: Arc<SessionHandle>,
-        command: impl FnOnce(u128, Reply<Option<Granted>>) -> Command,
+        ask: Ask<'_>,
     ) -> Option<Result<Option<Grant>, Failure>> {
         let owner = OwnerToken::random();
         let (tx, rx) = oneshot::channel();
-        if session.send(command(owner.as_u128(), tx)).is_err() {
+        let command = Command::Grant {
+            name: ask.name.clone(),
+            grab: ask.grab,
+            owner: owner.as_u128(),
+            ttl: ask.options.ttl(),
+            requested_at: Instant::now(),
+            slot: ask.slot,
+            seat: ask.seat.cloned(),
+            reply: tx,
+        };
+        if session.send(command).is_err() {
             return None;
         }
         let mut pending = Pending {
@@ -294,18 +314,14 @@ impl MySqlLock {
         let mut retried_broken = false;
         for _ in 0..SESSION_ATTEMPTS {
             let session = self.shared_session().await?;
-            let answer = self
-                .grant_on(session, |owner, reply| Command::Grant {
-                    name: name.clone(),
-                    grab: Grab::Try,
-                    owner,
-                    ttl: options.ttl(),
-                    requested_at: Instant::now(),
-                    slot: None,
-                    seat: seat.cloned(),
-                    reply,
-                })
-                .await;
+            let ask = Ask {
+                name,
+                grab: Grab::Try,
+                options,
+                slot: None,
+                seat,
+            };
+            let answer = self.grant_on(session, ask).await;
             match answer {
                 None => continue,
                 Some(Ok(granted)) => return Ok(granted),
@@ -366,18 +382,14 @@ impl MySqlLock {
                 }
                 None => self.wait_session().await?,
             };
-            let answer = self
-                .grant_on(session, |owner, reply| Command::Grant {
-                    name: name.clone(),
-                    grab: grab.clone(),
-                    owner,
-                    ttl: options.ttl(),
-                    requested_at: Instant::now(),
-                    slot: Some(slot),
-                    seat: seat.cloned(),
-                    reply,
-                })
-                .await;
+            let ask = Ask {
+                name,
+                grab: grab.clone(),
+                options,
+                slot: Some(slot),
+                seat,
+            };
+            let answer = self.grant_on(session, ask).await;
             match answer {
                 None => continue,
                 Some(Ok(granted)) => return Ok(granted),
