@@ -19,6 +19,11 @@ pub use distlock_file as file;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use distlock_postgres as postgres;
 
+/// The MySQL/MariaDB backend, `GET_LOCK` user locks (feature `mysql`).
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use distlock_mysql as mysql;
+
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]

@@ -10,6 +10,7 @@
 mod etcd;
 mod holding;
 mod measure;
+mod mysql;
 mod plot;
 mod postgres;
 mod primitives;
@@ -121,6 +122,8 @@ enum Backend {
     /// the raw driver and the peer crates speak to one node.
     RedisTopology,
     Postgres,
+    /// `mysql://` or `mariadb://`.
+    MySql,
     ZooKeeper,
     /// `etcd://` (feature `etcd`).
     Etcd,
@@ -142,6 +145,7 @@ impl Backend {
                 Ok(Backend::RedisTopology)
             }
             "postgres" | "postgresql" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::MySql),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
             "etcd" if cfg!(feature = "etcd") => Ok(Backend::Etcd),
             "file" => Ok(Backend::File),
@@ -170,6 +174,7 @@ impl Backend {
             Backend::Redis => "Redis",
             Backend::RedisTopology => "Redis (Sentinel/Cluster)",
             Backend::Postgres => "Postgres",
+            Backend::MySql => "MySQL/MariaDB",
             Backend::ZooKeeper => "ZooKeeper",
             Backend::Etcd => "etcd",
             Backend::File => "file",
@@ -260,6 +265,14 @@ async fn connect_sides(
                     .into(),
             );
         }
+        Backend::MySql => {
+            add("raw", Ok(Box::new(mysql::Raw::new(url))));
+            notes.push(
+                "distributed-lock's MySQL crate is not compared: it turns on sqlx's native-tls \
+                 (OpenSSL) for the whole build"
+                    .into(),
+            );
+        }
         Backend::RedisTopology => notes.push(
             "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),
         ),
@@ -301,6 +314,7 @@ async fn server_version(backend: Backend, url: &str) -> String {
         Backend::Redis => redis::server_version(url).await,
         Backend::RedisTopology => Ok("Redis through Sentinel or Cluster".to_owned()),
         Backend::Postgres => postgres::server_version(url).await,
+        Backend::MySql => mysql::server_version(url).await,
         Backend::ZooKeeper => zookeeper::server_version(url).await,
         #[cfg(feature = "etcd")]
         Backend::Etcd => etcd::server_version(url).await,
@@ -409,6 +423,7 @@ async fn holding_cost(
                 | Backend::Memory
                 | Backend::Other => Err("connections are not counted on this backend".into()),
                 Backend::Postgres => postgres::client_connections(&url).await,
+                Backend::MySql => mysql::client_connections(&url).await,
                 Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
             }
         }
