@@ -257,8 +257,8 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_schemes_name_the_known_ones() {
-        let message = refused("mysql://user:secret@db/x").await;
-        assert!(message.contains("`mysql://`"), "{message}");
+        let message = refused("mongodb://user:secret@db/x").await;
+        assert!(message.contains("`mongodb://`"), "{message}");
         for scheme in [
             "memory://",
             "file://",
@@ -267,6 +267,8 @@ mod tests {
             "redis+redlock://",
             "postgres://",
             "postgresql://",
+            "mysql://",
+            "mariadb://",
             "zookeeper://",
             "zk://",
             "zookeeper+tls://",
@@ -287,6 +289,12 @@ mod tests {
             cases.extend([
                 ("postgres://user:secret@h/db", "postgres", "Postgres"),
                 ("postgresql://h", "postgres", "Postgres"),
+            ]);
+        }
+        if cfg!(not(feature = "mysql")) {
+            cases.extend([
+                ("mysql://user:secret@h/db", "mysql", "MySQL/MariaDB"),
+                ("mariadb://h/db", "mysql", "MySQL/MariaDB"),
             ]);
         }
         if cfg!(not(feature = "zookeeper")) {

@@ -70,7 +70,13 @@ impl MariaDbServer {
             attempt += 1;
             let dir = temp_dir(SERVER)?;
             let data_dir = dir.path().join("data");
-            install(&bin, &data_dir, dir.path()).await?;
+            // The server's own temporary directory: two installs at once in the shared
+            // /tmp were seen to fail together ("Could not remove temporary table").
+            let tmp_dir = dir.path().join("tmp");
+            std::fs::create_dir(&tmp_dir)
+                .map_err(|e| ServerError::io(format!("creating {}", tmp_dir.display()), e))?;
+            let tmp_arg = format!("--tmpdir={}", tmp_dir.display());
+            install(&bin, &data_dir, &tmp_arg, dir.path()).await?;
             let port = free_port()?;
             let mut args: Vec<OsString> = vec![
                 "--no-defaults".into(),
@@ -81,6 +87,7 @@ impl MariaDbServer {
                 format!("--pid-file={}", dir.path().join("mariadbd.pid").display()).into(),
                 "--max-connections=500".into(),
                 "--skip-name-resolve".into(),
+                tmp_arg.clone().into(),
             ];
             args.extend(SMALL.iter().map(OsString::from));
             if running_as_root() {
@@ -315,11 +322,17 @@ fn running_as_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// `mariadb-install-db` into `data_dir`.
-async fn install(bin: &Binaries, data_dir: &Path, cwd: &Path) -> Result<(), ServerError> {
+/// `mariadb-install-db` into `data_dir`, with the server's `--tmpdir=` argument.
+async fn install(
+    bin: &Binaries,
+    data_dir: &Path,
+    tmp_arg: &str,
+    cwd: &Path,
+) -> Result<(), ServerError> {
     let mut cmd = tokio::process::Command::new(&bin.install);
     cmd.arg("--no-defaults")
         .arg(format!("--datadir={}", data_dir.display()))
+        .arg(tmp_arg)
         .args(["--auth-root-authentication-method=normal", "--skip-test-db"])
         .args(SMALL)
         .current_dir(cwd)
