@@ -8,7 +8,8 @@
 # and javac (the Curator semaphore and read-write lock interoperability test), and
 # protoc with the protobuf well-known types (packages protobuf-compiler and
 # libprotobuf-dev), which the `etcd` feature's gRPC stubs are generated with at build
-# time, PgBouncer (package pgbouncer: the Postgres pooler tests), and faketime
+# time, PgBouncer (package pgbouncer: the Postgres pooler tests), MariaDB (packages
+# mariadb-server and mariadb-client: the MySQL backend's tests), and faketime
 # (replicas with skewed clocks in the CLI's scheduled-job test).
 # ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper package
 # pulls in.
@@ -36,6 +37,15 @@ fi
 
 if [[ -z "${DISTLOCK_PG_BIN:-}" ]] && ! compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null; then
     missing+=(postgresql)
+fi
+
+# The MySQL/MariaDB backend's tests start Debian's MariaDB (mariadb-install-db and
+# mariadbd) and drive it with its client (interop, KILL CONNECTION, restricted users).
+if ! command -v mariadbd >/dev/null 2>&1 && [[ ! -x /usr/sbin/mariadbd ]]; then
+    missing+=(mariadb-server)
+fi
+if ! command -v mariadb >/dev/null 2>&1; then
+    missing+=(mariadb-client)
 fi
 
 # The Postgres pooler tests put Debian's PgBouncer (transaction and session pooling)

@@ -60,6 +60,7 @@ ESTIMATES = {
     "backend-postgres/test:it::tls": 62,
     "backend-etcd/test:it::fault_conformance": 59,
     "backend-redis/test:it::sentinel": 59,
+    "backend-mysql/test:it::fault_conformance": 52,
     "backend-zookeeper/test:it::failover": 45,
     "backend-postgres/test:it::election": 44,
     "backend-zookeeper/test:it::fault_conformance": 44,
@@ -69,6 +70,7 @@ ESTIMATES = {
     "doc-tests": 36,
     "backend-zookeeper/test:it::secure_conformance": 35,
     "backend-etcd/test:it::conformance": 33,
+    "backend-mysql/test:it::conformance": 30,
     "backend-zookeeper/test:it::conformance": 23,
 }
 

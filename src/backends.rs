@@ -77,6 +77,15 @@ pub(crate) const BACKENDS: &[Backend] = &[
         connect: None,
     },
     Backend {
+        title: "MySQL/MariaDB",
+        feature: "mysql",
+        schemes: &["mysql", "mariadb"],
+        #[cfg(feature = "mysql")]
+        connect: connect_of!(distlock_mysql::MySqlLock),
+        #[cfg(not(feature = "mysql"))]
+        connect: None,
+    },
+    Backend {
         title: "ZooKeeper",
         feature: "zookeeper",
         schemes: &["zookeeper", "zk", "zookeeper+tls", "zk+tls"],

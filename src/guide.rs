@@ -23,6 +23,9 @@ pub mod backend_redis {}
 #[doc = include_str!("../docs/guide/backend-postgres.md")]
 pub mod backend_postgres {}
 
+#[doc = include_str!("../docs/guide/backend-mysql.md")]
+pub mod backend_mysql {}
+
 #[doc = include_str!("../docs/guide/backend-zookeeper.md")]
 pub mod backend_zookeeper {}
 

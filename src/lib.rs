@@ -19,6 +19,11 @@ pub use distlock_file as file;
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use distlock_postgres as postgres;
 
+/// The MySQL/MariaDB backend, `GET_LOCK` user locks (feature `mysql`).
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub use distlock_mysql as mysql;
+
 /// The Redis backend (feature `redis`).
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
@@ -252,8 +257,8 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_schemes_name_the_known_ones() {
-        let message = refused("mysql://user:secret@db/x").await;
-        assert!(message.contains("`mysql://`"), "{message}");
+        let message = refused("mongodb://user:secret@db/x").await;
+        assert!(message.contains("`mongodb://`"), "{message}");
         for scheme in [
             "memory://",
             "file://",
@@ -262,6 +267,8 @@ mod tests {
             "redis+redlock://",
             "postgres://",
             "postgresql://",
+            "mysql://",
+            "mariadb://",
             "zookeeper://",
             "zk://",
             "zookeeper+tls://",
@@ -282,6 +289,12 @@ mod tests {
             cases.extend([
                 ("postgres://user:secret@h/db", "postgres", "Postgres"),
                 ("postgresql://h", "postgres", "Postgres"),
+            ]);
+        }
+        if cfg!(not(feature = "mysql")) {
+            cases.extend([
+                ("mysql://user:secret@h/db", "mysql", "MySQL/MariaDB"),
+                ("mariadb://h/db", "mysql", "MySQL/MariaDB"),
             ]);
         }
         if cfg!(not(feature = "zookeeper")) {

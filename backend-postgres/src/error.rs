@@ -117,6 +117,22 @@ fn startup_refused(error: &sqlx::Error) -> Option<String> {
         .then(|| db.message().to_owned())
 }
 
+/// The error of the session design behind a transaction pooler at `address`.
+pub(crate) fn transaction_pooler(address: &str, evidence: &str) -> LockError {
+    LockError::config(
+        POSTGRES_BACKEND,
+        format!(
+            "{address} is a transaction pooler (PgBouncer with pool_mode = transaction, or \
+             another), not a server session of this client ({evidence}): session advisory \
+             locks would stay on server connections the pooler lends to other clients. \
+             Connect with {param}=transaction (postgres://user@host/db?\
+             {param}=transaction), which keeps each lock in a transaction of its \
+             own, or point the URL at the server or at a session-mode pool",
+            param = crate::config::POOL_MODE_PARAM
+        ),
+    )
+}
+
 /// SQLSTATEs the server uses for "this transaction lost a race, run it again":
 /// serialization_failure and deadlock_detected. The statement was rolled back.
 const RETRY_STATES: [&str; 2] = ["40001", "40P01"];
@@ -126,7 +142,7 @@ const RETRY_STATES: [&str; 2] = ["40001", "40P01"];
 /// anything else the server refused is a backend error.
 pub(crate) fn lock_error(error: sqlx::Error) -> LockError {
     if let Some(evidence) = pooler_symptom(&error) {
-        return crate::pooler::transaction_pooler("the server", &evidence);
+        return transaction_pooler("the server", &evidence);
     }
     if let Some(full) = lock_table_full(&error) {
         return LockError::backend_error(POSTGRES_BACKEND, full);
@@ -167,7 +183,7 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
         };
     }
     if let Some(evidence) = pooler_symptom(&error) {
-        return crate::pooler::transaction_pooler(address, &evidence);
+        return transaction_pooler(address, &evidence);
     }
     if let Some(full) = lock_table_full(&error) {
         // A new session needs lock slots too.

@@ -34,7 +34,8 @@ use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection, Row as _};
 use tokio::time::timeout;
 
-use crate::config::{server_address, POOL_MODE_PARAM};
+use crate::config::server_address;
+use crate::error::transaction_pooler;
 use crate::xact_sql::run;
 use crate::POSTGRES_BACKEND;
 
@@ -44,21 +45,6 @@ const OWN_SESSION_ANSWER: Duration = Duration::from_secs(1);
 /// Rounds of the probe: each asks the second connection, then the first, for its
 /// server process.
 const PROBE_ROUNDS: usize = 8;
-
-/// The error of the session design behind a transaction pooler at `address`.
-pub(crate) fn transaction_pooler(address: &str, evidence: &str) -> LockError {
-    LockError::config(
-        POSTGRES_BACKEND,
-        format!(
-            "{address} is a transaction pooler (PgBouncer with pool_mode = transaction, or \
-             another), not a server session of this client ({evidence}): session advisory \
-             locks would stay on server connections the pooler lends to other clients. \
-             Connect with {POOL_MODE_PARAM}=transaction (postgres://user@host/db?\
-             {POOL_MODE_PARAM}=transaction), which keeps each lock in a transaction of its \
-             own, or point the URL at the server or at a session-mode pool"
-        ),
-    )
-}
 
 /// The pid of the session `conn` is on, within `limit` (`None` on timeout).
 async fn pid(conn: &mut PgConnection, limit: Duration) -> Result<Option<i32>, LockError> {

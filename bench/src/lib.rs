@@ -10,6 +10,7 @@
 mod etcd;
 mod holding;
 mod measure;
+mod mysql;
 mod plot;
 mod postgres;
 mod primitives;
@@ -155,6 +156,8 @@ enum Backend {
     /// the raw driver and the peer crates speak to one node.
     RedisTopology,
     Postgres,
+    /// `mysql://` or `mariadb://`.
+    MySql,
     ZooKeeper,
     /// `etcd://` (feature `etcd`).
     Etcd,
@@ -176,6 +179,7 @@ impl Backend {
                 Ok(Backend::RedisTopology)
             }
             "postgres" | "postgresql" => Ok(Backend::Postgres),
+            "mysql" | "mariadb" => Ok(Backend::MySql),
             "zookeeper" | "zk" => Ok(Backend::ZooKeeper),
             "etcd" if cfg!(feature = "etcd") => Ok(Backend::Etcd),
             "file" => Ok(Backend::File),
@@ -204,6 +208,7 @@ impl Backend {
             Backend::Redis => "Redis",
             Backend::RedisTopology => "Redis (Sentinel/Cluster)",
             Backend::Postgres => "Postgres",
+            Backend::MySql => "MySQL/MariaDB",
             Backend::ZooKeeper => "ZooKeeper",
             Backend::Etcd => "etcd",
             Backend::File => "file",
@@ -293,6 +298,14 @@ async fn connect_sides(
                     .into(),
             );
         }
+        Backend::MySql => {
+            add("raw", Ok(Box::new(mysql::Raw::new(url))));
+            notes.push(
+                "distributed-lock's MySQL crate is not compared: it turns on sqlx's native-tls \
+                 (OpenSSL) for the whole build"
+                    .into(),
+            );
+        }
         Backend::RedisTopology => notes.push(
             "no comparators for Sentinel and Cluster URLs: the raw driver and the peer crates speak to one node".into(),
         ),
@@ -334,6 +347,7 @@ async fn server_version(backend: Backend, url: &str) -> String {
         Backend::Redis => redis::server_version(url).await,
         Backend::RedisTopology => Ok("Redis through Sentinel or Cluster".to_owned()),
         Backend::Postgres => postgres::server_version(url).await,
+        Backend::MySql => mysql::server_version(url).await,
         Backend::ZooKeeper => zookeeper::server_version(url).await,
         #[cfg(feature = "etcd")]
         Backend::Etcd => etcd::server_version(url).await,
@@ -467,6 +481,7 @@ async fn holding_cost(
                 | Backend::Memory
                 | Backend::Other => Err("connections are not counted on this backend".into()),
                 Backend::Postgres => postgres::client_connections(&url).await,
+                Backend::MySql => mysql::client_connections(&url).await,
                 Backend::ZooKeeper => zookeeper::alive_connections(&url).await,
             }
         }

@@ -16,11 +16,11 @@ use crate::print_out;
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Also measure the raw bound (bare driver, same round trips) and the peer crates
-    /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock,
-    /// distributed-lock; ZooKeeper: zookeeper-client's lock recipe; etcd: etcd-client's
-    /// lock()/unlock() on a lease per cycle and on one lease per worker). rslock and
-    /// distributed-lock need a build with the `compare` feature; without it they are
-    /// left out with a note.
+    /// (Redis: rslock, distributed-lock; Postgres: sqlx PgAdvisoryLock; MySQL/MariaDB:
+    /// the raw bound only; ZooKeeper: zookeeper-client's lock recipe; etcd:
+    /// etcd-client's lock()/unlock() on a lease per cycle and on one lease per worker).
+    /// rslock and distributed-lock need a build with the `compare` feature; without it
+    /// they are left out with a note.
     #[arg(long)]
     compare: bool,
     /// Write an SVG of the latency and hand-off distributions to this file.

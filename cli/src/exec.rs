@@ -95,7 +95,8 @@ pub struct ExecArgs {
     /// runs. How long a killed or frozen distlock keeps the lock depends on the backend:
     /// Redis, Redlock: at most this long. Postgres: a killed distlock frees it at once,
     /// a frozen or cut-off one keeps it until the server's idle_session_timeout (10s by
-    /// default). ZooKeeper: until its session expires (the session timeout, whatever
+    /// default). MySQL/MariaDB: the same, until the server's wait_timeout (10s by
+    /// default, plus up to 1s). ZooKeeper: until its session expires (the session timeout, whatever
     /// --ttl is). File: a killed distlock frees it at once, a frozen one keeps it.
     #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration::parse)]
     ttl: Duration,

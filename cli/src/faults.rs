@@ -80,6 +80,9 @@ impl Servers {
             ("postgres", _, Fault::ServerRestart) => not(
                 "advisory locks die with the server; a holder learns of it only when its session breaks",
             ),
+            ("mariadb", _, Fault::ServerRestart) => not(
+                "GET_LOCK user locks die with the server; a holder learns of it only when its session breaks",
+            ),
             _ => Claim::Safe,
         }
     }
@@ -104,6 +107,20 @@ impl Servers {
                     })
                 }),
             )
+        } else if self.kind.name == "mariadb" {
+            // Each client logs in as a user of its own, so that its sessions can be killed.
+            let port = started.ports().first().copied().unwrap_or_default();
+            distlock_test_servers::add_fault_users(port).await?;
+            let template = distlock_test_servers::MARIADB_FAULT_URL_TEMPLATE;
+            ServerHarness::over_started(started, template, connector).with_session_terminator(
+                Arc::new(move |client| {
+                    Box::pin(async move {
+                        distlock_test_servers::kill_connections_of(port, &format!("fault{client}"))
+                            .await
+                            .map_err(|e| e.to_string())
+                    })
+                }),
+            )
         } else {
             ServerHarness::over_started(started, self.kind.template(self.nodes), connector)
         };
@@ -118,6 +135,9 @@ impl Servers {
             "etcd" => (ETCD_TTL, ETCD_TTL + ETCD_SWEEP),
             // The default session timeout (10 s) and one heartbeat (2 s).
             "postgres" => (ttl, Duration::from_millis(12_100)),
+            // The default session timeout (10 s, checked at whole seconds: + 1 s) and one
+            // heartbeat (2 s).
+            "mariadb" => (ttl, Duration::from_millis(13_100)),
             // The session, rounded up to a server tick, plus one for the sweep.
             "zookeeper" => (ttl, Duration::from_millis(ZK_SESSION_MS + 400)),
             _ => (ttl, ttl),

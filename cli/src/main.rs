@@ -127,7 +127,7 @@ enum Command {
 #[derive(Debug, Args)]
 pub(crate) struct LockBackendArgs {
     /// Lock backend URL: file:// (default: /tmp/distlock-<uid>), file:///DIR,
-    /// redis://…, postgres://…, zk://…
+    /// redis://…, postgres://…, mysql://…, zk://…
     #[arg(
         long,
         value_name = "URL",
@@ -141,7 +141,7 @@ pub(crate) struct LockBackendArgs {
 /// The backend option shared by every subcommand that uses a backend.
 #[derive(Debug, Args)]
 struct BackendArgs {
-    /// Lock backend URL: memory://, memory://NAME, redis://…, postgres://…, zk://…
+    /// Lock backend URL: memory://, memory://NAME, redis://…, postgres://…, mysql://…, zk://…
     #[arg(
         long,
         value_name = "URL",

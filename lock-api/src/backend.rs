@@ -17,14 +17,13 @@
 //! - [`spawn_cleanup`] runs a drop-path clean-up (a compensating release, leaving a
 //!   queue) so that [`crate::settle_cleanups`] can wait for it before the process exits.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 pub use crate::cleanup::spawn_cleanup;
-pub use crate::engine::{unanswered_message, Claim, Engine, Grant, Request};
+pub use crate::engine::{unanswered_message, Claim, Engine, Grant, Request, WaitReport};
 pub use crate::multi::{acquire_all, multi_guard};
 
 use crate::{
@@ -137,30 +136,5 @@ pub trait OwnerBits {
 impl OwnerBits for OwnerToken {
     fn from_u128(bits: u128) -> Self {
         OwnerToken::from_bits(bits)
-    }
-}
-
-/// What the attempts of one acquire learned: whether an answer showed the key held.
-/// The generic acquire reads it when a wait runs out (a timeout, not a lack of answer)
-/// and to mark a grant contended.
-#[derive(Debug, Default)]
-pub struct WaitReport {
-    held_seen: AtomicBool,
-}
-
-impl WaitReport {
-    /// A report of nothing seen yet.
-    pub fn new() -> Self {
-        WaitReport::default()
-    }
-
-    /// Notes an answer saying another owner holds the key.
-    pub fn saw_held(&self) {
-        self.held_seen.store(true, Ordering::Relaxed);
-    }
-
-    /// Whether any answer said another owner holds the key.
-    pub fn held_seen(&self) -> bool {
-        self.held_seen.load(Ordering::Relaxed)
     }
 }

@@ -4,12 +4,12 @@
 //! it, by [`crate::Client`]'s handles.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::time::Instant;
 
-use crate::backend::WaitReport;
 use crate::lease_backend::inspect_unsupported;
 use crate::{
     BackendInfo, Candidate, ExtendOutcome, FencingToken, KeyStatus, Leader, Lease, LeaseMonitor,
@@ -246,4 +246,29 @@ pub fn unanswered_message(wait: Duration) -> String {
         "the server did not answer within the wait of {wait:?}; whether the lock was \
          granted is unknown (a late grant is released)"
     )
+}
+
+/// What the attempts of one acquire learned: whether an answer showed the key held.
+/// The generic acquire reads it when a wait runs out (a timeout, not a lack of answer)
+/// and to mark a grant contended.
+#[derive(Debug, Default)]
+pub struct WaitReport {
+    held_seen: AtomicBool,
+}
+
+impl WaitReport {
+    /// A report of nothing seen yet.
+    pub fn new() -> Self {
+        WaitReport::default()
+    }
+
+    /// Notes an answer saying another owner holds the key.
+    pub fn saw_held(&self) {
+        self.held_seen.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether any answer said another owner holds the key.
+    pub fn held_seen(&self) -> bool {
+        self.held_seen.load(Ordering::Relaxed)
+    }
 }

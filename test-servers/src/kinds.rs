@@ -8,8 +8,8 @@ use std::future::Future;
 use std::pin::Pin;
 
 use crate::{
-    EtcdCluster, EtcdServer, PostgresServer, PostgresServerOptions, RedisServer, ServerControl,
-    ServerError, ZooKeeperEnsemble, ZooKeeperServer,
+    EtcdCluster, EtcdServer, MariaDbServer, PostgresServer, PostgresServerOptions, RedisServer,
+    ServerControl, ServerError, ZooKeeperEnsemble, ZooKeeperServer,
 };
 
 /// Servers of one kind, started together and stopped when dropped.
@@ -124,6 +124,20 @@ pub const SERVER_KINDS: &[ServerKind] = &[
                 let options =
                     PostgresServerOptions::default().with_setting("max_connections", "400");
                 let server = PostgresServer::start_with(options).await?;
+                Ok(Started::Nodes(vec![Box::new(server)]))
+            })
+        },
+    },
+    ServerKind {
+        name: "mariadb",
+        tls_schemes: &[],
+        schemes: &["mysql", "mariadb"],
+        default_port: 3306,
+        url_template: "mysql://distlock:distlock-test@{hosts}/distlock",
+        nodes_url_template: None,
+        start: |_| {
+            Box::pin(async move {
+                let server = MariaDbServer::start().await?;
                 Ok(Started::Nodes(vec![Box::new(server)]))
             })
         },

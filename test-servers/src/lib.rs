@@ -1,5 +1,5 @@
 //! Throwaway real servers for integration tests: redis-server, PostgreSQL,
-//! ZooKeeper and etcd on free loopback ports, PgBouncer in front of PostgreSQL, controlled through [`ServerControl`] (url, kill,
+//! MariaDB, ZooKeeper and etcd on free loopback ports, PgBouncer in front of PostgreSQL, controlled through [`ServerControl`] (url, kill,
 //! restart, pause, resume, logs), and [`FaultProxy`], a TCP fault-injection proxy.
 //!
 //! **Not API-stable**: like other test-fixture crates, this one changes whenever the
@@ -26,7 +26,7 @@
 //! directory), `pause` (SIGSTOP) and `resume` (SIGCONT).
 //!
 //! The default provider uses no Docker (see [`Provider`]); the server binaries come from the Debian packages
-//! `redis-server`, `postgresql`, `zookeeper` and `etcd-server` (`scripts/test.sh` installs
+//! `redis-server`, `postgresql`, `mariadb-server`, `zookeeper` and `etcd-server` (`scripts/test.sh` installs
 //! them); TLS servers get throwaway certificates from the `openssl` tool, and
 //! [`ZooKeeperTlsServer`] needs Debian's netty jars (a dependency of `zookeeper`) for
 //! its TLS port. Where a binary lives can be overridden with environment variables:
@@ -57,6 +57,7 @@ mod etcd;
 mod etcd_tls;
 pub mod fault_proxy;
 mod kinds;
+mod mariadb;
 mod openssl_ca;
 mod pgbouncer;
 mod postgres;
@@ -84,6 +85,11 @@ pub use etcd_tls::EtcdTlsServer;
 pub use fault_proxy::FaultProxy;
 pub use kinds::{
     default_port, kind_for_scheme, kind_named, loopback_hosts, ServerKind, Started, SERVER_KINDS,
+};
+pub use mariadb::{
+    add_fault_users, connections_of, kill_connections_of, mariadb_sql, MariaDbServer,
+    MARIADB_DATABASE, MARIADB_FAULT_CLIENTS, MARIADB_FAULT_URL_TEMPLATE, MARIADB_PASSWORD,
+    MARIADB_USER,
 };
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};

@@ -91,7 +91,7 @@ async fn quick_compare_run_prints_every_row_and_ratio_and_plots() {
 #[test]
 fn an_unsupported_backend_is_a_usage_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_distlock"))
-        .args(["bench", "--backend", "mysql://db", "--quick"])
+        .args(["bench", "--backend", "mongodb://db", "--quick"])
         .output()
         .expect("run distlock bench");
     let stderr = String::from_utf8_lossy(&out.stderr);

@@ -100,7 +100,7 @@ fn invalid_backend_urls_are_one_line_usage_errors() {
     for url in [
         "",
         "nonsense",
-        "mysql://user:secret@db",
+        "mongodb://user:secret@db",
         "memory://a b",
         "memory://x?y",
     ] {

@@ -109,7 +109,7 @@ fn usage_errors_exit_2_and_the_command_never_runs() {
         (&["--wait", "-1s"][..], "k"),
         (&["--wait", "1s", "--no-wait"][..], "k"),
         (&["--ttl", "1ms"][..], "k"),
-        (&["--backend", "mysql://user:secret@db"][..], "k"),
+        (&["--backend", "mongodb://user:secret@db"][..], "k"),
         (&[][..], ""),
     ] {
         let out = exec_sh(extra, key, &script);

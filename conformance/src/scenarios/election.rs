@@ -316,9 +316,11 @@ pub(super) async fn election_cancelled_campaign_leaves_nothing(
             })?;
         probe.resign().await?;
     }
-    // Contended: campaigns dropped while waiting must not win later.
+    // Contended: campaigns dropped while waiting must not win later. A's wait covers
+    // the clean-up of B's last cut campaign: a put that reached the server after C's
+    // probe is deleted by a drop-path task, within the slack.
     let leader = a
-        .campaign(&name, &candidate("a")?, &no_wait(LONG_TTL))
+        .campaign(&name, &candidate("a")?, &waiting(LONG_TTL, h.slack()))
         .await?;
     for _ in 0..5 {
         let _ =

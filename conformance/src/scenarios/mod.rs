@@ -245,7 +245,7 @@ pub static SCENARIOS: &[Scenario] = &[
     scenario!(extend_pushes_expiry_out, Ttl, [TtlExpiry, Extend],
         "after extend the key stays held past the original TTL, and frees after the new one"),
     scenario!(auto_renew_holds_past_five_ttls, Ttl, [Extend],
-        "with auto-renew a lock stays held and its state Held for more than 5 x TTL, and is free at once after release"),
+        "with auto-renew a lock (TTL at least the slack) stays held and its state Held for more than 5 x TTL, and is free at once after release"),
     scenario!(auto_renew_stops_at_max_hold, Ttl, [TtlExpiry, Extend],
         "the watchdog stops at the max-hold cap: lost() fires and another client gets the key, within a TTL plus slack after the cap"),
     scenario!(contended_reports_a_wait_on_a_held_key, Ttl, [TtlExpiry],

@@ -1,0 +1,619 @@
+//! [`MySqlLock`]: a client of MySQL/MariaDB user locks (`GET_LOCK`), its shared and
+//! dedicated sessions, and the tries and waits every primitive's grant is made of.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use distlock_api::backend::prelude::*;
+use distlock_api::backend::Request;
+use distlock_api::{
+    BackoffDelays, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
+    PermitMismatch,
+};
+use sqlx::Connection as _;
+use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{timeout, timeout_at, Instant};
+
+use crate::client::{locked, ClientState, Settings};
+use crate::config::{parse_url, MySqlConfig};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, SessionHandle};
+use crate::session;
+use crate::sql::ensure_tables;
+use crate::MYSQL_BACKEND;
+
+/// Requests in flight per shared session in use: a client with `n` requests in flight
+/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
+/// opening more, up to the configured number, as the load grows.
+const QUEUE_PER_SESSION: usize = 8;
+/// Attempts on other sessions when the chosen one closed before running a command.
+const SESSION_ATTEMPTS: usize = 4;
+
+/// A MySQL/MariaDB lock client: `GET_LOCK` user locks, multiplexed over a few
+/// sessions, for the mutex, the semaphore and leader election. It is the backend's
+/// [`Engine`](distlock_api::backend::Engine); use it through [`MySqlLock::client`] or
+/// the handles [`MySqlLock::lock`], [`MySqlLock::semaphore`] and
+/// [`MySqlLock::election`]. See the crate docs for the protocol and its guarantees.
+///
+/// Cloning is cheap and shares the sessions. Two separate `connect`s are two clients:
+/// they exclude each other on the server like two processes would. Within one client a
+/// name is never granted twice at once: a session never asks `GET_LOCK` for a name in
+/// use (a second `GET_LOCK` on the session holding it would succeed).
+#[derive(Clone)]
+pub struct MySqlLock {
+    state: Arc<ClientState>,
+}
+
+/// Counts a shared session being opened, until dropped.
+struct Opening(Arc<ClientState>);
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let mut pool = locked(&self.0.pool);
+        pool.opening = pool.opening.saturating_sub(1);
+        drop(pool);
+        self.0.pool_changed.notify_waiters();
+    }
+}
+
+/// Undoes a grant in flight if the acquire future is dropped before it hands out a
+/// guard: the release is queued behind the grant on the same session, so it runs after
+/// it, whatever the grant's outcome.
+struct Pending {
+    owner: u128,
+    session: Arc<SessionHandle>,
+    armed: bool,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        if self.armed {
+            let _ = self.session.send(Command::Release {
+                owner: self.owner,
+                reply: None,
+            });
+        }
+    }
+}
+
+impl fmt::Debug for MySqlLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (shared, waits) = self.session_counts();
+        f.debug_struct("MySqlLock")
+            .field("server", &self.state.settings.address)
+            .field("shared_sessions", &shared)
+            .field("wait_sessions", &waits)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How an acquire takes its lock.
+#[derive(Debug, Clone)]
+pub(crate) enum Plan {
+    /// A mutex: a try on a shared session, then a wait in `GET_LOCK` on a dedicated one.
+    Exclusive,
+    /// A semaphore permit of `max`: a permit try on a dedicated session, polled at the
+    /// options' backoff.
+    Permit { max: u32 },
+    /// An election's leadership: taken as [`Plan::Exclusive`], and recorded as the
+    /// leader by the granting session before it is handed out.
+    Lead(Arc<Seat>),
+}
+
+/// What a grant asks its session for (see [`MySqlLock::grant_on`]).
+struct Ask<'a> {
+    name: &'a Arc<str>,
+    grab: Grab,
+    options: &'a LockOptions,
+    /// A dedicated session's wait slot, kept with the grant.
+    slot: Option<OwnedSemaphorePermit>,
+    seat: Option<&'a Arc<Seat>>,
+}
+
+/// A grant as a session made it: the owner token it is held under, and the lease.
+pub(crate) type Grant = (OwnerToken, Granted);
+
+impl MySqlLock {
+    /// Connects to the server named by a `mysql://` or `mariadb://` URL
+    /// (`mysql://user:password@host:port/database?params`; see [`crate::parse_url`]),
+    /// with the default [`MySqlConfig`].
+    ///
+    /// Opens one session at once, and creates distlock's tables in the URL's database if
+    /// they are missing (see [`crate::CREATE_TABLES`]); more sessions are opened on
+    /// demand.
+    ///
+    /// # Errors
+    /// [`LockError::Config`] for another scheme, a URL that cannot be parsed, refused
+    /// credentials, an unknown database, a TLS refusal, or missing tables this user may
+    /// not create (the message names the rights needed); [`LockError::Connection`] when
+    /// the server cannot be reached within the request timeout.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        MySqlLock::connect_with(url, MySqlConfig::default()).await
+    }
+
+    /// Connects with `config`.
+    ///
+    /// # Errors
+    /// As [`MySqlLock::connect`], and [`LockError::Config`] when `config` fails
+    /// [`MySqlConfig::validate`].
+    pub async fn connect_with(url: &str, config: MySqlConfig) -> Result<Self, LockError> {
+        config.validate()?;
+        let connect = parse_url(url)?;
+        let settings = Settings::new(config, connect);
+        let (mut conn, id) = session::connect_retrying(&settings).await?;
+        let limit = settings.config.request_timeout;
+        if let Err(e) = ensure_tables(&mut conn, &settings.address, limit).await {
+            let _ = timeout(limit, conn.close()).await;
+            return Err(e);
+        }
+        let state = Arc::new(ClientState {
+            wait_slots: Arc::new(Semaphore::new(settings.config.wait_sessions)),
+            settings: Arc::new(settings),
+            routes: Mutex::default(),
+            pool: Mutex::default(),
+            pool_changed: Notify::new(),
+            idle_waits: Mutex::default(),
+            open_shared: AtomicUsize::new(0),
+            open_waits: AtomicUsize::new(0),
+        });
+        let first = session::start(Kind::Shared, conn, id, &state);
+        locked(&state.pool).sessions.push(first);
+        Ok(MySqlLock { state })
+    }
+
+    /// The settings in force.
+    pub fn config(&self) -> &MySqlConfig {
+        &self.state.settings.config
+    }
+
+    /// The sessions open now: `(shared, dedicated)`. Each is one connection.
+    pub fn session_counts(&self) -> (usize, usize) {
+        (
+            self.state.open_shared.load(Ordering::Relaxed),
+            self.state.open_waits.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The settings every session of this client runs with.
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.state.settings
+    }
+
+    /// The least busy shared session, opening one if all are busy and there is room.
+    async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
+        let state = &self.state;
+        let max = state.settings.config.shared_sessions;
+        enum Next {
+            Use(Arc<SessionHandle>),
+            OpenAside(Arc<SessionHandle>),
+            Open,
+            Wait,
+        }
+        let mut changed = None;
+        loop {
+            let next = {
+                let mut pool = locked(&state.pool);
+                pool.sessions.retain(|s| s.is_alive());
+                let load: usize = pool.sessions.iter().map(|s| s.load()).sum();
+                let needed = (load / QUEUE_PER_SESSION + 1).min(max);
+                let best = pool
+                    .sessions
+                    .iter()
+                    .take(needed)
+                    .min_by_key(|s| s.load())
+                    .cloned();
+                let room = pool.sessions.len() + pool.opening < needed;
+                match best {
+                    Some(s) if room && s.load() > 0 => {
+                        pool.opening += 1;
+                        Next::OpenAside(s)
+                    }
+                    Some(s) => Next::Use(s),
+                    None if pool.opening == 0 => {
+                        pool.opening += 1;
+                        Next::Open
+                    }
+                    None => Next::Wait,
+                }
+            };
+            match next {
+                Next::Use(session) => return Ok(session),
+                // Every slot is being opened: wait for one to finish (registering
+                // first, then looking again, so no notification is missed).
+                Next::Wait => match changed.take() {
+                    None => {
+                        let mut armed = Box::pin(state.pool_changed.notified());
+                        armed.as_mut().enable();
+                        changed = Some(armed);
+                    }
+                    Some(armed) => armed.await,
+                },
+                Next::Open => {
+                    let _opening = Opening(state.clone());
+                    let session = session::open(Kind::Shared, state).await?;
+                    locked(&state.pool).sessions.push(session.clone());
+                    return Ok(session);
+                }
+                Next::OpenAside(session) => {
+                    // Busy sessions: open one more in the background, and meanwhile
+                    // queue on the least busy one.
+                    let state = state.clone();
+                    tokio::spawn(async move {
+                        let _opening = Opening(state.clone());
+                        match session::open(Kind::Shared, &state).await {
+                            Ok(opened) => locked(&state.pool).sessions.push(opened),
+                            Err(error) => {
+                                tracing::debug!(%error, "could not open another shared session")
+                            }
+                        }
+                    });
+                    return Ok(session);
+                }
+            }
+        }
+    }
+
+    /// An idle dedicated session, or a new one. The caller holds a wait slot.
+    async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
+        loop {
+            let idle = locked(&self.state.idle_waits).pop();
+            match idle {
+                Some(s) if s.is_alive() => return Ok(s),
+                Some(_) => continue,
+                None => return session::open(Kind::Wait, &self.state).await,
+            }
+        }
+    }
+
+    /// Sends `ask` (a grant of `name` by `grab`, under a fresh owner token) to `session`
+    /// and waits for its answer, undoing a grant that lands after this future is
+    /// dropped. `None` when the session closed before running it (try another).
+    async fn grant_on(
+        &self,
+        session: Arc<SessionHandle>,
+        ask: Ask<'_>,
+    ) -> Option<Result<Option<Grant>, Failure>> {
+        let owner = OwnerToken::random();
+        let (tx, rx) = oneshot::channel();
+        let command = Command::Grant {
+            name: ask.name.clone(),
+            grab: ask.grab,
+            owner: owner.as_u128(),
+            ttl: ask.options.ttl(),
+            requested_at: Instant::now(),
+            slot: ask.slot,
+            seat: ask.seat.cloned(),
+            reply: tx,
+        };
+        if session.send(command).is_err() {
+            return None;
+        }
+        let mut pending = Pending {
+            owner: owner.as_u128(),
+            session,
+            armed: true,
+        };
+        let reply = rx.await;
+        pending.armed = false;
+        match reply {
+            Ok(Ok(granted)) => Some(Ok(granted.map(|g| (owner, g)))),
+            Ok(Err(Failure::Closed)) | Err(_) => None,
+            Ok(Err(failure)) => Some(Err(failure)),
+        }
+    }
+
+    /// One try on a shared session: the grant, or `None` when the name is in use
+    /// (including by this client).
+    async fn try_shared(
+        &self,
+        name: &Arc<str>,
+        options: &LockOptions,
+        seat: Option<&Arc<Seat>>,
+    ) -> Result<Option<Grant>, LockError> {
+        let mut retried_broken = false;
+        for _ in 0..SESSION_ATTEMPTS {
+            let session = self.shared_session().await?;
+            let ask = Ask {
+                name,
+                grab: Grab::Try,
+                options,
+                slot: None,
+                seat,
+            };
+            let answer = self.grant_on(session, ask).await;
+            match answer {
+                None => continue,
+                Some(Ok(granted)) => return Ok(granted),
+                // The session broke under the command, and its locks ended with it:
+                // one more try on a fresh session hides a stale one (a server restart).
+                Some(Err(Failure::Lock(e @ LockError::Connection { .. }))) if !retried_broken => {
+                    tracing::debug!(error = %e, "shared session broke; retrying on another");
+                    retried_broken = true;
+                }
+                Some(Err(Failure::Lock(e))) => return Err(e),
+                Some(Err(Failure::Mismatch(_) | Failure::Closed)) => {
+                    return Err(LockError::backend_error(
+                        MYSQL_BACKEND,
+                        "a permit count answer to a lock try",
+                    ))
+                }
+            }
+        }
+        Err(self
+            .settings()
+            .connection_error("no usable session: every one tried closed or broke"))
+    }
+
+    /// One `grab` on a dedicated session: the grant, or `None` when the name was held
+    /// (the wait ran out, or no dedicated session came free before `deadline`).
+    async fn dedicated(
+        &self,
+        key: &LockKey,
+        name: &Arc<str>,
+        grab: Grab,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        seat: Option<&Arc<Seat>>,
+    ) -> Result<Option<Grant>, LockError> {
+        for _ in 0..SESSION_ATTEMPTS {
+            let slots = self.state.wait_slots.clone();
+            let slot = match deadline {
+                Some(d) => match timeout_at(d, slots.acquire_owned()).await {
+                    Ok(slot) => slot,
+                    Err(_) => return Ok(None),
+                },
+                None => slots.acquire_owned().await,
+            }
+            .map_err(|_| {
+                self.settings()
+                    .connection_error("the client is shutting down")
+            })?;
+            let session = match deadline {
+                Some(d) => {
+                    let started = Instant::now();
+                    timeout_at(d, self.wait_session()).await.map_err(|_| {
+                        self.settings().connection_error(format!(
+                            "waited {:?} for a new session to wait for {key} in: the server had \
+                             no connection free (max_connections)",
+                            started.elapsed()
+                        ))
+                    })??
+                }
+                None => self.wait_session().await?,
+            };
+            let ask = Ask {
+                name,
+                grab: grab.clone(),
+                options,
+                slot: Some(slot),
+                seat,
+            };
+            let answer = self.grant_on(session, ask).await;
+            match answer {
+                None => continue,
+                Some(Ok(granted)) => return Ok(granted),
+                Some(Err(Failure::Lock(e))) => return Err(e),
+                Some(Err(Failure::Mismatch(in_use))) => {
+                    let asked = match grab {
+                        Grab::Permit { max, .. } => max,
+                        _ => 0,
+                    };
+                    return Err(LockError::PermitMismatch {
+                        backend: MYSQL_BACKEND,
+                        source: PermitMismatch::new(key.clone(), asked, in_use),
+                    });
+                }
+                Some(Err(Failure::Closed)) => continue,
+            }
+        }
+        Err(self
+            .settings()
+            .connection_error("no usable session to wait on: every one tried closed"))
+    }
+
+    /// One try of `plan` on `name`, without waiting: the grant, or `None` when held.
+    async fn try_plan(
+        &self,
+        key: &LockKey,
+        name: &Arc<str>,
+        plan: &Plan,
+        options: &LockOptions,
+    ) -> Result<Option<Grant>, LockError> {
+        match plan {
+            Plan::Exclusive => self.try_shared(name, options, None).await,
+            Plan::Lead(seat) => self.try_shared(name, options, Some(seat)).await,
+            Plan::Permit { max } => {
+                // A try waits for a dedicated session only as long as a request may take.
+                let patience = Instant::now() + self.settings().config.request_timeout;
+                let grab = Grab::Permit {
+                    key: key.clone(),
+                    max: *max,
+                };
+                self.dedicated(key, name, grab, options, Some(patience), None)
+                    .await
+            }
+        }
+    }
+
+    /// After a try of `plan` found the name held: waits until it may be free (a wait
+    /// in `GET_LOCK`, or a nap of the poll's backoff), within `deadline`.
+    async fn wait_plan(
+        &self,
+        key: &LockKey,
+        name: &Arc<str>,
+        plan: &Plan,
+        options: &LockOptions,
+        deadline: Option<Instant>,
+        polls: &mut BackoffDelays,
+    ) -> Result<Option<Grant>, LockError> {
+        let seat = match plan {
+            Plan::Lead(seat) => Some(seat),
+            Plan::Exclusive => None,
+            Plan::Permit { .. } => {
+                let mut nap = polls.next_delay();
+                if let Some(d) = deadline {
+                    nap = nap.min(d.saturating_duration_since(Instant::now()));
+                }
+                tokio::time::sleep(nap).await;
+                return Ok(None);
+            }
+        };
+        // Never an infinite GET_LOCK (MySQL and MariaDB spell it differently), and never
+        // longer than the session timeout: a dead waiter leaves the queue within it.
+        let mut wait = self.settings().config.max_wait_statement();
+        if let Some(d) = deadline {
+            wait = wait.min(d.saturating_duration_since(Instant::now()));
+        }
+        if wait.is_zero() {
+            return Ok(None);
+        }
+        // Whole milliseconds, rounded up, so the server gives up no earlier than asked.
+        let seconds = wait.as_micros().div_ceil(1000) as f64 / 1000.0;
+        self.dedicated(key, name, Grab::Wait { seconds }, options, deadline, seat)
+            .await
+    }
+
+    /// `plan` on `name` for `request`: a try, then, while the name is held and the
+    /// deadline allows, a wait (in `GET_LOCK`, or a nap of the options' backoff for a
+    /// permit) and another try. `None` once the name is still held at the deadline, at
+    /// once for a try; each held answer is noted in the request. Errors are returned
+    /// as they come: the caller retries them.
+    pub(crate) async fn contend(
+        &self,
+        request: &Request<'_>,
+        name: &Arc<str>,
+        plan: &Plan,
+    ) -> Result<Option<Grant>, LockError> {
+        let (key, options, deadline) = (request.key, request.options, request.deadline);
+        let mut polls = options.backoff().delays();
+        loop {
+            let granted = match self.try_plan(key, name, plan, options).await? {
+                Some(grant) => Some(grant),
+                None => {
+                    request.saw_held();
+                    if !request.waits() || request.deadline_passed() {
+                        return Ok(None);
+                    }
+                    self.wait_plan(key, name, plan, options, deadline, &mut polls)
+                        .await?
+                }
+            };
+            if granted.is_some() {
+                return Ok(granted);
+            }
+            request.saw_held();
+            if request.deadline_passed() {
+                return Ok(None);
+            }
+            // The wait was capped below the deadline, or a permit's nap ended: try again.
+        }
+    }
+
+    /// Owner-checked release of `lease`: `Ok(true)` if this client held it and released
+    /// it now, `Ok(false)` if it holds it no more.
+    pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool, LockError> {
+        let owner = lease.owner().as_u128();
+        let released = self
+            .to_holder(owner, |reply| Command::Release {
+                owner,
+                reply: Some(reply),
+            })
+            .await?;
+        Ok(released == Some(true))
+    }
+
+    /// Owner-checked extension of `lease`: the new validity deadline, or `None` if this
+    /// client holds it no more.
+    pub(crate) async fn extend_lease(
+        &self,
+        lease: &Lease,
+        ttl: Duration,
+    ) -> Result<Option<Instant>, LockError> {
+        let owner = lease.owner().as_u128();
+        let extended = self
+            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
+            .await?;
+        Ok(extended.flatten())
+    }
+
+    /// Runs a read-only command made by `command` on a shared session.
+    pub(crate) async fn ask<T>(
+        &self,
+        command: impl Fn(Reply<T>) -> Command,
+    ) -> Result<T, LockError> {
+        for _ in 0..SESSION_ATTEMPTS {
+            let session = self.shared_session().await?;
+            let (tx, rx) = oneshot::channel();
+            if session.send(command(tx)).is_err() {
+                continue;
+            }
+            match rx.await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(Failure::Closed)) | Err(_) => continue,
+                Ok(Err(Failure::Lock(e))) => return Err(e),
+                Ok(Err(Failure::Mismatch(_))) => {
+                    return Err(LockError::backend_error(
+                        MYSQL_BACKEND,
+                        "a permit count answer to a look-up",
+                    ))
+                }
+            }
+        }
+        Err(self
+            .settings()
+            .connection_error("no usable session: every one tried closed"))
+    }
+
+    /// The connection id holding the lock `name`, if any.
+    pub(crate) async fn holder(&self, name: &str) -> Result<Option<u64>, LockError> {
+        self.ask(|reply| Command::Holder {
+            name: name.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
+    /// this client holds it (any more).
+    async fn to_holder<T>(
+        &self,
+        owner: u128,
+        command: impl FnOnce(Reply<T>) -> Command,
+    ) -> Result<Option<T>, LockError> {
+        let Some(session) = self.state.route(owner) else {
+            return Ok(None);
+        };
+        let (tx, rx) = oneshot::channel();
+        if session.send(command(tx)).is_err() {
+            return Ok(None);
+        }
+        match rx.await {
+            Ok(Ok(value)) => Ok(Some(value)),
+            // The session ended before running it, and its locks with it.
+            Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
+            Ok(Err(Failure::Lock(e))) => Err(e),
+            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
+                MYSQL_BACKEND,
+                "a permit count answer to a release or extend",
+            )),
+        }
+    }
+}
+
+/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
+pub(crate) fn lease_of(
+    key: &LockKey,
+    grant: Grant,
+    options: &LockOptions,
+) -> (Lease, LeaseMonitor) {
+    let (owner, granted) = grant;
+    let lease = Lease::new(
+        key.clone(),
+        owner,
+        Some(FencingToken::new(granted.token)),
+        options.ttl(),
+        granted.acquired_at,
+    );
+    (lease, granted.monitor)
+}
