@@ -69,7 +69,7 @@ async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
 async fn warm_up(holder: &RedisLock, k: &LockKey, replica: u16) {
     let before = holder
         .lock()
-        .acquire(&k, &LockOptions::new(TTL).with_wait(WaitPolicy::NoWait))
+        .acquire(k, &LockOptions::new(TTL).with_wait(WaitPolicy::NoWait))
         .await
         .unwrap();
     let before_token = before.fencing_token().map(|t| t.get());
