@@ -10,7 +10,7 @@ use distlock_api::LockError;
 use crate::REDIS_BACKEND;
 
 pub use topology_url::{SentinelUrl, Topology};
-use url_options::take_fifo;
+use url_options::take_options;
 
 /// Settings of a Redis lock client.
 #[derive(Debug, Clone, PartialEq)]
@@ -33,6 +33,20 @@ pub struct RedisConfig {
     /// (default 3 s; at least 100 ms). Waiters refresh every third of it, so a waiter
     /// that died or hangs leaves the queue at most this long after its last refresh.
     pub fifo_entry_ttl: Duration,
+    /// Replicas that must acknowledge every grant, extend and leadership renewal
+    /// (Redis `WAIT`) before it counts (default 0: none asked; the URL parameter
+    /// `min_replicas=N` sets it). Fewer within [`RedisConfig::replica_timeout`]: a grant
+    /// is released and the acquire fails with [`distlock_api::LockError::Transient`]
+    /// whose source is a [`crate::TooFewReplicas`]; an extend fails the same way (the
+    /// lease turns suspect, and lost at its deadline unless a later extend is
+    /// acknowledged). Single node, Sentinel and Cluster; Redlock refuses it. It makes a
+    /// failover to an acknowledging replica keep the grant; it is not consensus (see
+    /// the Redis guide's "Replica acknowledgement").
+    pub min_replicas: u32,
+    /// How long a `WAIT` for [`RedisConfig::min_replicas`] waits (default 500 ms; the
+    /// URL parameter `replica_timeout=MS`, or `…ms`, `…s`). Above zero and below the
+    /// request timeout. The client's connection carries nothing else while it waits.
+    pub replica_timeout: Duration,
 }
 
 impl Default for RedisConfig {
@@ -43,6 +57,8 @@ impl Default for RedisConfig {
             clock_drift_factor: 0.01,
             fifo: false,
             fifo_entry_ttl: Duration::from_secs(3),
+            min_replicas: 0,
+            replica_timeout: Duration::from_millis(500),
         }
     }
 }
@@ -51,8 +67,8 @@ impl RedisConfig {
     /// Checks the settings.
     ///
     /// # Errors
-    /// [`LockError::Config`] for a zero timeout, a drift factor outside `0.0..=0.5`, or
-    /// a FIFO entry TTL below 100 ms.
+    /// [`LockError::Config`] for a zero timeout, a drift factor outside `0.0..=0.5`, a
+    /// FIFO entry TTL below 100 ms, or a replica timeout not below the request timeout.
     pub fn validate(&self) -> Result<(), LockError> {
         if self.fifo_entry_ttl < Duration::from_millis(100) {
             return Err(LockError::config(
@@ -71,6 +87,17 @@ impl RedisConfig {
             return Err(LockError::config(
                 REDIS_BACKEND,
                 "timeouts must be above zero",
+            ));
+        }
+        if self.replica_timeout.is_zero() || self.replica_timeout >= self.request_timeout {
+            // The WAIT's answer must come within the connection's response timeout.
+            return Err(LockError::config(
+                REDIS_BACKEND,
+                format!(
+                    "replica_timeout must be above zero and below the request timeout ({} ms), got {} ms",
+                    self.request_timeout.as_millis(),
+                    self.replica_timeout.as_millis()
+                ),
             ));
         }
         Ok(())
@@ -96,6 +123,10 @@ pub struct RedisUrl {
     /// The `fifo=true|false` parameter of the query string, if given (taken out of the
     /// node URLs, as the driver does not know it).
     pub fifo: Option<bool>,
+    /// The `min_replicas=N` parameter, if given ([`RedisConfig::min_replicas`]).
+    pub min_replicas: Option<u32>,
+    /// The `replica_timeout=MS` parameter, if given ([`RedisConfig::replica_timeout`]).
+    pub replica_timeout: Option<Duration>,
 }
 
 /// Parses a Redis URL into its node URLs and lock options.
@@ -116,16 +147,19 @@ pub struct RedisUrl {
 ///   through the listed seed nodes (port 6379 by default); `rediss+cluster://` is the
 ///   TLS form.
 ///
-/// - a `fifo=true|false` query parameter asks for FIFO waiting ([`RedisConfig::fifo`]);
-///   other query parameters and a `#fragment` are passed to the driver.
+/// - a `fifo=true|false` query parameter asks for FIFO waiting ([`RedisConfig::fifo`]),
+///   `min_replicas=N` and `replica_timeout=MS` (or `…ms`, `…s`) for replica
+///   acknowledgement ([`RedisConfig::min_replicas`]); other query parameters and a
+///   `#fragment` are passed to the driver.
 ///
 /// # Errors
 /// [`LockError::Config`] for any other scheme, `rediss://` without the `tls` feature,
 /// an empty, even or duplicated Redlock node list, a Sentinel URL without a master
-/// name, a Cluster URL with a database, or a `fifo` parameter that is not `true` or
-/// `false` or is given twice.
+/// name, a Cluster URL with a database, a lock option given twice, a `fifo` that is not
+/// `true` or `false`, a `min_replicas` that is not a whole number, or a
+/// `replica_timeout` that is not a whole number of milliseconds above zero.
 pub fn parse_url(url: &str) -> Result<RedisUrl, LockError> {
-    let (url, fifo) = take_fifo(url)?;
+    let (url, options) = take_options(url)?;
     let (scheme, rest) = url.split_once("://").unwrap_or(("", ""));
     let (nodes, topology) = match scheme.to_ascii_lowercase().as_str() {
         tls @ ("redis+sentinel" | "rediss+sentinel") => {
@@ -141,7 +175,9 @@ pub fn parse_url(url: &str) -> Result<RedisUrl, LockError> {
     Ok(RedisUrl {
         nodes,
         topology,
-        fifo,
+        fifo: options.fifo,
+        min_replicas: options.min_replicas,
+        replica_timeout: options.replica_timeout,
     })
 }
 
@@ -220,7 +256,9 @@ mod tests {
             RedisUrl {
                 nodes: vec!["redis://h:1/2".into()],
                 topology: Topology::Direct,
-                fifo: Some(true)
+                fifo: Some(true),
+                min_replicas: None,
+                replica_timeout: None,
             }
         );
         assert_eq!(node_urls("REDIS://h:1").unwrap(), ["redis://h:1"]);
@@ -244,6 +282,17 @@ mod tests {
             assert!(config.validate().is_err(), "{factor}");
         }
         assert!(RedisConfig::default().validate().is_ok());
+        for replica_timeout in [
+            Duration::ZERO,
+            Duration::from_secs(2),
+            Duration::from_secs(3),
+        ] {
+            let config = RedisConfig {
+                replica_timeout,
+                ..RedisConfig::default()
+            };
+            assert!(config.validate().is_err(), "{replica_timeout:?}");
+        }
     }
 
     #[test]

@@ -106,8 +106,9 @@ fn server_said(error: &RedisError) -> String {
 /// `MASTERDOWN` (a replica that lost its primary); and the replies of a topology in
 /// flux, which the next attempt finds settled: `MOVED`, `ASK` and `CLUSTERDOWN` from a
 /// Cluster whose slot moved or that is failing over (once the driver's own redirects
-/// are spent), `READONLY` from a Sentinel master demoted to a replica.
-pub(crate) const RETRY_CODES: [&str; 8] = [
+/// are spent), `READONLY` from a Sentinel master demoted to a replica, and `UNBLOCKED`
+/// for a `WAIT` (`min_replicas`) cut short by that demotion.
+pub(crate) const RETRY_CODES: [&str; 9] = [
     "LOADING",
     "BUSY",
     "TRYAGAIN",
@@ -116,6 +117,7 @@ pub(crate) const RETRY_CODES: [&str; 8] = [
     "ASK",
     "CLUSTERDOWN",
     "READONLY",
+    "UNBLOCKED",
 ];
 
 /// Whether the server refused `error`'s command for now (see [`RETRY_CODES`]).
@@ -163,6 +165,7 @@ mod tests {
             "ASK 3999 127.0.0.1:6381",
             "CLUSTERDOWN The cluster is down",
             "READONLY You can't write against a read only replica.",
+            "UNBLOCKED force unblock from blocking operation, instance state changed (master -> replica?)",
         ] {
             let error = lock_error("127.0.0.1:6379", reply(text));
             assert!(

@@ -5,7 +5,8 @@ use distlock_api::LockKey;
 /// The Redis names behind one [`LockKey`] `K`: four fields, and the FIFO queue's two
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
-/// All of them start with the hash tag `{K}`, so they live in one Redis Cluster slot.
+/// All of them but the fence start with the hash tag `{K}`, so they live in one Redis
+/// Cluster slot; the fence is that slot's counter, named with a tag of the same slot.
 /// A key starting with `}` would make that tag empty (Redis then hashes each whole
 /// name, scattering them over slots), so such a key's names start with
 /// `{\0<K without '}'>}` instead, followed by `K}`: a tag that is never empty, and a
@@ -18,10 +19,14 @@ use distlock_api::LockKey;
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{K}:fence`: the fencing counter of a single node, `INCR`ed by every grant;
-    /// seeded with the server's clock (µs) and expiring the TTL plus a margin after
-    /// that (then the clock seeds a new one, see the README's trust model). Redlock
-    /// does not use it.
+    /// `{<n>}:distlock-fence`: the fencing counter of `{K}`'s hash slot (`n` is the
+    /// smallest number whose decimal form hashes to that slot), shared by every key of
+    /// the slot and `INCR`ed by every mutex grant, so it rises per key. It never
+    /// expires (a server keeps at most one per slot, 16384); when it is gone (a restart
+    /// without persistence) the server's clock seeds it again, at the µs since 1970
+    /// (below 2^53), above every token it handed out before (see the Redis guide's
+    /// "Fencing" for the trust model). Redlock does not use it. (For the other primitives, whose names
+    /// [`KeyNames`] also gives inside the crate, it stays a per-key counter.)
     pub fence: String,
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by
     /// FIFO waiters while queued, and deleted by the release, which publishes a
@@ -43,7 +48,7 @@ impl KeyNames {
             ["{", key, "}"].concat()
         };
         KeyNames {
-            fence: [lock.as_str(), ":fence"].concat(),
+            fence: crate::slots::fence_of(&lock),
             channel: [lock.as_str(), ":released"].concat(),
             waiting: [lock.as_str(), ":waiting"].concat(),
             lock,
@@ -115,7 +120,8 @@ mod tests {
     fn documented_layout() {
         let names = KeyNames::for_key(&LockKey::new("orders/42").unwrap());
         assert_eq!(names.lock, "{orders/42}");
-        assert_eq!(names.fence, "{orders/42}:fence");
+        assert_eq!(names.fence, crate::slots::fence_of("{orders/42}"));
+        assert!(names.fence.ends_with("}:distlock-fence"));
         assert_eq!(names.channel, "{orders/42}:released");
         assert_eq!(names.waiting, "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
@@ -140,8 +146,12 @@ mod tests {
             let names = KeyNames::for_key(&LockKey::new(key).unwrap());
             let tag = hash_tag(&names.lock);
             assert_ne!(tag, names.lock, "{key:?}: no hash tag");
+            assert_eq!(
+                crate::slots::key_slot(&names.fence),
+                crate::slots::key_slot(&names.lock),
+                "{key:?}"
+            );
             for other in [
-                &names.fence,
                 &names.channel,
                 &names.waiting,
                 &names.queue(),

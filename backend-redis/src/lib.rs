@@ -28,12 +28,12 @@
 //!
 //! # Protocol
 //! For a lock key `K` (see [`KeyNames`]):
-//! - **acquire** runs one Lua script: `SET {K} <owner> NX PX <ttl>` and, when that
-//!   succeeds on a single node, `INCR {K}:fence`, returning the new fencing token (a
-//!   fresh counter is seeded with the server's clock in µs and expires the TTL + 10 s
-//!   later; Redlock skips the counter and hands out no token); when the key is held
-//!   it returns the holder's `PTTL` instead, the longest a waiter has to wait, and a
-//!   waiter listening for wake-ups marks the key `{K}:waiting` (with an expiry);
+//! - **acquire**: the first attempt is a pipeline without a script, `SET {K} <owner>
+//!   NX PX <ttl>` and (not on Redlock, which hands out no token) `INCR` of the key's
+//!   hash-slot counter (see [`KeyNames::fence`]), whose new value is the fencing token;
+//!   a waiter's later attempts run a Lua script doing the same that, when the key is
+//!   held, marks it `{K}:waiting` (with an expiry) and returns the holder's `PTTL`, the
+//!   longest the waiter has to wait;
 //! - **release** is an owner-checked `DEL` in Lua, of the lock and its `{K}:waiting`
 //!   marker together, that `PUBLISH`es on `{K}:released` only when the marker was
 //!   there (FIFO waiters mark it too while queued; woken waiters that find the key held
@@ -120,6 +120,18 @@
 //! asynchronous, so a grant, or the fencing counter's last increment, that had not
 //! reached the replica is lost with the master.
 //!
+//! # Replica acknowledgement
+//! `min_replicas=N` (and `replica_timeout=MS`, default 500 ms) in the URL, or
+//! [`RedisConfig::min_replicas`]: every grant, extend and leadership renewal is
+//! followed, in one pipeline on the same connection, by `WAIT N MS` to the master that
+//! took it, and counts only when N replicas acknowledged. Fewer: a grant is released
+//! and the call fails with [`distlock_api::LockError::Transient`] whose source is a
+//! [`TooFewReplicas`]; an extend is not counted (the lease turns suspect, then lost,
+//! as for any failing renewal). A failover to an acknowledging replica then keeps the
+//! grant and the fencing counter. `WAIT` is not consensus: a failover to a replica that
+//! did not acknowledge still loses it. Single node, Sentinel and Cluster; Redlock
+//! refuses it. `WAIT` holds the client's one connection until it answers.
+//!
 //! # Semaphores and read-write locks
 //! [`RedisLock::semaphore`] and [`RedisLock::rw_lock`] share the client's connection,
 //! wake-ups and waiter lines, on a single node, a Sentinel master or a Cluster (Redlock
@@ -140,8 +152,9 @@
 //!   above every earlier grant's of the key, so a fenced resource can refuse a writer
 //!   whose lease ran out.
 //!
-//! Waiting, the `:waiting` marker and fencing tokens (a `:fence` counter seeded from the
-//! server's clock) work as for the mutex. FIFO waiting is the mutex's only. Across a
+//! Waiting and the `:waiting` marker work as for the mutex; their fencing tokens come
+//! from a per-key `:fence` counter seeded from the server's clock (µs), which expires
+//! the TTL plus 10 s after it was seeded. FIFO waiting is the mutex's only. Across a
 //! Sentinel or Cluster failover they follow the mutex's rules: replication is
 //! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
@@ -151,7 +164,8 @@
 //! leadership is the mutex recipe on the record `{K}:election`, a hash of the owner
 //! token, the term and the candidate identity with the lease as its `PX`, written,
 //! extended and deleted whole by Lua scripts; the term is the next value of
-//! `{K}:election:fence`, the mutex's clock-seeded counter, taken in the winning
+//! `{K}:election:fence`, a per-key clock-seeded counter (the
+//! mutex's before its slot counters), taken in the winning
 //! campaign's script and carried by the lease as its fencing token. `leader()` reads
 //! the live leader's identity, term and remaining `PTTL` in one script. Candidates
 //! wait as mutex waiters do (a resign publishes on `{K}:election:released`); observers
@@ -164,11 +178,15 @@
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
-//! - Fencing: the `{K}:fence` counter, seeded from the server's clock whenever it is
-//!   gone (expired, or forgotten by a restart without persistence), so tokens keep
-//!   rising unless the server's clock steps back (the README's "Fencing tokens on
-//!   Redis" states how far is tolerated). A restart without persistence still forgets
-//!   held locks. Failover to an asynchronous replica can grant a lock twice.
+//! - Fencing: the key's hash-slot counter ([`KeyNames::fence`]), never expiring, and
+//!   seeded from the server's clock (its µs since 1970, below 2^53 until about 2255,
+//!   so tokens stay exact in JSON and JavaScript) whenever it is gone (forgotten by a
+//!   restart without persistence), so tokens keep rising unless the server's clock
+//!   steps back just then (the Redis guide's "Fencing" states how far is tolerated). A
+//!   restart without persistence still forgets held locks. Failover to an asynchronous
+//!   replica can grant a lock twice. Clients of releases with per-key `{K}:fence`
+//!   counters exclude these on every key, but their tokens must not be mixed: finish
+//!   the upgrade first (see the guide's "Upgrading from the per-key counters").
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node
@@ -206,7 +224,9 @@ mod keys;
 mod lock;
 mod membership;
 mod node;
+mod replicas;
 mod scripts;
+mod slots;
 mod topology;
 mod wakeups;
 
@@ -216,6 +236,7 @@ pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use redis;
+pub use replicas::TooFewReplicas;
 
 /// The backend name of a single-node client, in errors and reports.
 pub const REDIS_BACKEND: &str = "redis";

@@ -33,6 +33,9 @@ use turns::Turns;
 /// Why Redlock offers no FIFO waiting.
 const REDLOCK_NOT_FIFO: &str = "Redlock's nodes would each order the waiters themselves: waiters arriving together can head the queues of different nodes, so none heads a majority and nobody is granted; FIFO needs one ordering point (use a single node, Postgres or ZooKeeper)";
 
+/// Why Redlock refuses `min_replicas`.
+const REDLOCK_NO_REPLICA_WAIT: &str = "Redlock's safety comes from a majority of independent nodes, not from replicas: use min_replicas with a single node, Sentinel or Cluster";
+
 /// A Redis lock client: one node, or Redlock over N independent nodes, for every
 /// primitive (see [`RedisLock::client`]).
 ///
@@ -74,16 +77,19 @@ impl RedisLock {
         RedisLock::connect_with(url, RedisConfig::default()).await
     }
 
-    /// Connects with `config`. A `fifo=true|false` parameter in the URL's query string
-    /// overrides [`RedisConfig::fifo`].
+    /// Connects with `config`. The URL's `fifo=true|false`, `min_replicas=N` and
+    /// `replica_timeout=MS` parameters override [`RedisConfig::fifo`],
+    /// [`RedisConfig::min_replicas`] and [`RedisConfig::replica_timeout`].
     ///
     /// # Errors
-    /// As [`RedisLock::connect`], [`LockError::Config`] for invalid `config` or a
-    /// `fifo` parameter that is not `true` or `false`, and [`LockError::Unsupported`]
-    /// for FIFO on a Redlock URL.
+    /// As [`RedisLock::connect`], [`LockError::Config`] for invalid `config` or URL
+    /// parameters (see [`crate::parse_url`]), and [`LockError::Unsupported`] for FIFO or
+    /// `min_replicas` on a Redlock URL.
     pub async fn connect_with(url: &str, mut config: RedisConfig) -> Result<Self, LockError> {
         let url = parse_url(url)?;
         config.fifo = url.fifo.unwrap_or(config.fifo);
+        config.min_replicas = url.min_replicas.unwrap_or(config.min_replicas);
+        config.replica_timeout = url.replica_timeout.unwrap_or(config.replica_timeout);
         config.validate()?;
         let redlock = url.topology == Topology::Direct && url.nodes.len() > 1;
         if config.fifo && redlock {
@@ -93,7 +99,23 @@ impl RedisLock {
                 reason: REDLOCK_NOT_FIFO,
             });
         }
+        if config.min_replicas > 0 && redlock {
+            return Err(LockError::Unsupported {
+                backend: REDLOCK_BACKEND,
+                operation: "min_replicas",
+                reason: REDLOCK_NO_REPLICA_WAIT,
+            });
+        }
         let nodes = crate::topology::connect(url, config.request_timeout).await?;
+        if config.min_replicas > 0 {
+            let wait = crate::replicas::ReplicaWait {
+                replicas: config.min_replicas,
+                timeout: config.replica_timeout,
+            };
+            for node in &nodes {
+                node.require_replicas(wait);
+            }
+        }
         Ok(RedisLock {
             inner: Arc::new(Inner {
                 nodes,
@@ -651,8 +673,9 @@ impl RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner (a foreign holder's
-/// odd value or key type included). Redlock reports no token (it keeps no counters) and
-/// no queue, and the shortest remaining lease among the majority's nodes.
+/// odd value or key type included). No fencing token: the slot counter is every key's
+/// of its slot, so it is no key's own (Redlock keeps none). No queue on Redlock, and
+/// the shortest remaining lease among the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views.iter().filter_map(|v| v.owner.as_ref()).find(|owner| {
         views
@@ -662,9 +685,7 @@ fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
             >= quorum
     });
     let token = |status: KeyStatus| match views {
-        [view] if !redlock => status
-            .with_fencing_token(view.fence)
-            .with_waiters(Some(view.queued)),
+        [view] if !redlock => status.with_waiters(Some(view.queued)),
         _ => status,
     };
     // Keys on a minority of nodes (a partial or expiring grant) hold nobody's lock.

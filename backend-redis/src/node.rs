@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::{ExtendOutcome, FencingToken, LockError, OwnerToken, ReleaseOutcome};
-use redis::{Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind};
+use redis::{
+    Cmd, ConnectionAddr, ErrorKind, FromRedisValue, RedisError, Script, ServerErrorKind, Value,
+};
 
 use crate::conn::NodeConn;
 use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
 use crate::error::lock_error;
 use crate::keys::KeyNames;
+use crate::replicas::ReplicaWait;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
 
@@ -20,7 +23,8 @@ use crate::REDIS_BACKEND;
 pub(crate) enum NodeGrant {
     /// Granted, with the grant's fencing token (`None` when unfenced).
     Granted(Option<FencingToken>),
-    /// Held by another owner for at most this long (`None`: no expiry set).
+    /// Held by another owner for at most this long (`None`: no expiry set, or not
+    /// asked: an attempt of nobody subscribed retries at once anyway).
     Held(Option<Duration>),
 }
 
@@ -48,8 +52,6 @@ pub(crate) struct NodeView {
     pub(crate) owner: Option<Holder>,
     /// The lock's remaining `PX`, if held with an expiry.
     pub(crate) remaining: Option<Duration>,
-    /// The key's fencing counter: the last token this node handed out.
-    pub(crate) fence: Option<FencingToken>,
     /// Live entries in the key's FIFO queue.
     pub(crate) queued: usize,
 }
@@ -88,6 +90,8 @@ struct Link {
     conn: OnceLock<NodeConn>,
     /// Until then: why not, for the errors of operations that skip this node.
     absent: Mutex<String>,
+    /// Replicas every grant and extend must reach (`min_replicas`), once set.
+    replicas: OnceLock<ReplicaWait>,
 }
 
 /// A [`Node`] that does not keep its connection alive: a background joiner holds this,
@@ -142,6 +146,7 @@ impl Node {
                 wakeups: Arc::new(Wakeups::default()),
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
+                replicas: OnceLock::new(),
             }),
         })
     }
@@ -160,6 +165,7 @@ impl Node {
                 wakeups: Arc::new(Wakeups::default()),
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
+                replicas: OnceLock::new(),
             }),
         }
     }
@@ -248,6 +254,13 @@ impl Node {
         let _ = self.link.conn.set(conn);
     }
 
+    /// Makes every grant and extend on this node wait for `wait`'s replicas (see
+    /// [`crate::replicas`]). Set once, before the node is used; a later call changes
+    /// nothing.
+    pub(crate) fn require_replicas(&self, wait: ReplicaWait) {
+        let _ = self.link.replicas.set(wait);
+    }
+
     /// Records why the node has not joined, for the errors of operations meanwhile.
     pub(crate) fn set_absent(&self, why: String) {
         *self
@@ -321,9 +334,17 @@ impl Node {
         }
     }
 
-    /// Runs the acquire script; `fenced` also hands out the next fencing token on
-    /// `{K}:fence`. `waiting`: how long a held key stays marked as waited on (`None`
-    /// for an attempt of nobody subscribed to the wake-ups).
+    /// One acquire attempt; `fenced` also hands out the next fencing token of the
+    /// key's slot counter (`names.fence`). `waiting`: how long a held key stays marked
+    /// as waited on (`None` for an attempt of nobody subscribed to the wake-ups).
+    ///
+    /// An attempt of nobody subscribed (every acquire's first) is a pipeline of
+    /// `SET NX PX` and `INCR` of the counter, no script: the cheapest grant that keeps
+    /// tokens rising per key (the `INCR` follows the `SET` on one connection, and the
+    /// next grant of the key follows this grant's release, so it comes after this
+    /// `INCR`). A held key's `INCR` is a token handed to nobody, which costs no
+    /// guarantee. A subscribed waiter's attempt runs [`crate::scripts::ACQUIRE`], which
+    /// also marks the key waited on and says how long it is held.
     pub(crate) async fn try_grant(
         &self,
         names: &KeyNames,
@@ -332,6 +353,9 @@ impl Node {
         fenced: bool,
         waiting: Option<Duration>,
     ) -> Result<NodeGrant, LockError> {
+        let Some(waiting) = waiting else {
+            return self.try_grant_pipelined(names, owner, ttl, fenced).await;
+        };
         let script = &*crate::scripts::ACQUIRE;
         let keys: &[&str] = if fenced {
             &[&names.lock, &names.fence]
@@ -339,12 +363,99 @@ impl Node {
             &[&names.lock]
         };
         let mut cmd = evalsha(script, keys);
-        cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
-        if let Some(waiting) = waiting {
-            cmd.arg(ttl_millis(waiting));
+        cmd.arg(&hex(owner)[..])
+            .arg(ttl_millis(ttl))
+            .arg(ttl_millis(waiting));
+        let (answer, short): (Value, _) = self.run_acked(script, &cmd).await?;
+        let grant =
+            grant_of(&answer, fenced).ok_or_else(|| unexpected("acquire script", &answer))?;
+        // Too few replicas for a grant: the caller releases it (as after any error).
+        match (grant, short) {
+            (NodeGrant::Granted(_), Some(short)) => Err(short),
+            (grant, _) => Ok(grant),
         }
-        let answer: i64 = self.run(script, &cmd).await?;
-        Ok(grant_of(answer, fenced))
+    }
+
+    /// [`Node::try_grant`] without a script: `SET NX PX`, and `INCR` of the slot
+    /// counter when `fenced`, in one round trip.
+    async fn try_grant_pipelined(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+        fenced: bool,
+    ) -> Result<NodeGrant, LockError> {
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&names.lock)
+            .arg(&hex(owner)[..])
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl_millis(ttl));
+        if fenced {
+            pipe.cmd("INCR").arg(&names.fence);
+        }
+        let wait = self.link.replicas.get().copied();
+        if let Some(wait) = &wait {
+            wait.append(&mut pipe);
+        }
+        // Each command's own error comes back in its place, with its code (`BUSY`,
+        // `LOADING`: transient), instead of one error listing them all. An error after
+        // a granted `SET` fails the attempt, whose caller releases what it may hold.
+        pipe.ignore_errors();
+        let mut answers: Vec<Value> = pipe
+            .query_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
+        let waited = match wait {
+            Some(_) => answers.pop(),
+            None => None,
+        };
+        // The writes' own errors first: on a demoted master the `SET`'s `READONLY` says
+        // "follow the failover", where the `WAIT`'s refusal would not.
+        if let Some(error) = answers.iter().find_map(|answer| match answer {
+            Value::ServerError(error) => Some(error.clone()),
+            _ => None,
+        }) {
+            return Err(lock_error(&self.address, error.into()));
+        }
+        let short = match (&wait, &waited) {
+            (Some(wait), Some(waited)) => wait.shortfall(&self.address, waited)?,
+            _ => None,
+        };
+        let grant = match answers.as_slice() {
+            [Value::Nil, ..] => return Ok(NodeGrant::Held(None)),
+            [Value::Okay] if !fenced => NodeGrant::Granted(None),
+            [Value::Okay, Value::Int(counted)] if fenced => {
+                let token = if *counted >= crate::scripts::SEED_FLOOR {
+                    counted.unsigned_abs()
+                } else {
+                    // The counter was gone: seed it from the server's clock.
+                    self.seeded_token(names).await?
+                };
+                NodeGrant::Granted(Some(FencingToken::new(token)))
+            }
+            _ => return Err(unexpected("acquire", &Value::Array(answers))),
+        };
+        // Too few replicas for a grant: the caller releases it (as after any error).
+        match short {
+            Some(short) => Err(short),
+            None => Ok(grant),
+        }
+    }
+
+    /// The next token of `names`' slot counter, which `INCR` found gone: seeded (see
+    /// [`crate::scripts::SEEDED_TOKEN`]).
+    async fn seeded_token(&self, names: &KeyNames) -> Result<u64, LockError> {
+        let script = &*crate::scripts::SEEDED_TOKEN;
+        let cmd = evalsha(script, &[&names.fence]);
+        // The seed must reach the replicas too: a failover to one without it would
+        // hand out tokens from the counter's older value.
+        let (answer, short): (Value, _) = self.run_acked(script, &cmd).await?;
+        if let Some(short) = short {
+            return Err(short);
+        }
+        token_of(&answer).ok_or_else(|| unexpected("token seeding script", &answer))
     }
 
     /// Runs the FIFO acquire script for the queued waiter `waiter`: joins the queue
@@ -374,21 +485,29 @@ impl Node {
             .arg(ttl_millis(ttl))
             .arg(waiter)
             .arg(ttl_millis(entry_ttl))
-            .arg(if join { "1" } else { "0" })
-            .arg(fence_keep_millis(ttl));
-        let answer: Vec<i64> = self.run(script, &cmd).await?;
+            .arg(if join { "1" } else { "0" });
+        let (answer, short): (Vec<Value>, _) = self.run_acked(script, &cmd).await?;
+        if let (Some(short), [Value::Int(1), _]) = (short, answer.as_slice()) {
+            // Too few replicas for a grant: the caller releases it (as after any error).
+            return Err(short);
+        }
         let millis = |ms: i64| u64::try_from(ms).ok().map(Duration::from_millis);
         Ok(match answer.as_slice() {
-            [1, token] => QueueGrant::Granted(FencingToken::new((*token).max(0) as u64)),
-            [0, held_for, next_deadline, place] => QueueGrant::Waiting {
-                held_for: millis(*held_for),
-                next_deadline: millis(*next_deadline),
-                place: u64::try_from(*place).ok(),
+            [Value::Int(1), token] => match token_of(token) {
+                Some(token) => QueueGrant::Granted(FencingToken::new(token)),
+                None => return Err(unexpected("FIFO acquire script", token)),
             },
-            other => {
-                return Err(LockError::backend_error(
-                    REDIS_BACKEND,
-                    format!("unexpected answer to the FIFO acquire script: {other:?}"),
+            [Value::Int(0), Value::Int(held_for), Value::Int(next_deadline), Value::Int(place)] => {
+                QueueGrant::Waiting {
+                    held_for: millis(*held_for),
+                    next_deadline: millis(*next_deadline),
+                    place: u64::try_from(*place).ok(),
+                }
+            }
+            _ => {
+                return Err(unexpected(
+                    "FIFO acquire script",
+                    &Value::Array(answer.clone()),
                 ))
             }
         })
@@ -460,7 +579,12 @@ impl Node {
     ) -> Result<ExtendOutcome, LockError> {
         let mut cmd = evalsha(script, &[&names.lock]);
         cmd.arg(&hex(owner)[..]).arg(ttl_millis(ttl));
-        let found: i64 = self.run(script, &cmd).await?;
+        let (found, short): (i64, _) = self.run_acked(script, &cmd).await?;
+        if let (Some(short), 1) = (short, found) {
+            // Applied on the master, but too few replicas have it: not counted, so the
+            // lease keeps its earlier validity (and turns suspect).
+            return Err(short);
+        }
         Ok(match found {
             1 => ExtendOutcome::Extended {
                 valid_until: tokio::time::Instant::now(),
@@ -470,17 +594,17 @@ impl Node {
         })
     }
 
-    /// Reads the lock and its counter without changing them. Whatever a foreign holder
-    /// left on the key (an empty or odd value, no expiry, another type) reads as held.
+    /// Reads the lock and its FIFO queue without changing them (not the slot's
+    /// fencing counter: other keys of the slot move it, so it is no key's token).
+    /// Whatever a foreign holder left on the key (an empty or odd value, no expiry,
+    /// another type) reads as held.
     pub(crate) async fn inspect(&self, names: &KeyNames) -> Result<NodeView, LockError> {
-        let (kind, value, pttl, fence, queued): (String, String, i64, String, i64) =
-            crate::scripts::INSPECT
-                .key(&names.lock)
-                .key(&names.fence)
-                .key(names.queue_deadlines())
-                .invoke_async(&mut self.conn()?)
-                .await
-                .map_err(|e| lock_error(&self.address, e))?;
+        let (kind, value, pttl, queued): (String, String, i64, i64) = crate::scripts::INSPECT
+            .key(&names.lock)
+            .key(names.queue_deadlines())
+            .invoke_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
         let owner = match kind.as_str() {
             "none" => None,
             "string" => Some(Holder::Value(value)),
@@ -489,7 +613,6 @@ impl Node {
         Ok(NodeView {
             owner,
             remaining: u64::try_from(pttl).ok().map(Duration::from_millis),
-            fence: fence.parse().ok().map(FencingToken::new),
             queued: usize::try_from(queued).unwrap_or(0),
         })
     }
@@ -509,6 +632,47 @@ impl Node {
                 cmd.query_async(&mut conn).await.map_err(error)
             }
             other => other.map_err(error),
+        }
+    }
+
+    /// [`Node::run`] for a write that grants or extends: with `min_replicas` set, the
+    /// `EVALSHA` and a `WAIT` go in one pipeline (see [`crate::replicas`]), and the
+    /// second value is the error of too few acknowledgements, for the caller to act on
+    /// when the script granted or extended (`None` when enough acknowledged or none
+    /// were asked for).
+    pub(crate) async fn run_acked<T: FromRedisValue>(
+        &self,
+        script: &Script,
+        cmd: &Cmd,
+    ) -> Result<(T, Option<LockError>), LockError> {
+        let Some(wait) = self.link.replicas.get() else {
+            return Ok((self.run(script, cmd).await?, None));
+        };
+        let mut pipe = redis::pipe();
+        pipe.add_command(cmd.clone());
+        wait.append(&mut pipe);
+        pipe.ignore_errors();
+        let mut conn = self.conn()?;
+        let error = |e| lock_error(&self.address, e);
+        let mut loaded = false;
+        loop {
+            let answers: Vec<Value> = pipe.query_async(&mut conn).await.map_err(error)?;
+            let [answer, waited] = <[Value; 2]>::try_from(answers)
+                .map_err(|answers| unexpected("script and WAIT", &Value::Array(answers)))?;
+            if let Value::ServerError(e) = &answer {
+                let e = RedisError::from(e.clone());
+                if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !loaded {
+                    // The WAIT waited for nothing of this script, which did not run.
+                    script.load_async(&mut conn).await.map_err(error)?;
+                    loaded = true;
+                    continue;
+                }
+                return Err(error(e));
+            }
+            let short = wait.shortfall(&self.address, &waited)?;
+            let value =
+                T::from_redis_value(answer.clone()).map_err(|_| unexpected("script", &answer))?;
+            return Ok((value, short));
         }
     }
 
@@ -538,14 +702,56 @@ impl Node {
 }
 
 /// What the acquire script's answer says (see [`crate::scripts::ACQUIRE`]): a grant
-/// when positive (the fencing token when `fenced`), else held, for `-1 - answer` ms
-/// when that is not negative.
-fn grant_of(answer: i64, fenced: bool) -> NodeGrant {
-    if answer > 0 {
-        NodeGrant::Granted(fenced.then(|| FencingToken::new(answer.unsigned_abs())))
-    } else {
-        let pttl = answer.saturating_neg().saturating_sub(1);
-        NodeGrant::Held(u64::try_from(pttl).ok().map(Duration::from_millis))
+/// when a string (the fencing token, when `fenced`) or a positive number (unfenced),
+/// else held, for `-1 - answer` ms when that is not negative. `None` for anything else.
+fn grant_of(answer: &Value, fenced: bool) -> Option<NodeGrant> {
+    match answer {
+        Value::Int(answer) if *answer > 0 && !fenced => Some(NodeGrant::Granted(None)),
+        Value::Int(answer) if *answer <= 0 => {
+            let pttl = answer.saturating_neg().saturating_sub(1);
+            Some(NodeGrant::Held(
+                u64::try_from(pttl).ok().map(Duration::from_millis),
+            ))
+        }
+        other if fenced => Some(NodeGrant::Granted(Some(FencingToken::new(token_of(
+            other,
+        )?)))),
+        _ => None,
+    }
+}
+
+/// A fencing token a script answered as a string (the slot counter's, read with
+/// `GET`) or a number (the primitives' per-key counters).
+fn token_of(answer: &Value) -> Option<u64> {
+    match answer {
+        Value::BulkString(bytes) => std::str::from_utf8(bytes).ok()?.parse().ok(),
+        Value::SimpleString(text) => text.parse().ok(),
+        Value::Int(n) => u64::try_from(*n).ok().filter(|n| *n > 0),
+        _ => None,
+    }
+}
+
+/// The error of a reply distlock does not understand (another program's key of the
+/// same name, a server of another kind): the reply is named by its shape only.
+fn unexpected(what: &str, answer: &Value) -> LockError {
+    LockError::backend_error(
+        REDIS_BACKEND,
+        format!("unexpected answer to the {what}: {}", shape(answer)),
+    )
+}
+
+/// A short description of a reply, for errors: its kind and size, no contents.
+fn shape(answer: &Value) -> String {
+    match answer {
+        Value::Nil => "nothing".to_owned(),
+        Value::Int(n) => format!("the number {n}"),
+        Value::BulkString(bytes) => format!("a string of {} bytes", bytes.len()),
+        Value::Array(items) => format!(
+            "a list of {}",
+            items.iter().map(shape).collect::<Vec<_>>().join(", ")
+        ),
+        Value::Okay => "OK".to_owned(),
+        _ => "a reply of another kind".to_owned(),
     }
 }
 
@@ -595,30 +801,33 @@ mod tests {
 
     #[test]
     fn acquire_answers() {
+        let token = Value::BulkString(b"1764410000000001".to_vec());
         assert_eq!(
-            grant_of(1_700_000_000_000_000, true),
-            NodeGrant::Granted(Some(FencingToken::new(1_700_000_000_000_000)))
+            grant_of(&token, true),
+            Some(NodeGrant::Granted(Some(FencingToken::new(
+                1_764_410_000_000_001
+            ))))
         );
-        assert_eq!(grant_of(1, false), NodeGrant::Granted(None));
+        assert_eq!(
+            grant_of(&Value::Int(1), false),
+            Some(NodeGrant::Granted(None))
+        );
         // -1 - PTTL: 1234 ms left, none (no expiry).
         assert_eq!(
-            grant_of(-1235, true),
-            NodeGrant::Held(Some(Duration::from_millis(1234)))
+            grant_of(&Value::Int(-1235), true),
+            Some(NodeGrant::Held(Some(Duration::from_millis(1234))))
         );
-        assert_eq!(grant_of(-1, true), NodeGrant::Held(Some(Duration::ZERO)));
-        assert_eq!(grant_of(0, true), NodeGrant::Held(None));
-        assert!(matches!(
-            grant_of(i64::MIN, false),
-            NodeGrant::Held(Some(_))
-        ));
-    }
-
-    #[test]
-    fn fence_margin_in_the_script_matches() {
         assert_eq!(
-            crate::scripts::FENCE_MARGIN_MS.parse::<u128>().ok(),
-            Some(crate::scripts::FENCE_MARGIN.as_millis())
+            grant_of(&Value::Int(-1), true),
+            Some(NodeGrant::Held(Some(Duration::ZERO)))
         );
+        assert_eq!(grant_of(&Value::Int(0), true), Some(NodeGrant::Held(None)));
+        assert!(matches!(
+            grant_of(&Value::Int(i64::MIN), false),
+            Some(NodeGrant::Held(Some(_)))
+        ));
+        assert_eq!(grant_of(&Value::BulkString(b"x".to_vec()), true), None);
+        assert_eq!(grant_of(&Value::Nil, false), None);
     }
 
     #[test]

@@ -4,20 +4,13 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-/// `KEYS = [lock, fence]` (fenced) or `[lock]` (Redlock, which keeps no counter),
-/// `ARGV = [token, ttl_ms]`, and `waiting_ms` third for a waiter listening for wake-ups.
-/// Returns the fencing token (at least 10^15, see [`NEXT_TOKEN`]) when granted, `1`
+/// A waiter's attempt (the first attempt of an acquire is the pipeline of
+/// `crate::node::Node::try_grant`, without a script). `KEYS = [lock, fence]` (fenced)
+/// or `[lock]` (Redlock, which keeps no counter), `ARGV = [token, ttl_ms, waiting_ms]`.
+/// Returns the fencing token as a string (see [`SLOT_TOKEN`]) when granted, `1`
 /// without a fence key; else `-1 - PTTL` of the holder, so `0` or less: `0` when the
-/// holder's key has no expiry. A held key with `waiting_ms` marks `{K}:waiting` for
-/// that long, so that a release knows to publish a wake-up.
-///
-/// Every part of it is paid on each grant, so it is as lean as the guarantees allow
-/// (measured as server instructions per cycle, see docs/benchmarks.md): one integer
-/// answer rather than a table, the token's code inline rather than a function made
-/// on each run, and no argument that the uncontended path does not read (the
-/// counter's expiry is derived from the TTL); every key or argument passed costs the
-/// server on every call. Names used only off the hot path are derived from the lock's
-/// name (see [`KeyNames`](crate::KeyNames)).
+/// holder's key has no expiry. A held key marks `{K}:waiting` for `waiting_ms`, so
+/// that a release knows to publish a wake-up.
 pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
@@ -27,11 +20,9 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   if not KEYS[2] then
     return 1
   end
-  local fence, keep_ms = KEYS[2], ARGV[2] + ",
-            FENCE_MARGIN_MS,
-            r"
+  local fence = KEYS[2]
 ",
-            NEXT_TOKEN,
+            SLOT_TOKEN,
             r"
   return token
 end
@@ -45,8 +36,51 @@ return -1 - redis.call('PTTL', KEYS[1])
     )
 });
 
-/// Sets `token`, the fencing token of a grant, from the locals `fence` (the counter's
-/// name) and `keep_ms`.
+/// Sets `token` (a string) to the next value of the slot counter named by the local
+/// `fence` (see [`crate::KeyNames::fence`]).
+///
+/// `INCR` gives the next token while the counter lives; it never expires. A counter
+/// that is gone (a restart without persistence, a flush) comes back from `INCR` as a
+/// small number, below [`SEED_FLOOR`]: it is seeded with the server's time in µs since
+/// 1970 (about 1.8 × 10^15 in 2026, below 2^53 until about 2255, so a token survives a
+/// JSON or JavaScript consumer's doubles). That is above every value the counter held
+/// before unless it counted more `INCR`s than µs passed since its own seed (more than
+/// one grant per µs, sustained: see the Redis guide's "Fencing") or the server's clock
+/// stepped back. The token is read back with `GET`, as a string, never taken from
+/// Lua arithmetic (doubles): a counter someone set past 2^53 still reads exactly.
+const SLOT_TOKEN: &str = r"
+if redis.call('INCR', fence) < 1000000000000000 then
+  local t = redis.call('TIME')
+  redis.call('SET', fence, t[1] .. string.format('%06d', t[2]))
+end
+local token = redis.call('GET', fence)
+";
+
+/// The value below which a slot counter is one `INCR` created (a value no seed from
+/// a clock after 2001 gives): the counter is then seeded (see [`SLOT_TOKEN`]).
+pub(crate) const SEED_FLOOR: i64 = 1_000_000_000_000_000;
+
+/// `KEYS = [fence]`: the next token of a slot counter that `INCR` found gone, seeded
+/// (see [`SLOT_TOKEN`]), as a string.
+pub(crate) static SEEDED_TOKEN: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        &[
+            EFFECTS_REPLICATION,
+            "local fence = KEYS[1]\n",
+            SLOT_TOKEN,
+            "return token\n",
+        ]
+        .concat(),
+    )
+});
+
+/// [`SLOT_TOKEN`] as the function `slot_token(fence)`, for the FIFO acquire, which
+/// grants in two places.
+const SLOT_TOKEN_FUNCTION: &str = "local function slot_token(fence)\n";
+
+/// Sets `token`, the fencing token of a grant of a semaphore, read-write lock or
+/// election (whose counters are per key; the mutex's is its slot's, see
+/// [`SLOT_TOKEN`]), from the locals `fence` (the counter's name) and `keep_ms`.
 ///
 /// `fence` is a counter that starts at the server's clock: `INCR` gives the next token
 /// while it lives (one command, as cheap as the plain counter it replaces); a fresh one
@@ -71,8 +105,7 @@ end
 ";
 
 /// With [`NEXT_TOKEN`] and [`NEXT_TOKEN_CLOSE`] after it, defines the function
-/// `next_token(fence, keep_ms)`, for the scripts that grant in more than one place or
-/// off the hot path (the FIFO acquire, the primitives).
+/// `next_token(fence, keep_ms)`, for the primitives' scripts.
 const NEXT_TOKEN_OPEN: &str = "local function next_token(fence, keep_ms)\n";
 
 /// Ends the function [`NEXT_TOKEN_OPEN`] starts.
@@ -81,9 +114,6 @@ const NEXT_TOKEN_CLOSE: &str = "return token\nend\n";
 /// How long `{K}:fence` lives beyond the TTL of the grant that seeded it (see
 /// [`NEXT_TOKEN`]).
 pub(crate) const FENCE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
-
-/// [`FENCE_MARGIN`] in ms, as the acquire script adds it to the TTL.
-pub(crate) const FENCE_MARGIN_MS: &str = "10000";
 
 /// `KEYS = [lock]`, `ARGV = [token]`; the other names are derived from the lock's.
 /// Returns 1 when released, 2 when another owner holds the key (or a key of another
@@ -144,29 +174,25 @@ return 0
     )
 });
 
-/// `KEYS = [lock, fence, queue deadlines]`. Returns `{type of the lock key ('none' when
-/// absent), its value ('' unless a string), PTTL of the lock, counter or '', live FIFO
-/// queue entries}`: one consistent read of a key's state, for `inspect`. A foreign
-/// holder may leave any value or type on the key: it is reported, never an error.
+/// `KEYS = [lock, queue deadlines]`. Returns `{type of the lock key ('none' when
+/// absent), its value ('' unless a string), PTTL of the lock, live FIFO queue
+/// entries}`: one consistent read of a key's state, for `inspect`. A foreign holder may
+/// leave any value or type on the key: it is reported, never an error.
 pub(crate) static INSPECT: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
-local function string_at(key)
-  if redis.call('TYPE', key)['ok'] == 'string' then
-    return redis.call('GET', key)
-  end
-  return ''
-end
 local kind = redis.call('TYPE', KEYS[1])['ok']
-local owner = string_at(KEYS[1])
-local fence = string_at(KEYS[2])
+local owner = ''
+if kind == 'string' then
+  owner = redis.call('GET', KEYS[1])
+end
 local queued = 0
-if redis.call('TYPE', KEYS[3])['ok'] == 'zset' then
+if redis.call('TYPE', KEYS[2])['ok'] == 'zset' then
   local t = redis.call('TIME')
   local now = t[1] * 1000 + math.floor(t[2] / 1000)
-  queued = redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
+  queued = redis.call('ZCOUNT', KEYS[2], '(' .. now, '+inf')
 end
-return {kind, owner, redis.call('PTTL', KEYS[1]), fence, queued}
+return {kind, owner, redis.call('PTTL', KEYS[1]), queued}
 ",
     )
 });
@@ -197,7 +223,7 @@ end
 const QUEUE_NAMES: &str = "local queue, deadlines = KEYS[3], KEYS[4]\n";
 
 /// The FIFO acquire. `KEYS = [lock, fence, queue, queue deadlines, channel]`,
-/// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join, fence_keep_ms]`.
+/// `ARGV = [token, ttl_ms, waiter id, entry_ttl_ms, join]`.
 ///
 /// When nobody is queued it is the plain acquire (`SET NX PX`, the next token). Otherwise
 /// expired entries are dropped first. The lock is granted (`SET PX`, the next token,
@@ -210,23 +236,23 @@ const QUEUE_NAMES: &str = "local queue, deadlines = KEYS[3], KEYS[4]\n";
 /// wakes the head (see [`RELEASE`], which deletes the mark): each queued attempt marks
 /// it, and so does a grant that leaves others queued.
 ///
-/// Returns `{1, fencing_token}` when granted, else `{0, holder PTTL (negative when
+/// Returns `{1, fencing_token}` (the token a string, see [`SLOT_TOKEN`]) when granted, else `{0, holder PTTL (negative when
 /// free or without expiry), ms until the queue's earliest entry deadline (-1: none),
 /// this waiter's 0-based place in the queue (-1: not queued)}`.
 pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
-            NEXT_TOKEN_OPEN,
-            NEXT_TOKEN,
-            NEXT_TOKEN_CLOSE,
+            SLOT_TOKEN_FUNCTION,
+            SLOT_TOKEN,
+            "return token\nend\n",
             QUEUE_NAMES,
             // Nobody queued (the queue key is deleted when it empties): the plain
             // acquire, without reading the clock.
             r"
 if redis.call('EXISTS', KEYS[3]) == 0 then
   if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-    return {1, next_token(KEYS[2], ARGV[6])}
+    return {1, slot_token(KEYS[2])}
   end
   if ARGV[5] ~= '1' then
     return {0, redis.call('PTTL', KEYS[1]), -1, -1}
@@ -255,7 +281,7 @@ if free and (not head or head == ARGV[3]) then
       mark_waiting(tonumber(latest) - now + 1)
     end
   end
-  return {1, next_token(KEYS[2], ARGV[6])}
+  return {1, slot_token(KEYS[2])}
 end
 if ARGV[5] == '1' then
   if not redis.call('ZSCORE', KEYS[3], ARGV[3]) then

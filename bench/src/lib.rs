@@ -16,6 +16,7 @@ mod postgres;
 mod primitives;
 mod redis;
 mod report;
+mod server_cpu;
 mod side;
 mod zookeeper;
 
@@ -44,6 +45,9 @@ pub struct BenchConfig {
     pub warm_up: Duration,
     /// Concurrencies of the uncontended cycles.
     pub concurrencies: Vec<usize>,
+    /// The keys of the uncontended cycles: each worker reusing its own, a fresh key
+    /// per cycle, or both (one table each).
+    pub key_modes: Vec<KeyMode>,
     /// Concurrencies whose acquire latencies are reported.
     pub latency_concurrencies: Vec<usize>,
     /// Workers on the hot key.
@@ -68,6 +72,7 @@ impl BenchConfig {
             slice: Duration::from_secs(1),
             warm_up: Duration::from_millis(200),
             concurrencies: vec![1, 16, 64],
+            key_modes: vec![KeyMode::Reused, KeyMode::Fresh],
             latency_concurrencies: vec![1, 16],
             hot_workers: 16,
             handoffs: 2000,
@@ -88,6 +93,35 @@ impl BenchConfig {
             hold: 100,
             ..Self::standard(url)
         }
+    }
+}
+
+/// Which keys the uncontended cycles lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KeyMode {
+    /// Each worker locks its own key (file: its own 16) again and again, as a job
+    /// locking one resource does.
+    Reused,
+    /// Every cycle locks a key never locked before, as a service locking order ids
+    /// does: whatever a backend creates per key is created (and later removed) on
+    /// every cycle.
+    Fresh,
+}
+
+impl KeyMode {
+    /// The mode's name in tables, JSON and `--keys`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KeyMode::Reused => "reused",
+            KeyMode::Fresh => "fresh",
+        }
+    }
+
+    /// The mode called `name` (see [`KeyMode::name`]).
+    pub fn named(name: &str) -> Option<KeyMode> {
+        [KeyMode::Reused, KeyMode::Fresh]
+            .into_iter()
+            .find(|mode| mode.name() == name)
     }
 }
 
@@ -195,14 +229,13 @@ impl Backend {
         )
     }
 
-    /// Keys each worker cycles through in the uncontended run. ZooKeeper keeps one
-    /// node directory per key, so each worker reuses one key (still uncontended).
+    /// Keys each worker cycles through in the uncontended run with reused keys: one
+    /// (still uncontended, each worker has its own).
     fn keys_per_worker(self) -> u64 {
         match self {
-            Backend::ZooKeeper => 1,
             // A few lock files per key and side in one directory.
             Backend::File => 16,
-            _ => 1024,
+            _ => 1,
         }
     }
 }
@@ -368,22 +401,47 @@ pub async fn run(
     let names: Vec<&'static str> = sides.iter().map(|s| s.name()).collect();
     let mut report = BackendReport::new(backend.name(), server, config, &names);
     let mut failed = vec![false; sides.len()];
-    for &workers in &config.concurrencies {
-        progress(&format!(
-            "{}: uncontended cycles at concurrency {workers}",
-            backend.name()
-        ));
-        uncontended(
+    let server_cpu = server_cpu::ServerCpu::locate(
+        &config.url,
+        backend == Backend::Redis,
+        matches!(
             backend,
-            config,
-            &run_id,
-            &sides,
-            workers,
-            &mut failed,
-            &mut report,
-            &mut notes,
-        )
-        .await?;
+            Backend::Postgres | Backend::ZooKeeper | Backend::Etcd
+        ),
+    );
+    if matches!(server_cpu, server_cpu::ServerCpu::Unknown) {
+        notes.push(
+            "server CPU n/a: the server is not one local process the bench can read (Redis \
+             reports its own; others are read from /proc when they listen on this machine's \
+             loopback)"
+                .into(),
+        );
+    }
+    for &mode in &config.key_modes {
+        for &workers in &config.concurrencies {
+            progress(&format!(
+                "{}: uncontended cycles at concurrency {workers}, {} keys",
+                backend.name(),
+                mode.name()
+            ));
+            let turn = Turn {
+                backend,
+                mode,
+                workers,
+                server_cpu: &server_cpu,
+                plotted: Some(&mode) == config.key_modes.first(),
+            };
+            uncontended(
+                config,
+                &run_id,
+                &sides,
+                &turn,
+                &mut failed,
+                &mut report,
+                &mut notes,
+            )
+            .await?;
+        }
     }
     progress(&format!(
         "{}: hot key, {} workers",
@@ -432,41 +490,51 @@ async fn holding_cost(
     .map_err(|e| BenchError::run("distlock, holding locks", e))
 }
 
-/// One concurrency of uncontended cycles: `config.rounds` rounds, each side taking a
-/// turn per round in rotating order; adds the throughput (and latency) rows. A
-/// comparator that fails is marked in `failed` and left out from then on.
-#[allow(clippy::too_many_arguments)]
-async fn uncontended(
+/// What one series of uncontended rounds runs.
+struct Turn<'a> {
     backend: Backend,
+    mode: KeyMode,
+    workers: usize,
+    server_cpu: &'a server_cpu::ServerCpu,
+    /// Whether its latencies go into the plot (one key mode's only).
+    plotted: bool,
+}
+
+/// One concurrency and key mode of uncontended cycles: `config.rounds` rounds, each
+/// side taking a turn per round in rotating order; adds the throughput (and latency)
+/// rows. A comparator that fails is marked in `failed` and left out from then on.
+async fn uncontended(
     config: &BenchConfig,
     run_id: &str,
     sides: &[Box<dyn Side>],
-    workers: usize,
+    turn: &Turn<'_>,
     failed: &mut [bool],
     report: &mut BackendReport,
     notes: &mut Vec<String>,
 ) -> Result<(), BenchError> {
     let mut rates = vec![Vec::new(); sides.len()];
     let mut latencies = vec![Vec::new(); sides.len()];
-    // CPU per cycle, microseconds: (client, server where the server tells).
+    // CPU per cycle, microseconds: (client, server where it is known).
     let mut cpu = vec![(Vec::new(), Vec::new()); sides.len()];
+    let keys = match turn.mode {
+        KeyMode::Reused => measure::Keys::PerWorker(turn.backend.keys_per_worker()),
+        KeyMode::Fresh => measure::Keys::Fresh,
+    };
+    let run_id = format!("{run_id}/{}", turn.mode.name());
     for round in 0..config.rounds {
         // Rotate who goes first, so drift in the machine's load hits all alike.
-        for turn in 0..sides.len() {
-            let index = (turn + round) % sides.len();
+        for step in 0..sides.len() {
+            let index = (step + round) % sides.len();
             if failed[index] {
                 continue;
             }
             let side = &sides[index];
-            let server_before = match backend {
-                Backend::Redis => redis::server_cpu(&config.url).await.ok(),
-                _ => None,
-            };
+            let server_before = turn.server_cpu.read().await;
             let slice = measure::slice(
                 side.as_ref(),
-                workers,
-                run_id,
-                backend.keys_per_worker(),
+                turn.workers,
+                &run_id,
+                keys,
                 config.warm_up,
                 config.slice,
             )
@@ -477,11 +545,11 @@ async fn uncontended(
                     cpu[index]
                         .0
                         .push(slice.client_cpu.as_secs_f64() * 1e6 / cycles);
-                    if let Some(before) = server_before {
-                        if let Ok(after) = redis::server_cpu(&config.url).await {
-                            let used = after.saturating_sub(before);
-                            cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
-                        }
+                    if let (Some(before), Some(after)) =
+                        (server_before, turn.server_cpu.read().await)
+                    {
+                        let used = after.saturating_sub(before);
+                        cpu[index].1.push(used.as_secs_f64() * 1e6 / cycles);
                     }
                     rates[index].push(Some(slice.rate));
                     latencies[index].extend(slice.latencies);
@@ -500,9 +568,9 @@ async fn uncontended(
             }
         }
     }
-    report.add_throughput(workers, &rates, &cpu);
-    if config.latency_concurrencies.contains(&workers) {
-        report.add_latency(workers, latencies);
+    report.add_throughput(turn.mode.name(), turn.workers, &rates, &cpu);
+    if config.latency_concurrencies.contains(&turn.workers) {
+        report.add_latency(turn.mode.name(), turn.workers, latencies, turn.plotted);
     }
     Ok(())
 }

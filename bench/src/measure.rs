@@ -34,13 +34,25 @@ pub(crate) fn process_cpu() -> Duration {
     time(usage.ru_utime) + time(usage.ru_stime)
 }
 
-/// Runs `workers` contenders of `side` on their own keys (`keys` per worker, cycled)
-/// for `warm_up` unmeasured, then `length` measured.
+/// The keys of a slice's workers.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Keys {
+    /// Each worker cycles through this many keys of its own.
+    PerWorker(u64),
+    /// Each cycle takes a key of its own.
+    Fresh,
+}
+
+/// Slices run so far in this process.
+static TURNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Runs `workers` contenders of `side` on their own keys (see [`Keys`]) for
+/// `warm_up` unmeasured, then `length` measured.
 pub(crate) async fn slice(
     side: &dyn Side,
     workers: usize,
     run_id: &str,
-    keys: u64,
+    keys: Keys,
     warm_up: Duration,
     length: Duration,
 ) -> Result<Slice, BoxError> {
@@ -49,12 +61,15 @@ pub(crate) async fn slice(
         contenders.push(side.contender(worker).await?);
     }
     let cpu_before = process_cpu();
+    // A name for this turn, so that fresh keys never repeat across turns and rounds.
+    let turn = TURNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let warm_end = Instant::now() + warm_up;
     let end = warm_end + length;
     let mut set = JoinSet::new();
     for (worker, mut contender) in contenders.into_iter().enumerate() {
         let run_id = run_id.to_owned();
         set.spawn(async move {
+            let turn = turn;
             let mut latencies = Vec::new();
             let mut n = 0u64;
             loop {
@@ -63,7 +78,11 @@ pub(crate) async fn slice(
                     break;
                 }
                 let mut granted = None;
-                let key = format!("{run_id}/u/{worker}/{}", n % keys.max(1));
+                let key = match keys {
+                    Keys::PerWorker(keys) => format!("{run_id}/u/{worker}/{}", n % keys.max(1)),
+                    // Unique across turns too: the turn's start is in the name.
+                    Keys::Fresh => format!("{run_id}/f/{turn}/{worker}/{n}"),
+                };
                 contender
                     .cycle(&key, &mut || granted = Some(Instant::now()))
                     .await?;

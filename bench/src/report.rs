@@ -52,6 +52,9 @@ pub(crate) struct Samples {
 /// Uncontended acquire + release cycles per second at one concurrency.
 #[derive(Debug, Clone, Serialize)]
 pub struct ThroughputRow {
+    /// The keys: `reused` (each worker its own, again and again) or `fresh` (a new key
+    /// per cycle).
+    pub keys: String,
     /// Concurrent workers.
     pub concurrency: usize,
     /// Each side's rate over the rounds.
@@ -70,7 +73,8 @@ pub struct SideCpu {
     pub side: String,
     /// This process's CPU per cycle, microseconds.
     pub client_us: f64,
-    /// The server's CPU per cycle, microseconds, where the server reports it (Redis).
+    /// The server's CPU per cycle, microseconds, where it is known (Redis's `INFO
+    /// cpu`; the `/proc` times of a server process on this machine).
     pub server_us: Option<f64>,
 }
 
@@ -103,6 +107,8 @@ pub struct Ratio {
 /// Acquire latency percentiles of one side at one concurrency, over all rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct LatencyRow {
+    /// The keys, as [`ThroughputRow::keys`].
+    pub keys: String,
     /// Concurrent workers.
     pub concurrency: usize,
     /// The side.
@@ -185,11 +191,13 @@ impl BackendReport {
     /// `rates[side][round]`, `None` where the side did not run.
     pub(crate) fn add_throughput(
         &mut self,
+        keys: &str,
         concurrency: usize,
         rates: &[Vec<Option<f64>>],
         cpu: &[(Vec<f64>, Vec<f64>)],
     ) {
         let mut row = ThroughputRow {
+            keys: keys.to_owned(),
             concurrency,
             rates: Vec::new(),
             ratios: Vec::new(),
@@ -239,14 +247,22 @@ impl BackendReport {
         self.throughput.push(row);
     }
 
-    /// `latencies[side]`: every acquire's latency over the rounds.
-    pub(crate) fn add_latency(&mut self, concurrency: usize, latencies: Vec<Vec<Duration>>) {
+    /// `latencies[side]`: every acquire's latency over the rounds; `plotted`: whether
+    /// they go into the plot too.
+    pub(crate) fn add_latency(
+        &mut self,
+        keys: &str,
+        concurrency: usize,
+        latencies: Vec<Vec<Duration>>,
+        plotted: bool,
+    ) {
         for (side, mut samples) in self.sides.clone().into_iter().zip(latencies) {
             if samples.is_empty() {
                 continue;
             }
             samples.sort();
             self.latency.push(LatencyRow {
+                keys: keys.to_owned(),
                 concurrency,
                 side: side.clone(),
                 samples: samples.len(),
@@ -254,7 +270,9 @@ impl BackendReport {
                 p99_us: us(quantile(&samples, 0.99)),
                 p999_us: us(quantile(&samples, 0.999)),
             });
-            self.samples.latency.push((concurrency, side, samples));
+            if plotted {
+                self.samples.latency.push((concurrency, side, samples));
+            }
         }
     }
 
@@ -309,14 +327,25 @@ fn ms(micros: f64) -> String {
     }
 }
 
-impl fmt::Display for BackendReport {
-    /// Markdown: a heading, then one table per measurement.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "## {} ({})", self.backend, self.server)?;
+/// How a key mode is named in headings.
+fn keys_heading(mode: &str) -> &'static str {
+    match mode {
+        "fresh" => "a fresh key per cycle",
+        _ => "each worker reusing its own key",
+    }
+}
+
+impl BackendReport {
+    /// The throughput, CPU and latency tables of one key mode.
+    fn fmt_uncontended(&self, f: &mut fmt::Formatter<'_>, mode: &str) -> fmt::Result {
+        let throughput: Vec<&ThroughputRow> =
+            self.throughput.iter().filter(|r| r.keys == mode).collect();
         writeln!(
             f,
-            "\n### Uncontended cycles/s (median of {} alternating rounds of {} ms; ratio: median (min–max) of per-round ratios)\n",
-            self.rounds, self.slice_ms
+            "\n### Uncontended cycles/s, {} (median of {} alternating rounds of {} ms; ratio: median (min–max) of per-round ratios)\n",
+            keys_heading(mode),
+            self.rounds,
+            self.slice_ms
         )?;
         let others: Vec<&String> = self.sides.iter().skip(1).collect();
         write!(f, "| concurrency |")?;
@@ -332,7 +361,7 @@ impl fmt::Display for BackendReport {
             "|---:|{}",
             "---:|".repeat(self.sides.len() + others.len())
         )?;
-        for row in &self.throughput {
+        for row in &throughput {
             write!(f, "| {} |", row.concurrency)?;
             for side in &self.sides {
                 match row.rates.iter().find(|r| &r.side == side) {
@@ -351,7 +380,8 @@ impl fmt::Display for BackendReport {
 
         writeln!(
             f,
-            "\n### CPU per cycle, µs (median over rounds; client = this whole process; + server where it reports it)\n"
+            "\n### CPU per cycle, {}, µs (median over rounds; client = this whole process + server: Redis `INFO cpu`, another local server's process tree from /proc, else n/a)\n",
+            keys_heading(mode)
         )?;
         write!(f, "| concurrency |")?;
         for side in &self.sides {
@@ -359,7 +389,7 @@ impl fmt::Display for BackendReport {
         }
         writeln!(f)?;
         writeln!(f, "|---:|{}", "---:|".repeat(self.sides.len()))?;
-        for row in &self.throughput {
+        for row in &throughput {
             write!(f, "| {} |", row.concurrency)?;
             for side in &self.sides {
                 match row.cpu.iter().find(|c| &c.side == side) {
@@ -368,7 +398,7 @@ impl fmt::Display for BackendReport {
                         server_us: Some(server),
                         ..
                     }) => write!(f, " {client_us:.1} + {server:.1} |")?,
-                    Some(c) => write!(f, " {:.1} |", c.client_us)?,
+                    Some(c) => write!(f, " {:.1} + n/a |", c.client_us)?,
                     None => write!(f, " – |")?,
                 }
             }
@@ -376,11 +406,12 @@ impl fmt::Display for BackendReport {
         }
         writeln!(
             f,
-            "\n### Acquire latency (ms, every acquire of the rounds above)\n"
+            "\n### Acquire latency, {} (ms, every acquire of the rounds above)\n",
+            keys_heading(mode)
         )?;
         writeln!(f, "| concurrency | side | p50 | p99 | p99.9 | samples |")?;
         writeln!(f, "|---:|---|---:|---:|---:|---:|")?;
-        for row in &self.latency {
+        for row in self.latency.iter().filter(|r| r.keys == mode) {
             writeln!(
                 f,
                 "| {} | {} | {} | {} | {} | {} |",
@@ -392,7 +423,23 @@ impl fmt::Display for BackendReport {
                 thousands(row.samples as f64)
             )?;
         }
+        Ok(())
+    }
+}
 
+impl fmt::Display for BackendReport {
+    /// Markdown: a heading, then one table per measurement.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "## {} ({})", self.backend, self.server)?;
+        let mut modes: Vec<&str> = Vec::new();
+        for row in &self.throughput {
+            if !modes.contains(&row.keys.as_str()) {
+                modes.push(&row.keys);
+            }
+        }
+        for mode in modes {
+            self.fmt_uncontended(f, mode)?;
+        }
         writeln!(
             f,
             "\n### Hot key ({} workers on one key, each its own client (`{}`: all sharing one), pausing {} ms after each release; hand-off = holder's release starting → another worker granted; wait = acquire called → granted; ms)\n",

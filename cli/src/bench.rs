@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::builder::PossibleValuesParser;
 use clap::Args;
-use distlock_bench::{BenchConfig, BenchError};
+use distlock_bench::{BenchConfig, BenchError, KeyMode};
 use distlock_test_servers::{kind_named, Started, SERVER_KINDS};
 
 use crate::error::CliError;
@@ -42,6 +42,11 @@ pub struct BenchArgs {
     /// latencies are reported for 1 and 16 among them.
     #[arg(long, value_name = "N,…", value_delimiter = ',')]
     concurrency: Option<Vec<usize>>,
+    /// The keys of the uncontended cycles, comma-separated: `reused` (each worker its
+    /// own key, again and again), `fresh` (a new key per cycle); default both, one
+    /// table each.
+    #[arg(long, value_name = "MODE,…", value_delimiter = ',', value_parser = ["reused", "fresh"])]
+    keys: Option<Vec<String>>,
     /// Hand-offs to collect per side on the hot key (default 2000).
     #[arg(long, value_name = "N")]
     handoffs: Option<usize>,
@@ -126,6 +131,17 @@ pub async fn run(url: &str, args: BenchArgs) -> Result<(), CliError> {
             return Err(usage("--concurrency values must be at least 1".into()));
         }
         config.concurrencies = concurrency;
+    }
+    if let Some(keys) = args.keys {
+        let mut modes = Vec::new();
+        for name in &keys {
+            let mode = KeyMode::named(name)
+                .ok_or_else(|| usage(format!("--keys knows no mode {name:?}")))?;
+            if !modes.contains(&mode) {
+                modes.push(mode);
+            }
+        }
+        config.key_modes = modes;
     }
     if let Some(handoffs) = args.handoffs {
         config.handoffs = handoffs.max(1);

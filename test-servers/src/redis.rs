@@ -155,6 +155,44 @@ impl RedisServer {
             .await
     }
 
+    /// Starts a non-persistent replica of the server on `master_port`
+    /// (`--replicaof 127.0.0.1 PORT`) and waits (at most 15 s) until its link to
+    /// the master is up, so it has the master's data and acknowledges writes
+    /// (`WAIT`). A replica answers reads and refuses writes (`READONLY`).
+    ///
+    /// # Errors
+    ///
+    /// As [`RedisServer::start_with`]; [`ServerError::StartTimeout`] (with the
+    /// log tail) when the link does not come up in time.
+    pub async fn start_replica_of(master_port: u16) -> Result<RedisServer, ServerError> {
+        let replica = RedisServer::start_with(RedisServerOptions {
+            extra_args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                master_port.to_string(),
+            ],
+            ..RedisServerOptions::default()
+        })
+        .await?;
+        let started = tokio::time::Instant::now();
+        while !super::redis_shared::replica_in_sync(replica.port).await {
+            if started.elapsed() > READY_TIMEOUT {
+                return Err(ServerError::StartTimeout {
+                    server: SERVER,
+                    waited: READY_TIMEOUT,
+                    last_probe: format!(
+                        "the replica on {} never linked to {master_port}",
+                        replica.port
+                    ),
+                    log: replica.log_path(),
+                    log_tail: replica.process.log_tail(),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(replica)
+    }
+
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)

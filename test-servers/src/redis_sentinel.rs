@@ -10,7 +10,9 @@ use tempfile::TempDir;
 use super::process::{Launch, Supervised};
 use super::redis::{redis_binary, redis_ping};
 use super::redis_shared::{redis_cli, replica_in_sync, TlsFiles};
-use super::{free_port, temp_dir, RedisServer, RedisServerOptions, ServerError, PROBE_TIMEOUT};
+use super::{
+    free_port, temp_dir, FaultProxy, RedisServer, RedisServerOptions, ServerError, PROBE_TIMEOUT,
+};
 
 const SERVER: &str = "redis-sentinel";
 const READY_TIMEOUT: Duration = Duration::from_secs(20);
@@ -38,6 +40,9 @@ pub struct RedisSentinelGroup {
     // Sentinels first, so they die before the servers they watch.
     sentinels: Vec<Sentinel>,
     servers: Vec<RedisServer>,
+    /// The proxy the replica replicates through, for a group started with
+    /// [`RedisSentinelGroup::start_with_replication_proxy`].
+    replication: Option<FaultProxy>,
 }
 
 impl RedisSentinelGroup {
@@ -100,14 +105,60 @@ impl RedisSentinelGroup {
         .await?;
         let mut sentinels = Vec::new();
         for _ in 0..3 {
-            sentinels.push(start_sentinel(master_port, tls.as_ref()).await?);
+            sentinels.push(start_sentinel(master_port, tls.as_ref(), FAILOVER_TIMEOUT_MS).await?);
         }
         let group = RedisSentinelGroup {
             sentinels,
             servers: vec![master, replica],
+            replication: None,
         };
         group.wait_formed().await?;
         Ok(group)
+    }
+
+    /// As [`RedisSentinelGroup::start`] (without TLS), but the replica replicates
+    /// through a [`FaultProxy`] in front of the master (see
+    /// [`RedisSentinelGroup::replication_proxy`]), so a test can delay or drop the
+    /// replication stream and the replica's acknowledgements, and nothing else: clients
+    /// and Sentinels reach the servers directly. The Sentinels' `failover-timeout` is
+    /// 60 s: they would re-point a replica whose master address is not the master's
+    /// own (the proxy's) after it, so the group serves one failover, within a minute.
+    ///
+    /// # Errors
+    /// As [`RedisSentinelGroup::start`]; [`ServerError::Io`] when the proxy cannot
+    /// listen.
+    pub async fn start_with_replication_proxy() -> Result<RedisSentinelGroup, ServerError> {
+        let master = RedisServer::start().await?;
+        let upstream = std::net::SocketAddr::from(([127, 0, 0, 1], master.port()));
+        let proxy = FaultProxy::start(upstream)
+            .await
+            .map_err(|e| ServerError::io("starting the replication proxy", e))?;
+        let replica = RedisServer::start_with(RedisServerOptions {
+            extra_args: vec![
+                "--replicaof".into(),
+                "127.0.0.1".into(),
+                proxy.local_addr().port().to_string(),
+            ],
+            ..RedisServerOptions::default()
+        })
+        .await?;
+        let mut sentinels = Vec::new();
+        for _ in 0..3 {
+            sentinels.push(start_sentinel(master.port(), None, 60_000).await?);
+        }
+        let group = RedisSentinelGroup {
+            sentinels,
+            servers: vec![master, replica],
+            replication: Some(proxy),
+        };
+        group.wait_formed().await?;
+        Ok(group)
+    }
+
+    /// The proxy the replica replicates through, for a group started with
+    /// [`RedisSentinelGroup::start_with_replication_proxy`]; `None` otherwise.
+    pub fn replication_proxy(&self) -> Option<&FaultProxy> {
+        self.replication.as_ref()
     }
 
     /// Polls until each Sentinel counts one replica and two other Sentinels.
@@ -238,7 +289,14 @@ impl RedisSentinelGroup {
     }
 }
 
-async fn start_sentinel(master_port: u16, tls: Option<&TlsFiles>) -> Result<Sentinel, ServerError> {
+/// The Sentinels' `failover-timeout` (ms) but with a replication proxy.
+const FAILOVER_TIMEOUT_MS: u32 = 5000;
+
+async fn start_sentinel(
+    master_port: u16,
+    tls: Option<&TlsFiles>,
+    failover_timeout_ms: u32,
+) -> Result<Sentinel, ServerError> {
     let binary = redis_binary()?;
     let dir = temp_dir(SERVER)?;
     let port = free_port()?;
@@ -247,7 +305,7 @@ async fn start_sentinel(master_port: u16, tls: Option<&TlsFiles>) -> Result<Sent
         "port {port}\nbind 127.0.0.1\ndaemonize no\nlogfile \"\"\ndir {dir}\n\
          sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
          sentinel down-after-milliseconds {MASTER_NAME} 1000\n\
-         sentinel failover-timeout {MASTER_NAME} 5000\n\
+         sentinel failover-timeout {MASTER_NAME} {failover_timeout_ms}\n\
          sentinel parallel-syncs {MASTER_NAME} 1\n",
         dir = dir.path().display()
     );

@@ -178,7 +178,7 @@ pub(crate) fn parse_sentinel(rest: &str, tls: bool) -> Result<SentinelUrl, LockE
             }
             _ => {
                 return Err(config_error(format!(
-                    "unknown parameter {pair:?} in a Sentinel URL (known: db, fifo)"
+                    "unknown parameter {pair:?} in a Sentinel URL (known: db, fifo, min_replicas, replica_timeout)"
                 )))
             }
         }
@@ -214,7 +214,7 @@ pub(crate) fn parse_cluster(rest: &str, tls: bool) -> Result<Vec<String>, LockEr
     }
     if !p.query.is_empty() {
         return Err(config_error(format!(
-            "unknown parameters {:?} in a Cluster URL (known: fifo)",
+            "unknown parameters {:?} in a Cluster URL (known: fifo, min_replicas, replica_timeout)",
             p.query
         )));
     }

@@ -106,7 +106,19 @@ pub(crate) async fn attempt(
         scripts,
         armed: true,
     };
-    let answer: Vec<i64> = node.run(scripts.acquire, &cmd).await?;
+    let (answer, short): (Vec<i64>, _) = node.run_acked(scripts.acquire, &cmd).await?;
+    if let (Some(short), [1, _]) = (short, answer.as_slice()) {
+        // Granted, but too few replicas have it: released before the error returns
+        // (in the background by `undo` if this release fails).
+        if node
+            .release_with(scripts.release, names, owner)
+            .await
+            .is_ok()
+        {
+            undo.disarm();
+        }
+        return Err(short);
+    }
     let answer = match answer.as_slice() {
         [1, token] => {
             let Some(valid_until) = lock.valid_until(started, ttl) else {

@@ -6,7 +6,8 @@
 //! Sentinel costs nothing), else the one most answering Sentinels name, and the server
 //! there must say it is a master (`ROLE`). Afterwards a background task asks again every
 //! [`REFRESH_PERIOD`], and at once when a request fails the way a failover makes it
-//! fail (connection lost, timed out, `READONLY` from a demoted master, `MASTERDOWN`).
+//! fail (connection lost, timed out, `READONLY` from a demoted master, `MASTERDOWN`,
+//! `UNBLOCKED` from one demoted while a `WAIT` waited).
 //! When the Sentinels name another master, a connection to it is opened, the
 //! client's wake-up channels are subscribed there, and requests go to it from then
 //! on; waiters are woken so they retry at once.
@@ -209,7 +210,7 @@ fn master_may_have_moved(error: &RedisError) -> bool {
         || error.is_connection_refusal()
         || error.is_timeout()
         || error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-        || matches!(error.code(), Some("READONLY" | "MASTERDOWN"))
+        || matches!(error.code(), Some("READONLY" | "MASTERDOWN" | "UNBLOCKED"))
 }
 
 impl Sentinels {

@@ -1,5 +1,6 @@
-//! Fencing tokens on real servers: a single node hands out its `{K}:fence` counter;
-//! Redlock, which cannot promise ordered tokens, hands out none and keeps no counter.
+//! Fencing tokens on real servers: a single node hands out its slot counter
+//! (`{<n>}:distlock-fence`, see `KeyNames::fence`); Redlock, which cannot promise
+//! ordered tokens, hands out none and keeps no counter.
 
 use crate::common;
 
@@ -51,8 +52,9 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     }
 }
 
-/// The single node fences: tokens rise with every grant (the counter `{K}:fence`), and
-/// the counter lives for the TTL plus the margin after it was seeded.
+/// The single node fences: tokens rise with every grant (the key's slot counter, which
+/// never expires and holds the last token handed out in the slot), also across keys of
+/// one slot and for a fresh key every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_node_tokens_rise_and_the_record_expires() {
     let h = common::start(1).await;
@@ -61,8 +63,18 @@ async fn single_node_tokens_rise_and_the_record_expires() {
     let k = key("single");
     let names = KeyNames::for_key(&k);
     let mut last = 0;
-    for _ in 0..5 {
-        let guard = lock.lock().acquire(&k, &options()).await.unwrap();
+    for round in 0..5 {
+        // The first attempt of an acquire (a pipeline) and a waiter's (a script) both
+        // take the next token.
+        let guard = if round % 2 == 0 {
+            lock.lock().acquire(&k, &options()).await.unwrap()
+        } else {
+            lock.lock()
+                .try_acquire(&k, &options())
+                .await
+                .unwrap()
+                .expect("free")
+        };
         let token = guard.fencing_token().expect("a single node fences").get();
         assert!(token > last, "token {token} after {last}");
         last = token;
@@ -70,12 +82,25 @@ async fn single_node_tokens_rise_and_the_record_expires() {
         let recorded: u64 = raw.get(&names.fence).await.unwrap();
         assert_eq!(recorded, token);
         let keep: i64 = raw.pttl(&names.fence).await.unwrap();
-        // TTL 10 s plus the 10 s margin.
-        assert!(
-            keep > 10_000 && keep <= 20_000,
-            "the record lives {keep} ms"
-        );
+        assert_eq!(keep, -1, "the slot counter never expires");
         guard.release().await.unwrap();
+    }
+    // A fresh key each time: still rising, whatever the slot.
+    for n in 0..20 {
+        let guard = lock
+            .lock()
+            .acquire(&key(&format!("fresh/{n}")), &options())
+            .await
+            .unwrap();
+        let token = guard.fencing_token().unwrap().get();
+        guard.release().await.unwrap();
+        let again = lock
+            .lock()
+            .acquire(&key(&format!("fresh/{n}")), &options())
+            .await
+            .unwrap();
+        assert!(again.fencing_token().unwrap().get() > token);
+        again.release().await.unwrap();
     }
 }
 
@@ -117,11 +142,130 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let fourth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert_eq!(token(&fourth), ahead + 1);
     fourth.release().await.unwrap();
-    // A counter of the older `INCR` layout is simply overtaken.
+    // A counter of a small value (as one `INCR` makes it) is seeded from the clock.
     let _: () = raw.set(&names.fence, 7).await.unwrap();
     let fifth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert!(token(&fifth) > t3);
     fifth.release().await.unwrap();
-    let keep: i64 = raw.pttl(&names.fence).await.unwrap();
-    assert!(keep > 0, "the older counter was given an expiry: {keep}");
+    // Seeds are the clock's µs, not a multiple of it (so that tokens fit a double).
+    let clock = micros_now();
+    assert!(
+        t3 <= clock && t3 > clock - 600_000_000,
+        "{t3} is not the µs clock {clock}"
+    );
+}
+
+/// The server's clock (this machine's: the test server is local) in µs since 1970.
+fn micros_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros()
+        .try_into()
+        .unwrap()
+}
+
+/// The largest integer a double (a JSON number read by JavaScript, say) holds exactly.
+const MAX_SAFE: u64 = (1 << 53) - 1;
+
+/// Before: a slot counter was seeded with ten times the clock's µs (about 1.8 × 10^16),
+/// above 2^53, so a consumer reading tokens as doubles (JSON in JavaScript) rounded
+/// them, and a fenced store there could take a stale write for a fresh one. Now every
+/// way to a token stays at or below 2^53 − 1: the first attempt's pipeline, a waiter's
+/// script and the FIFO script after a FLUSHALL re-seeds the slot counter, and the
+/// semaphore's, read-write lock's and election's per-key counters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_token_fits_a_double_after_a_reseed() {
+    use distlock_api::{Candidate, RwMode, WaitOrder};
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let mut raw = h.raw(0).await;
+    let k = key("doubles");
+    let fits = |what: &str, token: u64| {
+        assert!(token <= MAX_SAFE, "{what}: token {token} is above 2^53 - 1");
+    };
+    for round in 0..3 {
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+        // The first attempt's pipeline seeds the counter.
+        let first = lock.lock().acquire(&k, &options()).await.unwrap();
+        fits("pipeline", first.fencing_token().unwrap().get());
+        // A waiter's script, finding the counter gone (as a flush leaves it), seeds it.
+        let waiter = {
+            let (lock, k) = (lock.clone(), k.clone());
+            tokio::spawn(async move { lock.lock().acquire(&k, &options()).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while lock.waiters_in_line(&k) == 0 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the waiter never waited"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let _: () = raw.del(&KeyNames::for_key(&k).fence).await.unwrap();
+        first.release().await.unwrap();
+        let granted = waiter.await.unwrap().unwrap();
+        fits("waiter's script", granted.fencing_token().unwrap().get());
+        granted.release().await.unwrap();
+        // The FIFO script seeds it too.
+        let _: () = redis::cmd("FLUSHALL").query_async(&mut raw).await.unwrap();
+        let fifo = lock
+            .lock()
+            .acquire(&k, &options().with_order(WaitOrder::Fifo))
+            .await
+            .unwrap();
+        fits("FIFO script", fifo.fencing_token().unwrap().get());
+        fifo.release().await.unwrap();
+        // The other primitives' per-key counters.
+        let permit = lock.semaphore().acquire(&k, 2, &options()).await.unwrap();
+        fits("semaphore", permit.fencing_token().unwrap().get());
+        permit.release().await.unwrap();
+        let writer = lock
+            .rw_lock()
+            .acquire(&k, RwMode::Write, &options())
+            .await
+            .unwrap();
+        fits("writer", writer.fencing_token().unwrap().get());
+        writer.release().await.unwrap();
+        let leader = lock
+            .election()
+            .campaign(
+                &k,
+                &Candidate::new(format!("c{round}")).unwrap(),
+                &options(),
+            )
+            .await
+            .unwrap();
+        fits("election", leader.term().get());
+        leader.resign().await.unwrap();
+    }
+}
+
+/// A waiter's attempt (the acquire script, not the first attempt's pipeline) seeds a
+/// counter that is gone, too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_granted_after_the_counter_was_lost_gets_a_higher_token() {
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let k = key("waiter-seeds");
+    let names = KeyNames::for_key(&k);
+    let holder = lock.lock().acquire(&k, &options()).await.unwrap();
+    let first = holder.fencing_token().unwrap().get();
+    let waiter = {
+        let (lock, k) = (lock.clone(), k.clone());
+        tokio::spawn(async move { lock.lock().acquire(&k, &options()).await })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while lock.waiters_in_line(&k) == 0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the waiter never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let _: () = h.raw(0).await.del(&names.fence).await.unwrap();
+    holder.release().await.unwrap();
+    let granted = waiter.await.unwrap().unwrap();
+    assert!(granted.fencing_token().unwrap().get() > first);
+    granted.release().await.unwrap();
 }

@@ -41,7 +41,7 @@ async fn conformance_and_status_work(url: &str) {
         .acquire(&key, &LockOptions::new(Duration::from_secs(60)))
         .await
         .expect("acquires");
-    let token = guard.fencing_token().expect("fenced").get();
+    assert!(guard.fencing_token().is_some(), "fenced");
     let held = distlock(&["status", "--backend", url, "}topology/status", "--json"]);
     assert!(
         held.status.success(),
@@ -50,7 +50,9 @@ async fn conformance_and_status_work(url: &str) {
     );
     let held: serde_json::Value = serde_json::from_slice(&held.stdout).expect("JSON");
     assert_eq!(held["held"], true, "{held}");
-    assert_eq!(held["fencing_token"], token, "{held}");
+    // The token comes from the key's slot counter, which other keys move too: status
+    // cannot tell a key's own token on Redis, and says none rather than a wrong one.
+    assert!(held["fencing_token"].is_null(), "{held}");
     guard.release().await.expect("releases");
     let free = distlock(&["status", "--backend", url, "}topology/status", "--json"]);
     let free: serde_json::Value = serde_json::from_slice(&free.stdout).expect("JSON");
