@@ -13,7 +13,6 @@ use std::time::Duration;
 use distlock_api::LockError;
 use redis::{Pipeline, Value};
 
-use crate::node::ttl_millis;
 use crate::REDIS_BACKEND;
 
 /// How many replicas must acknowledge a write, and how long to wait for them.
@@ -28,9 +27,8 @@ pub(crate) struct ReplicaWait {
 impl ReplicaWait {
     /// Appends the `WAIT` to a pipeline whose writes it must cover.
     pub(crate) fn append(&self, pipe: &mut Pipeline) {
-        pipe.cmd("WAIT")
-            .arg(self.replicas)
-            .arg(ttl_millis(self.timeout));
+        let millis = u64::try_from(self.timeout.as_millis()).unwrap_or(u64::MAX);
+        pipe.cmd("WAIT").arg(self.replicas).arg(millis);
     }
 
     /// What the `WAIT` answered: `Ok(None)` when enough replicas acknowledged,

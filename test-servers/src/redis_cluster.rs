@@ -9,7 +9,8 @@ use rand::Rng;
 use std::path::PathBuf;
 
 use super::free_port;
-use super::redis_shared::{redis_cli, replica_in_sync, TlsFiles};
+use super::redis::{redis_cli, replica_in_sync};
+use super::redis_shared::TlsFiles;
 use super::{RedisServer, RedisServerOptions, ServerError};
 
 const SERVER: &str = "redis-cluster";

@@ -9,7 +9,8 @@ use tempfile::TempDir;
 
 use super::process::{Launch, Supervised};
 use super::redis::{redis_binary, redis_ping};
-use super::redis_shared::{redis_cli, replica_in_sync, TlsFiles};
+use super::redis::{redis_cli, replica_in_sync};
+use super::redis_shared::TlsFiles;
 use super::{
     free_port, temp_dir, FaultProxy, RedisServer, RedisServerOptions, ServerError, PROBE_TIMEOUT,
 };
