@@ -180,7 +180,11 @@ impl LockGuard {
         self.record_end();
         let span =
             tracing::debug_span!("release", backend = self.backend.name(), key = %self.key());
-        let outcome = self.backend.release(&self.lease).instrument(span).await;
+        let release = self.backend.release(&self.lease);
+        let outcome = match span.is_disabled() {
+            true => release.await,
+            false => release.instrument(span).await,
+        };
         // Only now: if this future is dropped mid-release, `Drop` releases instead.
         self.released = true;
         outcome

@@ -7,6 +7,7 @@
 
 mod acquire;
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -60,9 +61,20 @@ impl Route {
             key = %key,
             wait = ?(if waits { options.wait() } else { crate::WaitPolicy::NoWait }),
         );
-        let granted = acquire::observed(&self.engine, self.name, key, claim, options, waits)
-            .instrument(span)
-            .await?;
+        // Pinned in place, and instrumented only when the span is recorded: either way
+        // the large acquire future is not moved (this is every acquire's hot path).
+        let acquire = pin!(acquire::observed(
+            &self.engine,
+            self.name,
+            key,
+            claim,
+            options,
+            waits
+        ));
+        let granted = match span.is_disabled() {
+            true => acquire.await,
+            false => acquire.instrument(span).await,
+        }?;
         Ok(granted.map(|(grant, contended)| self.guard(grant, options, contended)))
     }
 

@@ -1,6 +1,7 @@
 //! The one acquire of every primitive on every backend: the checks, one bounded wait,
 //! one error-patience rule, and the acquire metrics.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,8 +71,13 @@ async fn acquire(
     options: &LockOptions,
     waits: bool,
 ) -> Result<Option<(Grant, bool)>, LockError> {
-    let info = engine.info();
-    check(info.name, &info.capabilities, claim, options)?;
+    // Only the name is kept: the whole info is large, and the future carries what it
+    // keeps across its awaits.
+    let backend = {
+        let info = engine.info();
+        check(info.name, &info.capabilities, claim, options)?;
+        info.name
+    };
     let started = Instant::now();
     let deadline = match waits {
         true => options.wait().deadline_from(started),
@@ -87,7 +93,7 @@ async fn acquire(
         report: &report,
     };
     let timeout = || LockError::Timeout {
-        backend: info.name,
+        backend,
         key: key.clone(),
         waited: started.elapsed(),
     };
@@ -98,7 +104,8 @@ async fn acquire(
             None => Ok(None),
         };
     }
-    let attempts = retried(engine.as_ref(), &request);
+    // Pinned in place: the timeout then moves a pointer, not the attempts' future.
+    let attempts = pin!(retried(engine.as_ref(), &request));
     let granted = match deadline.and_then(|d| Some((d - started, d.checked_add(ANSWER_GRACE)?))) {
         None => attempts.await?,
         Some((wait, cut)) => match timeout_at(cut, attempts).await {
