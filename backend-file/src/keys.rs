@@ -14,37 +14,46 @@ const SUFFIX: &str = ".lock";
 /// case-insensitive file systems) + `.lock`. Keys whose name would pass 255 bytes use
 /// `h-` + the SHA-256 of the key instead: still distinct unless SHA-256 collides.
 pub(crate) fn file_name(key: &LockKey) -> String {
-    let mut name = String::with_capacity(2 + key.as_str().len() + SUFFIX.len());
-    name.push_str("k-");
-    for byte in key.as_str().bytes() {
-        if byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"._-".contains(&byte) {
-            name.push(char::from(byte));
-        } else {
-            name.push_str(&format!("%{byte:02x}"));
-        }
-    }
-    name.push_str(SUFFIX);
-    if name.len() <= MAX_NAME {
-        return name;
-    }
-    let digest = Sha256::digest(key.as_str().as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("h-{hex}{SUFFIX}")
+    derived_name(key, SUFFIX)
 }
 
 /// The name of one of `key`'s semaphore or read-write lock files: [`file_name`] with
 /// `suffix` (such as `.rw` or `.permit-3`) in place of `.lock`, hashed the same way
-/// when too long. No suffix ends another suffix, or `.lock`, so names stay distinct
-/// across keys and kinds.
+/// when too long: when either the `.lock` name or this one would pass 255 bytes. No
+/// suffix ends another suffix, or `.lock`, so names stay distinct across keys and
+/// kinds.
+///
+/// Built without `format!`: it runs for every file of every attempt.
 pub(crate) fn derived_name(key: &LockKey, suffix: &str) -> String {
-    let base = file_name(key);
-    let stem = base.strip_suffix(SUFFIX).unwrap_or(&base);
-    if stem.len() + suffix.len() <= MAX_NAME {
-        return format!("{stem}{suffix}");
+    let key = key.as_str();
+    let mut name = String::with_capacity(2 + key.len() + suffix.len());
+    name.push_str("k-");
+    for byte in key.bytes() {
+        if byte.is_ascii_lowercase() || byte.is_ascii_digit() || b"._-".contains(&byte) {
+            name.push(char::from(byte));
+        } else {
+            name.push('%');
+            push_hex(&mut name, byte);
+        }
     }
-    let digest = Sha256::digest(key.as_str().as_bytes());
-    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-    format!("h-{hex}{suffix}")
+    if name.len() + SUFFIX.len().max(suffix.len()) <= MAX_NAME {
+        name.push_str(suffix);
+        return name;
+    }
+    let mut hashed = String::with_capacity(2 + 64 + suffix.len());
+    hashed.push_str("h-");
+    for byte in Sha256::digest(key.as_bytes()) {
+        push_hex(&mut hashed, byte);
+    }
+    hashed.push_str(suffix);
+    hashed
+}
+
+/// Appends `byte` as two lowercase hex digits.
+fn push_hex(name: &mut String, byte: u8) {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    name.push(char::from(DIGITS[usize::from(byte >> 4)]));
+    name.push(char::from(DIGITS[usize::from(byte & 0xf)]));
 }
 
 #[cfg(test)]
@@ -91,6 +100,18 @@ mod tests {
         let long = LockKey::new("x".repeat(250)).unwrap();
         let name = derived_name(&long, ".permit-1023");
         assert!(name.starts_with("h-") && name.len() <= MAX_NAME, "{name}");
+    }
+
+    #[test]
+    fn a_key_with_a_hashed_lock_name_has_every_derived_name_hashed() {
+        // `k-` + the key + `.rw` would fit, `k-` + the key + `.lock` does not.
+        let key = LockKey::new("x".repeat(MAX_NAME - 2 - SUFFIX.len() + 1)).unwrap();
+        let digest = Sha256::digest(key.as_str().as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        assert_eq!(file_name(&key), format!("h-{hex}.lock"));
+        assert_eq!(derived_name(&key, ".rw"), format!("h-{hex}.rw"));
+        let plain = LockKey::new("x".repeat(MAX_NAME - 2 - SUFFIX.len())).unwrap();
+        assert!(derived_name(&plain, ".rw").starts_with("k-"));
     }
 
     #[test]
