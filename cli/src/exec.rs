@@ -326,8 +326,14 @@ pub async fn run(args: ExecArgs) -> Result<(), CliError> {
     }
 }
 
-/// Releases every grant exec holds, at once, and says what that found: the worst of
-/// their releases, since the command was protected only if each lasted.
+/// Releases every grant exec holds, and says what that found: the worst of their
+/// releases, since the command was protected only if each lasted.
+///
+/// The write locks go first, then the mutexes: the next exec is granted a mutex only
+/// once the write lock beside it is free, so its own take of that write lock succeeds
+/// at once. Released the other way round (or together) it may meet the write lock
+/// still held and wait for it, which on Postgres costs a dedicated session: one more
+/// server connection, queued behind the others in a full session pool.
 async fn release_all(held: Held) -> Release {
     let Held {
         primary,
@@ -335,16 +341,11 @@ async fn release_all(held: Held) -> Release {
         backend,
     } = held;
     let released = |set: MultiGuard| async move { set.release().await.map(worst) };
-    match companion {
-        Some(companion) => {
-            let (first, second) = tokio::join!(
-                release(released(primary), &backend),
-                release(released(companion), &backend)
-            );
-            first.worse(second)
-        }
-        None => release(released(primary), &backend).await,
+    let mut found = Release::StillOurs;
+    if let Some(companion) = companion {
+        found = release(released(companion), &backend).await;
     }
+    found.worse(release(released(primary), &backend).await)
 }
 
 /// `--at-least`: keeps every grant until `until` instead of releasing it, by extending
