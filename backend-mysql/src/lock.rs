@@ -2,31 +2,27 @@
 //! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
+use distlock_api::backend::sessions::SessionPool;
 use distlock_api::backend::Request;
 use distlock_api::{
     BackoffDelays, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
     PermitMismatch,
 };
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::{timeout, timeout_at, Instant};
 
-use crate::client::{locked, ClientState, Settings};
+use crate::client::{ClientState, Settings};
 use crate::config::{parse_url, MySqlConfig};
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, SessionHandle};
 use crate::session;
 use crate::sql::ensure_tables;
 use crate::MYSQL_BACKEND;
 
-/// Requests in flight per shared session in use: a client with `n` requests in flight
-/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
-/// opening more, up to the configured number, as the load grows.
-const QUEUE_PER_SESSION: usize = 8;
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
@@ -43,18 +39,6 @@ const SESSION_ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct MySqlLock {
     state: Arc<ClientState>,
-}
-
-/// Counts a shared session being opened, until dropped.
-struct Opening(Arc<ClientState>);
-
-impl Drop for Opening {
-    fn drop(&mut self) {
-        let mut pool = locked(&self.0.pool);
-        pool.opening = pool.opening.saturating_sub(1);
-        drop(pool);
-        self.0.pool_changed.notify_waiters();
-    }
 }
 
 /// Undoes a grant in flight if the acquire future is dropped before it hands out a
@@ -147,18 +131,17 @@ impl MySqlLock {
             let _ = timeout(limit, conn.close()).await;
             return Err(e);
         }
+        let sessions = SessionPool::new(
+            settings.config.shared_sessions,
+            settings.config.wait_sessions,
+        );
         let state = Arc::new(ClientState {
-            wait_slots: Arc::new(Semaphore::new(settings.config.wait_sessions)),
             settings: Arc::new(settings),
             routes: Mutex::default(),
-            pool: Mutex::default(),
-            pool_changed: Notify::new(),
-            idle_waits: Mutex::default(),
-            open_shared: AtomicUsize::new(0),
-            open_waits: AtomicUsize::new(0),
+            sessions: Arc::new(sessions),
         });
         let first = session::start(Kind::Shared, conn, id, &state);
-        locked(&state.pool).sessions.push(first);
+        state.sessions.add_shared(first);
         Ok(MySqlLock { state })
     }
 
@@ -169,10 +152,7 @@ impl MySqlLock {
 
     /// The sessions open now: `(shared, dedicated)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
-        (
-            self.state.open_shared.load(Ordering::Relaxed),
-            self.state.open_waits.load(Ordering::Relaxed),
-        )
+        self.state.sessions.counts()
     }
 
     /// The settings every session of this client runs with.
@@ -183,87 +163,22 @@ impl MySqlLock {
     /// The least busy shared session, opening one if all are busy and there is room.
     async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
         let state = &self.state;
-        let max = state.settings.config.shared_sessions;
-        enum Next {
-            Use(Arc<SessionHandle>),
-            OpenAside(Arc<SessionHandle>),
-            Open,
-            Wait,
-        }
-        let mut changed = None;
-        loop {
-            let next = {
-                let mut pool = locked(&state.pool);
-                pool.sessions.retain(|s| s.is_alive());
-                let load: usize = pool.sessions.iter().map(|s| s.load()).sum();
-                let needed = (load / QUEUE_PER_SESSION + 1).min(max);
-                let best = pool
-                    .sessions
-                    .iter()
-                    .take(needed)
-                    .min_by_key(|s| s.load())
-                    .cloned();
-                let room = pool.sessions.len() + pool.opening < needed;
-                match best {
-                    Some(s) if room && s.load() > 0 => {
-                        pool.opening += 1;
-                        Next::OpenAside(s)
-                    }
-                    Some(s) => Next::Use(s),
-                    None if pool.opening == 0 => {
-                        pool.opening += 1;
-                        Next::Open
-                    }
-                    None => Next::Wait,
-                }
-            };
-            match next {
-                Next::Use(session) => return Ok(session),
-                // Every slot is being opened: wait for one to finish (registering
-                // first, then looking again, so no notification is missed).
-                Next::Wait => match changed.take() {
-                    None => {
-                        let mut armed = Box::pin(state.pool_changed.notified());
-                        armed.as_mut().enable();
-                        changed = Some(armed);
-                    }
-                    Some(armed) => armed.await,
-                },
-                Next::Open => {
-                    let _opening = Opening(state.clone());
-                    let session = session::open(Kind::Shared, state).await?;
-                    locked(&state.pool).sessions.push(session.clone());
-                    return Ok(session);
-                }
-                Next::OpenAside(session) => {
-                    // Busy sessions: open one more in the background, and meanwhile
-                    // queue on the least busy one.
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        let _opening = Opening(state.clone());
-                        match session::open(Kind::Shared, &state).await {
-                            Ok(opened) => locked(&state.pool).sessions.push(opened),
-                            Err(error) => {
-                                tracing::debug!(%error, "could not open another shared session")
-                            }
-                        }
-                    });
-                    return Ok(session);
-                }
-            }
-        }
+        state
+            .sessions
+            .shared_session(|| {
+                let state = state.clone();
+                async move { session::open(Kind::Shared, &state).await }
+            })
+            .await
     }
 
     /// An idle dedicated session, or a new one. The caller holds a wait slot.
     async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        loop {
-            let idle = locked(&self.state.idle_waits).pop();
-            match idle {
-                Some(s) if s.is_alive() => return Ok(s),
-                Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.state).await,
-            }
-        }
+        let state = &self.state;
+        state
+            .sessions
+            .wait_session(|| session::open(Kind::Wait, state))
+            .await
     }
 
     /// Sends `ask` (a grant of `name` by `grab`, under a fresh owner token) to `session`
@@ -357,18 +272,13 @@ impl MySqlLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.state.wait_slots.clone();
-            let slot = match deadline {
-                Some(d) => match timeout_at(d, slots.acquire_owned()).await {
-                    Ok(slot) => slot,
-                    Err(_) => return Ok(None),
-                },
-                None => slots.acquire_owned().await,
-            }
-            .map_err(|_| {
+            let slot = self.state.sessions.wait_slot(deadline).await.map_err(|_| {
                 self.settings()
                     .connection_error("the client is shutting down")
             })?;
+            let Some(slot) = slot else {
+                return Ok(None);
+            };
             let session = match deadline {
                 Some(d) => {
                     let started = Instant::now();

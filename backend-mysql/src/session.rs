@@ -13,19 +13,17 @@
 //! timed out, a wait was abandoned) is closed and killed on the server, which ends
 //! its locks.
 
-use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
+use distlock_api::backend::sessions::{self, Extension, Held, Leases, Upkeep};
 use distlock_api::connect_retry::{retry_connect, Refused};
-use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use distlock_api::LockError;
 use sqlx::{Connection, Executor as _, MySqlConnection};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+use tokio::time::{sleep_until, timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::error::{connect_error, connect_may_pass, ends_session, lock_error};
@@ -34,27 +32,10 @@ use crate::semaphore::{self, PermitAnswer};
 use crate::sql;
 use crate::MYSQL_BACKEND;
 
-/// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
-/// a suspended VM) or starved: the holder, which wakes up together with this task, did
-/// not renew because it could not run, not because it let the lease go.
-const PAUSED_LATENESS: Duration = Duration::from_secs(1);
-/// After such a pause, how long the release at the TTL waits for the holder's own
-/// release. The lease is lost for the holder at once; only the server's lock stays, so
-/// that the release finds it still held and can report that nobody else held it
-/// meanwhile (`distlock exec` passes on its command's exit code then).
-const PAUSE_GRACE: Duration = Duration::from_secs(1);
-
-/// One held lease.
+/// What a session holds for one lease, beside its TTL and monitor.
 #[derive(Debug)]
-struct Held {
+struct Lock {
     name: Arc<str>,
-    /// When the client releases it: its TTL deadline, or the end of its [`PAUSE_GRACE`].
-    ttl_deadline: Instant,
-    /// Its TTL ran out during a pause; the release waits for the holder's own.
-    paused_past_ttl: bool,
-    monitor: LeaseMonitor,
-    /// A dedicated session's wait slot, freed when the lock ends.
-    _slot: Option<OwnedSemaphorePermit>,
     /// The session's only grant, released with `RELEASE_ALL_LOCKS` (a permit).
     release_all: bool,
     /// An election's leadership, once its row is written: the candidacy and its term,
@@ -74,13 +55,7 @@ enum End {
 }
 
 /// The result of one round trip.
-enum Trip<T> {
-    Done(T),
-    /// The server refused the statement; the session is fine.
-    Refused(sqlx::Error),
-    /// The session is unusable.
-    Broken(String),
-}
+type Trip<T> = sessions::Trip<T, sqlx::Error>;
 
 type Statement<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
 
@@ -207,8 +182,7 @@ pub(crate) fn start(
 ) -> Arc<SessionHandle> {
     let (handle, rx) = SessionHandle::new();
     let handle = Arc::new(handle);
-    client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
-    let now = Instant::now();
+    client.sessions.task_started(kind);
     let task = Task {
         conn: Some(conn),
         connection_id: id,
@@ -217,12 +191,7 @@ pub(crate) fn start(
         kind,
         client: Arc::downgrade(client),
         settings: client.settings.clone(),
-        held: HashMap::new(),
-        expiries: BTreeSet::new(),
-        last_proof: now,
-        last_renewal: now,
-        last_used: now,
-        suspected: false,
+        leases: Leases::new(client.settings.config.lease_horizon()),
     };
     tokio::spawn(task.run());
     handle
@@ -238,17 +207,8 @@ struct Task {
     kind: Kind,
     client: Weak<ClientState>,
     settings: Arc<Settings>,
-    held: HashMap<u128, Held>,
-    /// `(TTL deadline, owner)` of every held lease.
-    expiries: BTreeSet<(Instant, u128)>,
-    /// The start of the last successful round trip: the server's idle clock started
-    /// after it.
-    last_proof: Instant,
-    /// The last time held leases' validity was pushed to the proof's horizon.
-    last_renewal: Instant,
-    last_used: Instant,
-    /// Held leases were marked suspect since the last proof.
-    suspected: bool,
+    /// What the session holds, and its proof of life.
+    leases: Leases<Lock>,
 }
 
 impl Task {
@@ -270,15 +230,15 @@ impl Task {
             if let Err(end) = self.due_work(heartbeat, idle_close).await {
                 return end;
             }
-            let wake_at = self.next_timer(heartbeat, idle_close);
+            let wake_at = self.leases.next_timer(heartbeat, idle_close);
             tokio::select! {
                 command = self.rx.recv() => {
                     let Some(command) = command else { return End::ClientGone };
                     let result = self.process(command).await;
                     if let Some(me) = self.me.upgrade() {
-                        me.finished();
+                        me.finished(1);
                     }
-                    self.last_used = Instant::now();
+                    self.leases.used();
                     if let Err(end) = result {
                         return end;
                     }
@@ -288,98 +248,23 @@ impl Task {
         }
     }
 
-    fn next_timer(&self, heartbeat: Duration, idle_close: Duration) -> Instant {
-        let mut at = Instant::now() + Duration::from_secs(3600);
-        if let Some((expiry, _)) = self.expiries.first() {
-            at = at.min(*expiry);
-        }
-        if self.held.is_empty() {
-            at = at.min(self.last_used + idle_close);
-        } else {
-            at = at.min(self.last_renewal + heartbeat);
-        }
-        at
-    }
-
-    /// Expires leases past their TTL, renews or proves the session, or ends it when idle.
+    /// Releases leases past their TTL, renews or proves the session, or ends it when
+    /// idle.
     async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
         let now = Instant::now();
-        let due: Vec<(Instant, u128)> = self
-            .expiries
-            .iter()
-            .take_while(|(t, _)| *t <= now)
-            .copied()
-            .collect();
-        for (deadline, owner) in due {
-            let paused = now.saturating_duration_since(deadline) >= PAUSED_LATENESS;
-            if !(paused && self.defer_release_after_pause(owner, now)) {
-                self.unlock(owner, None).await?;
-            }
+        for owner in self.leases.due(now) {
+            self.unlock(owner, None).await?;
         }
-        if self.held.is_empty() {
-            if now >= self.last_used + idle_close {
-                return Err(End::Idle);
-            }
-            return Ok(());
-        }
-        if now >= self.last_renewal + heartbeat {
-            // A recent command already proved the session alive: no ping needed.
-            if now.saturating_duration_since(self.last_proof) >= heartbeat / 2 {
+        match self.leases.upkeep(now, heartbeat, idle_close) {
+            Upkeep::Nothing => {}
+            Upkeep::Close => return Err(End::Idle),
+            Upkeep::Ping => {
                 self.ping().await?;
+                self.leases.renew_all(false);
             }
-            self.renew_all(false);
+            Upkeep::Renew => self.leases.renew_all(false),
         }
         Ok(())
-    }
-
-    /// A lease whose TTL ran out while the process was paused: lost for its holder now,
-    /// but released only at its holder's release (which then finds it still held: no
-    /// one else can have held it) or after [`PAUSE_GRACE`]. Once per lease; false if it
-    /// was deferred already (or is not held), and must be released now.
-    fn defer_release_after_pause(&mut self, owner: u128, now: Instant) -> bool {
-        let Some(held) = self.held.get_mut(&owner) else {
-            return false;
-        };
-        if held.paused_past_ttl {
-            return false;
-        }
-        held.monitor.mark_lost();
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.paused_past_ttl = true;
-        held.ttl_deadline = now + PAUSE_GRACE;
-        self.expiries.insert((held.ttl_deadline, owner));
-        true
-    }
-
-    /// The validity deadline of a lease ending at `ttl_deadline`.
-    fn deadline(&self, ttl_deadline: Instant) -> Instant {
-        ttl_deadline.min(self.last_proof + self.settings.config.lease_horizon())
-    }
-
-    /// Pushes every held lease's validity to the current proof's horizon.
-    fn renew_all(&mut self, force: bool) {
-        self.last_renewal = Instant::now();
-        let horizon = self.last_proof + self.settings.config.lease_horizon();
-        for held in self.held.values() {
-            // Lost is final, also when only the deadline says so: never revive.
-            if held.monitor.state() == LeaseState::Lost {
-                continue;
-            }
-            let deadline = held.ttl_deadline.min(horizon);
-            if force || deadline > held.monitor.valid_until() {
-                held.monitor.renewed(deadline);
-            }
-        }
-        self.suspected = false;
-    }
-
-    fn note_proof(&mut self, started: Instant) {
-        if started > self.last_proof {
-            self.last_proof = started;
-        }
-        if self.suspected {
-            self.renew_all(true);
-        }
     }
 
     /// Runs one statement, bounded by `limit`; marks held leases suspect while the
@@ -391,45 +276,10 @@ impl Task {
         let Some(conn) = self.conn.as_mut() else {
             return Trip::Broken("the session was abandoned".into());
         };
-        let started = Instant::now();
-        let suspect_after = self.settings.config.heartbeat().min(limit);
-        let result = {
-            let fut = run(conn);
-            tokio::pin!(fut);
-            let early = tokio::select! {
-                result = &mut fut => Some(result),
-                _ = sleep(suspect_after) => None,
-            };
-            match early {
-                Some(result) => result,
-                None => {
-                    for held in self.held.values() {
-                        held.monitor.suspect();
-                    }
-                    self.suspected = !self.held.is_empty();
-                    match timeout_at(started + limit, fut).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            return Trip::Broken(format!(
-                                "the server did not answer within {limit:?}"
-                            ))
-                        }
-                    }
-                }
-            }
-        };
-        match result {
-            Ok(value) => {
-                self.note_proof(started);
-                Trip::Done(value)
-            }
-            Err(e) if ends_session(&e) => Trip::Broken(format!("the session ended: {e}")),
-            Err(e) => {
-                // The server answered: the session is alive.
-                self.note_proof(started);
-                Trip::Refused(e)
-            }
-        }
+        let heartbeat = self.settings.config.heartbeat();
+        self.leases
+            .trip(heartbeat, limit, run(conn), ends_session)
+            .await
     }
 
     /// [`Task::trip`] within the request timeout.
@@ -486,7 +336,7 @@ impl Task {
                 }
             }
             Command::Release { owner, reply } => {
-                if self.held.contains_key(&owner) {
+                if self.leases.contains(owner) {
                     self.unlock(owner, reply).await
                 } else {
                     if let Some(reply) = reply {
@@ -679,10 +529,6 @@ impl Task {
             release_all,
             seat,
         } = grant;
-        let ttl_deadline = lease_start
-            .checked_add(ttl)
-            .unwrap_or_else(|| lease_start + distlock_api::MAX_TTL);
-        let monitor = LeaseMonitor::new(self.deadline(ttl_deadline));
         let (client, me) = (self.client.upgrade(), self.me.upgrade());
         let registered = match (&client, me) {
             (Some(client), Some(me)) => {
@@ -691,19 +537,12 @@ impl Task {
             }
             _ => false,
         };
-        self.held.insert(
-            owner,
-            Held {
-                name,
-                ttl_deadline,
-                paused_past_ttl: false,
-                monitor: monitor.clone(),
-                _slot: slot,
-                release_all,
-                seat: None,
-            },
-        );
-        self.expiries.insert((ttl_deadline, owner));
+        let lock = Lock {
+            name,
+            release_all,
+            seat: None,
+        };
+        let monitor = self.leases.insert(owner, lease_start, ttl, slot, lock);
         if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
             // The leader's row, in this session, before anyone is told it leads.
             let row = seat.clone();
@@ -722,8 +561,8 @@ impl Task {
                 .await;
             match written {
                 Trip::Done(()) => {
-                    if let Some(held) = self.held.get_mut(&owner) {
-                        held.seat = Some((seat, token));
+                    if let Some(held) = self.leases.get_mut(owner) {
+                        held.lock.seat = Some((seat, token));
                     }
                 }
                 Trip::Refused(e) => {
@@ -877,16 +716,21 @@ impl Task {
     /// Releases the held lease of `owner` (if still held), replying `true` if this
     /// session still held it; marks it lost and forgets it.
     async fn unlock(&mut self, owner: u128, reply: Option<Reply<bool>>) -> Result<(), End> {
-        let Some(held) = self.held.get(&owner) else {
+        let Some(Lock {
+            name,
+            release_all,
+            seat,
+        }) = self.leases.get(owner).map(|held| &held.lock)
+        else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(false));
             }
             return Ok(());
         };
         let (name, release_all, seat) = (
-            held.name.clone(),
-            held.release_all,
-            held.seat.as_ref().map(|(s, t)| (s.name.clone(), *t)),
+            name.clone(),
+            *release_all,
+            seat.as_ref().map(|(s, t)| (s.name.clone(), *t)),
         );
         // The leader's row first, while the lock still holds. A row that cannot be
         // deleted ends the session: it must never outlive its leadership while the
@@ -962,10 +806,8 @@ impl Task {
 
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's routes.
-    fn forget_held(&mut self, owner: u128) -> Option<Held> {
-        let held = self.held.remove(&owner)?;
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.monitor.mark_lost();
+    fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
+        let held = self.leases.remove(owner)?;
         if let Some(client) = self.client.upgrade() {
             client.remove_route(owner);
         }
@@ -974,11 +816,11 @@ impl Task {
 
     /// A dedicated session that holds nothing goes back to the client's idle list.
     fn return_if_idle(&self) {
-        if self.kind != Kind::Wait || !self.held.is_empty() {
+        if self.kind != Kind::Wait || !self.leases.is_empty() {
             return;
         }
         if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
-            client.return_wait_session(me);
+            client.sessions.return_wait_session(me);
         }
     }
 
@@ -988,45 +830,35 @@ impl Task {
         ttl: Duration,
         reply: Reply<Option<Instant>>,
     ) -> Result<(), End> {
-        match self.held.get(&owner) {
-            None => {
-                let _ = reply.send(Ok(None));
-                return Ok(());
-            }
+        if !self.leases.contains(owner) {
+            let _ = reply.send(Ok(None));
+            return Ok(());
+        }
+        if self.leases.is_lost(owner) {
             // Lost is final (the TTL ran out, or the session's horizon passed): the
             // lock must go, not be revived.
-            Some(held) if held.monitor.state() == LeaseState::Lost => {
-                let _ = reply.send(Ok(None));
-                return self.unlock(owner, None).await;
-            }
-            Some(_) => {}
+            let _ = reply.send(Ok(None));
+            return self.unlock(owner, None).await;
         }
         let started = Instant::now();
         if let Err(End::Broken(why)) = self.ping().await {
             let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             return Err(End::Broken(why));
         }
-        let horizon = started + self.settings.config.lease_horizon();
-        let Some(held) = self.held.get_mut(&owner) else {
-            let _ = reply.send(Ok(None));
-            return Ok(());
-        };
-        let ttl_deadline = match started.checked_add(ttl) {
-            // The validity ran out while the proof was on its way: lost is final.
-            Some(_) if held.monitor.state() == LeaseState::Lost => None,
-            deadline => deadline,
-        };
-        let Some(ttl_deadline) = ttl_deadline else {
-            let _ = reply.send(Ok(None));
-            return self.unlock(owner, None).await;
-        };
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.ttl_deadline = ttl_deadline;
-        self.expiries.insert((ttl_deadline, owner));
-        let valid_until = ttl_deadline.min(horizon);
-        held.monitor.renewed(valid_until);
-        let _ = reply.send(Ok(Some(valid_until)));
-        Ok(())
+        match self.leases.extend(owner, started, ttl) {
+            Extension::NotHeld => {
+                let _ = reply.send(Ok(None));
+                Ok(())
+            }
+            Extension::Lapsed => {
+                let _ = reply.send(Ok(None));
+                self.unlock(owner, None).await
+            }
+            Extension::Extended(valid_until) => {
+                let _ = reply.send(Ok(Some(valid_until)));
+                Ok(())
+            }
+        }
     }
 
     async fn stop(mut self, end: End) {
@@ -1035,17 +867,15 @@ impl Task {
         }
         if let Some(client) = self.client.upgrade() {
             if let Some(me) = self.me.upgrade() {
-                client.drop_session(&me);
+                client.sessions.drop_session(&me);
             }
-            client
-                .open_sessions(self.kind)
-                .fetch_sub(1, Ordering::Relaxed);
+            client.sessions.task_ended(self.kind);
         }
         self.rx.close();
         while let Ok(command) = self.rx.try_recv() {
             command.fail(Failure::Closed);
         }
-        let owners: Vec<u128> = self.held.keys().copied().collect();
+        let owners = self.leases.owners();
         if !owners.is_empty() {
             tracing::warn!(
                 locks = owners.len(),
@@ -1063,16 +893,6 @@ impl Task {
                     let _ = timeout(Duration::from_secs(1), conn.close()).await;
                 }
             }
-        }
-    }
-}
-
-impl<T> Trip<T> {
-    fn map<U>(self, f: impl FnOnce(T) -> U) -> Trip<U> {
-        match self {
-            Trip::Done(value) => Trip::Done(f(value)),
-            Trip::Refused(e) => Trip::Refused(e),
-            Trip::Broken(why) => Trip::Broken(why),
         }
     }
 }

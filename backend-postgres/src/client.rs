@@ -1,17 +1,18 @@
 //! The state of one Postgres lock client, shared by its handles and its session
-//! tasks: the settings sessions open with, which session holds which lease, and the
-//! pools of shared and dedicated sessions.
+//! tasks: the settings sessions open with, which session holds which lease, and its
+//! sessions.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
+pub(crate) use distlock_api::backend::sessions::locked;
+use distlock_api::backend::sessions::SessionPool;
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
-use tokio::sync::{Notify, OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 
 use crate::config::{server_address, PostgresConfig};
-use crate::mailbox::{Kind, SessionHandle};
+use crate::mailbox::{Command, SessionHandle};
 use crate::sql::Statements;
 use crate::POSTGRES_BACKEND;
 
@@ -37,16 +38,8 @@ impl Settings {
 pub(crate) struct ClientState {
     pub settings: Arc<Settings>,
     pub registry: Mutex<Registry>,
-    pub pool: Mutex<Pool>,
-    /// Signalled when a shared session is added or an opening attempt ends.
-    pub pool_changed: Notify,
-    /// Dedicated sessions holding nothing, ready for the next wait.
-    pub idle_waits: Mutex<Vec<Arc<SessionHandle>>>,
-    /// One permit per dedicated session in use (waiting, or holding what it waited for).
-    pub wait_slots: Arc<Semaphore>,
-    /// Open sessions of each kind, counted by the session tasks.
-    pub open_shared: AtomicUsize,
-    pub open_waits: AtomicUsize,
+    /// The shared and dedicated sessions.
+    pub sessions: Arc<SessionPool<Command>>,
     /// Set once the election table is known to exist (see `election::ready`).
     pub election_table: OnceCell<()>,
 }
@@ -60,27 +53,7 @@ pub(crate) struct Registry {
     shared_keys: HashMap<i64, u128>,
 }
 
-#[derive(Default)]
-pub(crate) struct Pool {
-    pub sessions: Vec<Arc<SessionHandle>>,
-    /// Shared sessions being opened.
-    pub opening: usize,
-}
-
-pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few map operations that cannot panic half-way.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl ClientState {
-    /// The count of open sessions of `kind`, kept by the session tasks.
-    pub(crate) fn open_sessions(&self, kind: Kind) -> &AtomicUsize {
-        match kind {
-            Kind::Shared => &self.open_shared,
-            Kind::Wait => &self.open_waits,
-        }
-    }
-
     pub(crate) fn forget_shared_key(&self, hash: i64, owner: u128) {
         let mut registry = locked(&self.registry);
         if registry.shared_keys.get(&hash) == Some(&owner) {
@@ -102,21 +75,6 @@ impl ClientState {
 
     pub(crate) fn route(&self, owner: u128) -> Option<Arc<SessionHandle>> {
         locked(&self.registry).routes.get(&owner).cloned()
-    }
-
-    pub(crate) fn return_wait_session(&self, session: Arc<SessionHandle>) {
-        let mut idle = locked(&self.idle_waits);
-        if session.is_alive() && !idle.iter().any(|s| Arc::ptr_eq(s, &session)) {
-            idle.push(session);
-        }
-    }
-
-    pub(crate) fn drop_session(&self, session: &Arc<SessionHandle>) {
-        locked(&self.idle_waits).retain(|s| !Arc::ptr_eq(s, session));
-        locked(&self.pool)
-            .sessions
-            .retain(|s| !Arc::ptr_eq(s, session));
-        self.pool_changed.notify_waiters();
     }
 
     /// Reserves the key for a grant on a shared session; `false` if this client holds

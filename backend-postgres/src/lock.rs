@@ -2,21 +2,21 @@
 //! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
+use distlock_api::backend::sessions::SessionPool;
 use distlock_api::backend::Request;
 use distlock_api::{
     BackoffDelays, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey,
     LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
+use tokio::sync::{oneshot, OnceCell};
 use tokio::time::{timeout_at, Instant};
 
-use crate::client::{locked, ClientState, Settings};
+use crate::client::{ClientState, Settings};
 use crate::config::{
     parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
 };
@@ -27,10 +27,6 @@ use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
-/// Requests in flight per shared session in use: a client with `n` requests in flight
-/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
-/// opening more, up to the configured number, as the load grows.
-const QUEUE_PER_SESSION: usize = 8;
 /// Attempts on other sessions when the chosen one closed before running a command.
 const SESSION_ATTEMPTS: usize = 4;
 
@@ -48,18 +44,6 @@ const SESSION_ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct PostgresLock {
     state: Arc<ClientState>,
-}
-
-/// Counts a shared session being opened, until dropped.
-struct Opening(Arc<ClientState>);
-
-impl Drop for Opening {
-    fn drop(&mut self) {
-        let mut pool = locked(&self.0.pool);
-        pool.opening = pool.opening.saturating_sub(1);
-        drop(pool);
-        self.0.pool_changed.notify_waiters();
-    }
 }
 
 /// Undoes a grant in flight if the acquire future is dropped before it hands out a
@@ -172,8 +156,8 @@ impl PostgresLock {
             let _ = conn.close().await;
             return Err(e);
         }
+        let sessions = SessionPool::new(config.shared_sessions, config.wait_sessions);
         let state = Arc::new(ClientState {
-            wait_slots: Arc::new(Semaphore::new(config.wait_sessions)),
             settings: Arc::new(Settings {
                 config,
                 connect,
@@ -181,15 +165,11 @@ impl PostgresLock {
                 restate,
             }),
             registry: Mutex::default(),
-            pool: Mutex::default(),
-            pool_changed: Notify::new(),
-            idle_waits: Mutex::default(),
-            open_shared: AtomicUsize::new(0),
-            open_waits: AtomicUsize::new(0),
+            sessions: Arc::new(sessions),
             election_table: OnceCell::new(),
         });
         let first = session::start(Kind::Shared, conn, &state);
-        locked(&state.pool).sessions.push(first);
+        state.sessions.add_shared(first);
         Ok(PostgresLock { state })
     }
 
@@ -200,103 +180,28 @@ impl PostgresLock {
 
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
-        (
-            self.state.open_shared.load(Ordering::Relaxed),
-            self.state.open_waits.load(Ordering::Relaxed),
-        )
+        self.state.sessions.counts()
     }
 
     /// The least busy shared session, opening one if all are busy and there is room.
     async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
         let state = &self.state;
-        let max = state.settings.config.shared_sessions;
-        enum Next {
-            Use(Arc<SessionHandle>),
-            OpenAside(Arc<SessionHandle>),
-            Open,
-            Wait,
-        }
-        // Armed only once there is something to wait for, so the common path takes
-        // no lock on the notifier.
-        let mut changed = None;
-        loop {
-            let next = {
-                let mut pool = locked(&state.pool);
-                pool.sessions.retain(|s| s.is_alive());
-                // Use as many sessions as the load needs, about one per
-                // QUEUE_PER_SESSION requests in flight: what is queued on a session
-                // goes in one statement, so a little queueing saves server work, and a
-                // few sessions let the server work on one batch while the client
-                // prepares the next.
-                let load: usize = pool.sessions.iter().map(|s| s.load()).sum();
-                let needed = (load / QUEUE_PER_SESSION + 1).min(max);
-                let best = pool
-                    .sessions
-                    .iter()
-                    .take(needed)
-                    .min_by_key(|s| s.load())
-                    .cloned();
-                let room = pool.sessions.len() + pool.opening < needed;
-                match best {
-                    Some(s) if room && s.load() > 0 => {
-                        pool.opening += 1;
-                        Next::OpenAside(s)
-                    }
-                    Some(s) => Next::Use(s),
-                    None if pool.opening == 0 => {
-                        pool.opening += 1;
-                        Next::Open
-                    }
-                    None => Next::Wait,
-                }
-            };
-            match next {
-                Next::Use(session) => return Ok(session),
-                // Every slot is being opened: wait for one to finish (registering
-                // first, then looking again, so no notification is missed).
-                Next::Wait => match changed.take() {
-                    None => {
-                        let mut armed = Box::pin(state.pool_changed.notified());
-                        armed.as_mut().enable();
-                        changed = Some(armed);
-                    }
-                    Some(armed) => armed.await,
-                },
-                Next::Open => {
-                    let _opening = Opening(state.clone());
-                    let session = session::open(Kind::Shared, state).await?;
-                    locked(&state.pool).sessions.push(session.clone());
-                    return Ok(session);
-                }
-                Next::OpenAside(session) => {
-                    // Busy sessions: open one more in the background, and meanwhile
-                    // join the least busy one's next batch.
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        let _opening = Opening(state.clone());
-                        match session::open(Kind::Shared, &state).await {
-                            Ok(opened) => locked(&state.pool).sessions.push(opened),
-                            Err(error) => {
-                                tracing::debug!(%error, "could not open another shared session")
-                            }
-                        }
-                    });
-                    return Ok(session);
-                }
-            }
-        }
+        state
+            .sessions
+            .shared_session(|| {
+                let state = state.clone();
+                async move { session::open(Kind::Shared, &state).await }
+            })
+            .await
     }
 
     /// An idle dedicated session, or a new one. The caller holds a wait slot.
     async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        loop {
-            let idle = locked(&self.state.idle_waits).pop();
-            match idle {
-                Some(s) if s.is_alive() => return Ok(s),
-                Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.state).await,
-            }
-        }
+        let state = &self.state;
+        state
+            .sessions
+            .wait_session(|| session::open(Kind::Wait, state))
+            .await
     }
 
     /// One try on a shared session: the grant, or `None` when the key is held
@@ -381,15 +286,15 @@ impl PostgresLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.state.wait_slots.clone();
-            let slot = match deadline {
-                Some(d) => match timeout_at(d, slots.acquire_owned()).await {
-                    Ok(slot) => slot,
-                    Err(_) => return Ok(None),
-                },
-                None => slots.acquire_owned().await,
-            }
-            .map_err(|_| error::connection("the client is shutting down"))?;
+            let slot = self
+                .state
+                .sessions
+                .wait_slot(deadline)
+                .await
+                .map_err(|_| error::connection("the client is shutting down"))?;
+            let Some(slot) = slot else {
+                return Ok(None);
+            };
             // Opening a session may queue at a pooler for a server connection: that
             // counts against the wait too, and the error says so.
             let session = match deadline {
@@ -730,8 +635,7 @@ pub(crate) fn lease_of(
     options: &LockOptions,
 ) -> (Lease, LeaseMonitor) {
     let (owner, granted) = grant;
-    // The sequence starts at 1 (MINVALUE 1), so the token is positive.
-    let token = FencingToken::new(granted.token.unsigned_abs());
+    let token = FencingToken::new(granted.token);
     let lease = Lease::new(
         key.clone(),
         owner,

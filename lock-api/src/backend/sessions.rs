@@ -1,0 +1,33 @@
+//! For backends that multiplex many held locks over a few database sessions (the
+//! Postgres and MySQL backends): the parts of that design that do not depend on the
+//! database.
+//!
+//! Such a backend keeps two kinds of sessions ([`Kind`]): a few **shared** ones that
+//! carry every grant that does not wait, and **dedicated** ones that wait in the
+//! server's lock queue for one key and then hold that one grant. Each session is owned
+//! by one task, which runs its commands in order and owns what the session holds; the
+//! client talks to it through a [`SessionHandle`] (a mailbox of the backend's own
+//! command type `C`).
+//!
+//! - [`SessionPool`]: the client's sessions: picking the least busy shared session
+//!   (opening more as the load grows), the idle dedicated sessions and the slots that
+//!   bound them, and the count of open sessions of each kind.
+//! - [`Leases`]: a session task's held leases: their client-enforced TTL deadlines,
+//!   the session's proof of life and every lease's validity pushed from it, the
+//!   release deferred after a process pause, and [`Leases::trip`], one statement timed
+//!   so that a slow reply marks every lease suspect.
+//! - [`Failure`], [`Granted`], [`Seat`], [`Reply`]: what a command answers.
+//!
+//! What stays in the backend: its statements, its command type, batching, how a wait
+//! is abandoned on the server, and the error classification (passed to
+//! [`Leases::trip`] as a function).
+
+mod handle;
+mod leases;
+mod pool;
+mod trip;
+
+pub use handle::{Failure, Granted, Kind, Reply, Seat, SessionHandle};
+pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
+pub use pool::{locked, SessionPool};
+pub use trip::Trip;
