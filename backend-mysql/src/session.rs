@@ -13,17 +13,16 @@
 //! timed out, a wait was abandoned) is closed and killed on the server, which ends
 //! its locks.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use distlock_api::backend::sessions::{self, Extension, Held, Leases, Upkeep};
+use async_trait::async_trait;
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore, Timing};
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::LockError;
 use sqlx::{Connection, Executor as _, MySqlConnection};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::error::{connect_error, connect_may_pass, ends_session, lock_error};
@@ -43,21 +42,10 @@ struct Lock {
     seat: Option<(Arc<Seat>, u64)>,
 }
 
-/// Why a session task stops.
-#[derive(Debug)]
-enum End {
-    /// Every handle was dropped.
-    ClientGone,
-    /// Held nothing and was unused for the idle period.
-    Idle,
-    /// The connection failed or its state is unknown; the message says why.
-    Broken(String),
-}
-
 /// The result of one round trip.
 type Trip<T> = sessions::Trip<T, sqlx::Error>;
 
-type Statement<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+type Statement<'c, T> = sessions::Statement<'c, T, sqlx::Error>;
 
 /// Opens a session of `kind` and starts its task.
 pub(crate) async fn open(
@@ -180,115 +168,57 @@ pub(crate) fn start(
     id: u64,
     client: &Arc<ClientState>,
 ) -> Arc<SessionHandle> {
-    let (handle, rx) = SessionHandle::new();
-    let handle = Arc::new(handle);
-    client.sessions.task_started(kind);
+    let config = &client.settings.config;
+    let timing = Timing {
+        horizon: config.lease_horizon(),
+        heartbeat: config.heartbeat(),
+        idle_close: config.idle_close(),
+    };
+    let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "MySQL");
     let task = Task {
-        conn: Some(conn),
+        core,
         connection_id: id,
-        rx,
-        me: Arc::downgrade(&handle),
-        kind,
         client: Arc::downgrade(client),
         settings: client.settings.clone(),
-        leases: Leases::new(client.settings.config.lease_horizon()),
     };
     tokio::spawn(task.run());
     handle
 }
 
 struct Task {
-    /// `None` once abandoned mid-protocol.
-    conn: Option<MySqlConnection>,
+    /// The connection, the mailbox and what the session holds.
+    core: TaskCore<Command, Lock, MySqlConnection>,
     /// The session's `CONNECTION_ID()`: an abandoned wait is killed through it.
     connection_id: u64,
-    rx: mpsc::UnboundedReceiver<Command>,
-    me: Weak<SessionHandle>,
-    kind: Kind,
     client: Weak<ClientState>,
     settings: Arc<Settings>,
-    /// What the session holds, and its proof of life.
-    leases: Leases<Lock>,
 }
 
-impl Task {
-    /// A connection error of this session: `why`, at the server's address.
-    fn broken(&self, why: impl Into<String>) -> LockError {
-        self.settings.connection_error(why)
+#[async_trait]
+impl SessionTask for Task {
+    type Command = Command;
+    type Lock = Lock;
+    type Conn = MySqlConnection;
+
+    /// One command at a time.
+    const MAX_BATCH: usize = 1;
+
+    fn core(&mut self) -> &mut TaskCore<Command, Lock, MySqlConnection> {
+        &mut self.core
     }
 
-    async fn run(mut self) {
-        let end = self.serve().await;
-        self.stop(end).await;
-    }
-
-    async fn serve(&mut self) -> End {
-        let heartbeat = self.settings.config.heartbeat();
-        let idle_close = self.settings.config.idle_close();
-        loop {
-            // Timers first, so a steady stream of commands cannot starve them.
-            if let Err(end) = self.due_work(heartbeat, idle_close).await {
-                return end;
-            }
-            let wake_at = self.leases.next_timer(heartbeat, idle_close);
-            tokio::select! {
-                command = self.rx.recv() => {
-                    let Some(command) = command else { return End::ClientGone };
-                    let result = self.process(command).await;
-                    if let Some(me) = self.me.upgrade() {
-                        me.finished(1);
-                    }
-                    self.leases.used();
-                    if let Err(end) = result {
-                        return end;
-                    }
-                }
-                _ = sleep_until(wake_at) => {}
-            }
-        }
-    }
-
-    /// Releases leases past their TTL, renews or proves the session, or ends it when
-    /// idle.
-    async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
-        let now = Instant::now();
-        for owner in self.leases.due(now) {
-            self.unlock(owner, None).await?;
-        }
-        match self.leases.upkeep(now, heartbeat, idle_close) {
-            Upkeep::Nothing => {}
-            Upkeep::Close => return Err(End::Idle),
-            Upkeep::Ping => {
-                self.ping().await?;
-                self.leases.renew_all(false);
-            }
-            Upkeep::Renew => self.leases.renew_all(false),
+    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+        for command in batch {
+            self.command(command).await?;
         }
         Ok(())
     }
 
-    /// Runs one statement, bounded by `limit`; marks held leases suspect while the
-    /// reply is later than the heartbeat period.
-    async fn trip<T, F>(&mut self, limit: Duration, run: F) -> Trip<T>
-    where
-        F: for<'c> FnOnce(&'c mut MySqlConnection) -> Statement<'c, T>,
-    {
-        let Some(conn) = self.conn.as_mut() else {
-            return Trip::Broken("the session was abandoned".into());
-        };
-        let heartbeat = self.settings.config.heartbeat();
-        self.leases
-            .trip(heartbeat, limit, run(conn), ends_session)
-            .await
-    }
-
-    /// [`Task::trip`] within the request timeout.
-    async fn request<T, F>(&mut self, run: F) -> Trip<T>
-    where
-        F: for<'c> FnOnce(&'c mut MySqlConnection) -> Statement<'c, T>,
-    {
-        let limit = self.settings.config.request_timeout;
-        self.trip(limit, run).await
+    async fn expire(&mut self, owners: Vec<u128>) -> Result<(), End> {
+        for owner in owners {
+            self.unlock(owner, None).await?;
+        }
+        Ok(())
     }
 
     async fn ping(&mut self) -> Result<(), End> {
@@ -302,7 +232,44 @@ impl Task {
         }
     }
 
-    async fn process(&mut self, command: Command) -> Result<(), End> {
+    fn forget(&mut self, owner: u128) {
+        self.forget_held(owner);
+    }
+
+    fn refuse(&mut self, command: Command) {
+        command.fail(Failure::Closed);
+    }
+
+    async fn close(conn: MySqlConnection) {
+        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+    }
+}
+
+impl Task {
+    /// A connection error of this session: `why`, at the server's address.
+    fn broken(&self, why: impl Into<String>) -> LockError {
+        self.settings.connection_error(why)
+    }
+
+    /// Runs one statement, bounded by `limit`; marks held leases suspect while the
+    /// reply is later than the heartbeat period.
+    async fn trip<T, F>(&mut self, limit: Duration, run: F) -> Trip<T>
+    where
+        F: for<'c> FnOnce(&'c mut MySqlConnection) -> Statement<'c, T>,
+    {
+        self.core.trip(limit, run, ends_session).await
+    }
+
+    /// [`Task::trip`] within the request timeout.
+    async fn request<T, F>(&mut self, run: F) -> Trip<T>
+    where
+        F: for<'c> FnOnce(&'c mut MySqlConnection) -> Statement<'c, T>,
+    {
+        let limit = self.settings.config.request_timeout;
+        self.trip(limit, run).await
+    }
+
+    async fn command(&mut self, command: Command) -> Result<(), End> {
         match command {
             Command::Grant {
                 name,
@@ -317,7 +284,7 @@ impl Task {
                 if reply.is_closed() {
                     // The caller went away while the grant was queued: never send it,
                     // so the name is not granted late, and the session stays usable.
-                    self.return_if_idle();
+                    self.core.return_if_idle();
                     return Ok(());
                 }
                 let grant = NewGrant {
@@ -336,7 +303,7 @@ impl Task {
                 }
             }
             Command::Release { owner, reply } => {
-                if self.leases.contains(owner) {
+                if self.core.leases.contains(owner) {
                     self.unlock(owner, reply).await
                 } else {
                     if let Some(reply) = reply {
@@ -436,7 +403,7 @@ impl Task {
             Trip::Done(Some(1)) => {}
             Trip::Done(Some(_)) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
             Trip::Done(None) => {
@@ -444,12 +411,12 @@ impl Task {
                     MYSQL_BACKEND,
                     "GET_LOCK returned NULL (an error on the server, such as running out of memory)",
                 ))));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
             Trip::Refused(e) => {
                 let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
             Trip::Broken(why) => {
@@ -504,7 +471,7 @@ impl Task {
             .await
         {
             Trip::Done(_) => {
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             // Cannot tell what the session holds: end it, which ends its locks.
@@ -529,7 +496,7 @@ impl Task {
             release_all,
             seat,
         } = grant;
-        let (client, me) = (self.client.upgrade(), self.me.upgrade());
+        let (client, me) = (self.client.upgrade(), self.core.me());
         let registered = match (&client, me) {
             (Some(client), Some(me)) => {
                 client.add_route(owner, me);
@@ -542,7 +509,7 @@ impl Task {
             release_all,
             seat: None,
         };
-        let monitor = self.leases.insert(owner, lease_start, ttl, slot, lock);
+        let monitor = self.core.leases.insert(owner, lease_start, ttl, slot, lock);
         if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
             // The leader's row, in this session, before anyone is told it leads.
             let row = seat.clone();
@@ -561,7 +528,7 @@ impl Task {
                 .await;
             match written {
                 Trip::Done(()) => {
-                    if let Some(held) = self.leases.get_mut(owner) {
+                    if let Some(held) = self.core.leases.get_mut(owner) {
                         held.lock.seat = Some((seat, token));
                     }
                 }
@@ -637,7 +604,7 @@ impl Task {
     /// Drops the connection and kills its server session from another connection, in
     /// the background.
     fn abandon(&mut self) {
-        self.conn = None;
+        self.core.abandon();
         let settings = self.settings.clone();
         let id = self.connection_id;
         tokio::spawn(async move {
@@ -676,12 +643,12 @@ impl Task {
             }
             Trip::Done(PermitAnswer::Full) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             Trip::Done(PermitAnswer::Mismatch(other)) => {
                 let _ = reply.send(Err(Failure::Mismatch(other)));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             Trip::Refused(e) => {
@@ -697,7 +664,7 @@ impl Task {
                     .await
                 {
                     Trip::Done(()) => {
-                        self.return_if_idle();
+                        self.core.return_if_idle();
                         Ok(())
                     }
                     Trip::Refused(e) => {
@@ -720,7 +687,7 @@ impl Task {
             name,
             release_all,
             seat,
-        }) = self.leases.get(owner).map(|held| &held.lock)
+        }) = self.core.leases.get(owner).map(|held| &held.lock)
         else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(false));
@@ -791,7 +758,7 @@ impl Task {
                 }
                 // Back on the idle list before the wait slot frees, so the next waiter
                 // finds this session instead of opening another.
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(held);
                 Ok(())
             }
@@ -807,21 +774,11 @@ impl Task {
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's routes.
     fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
-        let held = self.leases.remove(owner)?;
+        let held = self.core.leases.remove(owner)?;
         if let Some(client) = self.client.upgrade() {
             client.remove_route(owner);
         }
         Some(held)
-    }
-
-    /// A dedicated session that holds nothing goes back to the client's idle list.
-    fn return_if_idle(&self) {
-        if self.kind != Kind::Wait || !self.leases.is_empty() {
-            return;
-        }
-        if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
-            client.sessions.return_wait_session(me);
-        }
     }
 
     async fn extend(
@@ -830,11 +787,11 @@ impl Task {
         ttl: Duration,
         reply: Reply<Option<Instant>>,
     ) -> Result<(), End> {
-        if !self.leases.contains(owner) {
+        if !self.core.leases.contains(owner) {
             let _ = reply.send(Ok(None));
             return Ok(());
         }
-        if self.leases.is_lost(owner) {
+        if self.core.leases.is_lost(owner) {
             // Lost is final (the TTL ran out, or the session's horizon passed): the
             // lock must go, not be revived.
             let _ = reply.send(Ok(None));
@@ -845,7 +802,7 @@ impl Task {
             let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             return Err(End::Broken(why));
         }
-        match self.leases.extend(owner, started, ttl) {
+        match self.core.leases.extend(owner, started, ttl) {
             Extension::NotHeld => {
                 let _ = reply.send(Ok(None));
                 Ok(())
@@ -857,41 +814,6 @@ impl Task {
             Extension::Extended(valid_until) => {
                 let _ = reply.send(Ok(Some(valid_until)));
                 Ok(())
-            }
-        }
-    }
-
-    async fn stop(mut self, end: End) {
-        if let Some(me) = self.me.upgrade() {
-            me.close();
-        }
-        if let Some(client) = self.client.upgrade() {
-            if let Some(me) = self.me.upgrade() {
-                client.sessions.drop_session(&me);
-            }
-            client.sessions.task_ended(self.kind);
-        }
-        self.rx.close();
-        while let Ok(command) = self.rx.try_recv() {
-            command.fail(Failure::Closed);
-        }
-        let owners = self.leases.owners();
-        if !owners.is_empty() {
-            tracing::warn!(
-                locks = owners.len(),
-                reason = ?end,
-                "a MySQL lock session ended while holding locks; they are lost"
-            );
-        }
-        for owner in owners {
-            self.forget_held(owner);
-        }
-        if let Some(conn) = self.conn.take() {
-            match end {
-                End::Broken(_) => drop(conn),
-                End::ClientGone | End::Idle => {
-                    let _ = timeout(Duration::from_secs(1), conn.close()).await;
-                }
             }
         }
     }

@@ -18,13 +18,14 @@ use std::future::Future;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use distlock_api::backend::sessions::{self, Extension, Held, Leases, Upkeep};
+use async_trait::async_trait;
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore, Timing};
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::time::{sleep_until, timeout, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::config::server_address;
@@ -33,8 +34,6 @@ use crate::keys::pg_locks_ids;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
 use crate::POSTGRES_BACKEND;
 
-/// The most commands of one kind sent as one statement.
-const MAX_BATCH: usize = 256;
 /// A dedicated session's server process: `(pid, start time as text)`.
 const BACKEND_IDENTITY: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
      WHERE pid = pg_backend_pid()";
@@ -69,17 +68,6 @@ struct NewGrant {
     unlock_all: bool,
     /// An election's grant: its leader's row is written before the reply.
     seat: Option<Arc<Seat>>,
-}
-
-/// Why a session task stops.
-#[derive(Debug)]
-enum End {
-    /// Every handle was dropped.
-    ClientGone,
-    /// Held nothing and was unused for the idle period.
-    Idle,
-    /// The connection failed or its state is unknown; the message says why.
-    Broken(String),
 }
 
 /// The result of one round trip.
@@ -244,17 +232,17 @@ fn start_as(
     client: &Arc<ClientState>,
     backend: Option<(i32, String)>,
 ) -> Arc<SessionHandle> {
-    let (handle, rx) = SessionHandle::new();
-    let handle = Arc::new(handle);
-    client.sessions.task_started(kind);
+    let config = &client.settings.config;
+    let timing = Timing {
+        horizon: config.lease_horizon(),
+        heartbeat: config.heartbeat(),
+        idle_close: config.idle_close(),
+    };
+    let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "Postgres");
     let task = Task {
-        conn: Some(conn),
-        rx,
-        me: Arc::downgrade(&handle),
-        kind,
+        core,
         client: Arc::downgrade(client),
         settings: client.settings.clone(),
-        leases: Leases::new(client.settings.config.lease_horizon()),
         backend,
     };
     tokio::spawn(task.run());
@@ -262,103 +250,40 @@ fn start_as(
 }
 
 struct Task {
-    /// `None` once abandoned mid-protocol.
-    conn: Option<PgConnection>,
-    rx: mpsc::UnboundedReceiver<Command>,
-    me: Weak<SessionHandle>,
-    kind: Kind,
+    /// The connection, the mailbox and what the session holds.
+    core: TaskCore<Command, Lock, PgConnection>,
     client: Weak<ClientState>,
     settings: Arc<Settings>,
-    /// What the session holds, and its proof of life.
-    leases: Leases<Lock>,
     /// A dedicated session's server process, `(pid, backend_start as text)`: an
     /// abandoned wait is ended through it (see [`Task::end_abandoned_wait`]).
     backend: Option<(i32, String)>,
 }
 
-impl Task {
-    /// A connection error of this session: `why`, at the server's address.
-    fn broken(&self, why: impl Into<String>) -> LockError {
-        self.settings.connection_error(why)
+#[async_trait]
+impl SessionTask for Task {
+    type Command = Command;
+    type Lock = Lock;
+    type Conn = PgConnection;
+
+    /// Runs of grants, releases and extends go as one statement each.
+    const MAX_BATCH: usize = 256;
+
+    fn core(&mut self) -> &mut TaskCore<Command, Lock, PgConnection> {
+        &mut self.core
     }
 
-    async fn run(mut self) {
-        let end = self.serve().await;
-        self.stop(end).await;
+    /// Runs a batch of commands: all grants as one statement, then all releases as
+    /// one, then all extends with one proof of life, then the rest in order.
+    ///
+    /// Reordering is safe: a release that compensates a grant comes after it (grants
+    /// go first), and a key is never granted while a release of it by this client is
+    /// pending (the client reserves a key until its unlock has run).
+    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+        self.run_batch(batch).await
     }
 
-    async fn serve(&mut self) -> End {
-        let heartbeat = self.settings.config.heartbeat();
-        let idle_close = self.settings.config.idle_close();
-        loop {
-            // Timers first, so a steady stream of commands cannot starve them.
-            if let Err(end) = self.due_work(heartbeat, idle_close).await {
-                return end;
-            }
-            let wake_at = self.leases.next_timer(heartbeat, idle_close);
-            tokio::select! {
-                command = self.rx.recv() => {
-                    let Some(command) = command else { return End::ClientGone };
-                    let mut batch = vec![command];
-                    while batch.len() < MAX_BATCH {
-                        match self.rx.try_recv() {
-                            Ok(command) => batch.push(command),
-                            Err(_) => break,
-                        }
-                    }
-                    let count = batch.len();
-                    let result = self.process(batch).await;
-                    if let Some(me) = self.me.upgrade() {
-                        me.finished(count);
-                    }
-                    self.leases.used();
-                    if let Err(end) = result {
-                        return end;
-                    }
-                }
-                _ = sleep_until(wake_at) => {}
-            }
-        }
-    }
-
-    /// Unlocks leases past their TTL, renews or proves the session, or ends it when
-    /// idle.
-    async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
-        let now = Instant::now();
-        let unlock = self.leases.due(now);
-        if !unlock.is_empty() {
-            self.unlock(unlock, Vec::new()).await?;
-        }
-        match self.leases.upkeep(now, heartbeat, idle_close) {
-            Upkeep::Nothing => {}
-            Upkeep::Close => return Err(End::Idle),
-            Upkeep::Ping => {
-                self.ping().await?;
-                self.leases.renew_all(false);
-            }
-            Upkeep::Renew => self.leases.renew_all(false),
-        }
-        Ok(())
-    }
-
-    /// Runs one statement, bounded by the request timeout; marks held leases suspect
-    /// while the reply is late.
-    async fn trip<T, F>(&mut self, run: F) -> Trip<T>
-    where
-        F: for<'c> FnOnce(
-            &'c mut PgConnection,
-        ) -> std::pin::Pin<
-            Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>,
-        >,
-    {
-        let Some(conn) = self.conn.as_mut() else {
-            return Trip::Broken("the session was abandoned".into());
-        };
-        let limit = self.settings.config.request_timeout;
-        let heartbeat = self.settings.config.heartbeat();
-        self.leases
-            .trip(heartbeat, limit, run(conn), ends_session)
-            .await
+    async fn expire(&mut self, owners: Vec<u128>) -> Result<(), End> {
+        self.unlock(owners, Vec::new()).await
     }
 
     async fn ping(&mut self) -> Result<(), End> {
@@ -375,13 +300,41 @@ impl Task {
         }
     }
 
-    /// Runs a batch of commands: all grants as one statement, then all releases as
-    /// one, then all extends with one proof of life, then the rest in order.
-    ///
-    /// Reordering is safe: a release that compensates a grant comes after it (grants
-    /// go first), and a key is never granted while a release of it by this client is
-    /// pending (the client reserves a key until its unlock has run).
-    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+    fn forget(&mut self, owner: u128) {
+        self.forget_held(owner);
+    }
+
+    fn refuse(&mut self, command: Command) {
+        self.forget_command(&command);
+        command.fail(Failure::Closed);
+    }
+
+    async fn close(conn: PgConnection) {
+        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+    }
+}
+
+impl Task {
+    /// A connection error of this session: `why`, at the server's address.
+    fn broken(&self, why: impl Into<String>) -> LockError {
+        self.settings.connection_error(why)
+    }
+
+    /// Runs one statement, bounded by the request timeout; marks held leases suspect
+    /// while the reply is late.
+    async fn trip<T, F>(&mut self, run: F) -> Trip<T>
+    where
+        F: for<'c> FnOnce(
+            &'c mut PgConnection,
+        ) -> std::pin::Pin<
+            Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>,
+        >,
+    {
+        let limit = self.settings.config.request_timeout;
+        self.core.trip(limit, run, ends_session).await
+    }
+
+    async fn run_batch(&mut self, batch: Vec<Command>) -> Result<(), End> {
         let (mut grants, mut releases, mut extends, mut others) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for command in batch {
@@ -455,7 +408,7 @@ impl Task {
             unlock_all,
             seat,
         } = grant;
-        let (client, me) = (self.client.upgrade(), self.me.upgrade());
+        let (client, me) = (self.client.upgrade(), self.core.me());
         let registered = match (&client, me) {
             (Some(client), Some(me)) => {
                 client.add_route(owner, me);
@@ -468,12 +421,12 @@ impl Task {
             unlock_all,
             seat: None,
         };
-        let monitor = self.leases.insert(owner, lease_start, ttl, slot, lock);
+        let monitor = self.core.leases.insert(owner, lease_start, ttl, slot, lock);
         if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
             // The leader's row, in this session, before anyone is told it leads.
             match self.seat(&seat, token).await {
                 Trip::Done(()) => {
-                    if let Some(held) = self.leases.get_mut(owner) {
+                    if let Some(held) = self.core.leases.get_mut(owner) {
                         held.lock.seat = Some((seat, token));
                     }
                 }
@@ -680,8 +633,8 @@ impl Task {
     ) -> Result<(), End> {
         let (whole, owners): (Vec<u128>, Vec<u128>) = owners
             .into_iter()
-            .filter(|o| self.leases.contains(*o))
-            .partition(|o| self.leases.get(*o).is_some_and(|h| h.lock.unlock_all));
+            .filter(|o| self.core.leases.contains(*o))
+            .partition(|o| self.core.leases.get(*o).is_some_and(|h| h.lock.unlock_all));
         // Leaders' rows go first, while their locks still hold.
         let mut result = self.unseat(owners.iter().chain(&whole)).await;
         // A dedicated session's only grant: everything the session holds is that grant.
@@ -690,7 +643,7 @@ impl Task {
         }
         let hashes: Vec<i64> = owners
             .iter()
-            .filter_map(|o| self.leases.get(*o))
+            .filter_map(|o| self.core.leases.get(*o))
             .map(|h| h.lock.hash)
             .collect();
         let unlocked: HashMap<i64, bool> = if hashes.is_empty() || result.is_err() {
@@ -762,7 +715,7 @@ impl Task {
         }
         // Back on the idle list before the wait slot frees, so the next waiter finds
         // this session instead of opening another.
-        self.return_if_idle();
+        self.core.return_if_idle();
         drop(ended);
         Ok(())
     }
@@ -770,21 +723,11 @@ impl Task {
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's tables.
     fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
-        let held = self.leases.remove(owner)?;
+        let held = self.core.leases.remove(owner)?;
         if let Some(client) = self.client.upgrade() {
             client.remove_route(owner, held.lock.hash);
         }
         Some(held)
-    }
-
-    /// A dedicated session that holds nothing goes back to the client's idle list.
-    fn return_if_idle(&self) {
-        if self.kind != Kind::Wait || !self.leases.is_empty() {
-            return;
-        }
-        if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
-            client.sessions.return_wait_session(me);
-        }
     }
 
     async fn releases(&mut self, group: Vec<Command>) -> Result<(), End> {
@@ -794,7 +737,7 @@ impl Task {
             let Command::Release { owner, reply } = command else {
                 continue;
             };
-            if self.leases.contains(owner) {
+            if self.core.leases.contains(owner) {
                 owners.push(owner);
                 if let Some(reply) = reply {
                     replies.push((owner, reply));
@@ -816,9 +759,9 @@ impl Task {
             let Command::Extend { owner, ttl, reply } = command else {
                 continue;
             };
-            if !self.leases.contains(owner) {
+            if !self.core.leases.contains(owner) {
                 let _ = reply.send(Ok(None));
-            } else if self.leases.is_lost(owner) {
+            } else if self.core.leases.is_lost(owner) {
                 // Lost is final (the TTL ran out, or the session's horizon passed): the
                 // lock must go, not be revived.
                 lost.push(owner);
@@ -842,7 +785,7 @@ impl Task {
         }
         let mut lapsed = Vec::new();
         for (owner, ttl, reply) in live {
-            match self.leases.extend(owner, started, ttl) {
+            match self.core.leases.extend(owner, started, ttl) {
                 Extension::NotHeld => {
                     let _ = reply.send(Ok(None));
                 }
@@ -884,7 +827,7 @@ impl Task {
     /// its leadership while the session lives (see `Statements::leader`).
     async fn unseat(&mut self, owners: impl Iterator<Item = &u128>) -> Result<(), End> {
         let (names, terms): (Vec<String>, Vec<i64>) = owners
-            .filter_map(|o| self.leases.get(*o)?.lock.seat.as_ref())
+            .filter_map(|o| self.core.leases.get(*o)?.lock.seat.as_ref())
             .map(|(seat, term)| (seat.name.clone(), *term))
             .unzip();
         if names.is_empty() {
@@ -997,7 +940,7 @@ impl Task {
         if reply.is_closed() {
             // The caller went away while the wait was queued: never start it, so the
             // key is not granted late, and the session stays usable.
-            self.return_if_idle();
+            self.core.return_if_idle();
             drop(slot);
             return Ok(());
         }
@@ -1009,7 +952,7 @@ impl Task {
             ms => Some(Duration::from_millis(ms) + shared.config.request_timeout),
         };
         let unlock_all = !matches!(grab, Grab::Exclusive);
-        let Some(conn) = self.conn.as_mut() else {
+        let Some(conn) = self.core.conn_mut() else {
             let _ = reply.send(Err(Failure::Closed));
             return Err(End::Broken("the session was abandoned".into()));
         };
@@ -1025,7 +968,7 @@ impl Task {
             _ = reply.closed() => {
                 // Mid-statement: the connection cannot be reused. Closing it makes the
                 // server drop the wait (or the lock, if it was granted meanwhile).
-                self.conn = None;
+                self.core.abandon();
                 self.end_abandoned_wait();
                 return Err(End::Broken("the waiting caller went away".into()));
             }
@@ -1037,13 +980,13 @@ impl Task {
             })) => {
                 let other = u32::try_from(other).unwrap_or(u32::MAX);
                 let _ = reply.send(Err(Failure::Mismatch(other)));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
             Some(Ok(Answer { token: None, .. })) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
@@ -1057,7 +1000,7 @@ impl Task {
                 let waited =
                     Duration::try_from_secs_f64(waited.max(0.0) * 0.99).unwrap_or_default();
                 let granted_at = (started + waited).min(Instant::now());
-                self.leases.note_proof(granted_at);
+                self.core.leases.note_proof(granted_at);
                 self.grant(
                     NewGrant {
                         hash,
@@ -1107,7 +1050,7 @@ impl Task {
                     }
                     Trip::Done(None) => {
                         let _ = reply.send(Ok(None));
-                        self.return_if_idle();
+                        self.core.return_if_idle();
                         drop(slot);
                         Ok(())
                     }
@@ -1136,12 +1079,12 @@ impl Task {
                 } else {
                     self.unlock_any_held(vec![hash]).await?;
                 }
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
             None => {
-                self.conn = None;
+                self.core.abandon();
                 self.end_abandoned_wait();
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
@@ -1177,42 +1120,6 @@ impl Task {
             }
             let _ = timeout(limit, conn.close()).await;
         });
-    }
-
-    async fn stop(mut self, end: End) {
-        if let Some(me) = self.me.upgrade() {
-            me.close();
-        }
-        if let Some(client) = self.client.upgrade() {
-            if let Some(me) = self.me.upgrade() {
-                client.sessions.drop_session(&me);
-            }
-            client.sessions.task_ended(self.kind);
-        }
-        self.rx.close();
-        while let Ok(command) = self.rx.try_recv() {
-            self.forget_command(&command);
-            command.fail(Failure::Closed);
-        }
-        let owners = self.leases.owners();
-        if !owners.is_empty() {
-            tracing::warn!(
-                locks = owners.len(),
-                reason = ?end,
-                "a Postgres lock session ended while holding locks; they are lost"
-            );
-        }
-        for owner in owners {
-            self.forget_held(owner);
-        }
-        if let Some(conn) = self.conn.take() {
-            match end {
-                End::Broken(_) => drop(conn),
-                End::ClientGone | End::Idle => {
-                    let _ = timeout(Duration::from_secs(1), conn.close()).await;
-                }
-            }
-        }
     }
 }
 

@@ -12,22 +12,27 @@
 //! - [`SessionPool`]: the client's sessions: picking the least busy shared session
 //!   (opening more as the load grows), the idle dedicated sessions and the slots that
 //!   bound them, and the count of open sessions of each kind.
+//! - [`SessionTask`]: the loop of a session task (commands in order, timers first,
+//!   the leases' upkeep, the end), over the backend's statements; [`TaskCore`] is
+//!   what every such task keeps beside its connection.
 //! - [`Leases`]: a session task's held leases: their client-enforced TTL deadlines,
 //!   the session's proof of life and every lease's validity pushed from it, the
 //!   release deferred after a process pause, and [`Leases::trip`], one statement timed
 //!   so that a slow reply marks every lease suspect.
 //! - [`Failure`], [`Granted`], [`Seat`], [`Reply`]: what a command answers.
 //!
-//! What stays in the backend: its statements, its command type, batching, how a wait
-//! is abandoned on the server, and the error classification (passed to
-//! [`Leases::trip`] as a function).
+//! What stays in the backend: its connection and statements, its command type and
+//! how a batch of them runs, how a wait is abandoned on the server, and the error
+//! classification (passed to [`Leases::trip`] as a function).
 
 mod handle;
 mod leases;
 mod pool;
+mod task;
 mod trip;
 
 pub use handle::{Failure, Granted, Kind, Reply, Seat, SessionHandle};
 pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
 pub use pool::{locked, SessionPool};
+pub use task::{End, SessionTask, Statement, TaskCore, Timing};
 pub use trip::Trip;
