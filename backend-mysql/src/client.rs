@@ -2,15 +2,14 @@
 //! the settings sessions open with, which session holds which lease, and its
 //! sessions.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use distlock_api::backend::sessions::{locked, SessionPool};
+use distlock_api::backend::sessions::SessionPool;
 use distlock_api::LockError;
 use sqlx::mysql::MySqlConnectOptions;
 
 use crate::config::{server_address, MySqlConfig};
-use crate::mailbox::{Command, SessionHandle};
+use crate::mailbox::Command;
 use crate::MYSQL_BACKEND;
 
 /// What every session of a client is opened and run with.
@@ -41,22 +40,6 @@ impl Settings {
 /// The state of a client, shared by a client's handles and its session tasks.
 pub(crate) struct ClientState {
     pub settings: Arc<Settings>,
-    /// Owner token of every held lease → the session holding it.
-    pub routes: Mutex<HashMap<u128, Arc<SessionHandle>>>,
-    /// The shared and dedicated sessions.
+    /// The shared and dedicated sessions, and which holds which lease.
     pub sessions: Arc<SessionPool<Command>>,
-}
-
-impl ClientState {
-    pub(crate) fn add_route(&self, owner: u128, session: Arc<SessionHandle>) {
-        locked(&self.routes).insert(owner, session);
-    }
-
-    pub(crate) fn remove_route(&self, owner: u128) {
-        locked(&self.routes).remove(&owner);
-    }
-
-    pub(crate) fn route(&self, owner: u128) -> Option<Arc<SessionHandle>> {
-        locked(&self.routes).get(&owner).cloned()
-    }
 }

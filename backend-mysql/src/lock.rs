@@ -2,15 +2,17 @@
 //! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::sessions::SessionPool;
+use distlock_api::backend::sessions::{
+    self, ask, shared_session, to_holder, wait_session, SessionPool, SessionSource,
+    SESSION_ATTEMPTS,
+};
 use distlock_api::backend::Request;
 use distlock_api::{
-    BackoffDelays, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
-    PermitMismatch,
+    FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
@@ -22,9 +24,6 @@ use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, Session
 use crate::session;
 use crate::sql::ensure_tables;
 use crate::MYSQL_BACKEND;
-
-/// Attempts on other sessions when the chosen one closed before running a command.
-const SESSION_ATTEMPTS: usize = 4;
 
 /// A MySQL/MariaDB lock client: `GET_LOCK` user locks, multiplexed over a few
 /// sessions, for the mutex, the semaphore and leader election. It is the backend's
@@ -137,7 +136,6 @@ impl MySqlLock {
         );
         let state = Arc::new(ClientState {
             settings: Arc::new(settings),
-            routes: Mutex::default(),
             sessions: Arc::new(sessions),
         });
         let first = session::start(Kind::Shared, conn, id, &state);
@@ -158,27 +156,6 @@ impl MySqlLock {
     /// The settings every session of this client runs with.
     pub(crate) fn settings(&self) -> &Settings {
         &self.state.settings
-    }
-
-    /// The least busy shared session, opening one if all are busy and there is room.
-    async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        state
-            .sessions
-            .shared_session(|| {
-                let state = state.clone();
-                async move { session::open(Kind::Shared, &state).await }
-            })
-            .await
-    }
-
-    /// An idle dedicated session, or a new one. The caller holds a wait slot.
-    async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        state
-            .sessions
-            .wait_session(|| session::open(Kind::Wait, state))
-            .await
     }
 
     /// Sends `ask` (a grant of `name` by `grab`, under a fresh owner token) to `session`
@@ -228,7 +205,7 @@ impl MySqlLock {
     ) -> Result<Option<Grant>, LockError> {
         let mut retried_broken = false;
         for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
+            let session = shared_session(&self.state).await?;
             let ask = Ask {
                 name,
                 grab: Grab::Try,
@@ -282,15 +259,17 @@ impl MySqlLock {
             let session = match deadline {
                 Some(d) => {
                     let started = Instant::now();
-                    timeout_at(d, self.wait_session()).await.map_err(|_| {
-                        self.settings().connection_error(format!(
+                    timeout_at(d, wait_session(&self.state))
+                        .await
+                        .map_err(|_| {
+                            self.settings().connection_error(format!(
                             "waited {:?} for a new session to wait for {key} in: the server had \
                              no connection free (max_connections)",
                             started.elapsed()
                         ))
-                    })??
+                        })??
                 }
-                None => self.wait_session().await?,
+                None => wait_session(&self.state).await?,
             };
             let ask = Ask {
                 name,
@@ -347,7 +326,7 @@ impl MySqlLock {
     }
 
     /// After a try of `plan` found the name held: waits until it may be free (a wait
-    /// in `GET_LOCK`, or a nap of the poll's backoff), within `deadline`.
+    /// in `GET_LOCK`, or, for a permit, a nap of `nap`), within `deadline`.
     async fn wait_plan(
         &self,
         key: &LockKey,
@@ -355,13 +334,13 @@ impl MySqlLock {
         plan: &Plan,
         options: &LockOptions,
         deadline: Option<Instant>,
-        polls: &mut BackoffDelays,
+        nap: Duration,
     ) -> Result<Option<Grant>, LockError> {
         let seat = match plan {
             Plan::Lead(seat) => Some(seat),
             Plan::Exclusive => None,
             Plan::Permit { .. } => {
-                let mut nap = polls.next_delay();
+                let mut nap = nap;
                 if let Some(d) = deadline {
                     nap = nap.min(d.saturating_duration_since(Instant::now()));
                 }
@@ -396,40 +375,23 @@ impl MySqlLock {
         plan: &Plan,
     ) -> Result<Option<Grant>, LockError> {
         let (key, options, deadline) = (request.key, request.options, request.deadline);
-        let mut polls = options.backoff().delays();
-        loop {
-            let granted = match self.try_plan(key, name, plan, options).await? {
-                Some(grant) => Some(grant),
-                None => {
-                    request.saw_held();
-                    if !request.waits() || request.deadline_passed() {
-                        return Ok(None);
-                    }
-                    self.wait_plan(key, name, plan, options, deadline, &mut polls)
-                        .await?
-                }
-            };
-            if granted.is_some() {
-                return Ok(granted);
-            }
-            request.saw_held();
-            if request.deadline_passed() {
-                return Ok(None);
-            }
-            // The wait was capped below the deadline, or a permit's nap ended: try again.
-        }
+        sessions::contend(
+            request,
+            || self.try_plan(key, name, plan, options),
+            |nap| self.wait_plan(key, name, plan, options, deadline, nap),
+        )
+        .await
     }
 
     /// Owner-checked release of `lease`: `Ok(true)` if this client held it and released
     /// it now, `Ok(false)` if it holds it no more.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool, LockError> {
         let owner = lease.owner().as_u128();
-        let released = self
-            .to_holder(owner, |reply| Command::Release {
-                owner,
-                reply: Some(reply),
-            })
-            .await?;
+        let released = to_holder(&*self.state, owner, |reply| Command::Release {
+            owner,
+            reply: Some(reply),
+        })
+        .await?;
         Ok(released == Some(true))
     }
 
@@ -441,9 +403,12 @@ impl MySqlLock {
         ttl: Duration,
     ) -> Result<Option<Instant>, LockError> {
         let owner = lease.owner().as_u128();
-        let extended = self
-            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
-            .await?;
+        let extended = to_holder(&*self.state, owner, |reply| Command::Extend {
+            owner,
+            ttl,
+            reply,
+        })
+        .await?;
         Ok(extended.flatten())
     }
 
@@ -452,27 +417,7 @@ impl MySqlLock {
         &self,
         command: impl Fn(Reply<T>) -> Command,
     ) -> Result<T, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            if session.send(command(tx)).is_err() {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        MYSQL_BACKEND,
-                        "a permit count answer to a look-up",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .settings()
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, command).await
     }
 
     /// The connection id holding the lock `name`, if any.
@@ -483,31 +428,22 @@ impl MySqlLock {
         })
         .await
     }
+}
 
-    /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
-    /// this client holds it (any more).
-    async fn to_holder<T>(
-        &self,
-        owner: u128,
-        command: impl FnOnce(Reply<T>) -> Command,
-    ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.state.route(owner) else {
-            return Ok(None);
-        };
-        let (tx, rx) = oneshot::channel();
-        if session.send(command(tx)).is_err() {
-            return Ok(None);
-        }
-        match rx.await {
-            Ok(Ok(value)) => Ok(Some(value)),
-            // The session ended before running it, and its locks with it.
-            Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
-            Ok(Err(Failure::Lock(e))) => Err(e),
-            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
-                MYSQL_BACKEND,
-                "a permit count answer to a release or extend",
-            )),
-        }
+impl SessionSource for ClientState {
+    type Command = Command;
+    const BACKEND: &'static str = MYSQL_BACKEND;
+
+    fn sessions(&self) -> &Arc<SessionPool<Command>> {
+        &self.sessions
+    }
+
+    async fn open(self: Arc<Self>, kind: Kind) -> Result<Arc<SessionHandle>, LockError> {
+        session::open(kind, &self).await
+    }
+
+    fn connection_error(&self, why: &str) -> LockError {
+        self.settings.connection_error(why)
     }
 }
 

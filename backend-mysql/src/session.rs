@@ -13,7 +13,7 @@
 //! timed out, a wait was abandoned) is closed and killed on the server, which ends
 //! its locks.
 
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -178,7 +178,6 @@ pub(crate) fn start(
     let task = Task {
         core,
         connection_id: id,
-        client: Arc::downgrade(client),
         settings: client.settings.clone(),
     };
     tokio::spawn(task.run());
@@ -190,7 +189,6 @@ struct Task {
     core: TaskCore<Command, Lock, MySqlConnection>,
     /// The session's `CONNECTION_ID()`: an abandoned wait is killed through it.
     connection_id: u64,
-    client: Weak<ClientState>,
     settings: Arc<Settings>,
 }
 
@@ -222,14 +220,9 @@ impl SessionTask for Task {
     }
 
     async fn ping(&mut self) -> Result<(), End> {
-        match self
-            .request(|c| Box::pin(async move { c.execute(sql::PING).await.map(|_| ()) }))
+        self.request(|c| Box::pin(async move { c.execute(sql::PING).await.map(|_| ()) }))
             .await
-        {
-            Trip::Done(()) => Ok(()),
-            Trip::Refused(e) => Err(End::Broken(format!("heartbeat refused: {e}"))),
-            Trip::Broken(why) => Err(End::Broken(why)),
-        }
+            .or_end("heartbeat")
     }
 
     fn forget(&mut self, owner: u128) {
@@ -354,20 +347,7 @@ impl Task {
 
     /// Sends a read-only statement's outcome to its caller.
     fn answer<T>(&self, trip: Trip<T>, reply: Reply<T>) -> Result<(), End> {
-        match trip {
-            Trip::Done(value) => {
-                let _ = reply.send(Ok(value));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     /// A try: `GET_LOCK(name, 0)` unless the name is in use, then its token.
@@ -496,14 +476,7 @@ impl Task {
             release_all,
             seat,
         } = grant;
-        let (client, me) = (self.client.upgrade(), self.core.me());
-        let registered = match (&client, me) {
-            (Some(client), Some(me)) => {
-                client.add_route(owner, me);
-                true
-            }
-            _ => false,
-        };
+        let registered = self.core.register(owner);
         let lock = Lock {
             name,
             release_all,
@@ -774,11 +747,7 @@ impl Task {
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's routes.
     fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
-        let held = self.core.leases.remove(owner)?;
-        if let Some(client) = self.client.upgrade() {
-            client.remove_route(owner);
-        }
-        Some(held)
+        self.core.forget(owner)
     }
 
     async fn extend(

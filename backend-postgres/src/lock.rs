@@ -6,11 +6,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
-use distlock_api::backend::sessions::SessionPool;
+use distlock_api::backend::sessions::{
+    self, ask, shared_session, to_holder, wait_session, SessionPool, SessionSource,
+    SESSION_ATTEMPTS,
+};
 use distlock_api::backend::Request;
 use distlock_api::{
-    BackoffDelays, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey,
-    LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
+    ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
+    PermitMismatch, ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OnceCell};
@@ -21,14 +24,11 @@ use crate::config::{
     parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
 };
 use crate::error;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Seat, SessionHandle};
 use crate::pooler;
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
-
-/// Attempts on other sessions when the chosen one closed before running a command.
-const SESSION_ATTEMPTS: usize = 4;
 
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
 /// sessions, for every primitive. It is the backend's
@@ -164,7 +164,7 @@ impl PostgresLock {
                 sql,
                 restate,
             }),
-            registry: Mutex::default(),
+            shared_keys: Mutex::default(),
             sessions: Arc::new(sessions),
             election_table: OnceCell::new(),
         });
@@ -181,27 +181,6 @@ impl PostgresLock {
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
         self.state.sessions.counts()
-    }
-
-    /// The least busy shared session, opening one if all are busy and there is room.
-    async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        state
-            .sessions
-            .shared_session(|| {
-                let state = state.clone();
-                async move { session::open(Kind::Shared, &state).await }
-            })
-            .await
-    }
-
-    /// An idle dedicated session, or a new one. The caller holds a wait slot.
-    async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        state
-            .sessions
-            .wait_session(|| session::open(Kind::Wait, state))
-            .await
     }
 
     /// One try on a shared session: the grant, or `None` when the key is held
@@ -227,7 +206,7 @@ impl PostgresLock {
                 session: None,
                 armed: true,
             };
-            let session = self.shared_session().await?;
+            let session = shared_session(&self.state).await?;
             let (tx, rx) = oneshot::channel();
             let command = Command::TryGrant {
                 hash,
@@ -300,16 +279,18 @@ impl PostgresLock {
             let session = match deadline {
                 Some(d) => {
                     let started = Instant::now();
-                    timeout_at(d, self.wait_session()).await.map_err(|_| {
-                        self.state.settings.connection_error(format!(
+                    timeout_at(d, wait_session(&self.state))
+                        .await
+                        .map_err(|_| {
+                            self.state.settings.connection_error(format!(
                             "waited {:?} for a new session to wait for {key} in: the server, or \
                              a pooler's session pool, had no connection free (budget one per \
                              waiter and per lock taken after a wait, beside the shared ones)",
                             started.elapsed()
                         ))
-                    })??
+                        })??
                 }
-                None => self.wait_session().await?,
+                None => wait_session(&self.state).await?,
             };
             let lock_timeout_ms = match deadline {
                 None => 0,
@@ -393,7 +374,7 @@ impl PostgresLock {
     }
 
     /// After a try of `plan` found the key held: waits until it may be free (a wait
-    /// in the server's queue, or a nap of the poll's backoff), within `deadline`.
+    /// in the server's queue, or, for a permit, a nap of `nap`), within `deadline`.
     async fn wait_plan(
         &self,
         key: &LockKey,
@@ -401,13 +382,13 @@ impl PostgresLock {
         plan: &Plan,
         options: &LockOptions,
         deadline: Option<Instant>,
-        polls: &mut BackoffDelays,
+        nap: Duration,
     ) -> Result<Option<Grant>, LockError> {
         let grab = match plan {
             Plan::Exclusive | Plan::Lead(_) => Grab::Exclusive,
             Plan::Shared => Grab::SharedWait,
             Plan::Permit(_) => {
-                let mut nap = polls.next_delay();
+                let mut nap = nap;
                 if let Some(d) = deadline {
                     nap = nap.min(d.saturating_duration_since(Instant::now()));
                 }
@@ -435,29 +416,12 @@ impl PostgresLock {
         plan: &Plan,
     ) -> Result<Option<Grant>, LockError> {
         let (key, options, deadline) = (request.key, request.options, request.deadline);
-        let mut polls = options.backoff().delays();
-        loop {
-            let granted = match self.try_plan(key, hash, plan, options).await? {
-                Some(grant) => Some(grant),
-                None => {
-                    request.saw_held();
-                    if !request.waits() || request.deadline_passed() {
-                        return Ok(None);
-                    }
-                    self.wait_plan(key, hash, plan, options, deadline, &mut polls)
-                        .await?
-                }
-            };
-            if granted.is_some() {
-                return Ok(granted);
-            }
-            request.saw_held();
-            if request.deadline_passed() {
-                return Ok(None);
-            }
-            // The server's wait was capped below the deadline, or a permit's nap
-            // ended: try again.
-        }
+        sessions::contend(
+            request,
+            || self.try_plan(key, hash, plan, options),
+            |nap| self.wait_plan(key, hash, plan, options, deadline, nap),
+        )
+        .await
     }
 
     /// Owner-checked release of `lease`, of any primitive: `probe` finds the key's
@@ -468,12 +432,11 @@ impl PostgresLock {
         probe: Probe,
     ) -> Result<ReleaseOutcome, LockError> {
         let owner = lease.owner().as_u128();
-        let released = self
-            .to_holder(owner, |reply| Command::Release {
-                owner,
-                reply: Some(reply),
-            })
-            .await?;
+        let released = to_holder(&*self.state, owner, |reply| Command::Release {
+            owner,
+            reply: Some(reply),
+        })
+        .await?;
         if released == Some(true) {
             return Ok(ReleaseOutcome::Released);
         }
@@ -493,9 +456,12 @@ impl PostgresLock {
         probe: Probe,
     ) -> Result<ExtendOutcome, LockError> {
         let owner = lease.owner().as_u128();
-        let extended = self
-            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
-            .await?;
+        let extended = to_holder(&*self.state, owner, |reply| Command::Extend {
+            owner,
+            ttl,
+            reply,
+        })
+        .await?;
         if let Some(Some(valid_until)) = extended {
             return Ok(ExtendOutcome::Extended { valid_until });
         }
@@ -508,31 +474,7 @@ impl PostgresLock {
 
     /// Whether any session of the database holds a lock matching `probe` (per `pg_locks`).
     pub(crate) async fn held_by_anyone(&self, probe: Probe) -> Result<bool, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            if session
-                .send(Command::HeldByAnyone { probe, reply: tx })
-                .is_err()
-            {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(held)) => return Ok(held),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        POSTGRES_BACKEND,
-                        "a permit count answer to a pg_locks probe",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .state
-            .settings
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, |reply| Command::HeldByAnyone { probe, reply }).await
     }
 
     /// The leader row `(candidate, term)` of the election `name` (advisory key `hash`),
@@ -542,33 +484,12 @@ impl PostgresLock {
         name: &LockKey,
         hash: i64,
     ) -> Result<Option<(Vec<u8>, i64)>, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            let command = Command::Leader {
-                name: name.as_str().to_owned(),
-                hash,
-                reply: tx,
-            };
-            if session.send(command).is_err() {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(row)) => return Ok(row),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        POSTGRES_BACKEND,
-                        "a permit count answer to a leader look-up",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .state
-            .settings
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, |reply| Command::Leader {
+            name: name.as_str().to_owned(),
+            hash,
+            reply,
+        })
+        .await
     }
 
     /// The settings every session of this client runs with.
@@ -580,31 +501,22 @@ impl PostgresLock {
     pub(crate) fn election_table(&self) -> &OnceCell<()> {
         &self.state.election_table
     }
+}
 
-    /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
-    /// this client holds it (any more).
-    async fn to_holder<T>(
-        &self,
-        owner: u128,
-        command: impl FnOnce(Reply<T>) -> Command,
-    ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.state.route(owner) else {
-            return Ok(None);
-        };
-        let (tx, rx) = oneshot::channel();
-        if session.send(command(tx)).is_err() {
-            return Ok(None);
-        }
-        match rx.await {
-            Ok(Ok(value)) => Ok(Some(value)),
-            // The session ended before running it, and its locks with it.
-            Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
-            Ok(Err(Failure::Lock(e))) => Err(e),
-            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
-                POSTGRES_BACKEND,
-                "a permit count answer to a release or extend",
-            )),
-        }
+impl SessionSource for ClientState {
+    type Command = Command;
+    const BACKEND: &'static str = POSTGRES_BACKEND;
+
+    fn sessions(&self) -> &Arc<SessionPool<Command>> {
+        &self.sessions
+    }
+
+    async fn open(self: Arc<Self>, kind: Kind) -> Result<Arc<SessionHandle>, LockError> {
+        session::open(kind, &self).await
+    }
+
+    fn connection_error(&self, why: &str) -> LockError {
+        self.settings.connection_error(why)
     }
 }
 

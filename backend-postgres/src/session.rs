@@ -288,16 +288,12 @@ impl SessionTask for Task {
 
     async fn ping(&mut self) -> Result<(), End> {
         let sql = self.settings.sql.ping;
-        match self
-            .trip(move |c| {
-                Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
-            })
-            .await
-        {
-            Trip::Done(_) => Ok(()),
-            Trip::Refused(e) => Err(End::Broken(format!("heartbeat refused: {e}"))),
-            Trip::Broken(why) => Err(End::Broken(why)),
-        }
+        self.trip(move |c| {
+            Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
+        })
+        .await
+        .or_end("heartbeat")
+        .map(|_| ())
     }
 
     fn forget(&mut self, owner: u128) {
@@ -408,14 +404,7 @@ impl Task {
             unlock_all,
             seat,
         } = grant;
-        let (client, me) = (self.client.upgrade(), self.core.me());
-        let registered = match (&client, me) {
-            (Some(client), Some(me)) => {
-                client.add_route(owner, me);
-                true
-            }
-            _ => false,
-        };
+        let registered = self.core.register(owner);
         let lock = Lock {
             hash,
             unlock_all,
@@ -723,10 +712,8 @@ impl Task {
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's tables.
     fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
-        let held = self.core.leases.remove(owner)?;
-        if let Some(client) = self.client.upgrade() {
-            client.remove_route(owner, held.lock.hash);
-        }
+        let held = self.core.forget(owner)?;
+        self.forget_pending(held.lock.hash, owner);
         Some(held)
     }
 
@@ -863,7 +850,7 @@ impl Task {
     ) -> Result<(), End> {
         let (high, low) = pg_locks_ids(hash);
         let settings = self.settings.clone();
-        match self
+        let trip = self
             .trip(move |c| {
                 Box::pin(async move {
                     sqlx::query_as::<_, (Vec<u8>, i64)>(&settings.sql.leader)
@@ -874,26 +861,13 @@ impl Task {
                         .await
                 })
             })
-            .await
-        {
-            Trip::Done(row) => {
-                let _ = reply.send(Ok(row));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+            .await;
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     async fn held_by_anyone(&mut self, probe: Probe, reply: Reply<bool>) -> Result<(), End> {
         let sql = self.settings.sql.held_by_anyone;
-        match self
+        let trip = self
             .trip(move |c| {
                 Box::pin(async move {
                     sqlx::query_scalar::<_, bool>(sql)
@@ -904,21 +878,8 @@ impl Task {
                         .await
                 })
             })
-            .await
-        {
-            Trip::Done(held) => {
-                let _ = reply.send(Ok(held));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+            .await;
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     /// Waits in the server's queue. If the caller goes away meanwhile, the session is

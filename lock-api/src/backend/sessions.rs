@@ -19,20 +19,25 @@
 //!   the session's proof of life and every lease's validity pushed from it, the
 //!   release deferred after a process pause, and [`Leases::trip`], one statement timed
 //!   so that a slow reply marks every lease suspect.
+//! - [`contend`]: a try, then waits and tries until a grant or the deadline.
 //! - [`Failure`], [`Granted`], [`Seat`], [`Reply`]: what a command answers.
 //!
 //! What stays in the backend: its connection and statements, its command type and
 //! how a batch of them runs, how a wait is abandoned on the server, and the error
 //! classification (passed to [`Leases::trip`] as a function).
 
+mod contend;
 mod handle;
 mod leases;
 mod pool;
+mod source;
 mod task;
 mod trip;
 
+pub use contend::contend;
 pub use handle::{Failure, Granted, Kind, Reply, Seat, SessionHandle};
 pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
 pub use pool::{locked, SessionPool};
+pub use source::{ask, shared_session, to_holder, wait_session, SessionSource, SESSION_ATTEMPTS};
 pub use task::{End, SessionTask, Statement, TaskCore, Timing};
 pub use trip::Trip;

@@ -1,5 +1,6 @@
 //! [`SessionPool`]: a client's shared and dedicated sessions.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -26,8 +27,9 @@ pub fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// ones, and dedicated ones bounded by wait slots (one per dedicated session in use,
 /// waiting or holding what it waited for), kept on an idle list between waits.
 ///
-/// The pool only keeps handles; the backend opens sessions (the `open` functions
-/// passed in) and its session tasks report here when they start, end and go idle.
+/// The pool only keeps handles (and which one holds which lease); the backend opens
+/// sessions (the `open` functions passed in) and its session tasks report here when
+/// they start, end, go idle, and take or end a lease.
 #[derive(Debug)]
 pub struct SessionPool<C> {
     max_shared: usize,
@@ -38,6 +40,8 @@ pub struct SessionPool<C> {
     wait_slots: Arc<Semaphore>,
     open_shared: AtomicUsize,
     open_waits: AtomicUsize,
+    /// Owner token of every held lease → the session holding it.
+    routes: Mutex<HashMap<u128, Arc<SessionHandle<C>>>>,
 }
 
 #[derive(Debug)]
@@ -74,7 +78,23 @@ impl<C: Send + 'static> SessionPool<C> {
             wait_slots: Arc::new(Semaphore::new(wait_sessions)),
             open_shared: AtomicUsize::new(0),
             open_waits: AtomicUsize::new(0),
+            routes: Mutex::default(),
         }
+    }
+
+    /// Notes that `session` holds `owner`'s lease.
+    pub fn add_route(&self, owner: u128, session: Arc<SessionHandle<C>>) {
+        locked(&self.routes).insert(owner, session);
+    }
+
+    /// Forgets the route to `owner`'s lease: it ended.
+    pub fn remove_route(&self, owner: u128) {
+        locked(&self.routes).remove(&owner);
+    }
+
+    /// The session holding `owner`'s lease.
+    pub fn route(&self, owner: u128) -> Option<Arc<SessionHandle<C>>> {
+        locked(&self.routes).get(&owner).cloned()
     }
 
     /// The sessions open now: `(shared, dedicated)`, as their tasks reported.

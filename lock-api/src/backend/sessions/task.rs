@@ -10,10 +10,11 @@ use async_trait::async_trait;
 use tokio::sync::mpsc;
 use tokio::time::{sleep_until, Instant};
 
-use super::handle::{Kind, SessionHandle};
-use super::leases::{Leases, Upkeep};
+use super::handle::{Failure, Kind, Reply, SessionHandle};
+use super::leases::{Held, Leases, Upkeep};
 use super::pool::SessionPool;
 use super::trip::Trip;
+use crate::LockError;
 
 /// A statement running on a connection borrowed for `'c`.
 pub type Statement<'c, T, E> = Pin<Box<dyn Future<Output = Result<T, E>> + Send + 'c>>;
@@ -125,6 +126,29 @@ impl<C: Send + 'static, X, K> TaskCore<C, X, K> {
         self.leases
             .trip(self.heartbeat, limit, run(conn), ends_session)
             .await
+    }
+
+    /// Routes the client's release and extend of `owner`'s lease to this session;
+    /// `false` when the client or every handle of this session is gone (then nobody
+    /// will ever release it).
+    pub fn register(&self, owner: u128) -> bool {
+        match (self.pool.upgrade(), self.me.upgrade()) {
+            (Some(pool), Some(me)) => {
+                pool.add_route(owner, me);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets `owner`'s lease: marks it lost (it no longer is held) and removes the
+    /// client's route to it.
+    pub fn forget(&mut self, owner: u128) -> Option<Held<X>> {
+        let held = self.leases.remove(owner)?;
+        if let Some(pool) = self.pool.upgrade() {
+            pool.remove_route(owner);
+        }
+        Some(held)
     }
 
     /// A dedicated session that holds nothing goes back to the client's idle list.
@@ -275,6 +299,49 @@ async fn stop<T: SessionTask>(mut task: T, end: End) {
         match end {
             End::Broken(_) => drop(conn),
             End::ClientGone | End::Idle => T::close(conn).await,
+        }
+    }
+}
+
+impl<T, E: std::fmt::Display> Trip<T, E> {
+    /// The answer; a refusal or a break ends the session (`what` names the statement
+    /// in the refusal's message).
+    ///
+    /// # Errors
+    /// [`End::Broken`] unless the server answered.
+    pub fn or_end(self, what: &str) -> Result<T, End> {
+        match self {
+            Trip::Done(value) => Ok(value),
+            Trip::Refused(e) => Err(End::Broken(format!("{what} refused: {e}"))),
+            Trip::Broken(why) => Err(End::Broken(why)),
+        }
+    }
+
+    /// Sends a read-only statement's outcome to its caller: the answer, the refusal
+    /// (as `refused` makes it a [`LockError`]; the session goes on) or the break (as
+    /// `broken` makes it, and the session ends).
+    ///
+    /// # Errors
+    /// [`End::Broken`] when the session broke.
+    pub fn answer(
+        self,
+        reply: Reply<T>,
+        refused: impl FnOnce(E) -> LockError,
+        broken: impl FnOnce(String) -> LockError,
+    ) -> Result<(), End> {
+        match self {
+            Trip::Done(value) => {
+                let _ = reply.send(Ok(value));
+                Ok(())
+            }
+            Trip::Refused(e) => {
+                let _ = reply.send(Err(Failure::Lock(refused(e))));
+                Ok(())
+            }
+            Trip::Broken(why) => {
+                let _ = reply.send(Err(Failure::Lock(broken(why.clone()))));
+                Err(End::Broken(why))
+            }
         }
     }
 }
