@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore, Timing};
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore};
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::LockError;
 use sqlx::{Connection, Executor as _, MySqlConnection};
@@ -136,15 +136,10 @@ pub(crate) async fn connect_retrying(
             let left = deadline.saturating_duration_since(Instant::now());
             match timeout(left, MySqlConnection::connect_with(&settings.connect)).await {
                 Ok(Ok(conn)) => Ok(conn),
-                Ok(Err(error)) => {
-                    let passing = connect_may_pass(&error);
-                    let error = connect_error(error, address);
-                    Err(if passing && error.is_retryable() {
-                        Refused::Passing(error)
-                    } else {
-                        Refused::Lasting(error)
-                    })
-                }
+                Ok(Err(error)) => Err(Refused::by_kind_if(
+                    connect_may_pass(&error),
+                    connect_error(error, address),
+                )),
                 Err(_) => Err(Refused::Passing(no_connection())),
             }
         },
@@ -168,12 +163,7 @@ pub(crate) fn start(
     id: u64,
     client: &Arc<ClientState>,
 ) -> Arc<SessionHandle> {
-    let config = &client.settings.config;
-    let timing = Timing {
-        horizon: config.lease_horizon(),
-        heartbeat: config.heartbeat(),
-        idle_close: config.idle_close(),
-    };
+    let timing = client.settings.config.timing();
     let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "MySQL");
     let task = Task {
         core,
@@ -234,7 +224,7 @@ impl SessionTask for Task {
     }
 
     async fn close(conn: MySqlConnection) {
-        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+        let _ = conn.close().await;
     }
 }
 

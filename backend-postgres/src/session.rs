@@ -19,7 +19,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore, Timing};
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore};
 use distlock_api::connect_retry::{retry_connect, Refused};
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
@@ -169,15 +169,10 @@ pub(crate) async fn connect_retrying(
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 match tokio::time::timeout(left, PgConnection::connect_with(options)).await {
                     Ok(Ok(conn)) => Ok(conn),
-                    Ok(Err(error)) => {
-                        let passing = connect_may_pass(&error);
-                        let error = connect_error(error, address);
-                        Err(if passing && error.is_retryable() {
-                            Refused::Passing(error)
-                        } else {
-                            Refused::Lasting(error)
-                        })
-                    }
+                    Ok(Err(error)) => Err(Refused::by_kind_if(
+                        connect_may_pass(&error),
+                        connect_error(error, address),
+                    )),
                     Err(_) => Err(Refused::Passing(LockError::connection_at(
                         POSTGRES_BACKEND,
                         address,
@@ -232,12 +227,7 @@ fn start_as(
     client: &Arc<ClientState>,
     backend: Option<(i32, String)>,
 ) -> Arc<SessionHandle> {
-    let config = &client.settings.config;
-    let timing = Timing {
-        horizon: config.lease_horizon(),
-        heartbeat: config.heartbeat(),
-        idle_close: config.idle_close(),
-    };
+    let timing = client.settings.config.timing();
     let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "Postgres");
     let task = Task {
         core,
@@ -306,7 +296,7 @@ impl SessionTask for Task {
     }
 
     async fn close(conn: PgConnection) {
-        let _ = timeout(Duration::from_secs(1), conn.close()).await;
+        let _ = conn.close().await;
     }
 }
 

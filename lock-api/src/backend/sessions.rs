@@ -32,6 +32,7 @@ mod leases;
 mod pool;
 mod source;
 mod task;
+mod timing;
 mod trip;
 
 pub use contend::contend;
@@ -39,5 +40,6 @@ pub use handle::{Failure, Granted, Kind, Reply, Seat, SessionHandle};
 pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
 pub use pool::{locked, SessionPool};
 pub use source::{ask, shared_session, to_holder, wait_session, SessionSource, SESSION_ATTEMPTS};
-pub use task::{End, SessionTask, Statement, TaskCore, Timing};
+pub use task::{End, SessionTask, Statement, TaskCore};
+pub use timing::{check_heartbeat, check_session_counts, Timing};
 pub use trip::Trip;

@@ -13,6 +13,7 @@ use tokio::time::{sleep_until, Instant};
 use super::handle::{Failure, Kind, Reply, SessionHandle};
 use super::leases::{Held, Leases, Upkeep};
 use super::pool::SessionPool;
+use super::timing::Timing;
 use super::trip::Trip;
 use crate::LockError;
 
@@ -46,18 +47,6 @@ pub struct TaskCore<C, X, K> {
     idle_close: Duration,
     /// The backend's name, for the log.
     backend: &'static str,
-}
-
-/// How a session task runs (see [`TaskCore::new`]).
-#[derive(Debug, Clone, Copy)]
-pub struct Timing {
-    /// How long after a proof of life the session is surely alive on the server.
-    pub horizon: Duration,
-    /// How often a session holding leases proves it alive (and the reply delay that
-    /// marks its leases suspect).
-    pub heartbeat: Duration,
-    /// How long a session holding nothing stays open unused.
-    pub idle_close: Duration,
 }
 
 impl<C: Send + 'static, X, K> TaskCore<C, X, K> {
@@ -197,7 +186,8 @@ pub trait SessionTask: Send + Sized + 'static {
     /// Answers a command the session will not run: it ended before.
     fn refuse(&mut self, command: Self::Command);
 
-    /// Closes the connection gracefully (the session ended without breaking).
+    /// Closes the connection gracefully (the session ended without breaking); given
+    /// a second.
     async fn close(conn: Self::Conn);
 
     /// Serves commands until the client goes, the session idles out or breaks, then
@@ -298,7 +288,10 @@ async fn stop<T: SessionTask>(mut task: T, end: End) {
     if let Some(conn) = task.core().conn.take() {
         match end {
             End::Broken(_) => drop(conn),
-            End::ClientGone | End::Idle => T::close(conn).await,
+            // A polite close, if the server answers soon.
+            End::ClientGone | End::Idle => {
+                let _ = tokio::time::timeout(Duration::from_secs(1), T::close(conn)).await;
+            }
         }
     }
 }
