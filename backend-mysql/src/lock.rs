@@ -5,15 +5,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
 use distlock_api::backend::sessions::{
-    self, ask, shared_session, to_holder, wait_session, SessionPool, SessionSource,
-    SESSION_ATTEMPTS,
+    self, ask, compensate, extend, release, shared_session, wait_session, SessionPool,
+    SessionSource, SESSION_ATTEMPTS,
 };
 use distlock_api::backend::Request;
-use distlock_api::{
-    FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch,
-};
+use distlock_api::{Lease, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch};
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
 use tokio::time::{timeout, timeout_at, Instant};
@@ -52,10 +49,7 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self.session.send(Command::Release {
-                owner: self.owner,
-                reply: None,
-            });
+            compensate(&self.session, self.owner);
         }
     }
 }
@@ -386,13 +380,7 @@ impl MySqlLock {
     /// Owner-checked release of `lease`: `Ok(true)` if this client held it and released
     /// it now, `Ok(false)` if it holds it no more.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool, LockError> {
-        let owner = lease.owner().as_u128();
-        let released = to_holder(&*self.state, owner, |reply| Command::Release {
-            owner,
-            reply: Some(reply),
-        })
-        .await?;
-        Ok(released == Some(true))
+        release(&*self.state, lease.owner().as_u128()).await
     }
 
     /// Owner-checked extension of `lease`: the new validity deadline, or `None` if this
@@ -402,14 +390,7 @@ impl MySqlLock {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<Option<Instant>, LockError> {
-        let owner = lease.owner().as_u128();
-        let extended = to_holder(&*self.state, owner, |reply| Command::Extend {
-            owner,
-            ttl,
-            reply,
-        })
-        .await?;
-        Ok(extended.flatten())
+        extend(&*self.state, lease.owner().as_u128(), ttl).await
     }
 
     /// Runs a read-only command made by `command` on a shared session.
@@ -445,21 +426,4 @@ impl SessionSource for ClientState {
     fn connection_error(&self, why: &str) -> LockError {
         self.settings.connection_error(why)
     }
-}
-
-/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
-pub(crate) fn lease_of(
-    key: &LockKey,
-    grant: Grant,
-    options: &LockOptions,
-) -> (Lease, LeaseMonitor) {
-    let (owner, granted) = grant;
-    let lease = Lease::new(
-        key.clone(),
-        owner,
-        Some(FencingToken::new(granted.token)),
-        options.ttl(),
-        granted.acquired_at,
-    );
-    (lease, granted.monitor)
 }

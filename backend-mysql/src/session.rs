@@ -26,7 +26,9 @@ use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::error::{connect_error, connect_may_pass, ends_session, lock_error};
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, SessionHandle};
+use crate::mailbox::{
+    Command, Failure, Grab, Granted, Kind, LeaseCommand, Reply, Seat, SessionHandle,
+};
 use crate::semaphore::{self, PermitAnswer};
 use crate::sql;
 use crate::MYSQL_BACKEND;
@@ -285,7 +287,7 @@ impl Task {
                     Grab::Permit { key, max } => self.permit(grant, key, max, reply).await,
                 }
             }
-            Command::Release { owner, reply } => {
+            Command::Lease(LeaseCommand::Release { owner, reply }) => {
                 if self.core.leases.contains(owner) {
                     self.unlock(owner, reply).await
                 } else {
@@ -295,7 +297,9 @@ impl Task {
                     Ok(())
                 }
             }
-            Command::Extend { owner, ttl, reply } => self.extend(owner, ttl, reply).await,
+            Command::Lease(LeaseCommand::Extend { owner, ttl, reply }) => {
+                self.extend(owner, ttl, reply).await
+            }
             Command::Holder { name, reply } => {
                 let trip = self
                     .request(move |c| {

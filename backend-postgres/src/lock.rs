@@ -5,15 +5,14 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
 use distlock_api::backend::sessions::{
-    self, ask, shared_session, to_holder, wait_session, SessionPool, SessionSource,
-    SESSION_ATTEMPTS,
+    self, ask, compensate, extend, release, shared_session, wait_session, SessionPool,
+    SessionSource, SESSION_ATTEMPTS,
 };
 use distlock_api::backend::Request;
 use distlock_api::{
-    ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
-    PermitMismatch, ReleaseOutcome,
+    ExtendOutcome, Lease, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch,
+    ReleaseOutcome,
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OnceCell};
@@ -70,13 +69,10 @@ impl Drop for Pending<'_> {
         if !self.armed {
             return;
         }
-        let queued = self.session.as_ref().is_some_and(|s| {
-            s.send(Command::Release {
-                owner: self.owner,
-                reply: None,
-            })
-            .is_ok()
-        });
+        let queued = self
+            .session
+            .as_ref()
+            .is_some_and(|s| compensate(s, self.owner));
         if !queued && self.reserved {
             // Never sent, or the session is gone (and its locks with it).
             self.state.forget_shared_key(self.hash, self.owner);
@@ -431,13 +427,7 @@ impl PostgresLock {
         lease: &Lease,
         probe: Probe,
     ) -> Result<ReleaseOutcome, LockError> {
-        let owner = lease.owner().as_u128();
-        let released = to_holder(&*self.state, owner, |reply| Command::Release {
-            owner,
-            reply: Some(reply),
-        })
-        .await?;
-        if released == Some(true) {
+        if release(&*self.state, lease.owner().as_u128()).await? {
             return Ok(ReleaseOutcome::Released);
         }
         Ok(if self.held_by_anyone(probe).await? {
@@ -455,14 +445,7 @@ impl PostgresLock {
         ttl: Duration,
         probe: Probe,
     ) -> Result<ExtendOutcome, LockError> {
-        let owner = lease.owner().as_u128();
-        let extended = to_holder(&*self.state, owner, |reply| Command::Extend {
-            owner,
-            ttl,
-            reply,
-        })
-        .await?;
-        if let Some(Some(valid_until)) = extended {
+        if let Some(valid_until) = extend(&*self.state, lease.owner().as_u128(), ttl).await? {
             return Ok(ExtendOutcome::Extended { valid_until });
         }
         Ok(if self.held_by_anyone(probe).await? {
@@ -538,22 +521,4 @@ pub(crate) enum Plan {
     /// An election's leadership: taken as [`Plan::Exclusive`], and recorded as the
     /// leader by the granting session before it is handed out.
     Lead(Arc<Seat>),
-}
-
-/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
-pub(crate) fn lease_of(
-    key: &LockKey,
-    grant: Grant,
-    options: &LockOptions,
-) -> (Lease, LeaseMonitor) {
-    let (owner, granted) = grant;
-    let token = FencingToken::new(granted.token);
-    let lease = Lease::new(
-        key.clone(),
-        owner,
-        Some(token),
-        options.ttl(),
-        granted.acquired_at,
-    );
-    (lease, granted.monitor)
 }

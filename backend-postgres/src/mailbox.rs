@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::backend::sessions;
-pub(crate) use distlock_api::backend::sessions::{Failure, Granted, Kind, Reply, Seat};
+pub(crate) use distlock_api::backend::sessions::{
+    Failure, Granted, Kind, LeaseCommand, Reply, Seat,
+};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
 
@@ -92,19 +94,8 @@ pub(crate) enum Command {
         seat: Option<Arc<Seat>>,
         reply: Reply<Option<Granted>>,
     },
-    /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
-    /// reply it is the compensation for a grant whose caller went away.
-    Release {
-        owner: u128,
-        reply: Option<Reply<bool>>,
-    },
-    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
-    /// the new validity deadline, or `None` if this session does not hold the lease.
-    Extend {
-        owner: u128,
-        ttl: Duration,
-        reply: Reply<Option<Instant>>,
-    },
+    /// A release or extend of a lease this session holds.
+    Lease(LeaseCommand),
     /// Whether any session of the database holds an advisory lock matching `probe`.
     HeldByAnyone { probe: Probe, reply: Reply<bool> },
     /// The leader's `(candidate, term)` of the election `name` (advisory key `hash`),
@@ -123,14 +114,7 @@ impl Command {
             Command::TryGrant { reply, .. } | Command::Wait { reply, .. } => {
                 let _ = reply.send(Err(failure));
             }
-            Command::Release { reply, .. } => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(failure));
-                }
-            }
-            Command::Extend { reply, .. } => {
-                let _ = reply.send(Err(failure));
-            }
+            Command::Lease(command) => command.fail(failure),
             Command::HeldByAnyone { reply, .. } => {
                 let _ = reply.send(Err(failure));
             }
@@ -138,6 +122,12 @@ impl Command {
                 let _ = reply.send(Err(failure));
             }
         }
+    }
+}
+
+impl From<LeaseCommand> for Command {
+    fn from(command: LeaseCommand) -> Self {
+        Command::Lease(command)
     }
 }
 

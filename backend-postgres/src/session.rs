@@ -31,7 +31,9 @@ use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::keys::pg_locks_ids;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::mailbox::{
+    Command, Failure, Grab, Granted, Kind, LeaseCommand, Probe, Reply, Seat, SessionHandle,
+};
 use crate::POSTGRES_BACKEND;
 
 /// A dedicated session's server process: `(pid, start time as text)`.
@@ -326,8 +328,8 @@ impl Task {
         for command in batch {
             match command {
                 Command::TryGrant { .. } => grants.push(command),
-                Command::Release { .. } => releases.push(command),
-                Command::Extend { .. } => extends.push(command),
+                Command::Lease(LeaseCommand::Release { .. }) => releases.push(command),
+                Command::Lease(LeaseCommand::Extend { .. }) => extends.push(command),
                 _ => others.push(command),
             }
         }
@@ -339,7 +341,9 @@ impl Task {
             let result = if let Some(group) = groups.next() {
                 match group.first() {
                     Some(Command::TryGrant { .. }) => self.try_grants(group).await,
-                    Some(Command::Release { .. }) => self.releases(group).await,
+                    Some(Command::Lease(LeaseCommand::Release { .. })) => {
+                        self.releases(group).await
+                    }
                     _ => self.extends(group).await,
                 }
             } else if let Some(command) = others.next() {
@@ -711,7 +715,7 @@ impl Task {
         let mut owners = Vec::new();
         let mut replies = Vec::new();
         for command in group {
-            let Command::Release { owner, reply } = command else {
+            let Command::Lease(LeaseCommand::Release { owner, reply }) = command else {
                 continue;
             };
             if self.core.leases.contains(owner) {
@@ -733,7 +737,7 @@ impl Task {
         let mut live = Vec::new();
         let mut lost = Vec::new();
         for command in group {
-            let Command::Extend { owner, ttl, reply } = command else {
+            let Command::Lease(LeaseCommand::Extend { owner, ttl, reply }) = command else {
                 continue;
             };
             if !self.core.leases.contains(owner) {

@@ -36,10 +36,13 @@ mod timing;
 mod trip;
 
 pub use contend::contend;
-pub use handle::{Failure, Granted, Kind, Reply, Seat, SessionHandle};
+pub use handle::{Failure, Granted, Kind, LeaseCommand, Reply, Seat, SessionHandle};
 pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
 pub use pool::{locked, SessionPool};
-pub use source::{ask, shared_session, to_holder, wait_session, SessionSource, SESSION_ATTEMPTS};
+pub use source::{
+    ask, compensate, extend, release, shared_session, to_holder, wait_session, SessionSource,
+    SESSION_ATTEMPTS,
+};
 pub use task::{End, SessionTask, Statement, TaskCore};
 pub use timing::{check_heartbeat, check_session_counts, Timing};
 pub use trip::Trip;

@@ -2,11 +2,13 @@
 //! answers.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use crate::{LeaseMonitor, LockError};
+use crate::backend::NewLease as _;
+use crate::{FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken};
 
 /// What a session is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,6 +44,66 @@ pub struct Granted {
     pub acquired_at: Instant,
     /// The lease's monitor; the session task keeps a clone to report suspicion and loss.
     pub monitor: LeaseMonitor,
+}
+
+impl Granted {
+    /// The lease of this grant of `key` to `owner` under `options` (its fencing token,
+    /// its TTL from [`Granted::acquired_at`]), and its monitor.
+    pub fn into_lease(
+        self,
+        key: &LockKey,
+        owner: OwnerToken,
+        options: &LockOptions,
+    ) -> (Lease, LeaseMonitor) {
+        let lease = Lease::new(
+            key.clone(),
+            owner,
+            Some(FencingToken::new(self.token)),
+            options.ttl(),
+            self.acquired_at,
+        );
+        (lease, self.monitor)
+    }
+}
+
+/// A command on one held lease, for the session holding it (see
+/// [`super::release`] and [`super::extend`]).
+#[derive(Debug)]
+pub enum LeaseCommand {
+    /// Releases `owner`'s lease if this session holds it; `true` if it did. Without a
+    /// reply it is the compensation for a grant whose caller went away.
+    Release {
+        /// The lease's owner token.
+        owner: u128,
+        /// Where the answer goes, if anywhere.
+        reply: Option<Reply<bool>>,
+    },
+    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
+    /// the new validity deadline, or `None` if this session does not hold the lease.
+    Extend {
+        /// The lease's owner token.
+        owner: u128,
+        /// The lease's new TTL, from the proof of life.
+        ttl: Duration,
+        /// Where the answer goes.
+        reply: Reply<Option<Instant>>,
+    },
+}
+
+impl LeaseCommand {
+    /// Answers the command with `failure`, if it expects an answer.
+    pub fn fail(self, failure: Failure) {
+        match self {
+            LeaseCommand::Release { reply, .. } => {
+                if let Some(reply) = reply {
+                    let _ = reply.send(Err(failure));
+                }
+            }
+            LeaseCommand::Extend { reply, .. } => {
+                let _ = reply.send(Err(failure));
+            }
+        }
+    }
 }
 
 /// An election candidacy: what a grant of the election's lock records as the leader,

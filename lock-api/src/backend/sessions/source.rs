@@ -4,10 +4,12 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-use super::handle::{Failure, Kind, Reply, SessionHandle};
+use super::handle::{Failure, Kind, LeaseCommand, Reply, SessionHandle};
 use super::pool::SessionPool;
 use crate::LockError;
 
@@ -120,4 +122,52 @@ pub async fn to_holder<S: SessionSource, T>(
             "a permit count answer to a release or extend",
         )),
     }
+}
+
+/// Owner-checked release of `owner`'s lease: `true` if this client held it and
+/// released it now, `false` if it holds it no more.
+///
+/// # Errors
+/// The release's error (a broken session: its locks ended with it).
+pub async fn release<S>(state: &S, owner: u128) -> Result<bool, LockError>
+where
+    S: SessionSource,
+    S::Command: From<LeaseCommand>,
+{
+    let released = to_holder(state, owner, |reply| {
+        LeaseCommand::Release {
+            owner,
+            reply: Some(reply),
+        }
+        .into()
+    })
+    .await?;
+    Ok(released == Some(true))
+}
+
+/// Owner-checked extension of `owner`'s lease to `ttl` from a proof of life: the new
+/// validity deadline, or `None` if this client holds it no more.
+///
+/// # Errors
+/// The proof's error (a broken session: its locks ended with it).
+pub async fn extend<S>(state: &S, owner: u128, ttl: Duration) -> Result<Option<Instant>, LockError>
+where
+    S: SessionSource,
+    S::Command: From<LeaseCommand>,
+{
+    let extended = to_holder(state, owner, |reply| {
+        LeaseCommand::Extend { owner, ttl, reply }.into()
+    })
+    .await?;
+    Ok(extended.flatten())
+}
+
+/// Queues the release of `owner`'s lease on `session` without waiting for it: the
+/// compensation for a grant in flight whose caller went away (queued behind the grant,
+/// it runs after it, whatever the grant's outcome). `false` if the session is gone
+/// (and its locks with it).
+pub fn compensate<C: From<LeaseCommand>>(session: &SessionHandle<C>, owner: u128) -> bool {
+    session
+        .send(LeaseCommand::Release { owner, reply: None }.into())
+        .is_ok()
 }
