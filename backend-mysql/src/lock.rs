@@ -6,14 +6,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock_api::backend::sessions::{
-    self, ask, compensate, extend, release, shared_session, wait_session, SessionPool,
+    self, ask, compensate, dedicated_session, extend, release, shared_session, SessionPool,
     SessionSource, SESSION_ATTEMPTS,
 };
 use distlock_api::backend::Request;
 use distlock_api::{Lease, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch};
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OwnedSemaphorePermit};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::config::{parse_url, MySqlConfig};
@@ -243,27 +243,8 @@ impl MySqlLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slot = self.state.sessions.wait_slot(deadline).await.map_err(|_| {
-                self.settings()
-                    .connection_error("the client is shutting down")
-            })?;
-            let Some(slot) = slot else {
+            let Some((slot, session)) = dedicated_session(&self.state, deadline, key).await? else {
                 return Ok(None);
-            };
-            let session = match deadline {
-                Some(d) => {
-                    let started = Instant::now();
-                    timeout_at(d, wait_session(&self.state))
-                        .await
-                        .map_err(|_| {
-                            self.settings().connection_error(format!(
-                            "waited {:?} for a new session to wait for {key} in: the server had \
-                             no connection free (max_connections)",
-                            started.elapsed()
-                        ))
-                        })??
-                }
-                None => wait_session(&self.state).await?,
             };
             let ask = Ask {
                 name,
@@ -414,6 +395,7 @@ impl MySqlLock {
 impl SessionSource for ClientState {
     type Command = Command;
     const BACKEND: &'static str = MYSQL_BACKEND;
+    const NO_SESSION_FREE: &'static str = "the server had no connection free (max_connections)";
 
     fn sessions(&self) -> &Arc<SessionPool<Command>> {
         &self.sessions

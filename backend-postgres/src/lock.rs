@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock_api::backend::sessions::{
-    self, ask, compensate, extend, release, shared_session, wait_session, SessionPool,
+    self, ask, compensate, dedicated_session, extend, release, shared_session, SessionPool,
     SessionSource, SESSION_ATTEMPTS,
 };
 use distlock_api::backend::Request;
@@ -16,13 +16,12 @@ use distlock_api::{
 };
 use sqlx::Connection as _;
 use tokio::sync::{oneshot, OnceCell};
-use tokio::time::{timeout_at, Instant};
+use tokio::time::Instant;
 
 use crate::client::{ClientState, Settings};
 use crate::config::{
     parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
 };
-use crate::error;
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Seat, SessionHandle};
 use crate::pooler;
 use crate::session;
@@ -261,32 +260,10 @@ impl PostgresLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slot = self
-                .state
-                .sessions
-                .wait_slot(deadline)
-                .await
-                .map_err(|_| error::connection("the client is shutting down"))?;
-            let Some(slot) = slot else {
-                return Ok(None);
-            };
             // Opening a session may queue at a pooler for a server connection: that
             // counts against the wait too, and the error says so.
-            let session = match deadline {
-                Some(d) => {
-                    let started = Instant::now();
-                    timeout_at(d, wait_session(&self.state))
-                        .await
-                        .map_err(|_| {
-                            self.state.settings.connection_error(format!(
-                            "waited {:?} for a new session to wait for {key} in: the server, or \
-                             a pooler's session pool, had no connection free (budget one per \
-                             waiter and per lock taken after a wait, beside the shared ones)",
-                            started.elapsed()
-                        ))
-                        })??
-                }
-                None => wait_session(&self.state).await?,
+            let Some((slot, session)) = dedicated_session(&self.state, deadline, key).await? else {
+                return Ok(None);
             };
             let lock_timeout_ms = match deadline {
                 None => 0,
@@ -489,6 +466,9 @@ impl PostgresLock {
 impl SessionSource for ClientState {
     type Command = Command;
     const BACKEND: &'static str = POSTGRES_BACKEND;
+    const NO_SESSION_FREE: &'static str = "the server, or a pooler's session pool, had no \
+        connection free (budget one per waiter and per lock taken after a wait, beside the \
+        shared ones)";
 
     fn sessions(&self) -> &Arc<SessionPool<Command>> {
         &self.sessions

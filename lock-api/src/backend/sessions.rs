@@ -40,8 +40,8 @@ pub use handle::{Failure, Granted, Kind, LeaseCommand, Reply, Seat, SessionHandl
 pub use leases::{Extension, Held, Leases, Upkeep, PAUSED_LATENESS, PAUSE_GRACE};
 pub use pool::{locked, SessionPool};
 pub use source::{
-    ask, compensate, extend, release, shared_session, to_holder, wait_session, SessionSource,
-    SESSION_ATTEMPTS,
+    ask, compensate, dedicated_session, extend, release, shared_session, to_holder, wait_session,
+    SessionSource, SESSION_ATTEMPTS,
 };
 pub use task::{End, SessionTask, Statement, TaskCore};
 pub use timing::{check_heartbeat, check_session_counts, Timing};

@@ -6,12 +6,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::oneshot;
-use tokio::time::Instant;
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::time::{timeout_at, Instant};
 
 use super::handle::{Failure, Kind, LeaseCommand, Reply, SessionHandle};
 use super::pool::SessionPool;
-use crate::LockError;
+use crate::{LockError, LockKey};
 
 /// Attempts on other sessions when the chosen one closed before running a command.
 pub const SESSION_ATTEMPTS: usize = 4;
@@ -24,6 +24,10 @@ pub trait SessionSource: Send + Sync + 'static {
 
     /// The backend's name, in errors.
     const BACKEND: &'static str;
+
+    /// Why opening a dedicated session may outlast a wait: said when it does (see
+    /// [`dedicated_session`]).
+    const NO_SESSION_FREE: &'static str;
 
     /// The client's sessions.
     fn sessions(&self) -> &Arc<SessionPool<Self::Command>>;
@@ -63,6 +67,42 @@ pub async fn wait_session<S: SessionSource>(
         .sessions()
         .wait_session(|| state.clone().open(Kind::Wait))
         .await
+}
+
+/// A wait slot and a dedicated session (idle or new) for a grab of `key`, waiting
+/// for both until `deadline` (`None`: as long as it takes); `None` when no slot came
+/// free in time. Opening a session counts against the wait too.
+///
+/// # Errors
+/// A connection error when opening the session fails, or outlasts the deadline
+/// (the message says [`SessionSource::NO_SESSION_FREE`]).
+pub async fn dedicated_session<S: SessionSource>(
+    state: &Arc<S>,
+    deadline: Option<Instant>,
+    key: &LockKey,
+) -> Result<Option<(OwnedSemaphorePermit, Arc<SessionHandle<S::Command>>)>, LockError> {
+    let slot = state
+        .sessions()
+        .wait_slot(deadline)
+        .await
+        .map_err(|_| state.connection_error("the client is shutting down"))?;
+    let Some(slot) = slot else {
+        return Ok(None);
+    };
+    let session = match deadline {
+        Some(d) => {
+            let started = Instant::now();
+            timeout_at(d, wait_session(state)).await.map_err(|_| {
+                state.connection_error(&format!(
+                    "waited {:?} for a new session to wait for {key} in: {}",
+                    started.elapsed(),
+                    S::NO_SESSION_FREE
+                ))
+            })??
+        }
+        None => wait_session(state).await?,
+    };
+    Ok(Some((slot, session)))
 }
 
 /// Runs the command `command` makes (a read-only one) on a shared session, on another
