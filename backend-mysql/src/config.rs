@@ -20,7 +20,7 @@ use crate::MYSQL_BACKEND;
 pub struct MySqlConfig {
     /// How many sessions (connections) carry the locks taken without waiting: every
     /// `try_acquire`, and every `acquire` that finds its key free. Default 10. Opened on
-    /// demand, about one per 8 requests in flight; any number of held locks share them.
+    /// demand, one per request in flight; any number of held locks share them.
     pub shared_sessions: usize,
     /// How many connections may be dedicated at once to waiting in `GET_LOCK` (each
     /// then keeps the lock it was granted until that lock ends) and to holding a

@@ -22,6 +22,11 @@ use crate::session;
 use crate::sql::ensure_tables;
 use crate::MYSQL_BACKEND;
 
+/// Requests in flight per shared session: a session runs one statement at a time and
+/// nothing queued on it is batched, so each request in flight gets a session of its
+/// own, up to `shared_sessions`.
+const QUEUE_PER_SESSION: usize = 1;
+
 /// A MySQL/MariaDB lock client: `GET_LOCK` user locks, multiplexed over a few
 /// sessions, for the mutex, the semaphore and leader election. It is the backend's
 /// [`Engine`](distlock_api::backend::Engine); use it through [`MySqlLock::client`] or
@@ -120,13 +125,18 @@ impl MySqlLock {
         let settings = Settings::new(config, connect);
         let (mut conn, id) = session::connect_retrying(&settings).await?;
         let limit = settings.config.request_timeout;
-        if let Err(e) = ensure_tables(&mut conn, &settings.address, limit).await {
+        let ready = match ensure_tables(&mut conn, &settings.address, limit).await {
+            Ok(()) => session::ready_for_tokens(&mut conn, &settings).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
             let _ = timeout(limit, conn.close()).await;
             return Err(e);
         }
         let sessions = SessionPool::new(
             settings.config.shared_sessions,
             settings.config.wait_sessions,
+            QUEUE_PER_SESSION,
         );
         let state = Arc::new(ClientState {
             settings: Arc::new(settings),

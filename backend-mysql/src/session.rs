@@ -54,8 +54,32 @@ pub(crate) async fn open(
     kind: Kind,
     client: &Arc<ClientState>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let (conn, id) = connect(&client.settings).await?;
+    let (mut conn, id) = connect(&client.settings).await?;
+    if let Err(e) = ready_for_tokens(&mut conn, &client.settings).await {
+        let _ = timeout(client.settings.config.request_timeout, conn.close()).await;
+        return Err(e);
+    }
     Ok(start(kind, conn, id, client))
+}
+
+/// Makes sure the server's current run can hand out tokens (see
+/// [`sql::establish_run`]), within the request timeout.
+///
+/// # Errors
+/// A connection error when the request timeout passes first; the server's refusal.
+pub(crate) async fn ready_for_tokens(
+    conn: &mut MySqlConnection,
+    settings: &Settings,
+) -> Result<(), LockError> {
+    let limit = settings.config.request_timeout;
+    timeout(limit, sql::establish_run(conn))
+        .await
+        .map_err(|_| {
+            settings.connection_error(format!(
+                "no answer within {limit:?} while starting the fencing run"
+            ))
+        })?
+        .map_err(lock_error)
 }
 
 /// Opens a connection within the request timeout and prepares it (see [`prepare`]):
@@ -354,7 +378,7 @@ impl Task {
         let trip = self
             .request(move |c| {
                 Box::pin(async move {
-                    sqlx::query_scalar::<_, Option<i64>>(sql::TRY_LOCK)
+                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(sql::TRY_LOCK)
                         .bind(&*name)
                         .bind(&*name)
                         .fetch_one(c)
@@ -365,22 +389,22 @@ impl Task {
         self.after_lock(trip, grant, reply).await
     }
 
-    /// After a `GET_LOCK` answer (`1` taken, `0` held, `NULL` refused): the token and
-    /// the grant, or the answer "held", or the error.
+    /// After a `GET_LOCK` answer (`1` taken, `0` held, `NULL` refused) and, on a grant,
+    /// its token: the grant, or the answer "held", or the error.
     async fn after_lock(
         &mut self,
-        trip: Trip<Option<i64>>,
+        trip: Trip<(Option<i64>, Option<i64>)>,
         grant: NewGrant,
         reply: Reply<Option<Granted>>,
     ) -> Result<(), End> {
-        match trip {
-            Trip::Done(Some(1)) => {}
-            Trip::Done(Some(_)) => {
+        let token = match trip {
+            Trip::Done((Some(1), token)) => token,
+            Trip::Done((Some(_), _)) => {
                 let _ = reply.send(Ok(None));
                 self.core.return_if_idle();
                 return Ok(());
             }
-            Trip::Done(None) => {
+            Trip::Done((None, _)) => {
                 let _ = reply.send(Err(Failure::Lock(LockError::backend_error(
                     MYSQL_BACKEND,
                     "GET_LOCK returned NULL (an error on the server, such as running out of memory)",
@@ -397,35 +421,18 @@ impl Task {
                 let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                 return Err(End::Broken(why));
             }
-        }
-        let name = grant.name.clone();
-        let token = self
-            .request(move |c| {
-                Box::pin(async move {
-                    sqlx::query(sql::NEXT_TOKEN)
-                        .bind(&*name)
-                        .execute(c)
-                        .await
-                        .map(|done| done.last_insert_id())
-                })
-            })
-            .await;
-        match token {
-            Trip::Done(token) if token > 0 => self.grant(grant, token, reply).await,
-            Trip::Done(_) => {
-                let _ = reply.send(Err(Failure::Lock(LockError::backend_error(
-                    MYSQL_BACKEND,
-                    "the fencing counter's statement returned no token",
-                ))));
-                self.release_name(&grant.name).await
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                self.release_name(&grant.name).await
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
+        };
+        match token.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) {
+            Some(token) => self.grant(grant, token, reply).await,
+            None => {
+                // No run row: the server restarted or `distlock_run` was emptied under
+                // this session. A new session starts the run again; the caller may retry
+                // there (a connection error).
+                let why = "no fencing token: the server's fencing run has no row (it restarted, \
+                           or distlock_run was emptied)";
+                let _ = reply.send(Err(Failure::Lock(self.broken(why))));
+                self.release_name(&grant.name).await?;
+                Err(End::Broken(why.into()))
             }
         }
     }
@@ -537,7 +544,7 @@ impl Task {
         let trip = {
             let statement = self.trip(limit, move |c| {
                 Box::pin(async move {
-                    sqlx::query_as::<_, (Option<i64>, i64)>(sql::WAIT_LOCK)
+                    sqlx::query_as::<_, (Option<i64>, i64, Option<i64>)>(sql::WAIT_LOCK)
                         .bind(&*name)
                         .bind(seconds)
                         .fetch_one(c)
@@ -560,10 +567,10 @@ impl Task {
         // The lease starts at the grant, which came `waited` microseconds into the
         // statement by the server's clock: the wait is not charged to it (less 1 % for
         // clock-rate differences, so the lease never starts later than the grant).
-        let trip = trip.map(|(answer, waited)| {
+        let trip = trip.map(|(answer, waited, token)| {
             let waited = Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
             grant.lease_start = (started + waited).min(Instant::now());
-            answer
+            (answer, token)
         });
         self.after_lock(trip, grant, reply).await
     }

@@ -28,6 +28,11 @@ use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
+/// Requests in flight per shared session: what is queued on a session goes in one
+/// statement, so a little queueing saves server work, and a few sessions let the
+/// server work on one batch while the client prepares the next.
+const QUEUE_PER_SESSION: usize = 8;
+
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
 /// sessions, for every primitive. It is the backend's
 /// [`Engine`](distlock_api::backend::Engine); use it through [`PostgresLock::client`]
@@ -151,7 +156,11 @@ impl PostgresLock {
             let _ = conn.close().await;
             return Err(e);
         }
-        let sessions = SessionPool::new(config.shared_sessions, config.wait_sessions);
+        let sessions = SessionPool::new(
+            config.shared_sessions,
+            config.wait_sessions,
+            QUEUE_PER_SESSION,
+        );
         let state = Arc::new(ClientState {
             settings: Arc::new(Settings {
                 config,

@@ -11,11 +11,6 @@ use tokio::time::{timeout_at, Instant};
 use super::handle::{Kind, SessionHandle};
 use crate::LockError;
 
-/// Requests in flight per shared session in use: a client with `n` requests in flight
-/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
-/// opening more, up to the configured number, as the load grows.
-const QUEUE_PER_SESSION: usize = 8;
-
 /// Locks `mutex`, whether or not a holder panicked.
 pub fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     // Every critical section of the session code is a few map operations that cannot
@@ -33,6 +28,10 @@ pub fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug)]
 pub struct SessionPool<C> {
     max_shared: usize,
+    /// Requests in flight per shared session in use: a client with `n` requests in
+    /// flight spreads new ones over its first `n / queue_per_session + 1` shared
+    /// sessions (least busy first), opening more, up to `max_shared`, as the load grows.
+    queue_per_session: usize,
     shared: Mutex<Shared<C>>,
     /// Signalled when a shared session is added or dropped, or an opening ends.
     changed: Notify,
@@ -65,10 +64,13 @@ impl<C> Drop for Opening<C> {
 
 impl<C: Send + 'static> SessionPool<C> {
     /// An empty pool of at most `shared_sessions` shared sessions and `wait_sessions`
-    /// dedicated ones in use at once.
-    pub fn new(shared_sessions: usize, wait_sessions: usize) -> Self {
+    /// dedicated ones in use at once, opening a shared session per `queue_per_session`
+    /// requests in flight (at least 1): more where a session runs one command at a time,
+    /// fewer where what is queued on a session goes in one statement.
+    pub fn new(shared_sessions: usize, wait_sessions: usize, queue_per_session: usize) -> Self {
         SessionPool {
             max_shared: shared_sessions,
+            queue_per_session: queue_per_session.max(1),
             shared: Mutex::new(Shared {
                 sessions: Vec::new(),
                 opening: 0,
@@ -171,13 +173,10 @@ impl<C: Send + 'static> SessionPool<C> {
             let next = {
                 let mut shared = locked(&self.shared);
                 shared.sessions.retain(|s| s.is_alive());
-                // Use as many sessions as the load needs, about one per
-                // QUEUE_PER_SESSION requests in flight: what is queued on a session may
-                // go in one statement, so a little queueing saves server work, and a
-                // few sessions let the server work on one while the client prepares
-                // the next.
+                // Use as many sessions as the load needs, one per `queue_per_session`
+                // requests in flight.
                 let load: usize = shared.sessions.iter().map(|s| s.load()).sum();
-                let needed = (load / QUEUE_PER_SESSION + 1).min(self.max_shared);
+                let needed = (load / self.queue_per_session + 1).min(self.max_shared);
                 let best = shared
                     .sessions
                     .iter()
