@@ -162,7 +162,7 @@ async fn one_client_never_grants_a_key_twice() {
 /// without a token is refused (retried on a fresh session), never handed a lower one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_rise_across_a_crash_and_a_lost_run_row() {
-    use distlock_test_servers::{MariaDbServer, ServerControl};
+    use distlock_test_servers::{MariaDbServer, ServerControl, MARIADB_DATABASE};
     let mut server = MariaDbServer::start()
         .await
         .unwrap_or_else(|e| common::cannot_start(e));
@@ -185,7 +185,7 @@ async fn tokens_rise_across_a_crash_and_a_lost_run_row() {
     // The run row gone under live sessions (as a restart would leave it): refused or
     // retried, never lower.
     server
-        .sql("TRUNCATE TABLE distlock_run")
+        .sql(&format!("TRUNCATE TABLE {MARIADB_DATABASE}.distlock_run"))
         .await
         .expect("truncate");
     let guard = lock
