@@ -325,10 +325,6 @@ impl MySqlLock {
             Plan::Lead(seat) => Some(seat),
             Plan::Exclusive => None,
             Plan::Permit { .. } => {
-                let mut nap = nap;
-                if let Some(d) = deadline {
-                    nap = nap.min(d.saturating_duration_since(Instant::now()));
-                }
                 tokio::time::sleep(nap).await;
                 return Ok(None);
             }

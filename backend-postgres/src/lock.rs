@@ -370,10 +370,6 @@ impl PostgresLock {
             Plan::Exclusive | Plan::Lead(_) => Grab::Exclusive,
             Plan::Shared => Grab::SharedWait,
             Plan::Permit(_) => {
-                let mut nap = nap;
-                if let Some(d) = deadline {
-                    nap = nap.min(d.saturating_duration_since(Instant::now()));
-                }
                 tokio::time::sleep(nap).await;
                 return Ok(None);
             }

@@ -3,12 +3,15 @@
 use std::future::Future;
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use crate::engine::Request;
 use crate::LockError;
 
 /// Contends for `request`: `attempt` (a try), then, while the key is held and the
 /// deadline allows, `wait` (a wait in the server's queue, or a nap: it is given the
-/// next delay of the options' backoff, for a plan that polls) and another `attempt`.
+/// next delay of the options' backoff, cut at the deadline, for a plan that polls) and
+/// another `attempt`.
 /// `None` once the key is still held at the deadline, at once for a try; each held
 /// answer is noted in the request. Errors are returned as they come: the caller
 /// retries them.
@@ -35,7 +38,11 @@ where
                 if !request.waits() || request.deadline_passed() {
                     return Ok(None);
                 }
-                wait(polls.next_delay()).await?
+                let mut nap = polls.next_delay();
+                if let Some(d) = request.deadline {
+                    nap = nap.min(d.saturating_duration_since(Instant::now()));
+                }
+                wait(nap).await?
             }
         };
         if granted.is_some() {
