@@ -3,6 +3,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use distlock_api::backend::address::{check_scheme, host_port, url_address};
+use distlock_api::backend::sessions::{check_heartbeat, check_session_counts, Timing};
 use distlock_api::LockError;
 use sqlx::mysql::{MySqlConnectOptions, MySqlSslMode};
 use sqlx::ConnectOptions as _;
@@ -18,7 +20,7 @@ use crate::MYSQL_BACKEND;
 pub struct MySqlConfig {
     /// How many sessions (connections) carry the locks taken without waiting: every
     /// `try_acquire`, and every `acquire` that finds its key free. Default 10. Opened on
-    /// demand, about one per 8 requests in flight; any number of held locks share them.
+    /// demand, one per request in flight; any number of held locks share them.
     pub shared_sessions: usize,
     /// How many connections may be dedicated at once to waiting in `GET_LOCK` (each
     /// then keeps the lock it was granted until that lock ends) and to holding a
@@ -66,12 +68,7 @@ impl MySqlConfig {
     /// [`LockError::Config`] naming the first field out of bounds.
     pub fn validate(&self) -> Result<(), LockError> {
         let bad = |message: String| Err(LockError::config(MYSQL_BACKEND, message));
-        if self.shared_sessions == 0 {
-            return bad("shared_sessions must be at least 1".into());
-        }
-        if self.wait_sessions == 0 {
-            return bad("wait_sessions must be at least 1".into());
-        }
+        check_session_counts(MYSQL_BACKEND, self.shared_sessions, self.wait_sessions)?;
         if self.session_timeout < MIN_SESSION_TIMEOUT
             || self.session_timeout > MAX_SESSION_TIMEOUT
             || self.session_timeout.subsec_nanos() != 0
@@ -81,16 +78,12 @@ impl MySqlConfig {
                 self.session_timeout
             ));
         }
-        let heartbeat = self.heartbeat();
-        if heartbeat.is_zero() || heartbeat > self.session_timeout / 2 {
-            return bad(format!(
-                "heartbeat {heartbeat:?} must be above zero and at most half the session_timeout ({:?})",
-                self.session_timeout
-            ));
-        }
-        if self.request_timeout.is_zero() {
-            return bad("request_timeout must be above zero".into());
-        }
+        check_heartbeat(
+            MYSQL_BACKEND,
+            self.session_timeout,
+            self.heartbeat(),
+            self.request_timeout,
+        )?;
         Ok(())
     }
 
@@ -99,17 +92,11 @@ impl MySqlConfig {
         self.heartbeat.unwrap_or(self.session_timeout / 5)
     }
 
-    /// How long after its last proof of life a session is surely still alive on the
-    /// server: `session_timeout` less 1 % and 2 ms for clock-rate differences.
-    pub(crate) fn lease_horizon(&self) -> Duration {
-        let margin = self.session_timeout / 100 + Duration::from_millis(2);
-        self.session_timeout.saturating_sub(margin)
-    }
-
-    /// A session holding nothing and unused for this long closes itself, before the
-    /// server's `wait_timeout` would end it.
-    pub(crate) fn idle_close(&self) -> Duration {
-        self.session_timeout / 2
+    /// The timers of every session: leases valid for `session_timeout` less 1 % and
+    /// 2 ms after each proof of life; an unused session holding nothing closed after
+    /// half of it, before the server would end it.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing::new(self.session_timeout, self.heartbeat())
     }
 
     /// The longest one `GET_LOCK` statement waits: a waiter whose client died leaves
@@ -142,22 +129,7 @@ pub(crate) fn server_address(options: &MySqlConnectOptions) -> String {
     if let Some(socket) = options.get_socket() {
         return socket.display().to_string();
     }
-    let (host, port) = (options.get_host(), options.get_port());
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
-}
-
-/// The `host[:port]` of `url`, without any user or password, for messages.
-fn address_of(url: &str) -> Option<&str> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let host = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, host)| host);
-    (!host.is_empty()).then_some(host)
+    host_port(options.get_host(), options.get_port())
 }
 
 /// Parses `mysql://` and `mariadb://` URLs: `mysql://user:password@host:port/database?params`
@@ -179,23 +151,8 @@ fn address_of(url: &str) -> Option<&str> {
 /// without the `tls` feature. Messages never repeat the URL, which may carry a
 /// password.
 pub fn parse_url(url: &str) -> Result<MySqlConnectOptions, LockError> {
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    match scheme {
-        Some(s) if URL_SCHEMES.iter().any(|k| k.eq_ignore_ascii_case(s)) => {}
-        Some(s) if s.len() <= 32 && s.bytes().all(|b| b.is_ascii_graphic()) => {
-            return Err(LockError::config(
-                MYSQL_BACKEND,
-                format!("{s}:// is not a MySQL URL scheme (use mysql:// or mariadb://)"),
-            ))
-        }
-        _ => {
-            return Err(LockError::config(
-                MYSQL_BACKEND,
-                "not a mysql:// or mariadb:// URL",
-            ))
-        }
-    }
-    let address = address_of(url).unwrap_or("the server");
+    check_scheme(url, &URL_SCHEMES, MYSQL_BACKEND, "MySQL")?;
+    let address = url_address(url).unwrap_or("the server");
     let unparsable = |source: Box<dyn std::error::Error + Send + Sync>| LockError::Config {
         backend: MYSQL_BACKEND,
         message: format!("{address}: the MySQL URL could not be parsed"),

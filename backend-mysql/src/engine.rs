@@ -13,7 +13,7 @@ use distlock_api::{
 };
 
 use crate::keys::{election_name, lock_name, permit_count_name};
-use crate::lock::{lease_of, Plan};
+use crate::lock::Plan;
 use crate::mailbox::Command;
 use crate::{election, semaphore, MySqlLock, MYSQL_BACKEND};
 
@@ -130,7 +130,8 @@ impl Engine for MySqlLock {
         let name: Arc<str> = Arc::from(name);
         let granted = self.contend(request, &name, &plan).await?;
         Ok(granted.map(|grant| {
-            let (lease, monitor) = lease_of(key, grant, request.options);
+            let (owner, granted) = grant;
+            let (lease, monitor) = granted.into_lease(key, owner, request.options);
             Grant::new(lease, monitor)
         }))
     }

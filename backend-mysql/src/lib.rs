@@ -34,7 +34,8 @@
 //! its statements in order:
 //! - **shared sessions** (at most [`MySqlConfig::shared_sessions`], default 10) carry
 //!   every grant that does not wait, and its release: `SELECT CASE WHEN
-//!   IS_USED_LOCK(n) IS NULL THEN GET_LOCK(n, 0) ELSE 0 END`. A session never asks
+//!   IS_USED_LOCK(n) IS NULL THEN GET_LOCK(n, 0) ELSE 0 END` (with the token, see
+//!   Fencing). A session never asks
 //!   for a name in use, its own included: `GET_LOCK` on the session that holds the
 //!   lock succeeds again (a count), so two local grants of one key must not meet on
 //!   a session. Any number of held locks share these sessions.
@@ -77,15 +78,18 @@
 //!   one notices: fence your writes.
 //!
 //! # Fencing
-//! Every grant takes the next value of the counter row of its lock name in the table
-//! `distlock_fence` (`INSERT … ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token +
-//! 1)`, autocommitted, on the session that holds the lock, before `acquire` returns).
-//! So tokens rise strictly per key, in grant order, and survive restarts as durably as
-//! the server's commits (InnoDB with `innodb_flush_log_at_trx_commit = 1`, the
-//! default). The table keeps one row per lock name ever granted (about 100 bytes
-//! each): it grows with the number of distinct keys, and rows of keys no longer used
-//! may be deleted only if their tokens are no longer trusted anywhere. The tables are
-//! created on first connect if missing; [`CREATE_TABLES`] creates them ahead.
+//! Every grant takes its token in the statement that takes the lock (after `GET_LOCK`
+//! returned 1: while the lock is held, on the session holding it, before `acquire`
+//! returns): the server run's epoch times 2^44 plus the count of `UUID_SHORT()` values
+//! handed out since the run began (a server-global counter under a mutex). The epoch is
+//! the one durable write: the first session after a server start finds the MEMORY
+//! table `distlock_run` empty, raises the row of `distlock_epoch` (InnoDB, autocommitted)
+//! and then writes the run's row. So tokens rise strictly across all keys (hence per
+//! key, in grant order) within a run, and every token of a run is above those of
+//! earlier runs, after a stop or a crash, as durably as the server's commits (InnoDB
+//! with `innodb_flush_log_at_trx_commit = 1`, the default) and without using any clock.
+//! A grant costs no commit. The tables are created on first connect if missing;
+//! [`CREATE_TABLES`] creates them ahead.
 //!
 //! # Semaphores and elections
 //! - **Semaphore**: permit `i` of `M` is the lock of slot `i` (`dp#…`), held on a
@@ -127,7 +131,7 @@ mod sql;
 pub use config::{parse_url, MySqlConfig, URL_SCHEMES};
 pub use keys::{lock_name, MAX_NAME_CHARS};
 pub use lock::MySqlLock;
-pub use sql::{CREATE_TABLES, ELECTION_TABLE, FENCE_TABLE, PERMITS_TABLE};
+pub use sql::{CREATE_TABLES, ELECTION_TABLE, FENCE_TABLE, PERMITS_TABLE, RUN_TABLE};
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.
 pub use sqlx;

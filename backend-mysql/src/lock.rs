@@ -2,33 +2,30 @@
 //! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
-use distlock_api::backend::Request;
-use distlock_api::{
-    BackoffDelays, FencingToken, Lease, LeaseMonitor, LockError, LockKey, LockOptions, OwnerToken,
-    PermitMismatch,
+use distlock_api::backend::sessions::{
+    self, ask, compensate, dedicated_session, extend, release, shared_session, SessionPool,
+    SessionSource, SESSION_ATTEMPTS,
 };
+use distlock_api::backend::Request;
+use distlock_api::{Lease, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch};
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::{timeout, timeout_at, Instant};
+use tokio::sync::{oneshot, OwnedSemaphorePermit};
+use tokio::time::{timeout, Instant};
 
-use crate::client::{locked, ClientState, Settings};
+use crate::client::{ClientState, Settings};
 use crate::config::{parse_url, MySqlConfig};
 use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, SessionHandle};
 use crate::session;
 use crate::sql::ensure_tables;
 use crate::MYSQL_BACKEND;
 
-/// Requests in flight per shared session in use: a client with `n` requests in flight
-/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
-/// opening more, up to the configured number, as the load grows.
-const QUEUE_PER_SESSION: usize = 8;
-/// Attempts on other sessions when the chosen one closed before running a command.
-const SESSION_ATTEMPTS: usize = 4;
+/// Requests in flight per shared session: a session runs one statement at a time and
+/// nothing queued on it is batched, so each request in flight gets a session of its
+/// own, up to `shared_sessions`.
+const QUEUE_PER_SESSION: usize = 1;
 
 /// A MySQL/MariaDB lock client: `GET_LOCK` user locks, multiplexed over a few
 /// sessions, for the mutex, the semaphore and leader election. It is the backend's
@@ -45,18 +42,6 @@ pub struct MySqlLock {
     state: Arc<ClientState>,
 }
 
-/// Counts a shared session being opened, until dropped.
-struct Opening(Arc<ClientState>);
-
-impl Drop for Opening {
-    fn drop(&mut self) {
-        let mut pool = locked(&self.0.pool);
-        pool.opening = pool.opening.saturating_sub(1);
-        drop(pool);
-        self.0.pool_changed.notify_waiters();
-    }
-}
-
 /// Undoes a grant in flight if the acquire future is dropped before it hands out a
 /// guard: the release is queued behind the grant on the same session, so it runs after
 /// it, whatever the grant's outcome.
@@ -69,10 +54,7 @@ struct Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         if self.armed {
-            let _ = self.session.send(Command::Release {
-                owner: self.owner,
-                reply: None,
-            });
+            compensate(&self.session, self.owner);
         }
     }
 }
@@ -143,22 +125,25 @@ impl MySqlLock {
         let settings = Settings::new(config, connect);
         let (mut conn, id) = session::connect_retrying(&settings).await?;
         let limit = settings.config.request_timeout;
-        if let Err(e) = ensure_tables(&mut conn, &settings.address, limit).await {
+        let ready = match ensure_tables(&mut conn, &settings.address, limit).await {
+            Ok(()) => session::ready_for_tokens(&mut conn, &settings).await,
+            Err(e) => Err(e),
+        };
+        if let Err(e) = ready {
             let _ = timeout(limit, conn.close()).await;
             return Err(e);
         }
+        let sessions = SessionPool::new(
+            settings.config.shared_sessions,
+            settings.config.wait_sessions,
+            QUEUE_PER_SESSION,
+        );
         let state = Arc::new(ClientState {
-            wait_slots: Arc::new(Semaphore::new(settings.config.wait_sessions)),
             settings: Arc::new(settings),
-            routes: Mutex::default(),
-            pool: Mutex::default(),
-            pool_changed: Notify::new(),
-            idle_waits: Mutex::default(),
-            open_shared: AtomicUsize::new(0),
-            open_waits: AtomicUsize::new(0),
+            sessions: Arc::new(sessions),
         });
         let first = session::start(Kind::Shared, conn, id, &state);
-        locked(&state.pool).sessions.push(first);
+        state.sessions.add_shared(first);
         Ok(MySqlLock { state })
     }
 
@@ -169,101 +154,12 @@ impl MySqlLock {
 
     /// The sessions open now: `(shared, dedicated)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
-        (
-            self.state.open_shared.load(Ordering::Relaxed),
-            self.state.open_waits.load(Ordering::Relaxed),
-        )
+        self.state.sessions.counts()
     }
 
     /// The settings every session of this client runs with.
     pub(crate) fn settings(&self) -> &Settings {
         &self.state.settings
-    }
-
-    /// The least busy shared session, opening one if all are busy and there is room.
-    async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        let max = state.settings.config.shared_sessions;
-        enum Next {
-            Use(Arc<SessionHandle>),
-            OpenAside(Arc<SessionHandle>),
-            Open,
-            Wait,
-        }
-        let mut changed = None;
-        loop {
-            let next = {
-                let mut pool = locked(&state.pool);
-                pool.sessions.retain(|s| s.is_alive());
-                let load: usize = pool.sessions.iter().map(|s| s.load()).sum();
-                let needed = (load / QUEUE_PER_SESSION + 1).min(max);
-                let best = pool
-                    .sessions
-                    .iter()
-                    .take(needed)
-                    .min_by_key(|s| s.load())
-                    .cloned();
-                let room = pool.sessions.len() + pool.opening < needed;
-                match best {
-                    Some(s) if room && s.load() > 0 => {
-                        pool.opening += 1;
-                        Next::OpenAside(s)
-                    }
-                    Some(s) => Next::Use(s),
-                    None if pool.opening == 0 => {
-                        pool.opening += 1;
-                        Next::Open
-                    }
-                    None => Next::Wait,
-                }
-            };
-            match next {
-                Next::Use(session) => return Ok(session),
-                // Every slot is being opened: wait for one to finish (registering
-                // first, then looking again, so no notification is missed).
-                Next::Wait => match changed.take() {
-                    None => {
-                        let mut armed = Box::pin(state.pool_changed.notified());
-                        armed.as_mut().enable();
-                        changed = Some(armed);
-                    }
-                    Some(armed) => armed.await,
-                },
-                Next::Open => {
-                    let _opening = Opening(state.clone());
-                    let session = session::open(Kind::Shared, state).await?;
-                    locked(&state.pool).sessions.push(session.clone());
-                    return Ok(session);
-                }
-                Next::OpenAside(session) => {
-                    // Busy sessions: open one more in the background, and meanwhile
-                    // queue on the least busy one.
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        let _opening = Opening(state.clone());
-                        match session::open(Kind::Shared, &state).await {
-                            Ok(opened) => locked(&state.pool).sessions.push(opened),
-                            Err(error) => {
-                                tracing::debug!(%error, "could not open another shared session")
-                            }
-                        }
-                    });
-                    return Ok(session);
-                }
-            }
-        }
-    }
-
-    /// An idle dedicated session, or a new one. The caller holds a wait slot.
-    async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        loop {
-            let idle = locked(&self.state.idle_waits).pop();
-            match idle {
-                Some(s) if s.is_alive() => return Ok(s),
-                Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.state).await,
-            }
-        }
     }
 
     /// Sends `ask` (a grant of `name` by `grab`, under a fresh owner token) to `session`
@@ -313,7 +209,7 @@ impl MySqlLock {
     ) -> Result<Option<Grant>, LockError> {
         let mut retried_broken = false;
         for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
+            let session = shared_session(&self.state).await?;
             let ask = Ask {
                 name,
                 grab: Grab::Try,
@@ -357,30 +253,8 @@ impl MySqlLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.state.wait_slots.clone();
-            let slot = match deadline {
-                Some(d) => match timeout_at(d, slots.acquire_owned()).await {
-                    Ok(slot) => slot,
-                    Err(_) => return Ok(None),
-                },
-                None => slots.acquire_owned().await,
-            }
-            .map_err(|_| {
-                self.settings()
-                    .connection_error("the client is shutting down")
-            })?;
-            let session = match deadline {
-                Some(d) => {
-                    let started = Instant::now();
-                    timeout_at(d, self.wait_session()).await.map_err(|_| {
-                        self.settings().connection_error(format!(
-                            "waited {:?} for a new session to wait for {key} in: the server had \
-                             no connection free (max_connections)",
-                            started.elapsed()
-                        ))
-                    })??
-                }
-                None => self.wait_session().await?,
+            let Some((slot, session)) = dedicated_session(&self.state, deadline, key).await? else {
+                return Ok(None);
             };
             let ask = Ask {
                 name,
@@ -437,7 +311,7 @@ impl MySqlLock {
     }
 
     /// After a try of `plan` found the name held: waits until it may be free (a wait
-    /// in `GET_LOCK`, or a nap of the poll's backoff), within `deadline`.
+    /// in `GET_LOCK`, or, for a permit, a nap of `nap`), within `deadline`.
     async fn wait_plan(
         &self,
         key: &LockKey,
@@ -445,16 +319,12 @@ impl MySqlLock {
         plan: &Plan,
         options: &LockOptions,
         deadline: Option<Instant>,
-        polls: &mut BackoffDelays,
+        nap: Duration,
     ) -> Result<Option<Grant>, LockError> {
         let seat = match plan {
             Plan::Lead(seat) => Some(seat),
             Plan::Exclusive => None,
             Plan::Permit { .. } => {
-                let mut nap = polls.next_delay();
-                if let Some(d) = deadline {
-                    nap = nap.min(d.saturating_duration_since(Instant::now()));
-                }
                 tokio::time::sleep(nap).await;
                 return Ok(None);
             }
@@ -486,41 +356,18 @@ impl MySqlLock {
         plan: &Plan,
     ) -> Result<Option<Grant>, LockError> {
         let (key, options, deadline) = (request.key, request.options, request.deadline);
-        let mut polls = options.backoff().delays();
-        loop {
-            let granted = match self.try_plan(key, name, plan, options).await? {
-                Some(grant) => Some(grant),
-                None => {
-                    request.saw_held();
-                    if !request.waits() || request.deadline_passed() {
-                        return Ok(None);
-                    }
-                    self.wait_plan(key, name, plan, options, deadline, &mut polls)
-                        .await?
-                }
-            };
-            if granted.is_some() {
-                return Ok(granted);
-            }
-            request.saw_held();
-            if request.deadline_passed() {
-                return Ok(None);
-            }
-            // The wait was capped below the deadline, or a permit's nap ended: try again.
-        }
+        sessions::contend(
+            request,
+            || self.try_plan(key, name, plan, options),
+            |nap| self.wait_plan(key, name, plan, options, deadline, nap),
+        )
+        .await
     }
 
     /// Owner-checked release of `lease`: `Ok(true)` if this client held it and released
     /// it now, `Ok(false)` if it holds it no more.
     pub(crate) async fn release_lease(&self, lease: &Lease) -> Result<bool, LockError> {
-        let owner = lease.owner().as_u128();
-        let released = self
-            .to_holder(owner, |reply| Command::Release {
-                owner,
-                reply: Some(reply),
-            })
-            .await?;
-        Ok(released == Some(true))
+        release(&*self.state, lease.owner().as_u128()).await
     }
 
     /// Owner-checked extension of `lease`: the new validity deadline, or `None` if this
@@ -530,11 +377,7 @@ impl MySqlLock {
         lease: &Lease,
         ttl: Duration,
     ) -> Result<Option<Instant>, LockError> {
-        let owner = lease.owner().as_u128();
-        let extended = self
-            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
-            .await?;
-        Ok(extended.flatten())
+        extend(&*self.state, lease.owner().as_u128(), ttl).await
     }
 
     /// Runs a read-only command made by `command` on a shared session.
@@ -542,27 +385,7 @@ impl MySqlLock {
         &self,
         command: impl Fn(Reply<T>) -> Command,
     ) -> Result<T, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            if session.send(command(tx)).is_err() {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        MYSQL_BACKEND,
-                        "a permit count answer to a look-up",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .settings()
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, command).await
     }
 
     /// The connection id holding the lock `name`, if any.
@@ -573,47 +396,22 @@ impl MySqlLock {
         })
         .await
     }
-
-    /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
-    /// this client holds it (any more).
-    async fn to_holder<T>(
-        &self,
-        owner: u128,
-        command: impl FnOnce(Reply<T>) -> Command,
-    ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.state.route(owner) else {
-            return Ok(None);
-        };
-        let (tx, rx) = oneshot::channel();
-        if session.send(command(tx)).is_err() {
-            return Ok(None);
-        }
-        match rx.await {
-            Ok(Ok(value)) => Ok(Some(value)),
-            // The session ended before running it, and its locks with it.
-            Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
-            Ok(Err(Failure::Lock(e))) => Err(e),
-            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
-                MYSQL_BACKEND,
-                "a permit count answer to a release or extend",
-            )),
-        }
-    }
 }
 
-/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
-pub(crate) fn lease_of(
-    key: &LockKey,
-    grant: Grant,
-    options: &LockOptions,
-) -> (Lease, LeaseMonitor) {
-    let (owner, granted) = grant;
-    let lease = Lease::new(
-        key.clone(),
-        owner,
-        Some(FencingToken::new(granted.token)),
-        options.ttl(),
-        granted.acquired_at,
-    );
-    (lease, granted.monitor)
+impl SessionSource for ClientState {
+    type Command = Command;
+    const BACKEND: &'static str = MYSQL_BACKEND;
+    const NO_SESSION_FREE: &'static str = "the server had no connection free (max_connections)";
+
+    fn sessions(&self) -> &Arc<SessionPool<Command>> {
+        &self.sessions
+    }
+
+    async fn open(self: Arc<Self>, kind: Kind) -> Result<Arc<SessionHandle>, LockError> {
+        session::open(kind, &self).await
+    }
+
+    fn connection_error(&self, why: &str) -> LockError {
+        self.settings.connection_error(why)
+    }
 }

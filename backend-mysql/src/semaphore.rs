@@ -12,9 +12,9 @@
 //!    use (`IS_USED_LOCK`): if one is, the try is refused with
 //!    [`distlock_api::LockError::PermitMismatch`] and nothing is taken; if none is, the
 //!    holders of `M'` are gone and the row takes `M`;
-//! 3. `GET_LOCK(slot, 0)` on the first free slot, and on a grant the key's next fencing
-//!    token (the counter row `permit_count_name(K)` of `distlock_fence`, so tokens rise
-//!    per key across all its slots);
+//! 3. `GET_LOCK(slot, 0)` on the first free slot, and on a grant the next fencing
+//!    token (see `sql::establish_run`: tokens rise across every key, so per key across
+//!    all its slots);
 //! 4. commit.
 //!
 //! Since every try of `K` holds the row's lock from its read of the count to its
@@ -147,12 +147,17 @@ pub(crate) async fn try_permit(
     }
     let answer = match taken {
         Some(slot) => {
-            let token = sqlx::query(NEXT_TOKEN)
-                .bind(&count_name)
-                .execute(&mut *conn)
-                .await?
-                .last_insert_id();
-            PermitAnswer::Granted { slot, token }
+            let token: Option<i64> = sqlx::query_scalar(NEXT_TOKEN).fetch_one(&mut *conn).await?;
+            match token.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) {
+                Some(token) => PermitAnswer::Granted { slot, token },
+                // No run row (see `sql::establish_run`): refused, and the caller rolls
+                // back and releases what the try took.
+                None => {
+                    return Err(sqlx::Error::Protocol(
+                        "no fencing token: the server's fencing run has no row".into(),
+                    ))
+                }
+            }
         }
         None => PermitAnswer::Full,
     };

@@ -13,48 +13,30 @@
 //! timed out, a wait was abandoned) is closed and killed on the server, which ends
 //! its locks.
 
-use std::collections::{BTreeSet, HashMap};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
+use async_trait::async_trait;
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore};
 use distlock_api::connect_retry::{retry_connect, Refused};
-use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use distlock_api::LockError;
 use sqlx::{Connection, Executor as _, MySqlConnection};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::error::{connect_error, connect_may_pass, ends_session, lock_error};
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Reply, Seat, SessionHandle};
+use crate::mailbox::{
+    Command, Failure, Grab, Granted, Kind, LeaseCommand, Reply, Seat, SessionHandle,
+};
 use crate::semaphore::{self, PermitAnswer};
 use crate::sql;
 use crate::MYSQL_BACKEND;
 
-/// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
-/// a suspended VM) or starved: the holder, which wakes up together with this task, did
-/// not renew because it could not run, not because it let the lease go.
-const PAUSED_LATENESS: Duration = Duration::from_secs(1);
-/// After such a pause, how long the release at the TTL waits for the holder's own
-/// release. The lease is lost for the holder at once; only the server's lock stays, so
-/// that the release finds it still held and can report that nobody else held it
-/// meanwhile (`distlock exec` passes on its command's exit code then).
-const PAUSE_GRACE: Duration = Duration::from_secs(1);
-
-/// One held lease.
+/// What a session holds for one lease, beside its TTL and monitor.
 #[derive(Debug)]
-struct Held {
+struct Lock {
     name: Arc<str>,
-    /// When the client releases it: its TTL deadline, or the end of its [`PAUSE_GRACE`].
-    ttl_deadline: Instant,
-    /// Its TTL ran out during a pause; the release waits for the holder's own.
-    paused_past_ttl: bool,
-    monitor: LeaseMonitor,
-    /// A dedicated session's wait slot, freed when the lock ends.
-    _slot: Option<OwnedSemaphorePermit>,
     /// The session's only grant, released with `RELEASE_ALL_LOCKS` (a permit).
     release_all: bool,
     /// An election's leadership, once its row is written: the candidacy and its term,
@@ -62,35 +44,42 @@ struct Held {
     seat: Option<(Arc<Seat>, u64)>,
 }
 
-/// Why a session task stops.
-#[derive(Debug)]
-enum End {
-    /// Every handle was dropped.
-    ClientGone,
-    /// Held nothing and was unused for the idle period.
-    Idle,
-    /// The connection failed or its state is unknown; the message says why.
-    Broken(String),
-}
-
 /// The result of one round trip.
-enum Trip<T> {
-    Done(T),
-    /// The server refused the statement; the session is fine.
-    Refused(sqlx::Error),
-    /// The session is unusable.
-    Broken(String),
-}
+type Trip<T> = sessions::Trip<T, sqlx::Error>;
 
-type Statement<'c, T> = Pin<Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>>;
+type Statement<'c, T> = sessions::Statement<'c, T, sqlx::Error>;
 
 /// Opens a session of `kind` and starts its task.
 pub(crate) async fn open(
     kind: Kind,
     client: &Arc<ClientState>,
 ) -> Result<Arc<SessionHandle>, LockError> {
-    let (conn, id) = connect(&client.settings).await?;
+    let (mut conn, id) = connect(&client.settings).await?;
+    if let Err(e) = ready_for_tokens(&mut conn, &client.settings).await {
+        let _ = timeout(client.settings.config.request_timeout, conn.close()).await;
+        return Err(e);
+    }
     Ok(start(kind, conn, id, client))
+}
+
+/// Makes sure the server's current run can hand out tokens (see
+/// [`sql::establish_run`]), within the request timeout.
+///
+/// # Errors
+/// A connection error when the request timeout passes first; the server's refusal.
+pub(crate) async fn ready_for_tokens(
+    conn: &mut MySqlConnection,
+    settings: &Settings,
+) -> Result<(), LockError> {
+    let limit = settings.config.request_timeout;
+    timeout(limit, sql::establish_run(conn))
+        .await
+        .map_err(|_| {
+            settings.connection_error(format!(
+                "no answer within {limit:?} while starting the fencing run"
+            ))
+        })?
+        .map_err(lock_error)
 }
 
 /// Opens a connection within the request timeout and prepares it (see [`prepare`]):
@@ -173,15 +162,10 @@ pub(crate) async fn connect_retrying(
             let left = deadline.saturating_duration_since(Instant::now());
             match timeout(left, MySqlConnection::connect_with(&settings.connect)).await {
                 Ok(Ok(conn)) => Ok(conn),
-                Ok(Err(error)) => {
-                    let passing = connect_may_pass(&error);
-                    let error = connect_error(error, address);
-                    Err(if passing && error.is_retryable() {
-                        Refused::Passing(error)
-                    } else {
-                        Refused::Lasting(error)
-                    })
-                }
+                Ok(Err(error)) => Err(Refused::by_kind_if(
+                    connect_may_pass(&error),
+                    connect_error(error, address),
+                )),
                 Err(_) => Err(Refused::Passing(no_connection())),
             }
         },
@@ -205,50 +189,69 @@ pub(crate) fn start(
     id: u64,
     client: &Arc<ClientState>,
 ) -> Arc<SessionHandle> {
-    let (handle, rx) = SessionHandle::new();
-    let handle = Arc::new(handle);
-    client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
-    let now = Instant::now();
+    let timing = client.settings.config.timing();
+    let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "MySQL");
     let task = Task {
-        conn: Some(conn),
+        core,
         connection_id: id,
-        rx,
-        me: Arc::downgrade(&handle),
-        kind,
-        client: Arc::downgrade(client),
         settings: client.settings.clone(),
-        held: HashMap::new(),
-        expiries: BTreeSet::new(),
-        last_proof: now,
-        last_renewal: now,
-        last_used: now,
-        suspected: false,
     };
     tokio::spawn(task.run());
     handle
 }
 
 struct Task {
-    /// `None` once abandoned mid-protocol.
-    conn: Option<MySqlConnection>,
+    /// The connection, the mailbox and what the session holds.
+    core: TaskCore<Command, Lock, MySqlConnection>,
     /// The session's `CONNECTION_ID()`: an abandoned wait is killed through it.
     connection_id: u64,
-    rx: mpsc::UnboundedReceiver<Command>,
-    me: Weak<SessionHandle>,
-    kind: Kind,
-    client: Weak<ClientState>,
     settings: Arc<Settings>,
-    held: HashMap<u128, Held>,
-    /// `(TTL deadline, owner)` of every held lease.
-    expiries: BTreeSet<(Instant, u128)>,
-    /// The start of the last successful round trip: the server's idle clock started
-    /// after it.
-    last_proof: Instant,
-    /// The last time held leases' validity was pushed to the proof's horizon.
-    last_renewal: Instant,
-    last_used: Instant,
-    /// Held leases were marked suspect since the last proof.
-    suspected: bool,
+}
+
+#[async_trait]
+impl SessionTask for Task {
+    type Command = Command;
+    type Lock = Lock;
+    type Conn = MySqlConnection;
+
+    /// One command at a time.
+    const MAX_BATCH: usize = 1;
+
+    fn core(&mut self) -> &mut TaskCore<Command, Lock, MySqlConnection> {
+        &mut self.core
+    }
+
+    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+        for command in batch {
+            self.command(command).await?;
+        }
+        Ok(())
+    }
+
+    async fn expire(&mut self, owners: Vec<u128>) -> Result<(), End> {
+        for owner in owners {
+            self.unlock(owner, None).await?;
+        }
+        Ok(())
+    }
+
+    async fn ping(&mut self) -> Result<(), End> {
+        self.request(|c| Box::pin(async move { c.execute(sql::PING).await.map(|_| ()) }))
+            .await
+            .or_end("heartbeat")
+    }
+
+    fn forget(&mut self, owner: u128) {
+        self.forget_held(owner);
+    }
+
+    fn refuse(&mut self, command: Command) {
+        command.fail(Failure::Closed);
+    }
+
+    async fn close(conn: MySqlConnection) {
+        let _ = conn.close().await;
+    }
 }
 
 impl Task {
@@ -257,179 +260,13 @@ impl Task {
         self.settings.connection_error(why)
     }
 
-    async fn run(mut self) {
-        let end = self.serve().await;
-        self.stop(end).await;
-    }
-
-    async fn serve(&mut self) -> End {
-        let heartbeat = self.settings.config.heartbeat();
-        let idle_close = self.settings.config.idle_close();
-        loop {
-            // Timers first, so a steady stream of commands cannot starve them.
-            if let Err(end) = self.due_work(heartbeat, idle_close).await {
-                return end;
-            }
-            let wake_at = self.next_timer(heartbeat, idle_close);
-            tokio::select! {
-                command = self.rx.recv() => {
-                    let Some(command) = command else { return End::ClientGone };
-                    let result = self.process(command).await;
-                    if let Some(me) = self.me.upgrade() {
-                        me.finished();
-                    }
-                    self.last_used = Instant::now();
-                    if let Err(end) = result {
-                        return end;
-                    }
-                }
-                _ = sleep_until(wake_at) => {}
-            }
-        }
-    }
-
-    fn next_timer(&self, heartbeat: Duration, idle_close: Duration) -> Instant {
-        let mut at = Instant::now() + Duration::from_secs(3600);
-        if let Some((expiry, _)) = self.expiries.first() {
-            at = at.min(*expiry);
-        }
-        if self.held.is_empty() {
-            at = at.min(self.last_used + idle_close);
-        } else {
-            at = at.min(self.last_renewal + heartbeat);
-        }
-        at
-    }
-
-    /// Expires leases past their TTL, renews or proves the session, or ends it when idle.
-    async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
-        let now = Instant::now();
-        let due: Vec<(Instant, u128)> = self
-            .expiries
-            .iter()
-            .take_while(|(t, _)| *t <= now)
-            .copied()
-            .collect();
-        for (deadline, owner) in due {
-            let paused = now.saturating_duration_since(deadline) >= PAUSED_LATENESS;
-            if !(paused && self.defer_release_after_pause(owner, now)) {
-                self.unlock(owner, None).await?;
-            }
-        }
-        if self.held.is_empty() {
-            if now >= self.last_used + idle_close {
-                return Err(End::Idle);
-            }
-            return Ok(());
-        }
-        if now >= self.last_renewal + heartbeat {
-            // A recent command already proved the session alive: no ping needed.
-            if now.saturating_duration_since(self.last_proof) >= heartbeat / 2 {
-                self.ping().await?;
-            }
-            self.renew_all(false);
-        }
-        Ok(())
-    }
-
-    /// A lease whose TTL ran out while the process was paused: lost for its holder now,
-    /// but released only at its holder's release (which then finds it still held: no
-    /// one else can have held it) or after [`PAUSE_GRACE`]. Once per lease; false if it
-    /// was deferred already (or is not held), and must be released now.
-    fn defer_release_after_pause(&mut self, owner: u128, now: Instant) -> bool {
-        let Some(held) = self.held.get_mut(&owner) else {
-            return false;
-        };
-        if held.paused_past_ttl {
-            return false;
-        }
-        held.monitor.mark_lost();
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.paused_past_ttl = true;
-        held.ttl_deadline = now + PAUSE_GRACE;
-        self.expiries.insert((held.ttl_deadline, owner));
-        true
-    }
-
-    /// The validity deadline of a lease ending at `ttl_deadline`.
-    fn deadline(&self, ttl_deadline: Instant) -> Instant {
-        ttl_deadline.min(self.last_proof + self.settings.config.lease_horizon())
-    }
-
-    /// Pushes every held lease's validity to the current proof's horizon.
-    fn renew_all(&mut self, force: bool) {
-        self.last_renewal = Instant::now();
-        let horizon = self.last_proof + self.settings.config.lease_horizon();
-        for held in self.held.values() {
-            // Lost is final, also when only the deadline says so: never revive.
-            if held.monitor.state() == LeaseState::Lost {
-                continue;
-            }
-            let deadline = held.ttl_deadline.min(horizon);
-            if force || deadline > held.monitor.valid_until() {
-                held.monitor.renewed(deadline);
-            }
-        }
-        self.suspected = false;
-    }
-
-    fn note_proof(&mut self, started: Instant) {
-        if started > self.last_proof {
-            self.last_proof = started;
-        }
-        if self.suspected {
-            self.renew_all(true);
-        }
-    }
-
     /// Runs one statement, bounded by `limit`; marks held leases suspect while the
     /// reply is later than the heartbeat period.
     async fn trip<T, F>(&mut self, limit: Duration, run: F) -> Trip<T>
     where
         F: for<'c> FnOnce(&'c mut MySqlConnection) -> Statement<'c, T>,
     {
-        let Some(conn) = self.conn.as_mut() else {
-            return Trip::Broken("the session was abandoned".into());
-        };
-        let started = Instant::now();
-        let suspect_after = self.settings.config.heartbeat().min(limit);
-        let result = {
-            let fut = run(conn);
-            tokio::pin!(fut);
-            let early = tokio::select! {
-                result = &mut fut => Some(result),
-                _ = sleep(suspect_after) => None,
-            };
-            match early {
-                Some(result) => result,
-                None => {
-                    for held in self.held.values() {
-                        held.monitor.suspect();
-                    }
-                    self.suspected = !self.held.is_empty();
-                    match timeout_at(started + limit, fut).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            return Trip::Broken(format!(
-                                "the server did not answer within {limit:?}"
-                            ))
-                        }
-                    }
-                }
-            }
-        };
-        match result {
-            Ok(value) => {
-                self.note_proof(started);
-                Trip::Done(value)
-            }
-            Err(e) if ends_session(&e) => Trip::Broken(format!("the session ended: {e}")),
-            Err(e) => {
-                // The server answered: the session is alive.
-                self.note_proof(started);
-                Trip::Refused(e)
-            }
-        }
+        self.core.trip(limit, run, ends_session).await
     }
 
     /// [`Task::trip`] within the request timeout.
@@ -441,18 +278,7 @@ impl Task {
         self.trip(limit, run).await
     }
 
-    async fn ping(&mut self) -> Result<(), End> {
-        match self
-            .request(|c| Box::pin(async move { c.execute(sql::PING).await.map(|_| ()) }))
-            .await
-        {
-            Trip::Done(()) => Ok(()),
-            Trip::Refused(e) => Err(End::Broken(format!("heartbeat refused: {e}"))),
-            Trip::Broken(why) => Err(End::Broken(why)),
-        }
-    }
-
-    async fn process(&mut self, command: Command) -> Result<(), End> {
+    async fn command(&mut self, command: Command) -> Result<(), End> {
         match command {
             Command::Grant {
                 name,
@@ -467,7 +293,7 @@ impl Task {
                 if reply.is_closed() {
                     // The caller went away while the grant was queued: never send it,
                     // so the name is not granted late, and the session stays usable.
-                    self.return_if_idle();
+                    self.core.return_if_idle();
                     return Ok(());
                 }
                 let grant = NewGrant {
@@ -485,8 +311,8 @@ impl Task {
                     Grab::Permit { key, max } => self.permit(grant, key, max, reply).await,
                 }
             }
-            Command::Release { owner, reply } => {
-                if self.held.contains_key(&owner) {
+            Command::Lease(LeaseCommand::Release { owner, reply }) => {
+                if self.core.leases.contains(owner) {
                     self.unlock(owner, reply).await
                 } else {
                     if let Some(reply) = reply {
@@ -495,7 +321,9 @@ impl Task {
                     Ok(())
                 }
             }
-            Command::Extend { owner, ttl, reply } => self.extend(owner, ttl, reply).await,
+            Command::Lease(LeaseCommand::Extend { owner, ttl, reply }) => {
+                self.extend(owner, ttl, reply).await
+            }
             Command::Holder { name, reply } => {
                 let trip = self
                     .request(move |c| {
@@ -537,20 +365,7 @@ impl Task {
 
     /// Sends a read-only statement's outcome to its caller.
     fn answer<T>(&self, trip: Trip<T>, reply: Reply<T>) -> Result<(), End> {
-        match trip {
-            Trip::Done(value) => {
-                let _ = reply.send(Ok(value));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     /// A try: `GET_LOCK(name, 0)` unless the name is in use, then its token.
@@ -563,7 +378,7 @@ impl Task {
         let trip = self
             .request(move |c| {
                 Box::pin(async move {
-                    sqlx::query_scalar::<_, Option<i64>>(sql::TRY_LOCK)
+                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(sql::TRY_LOCK)
                         .bind(&*name)
                         .bind(&*name)
                         .fetch_one(c)
@@ -574,67 +389,50 @@ impl Task {
         self.after_lock(trip, grant, reply).await
     }
 
-    /// After a `GET_LOCK` answer (`1` taken, `0` held, `NULL` refused): the token and
-    /// the grant, or the answer "held", or the error.
+    /// After a `GET_LOCK` answer (`1` taken, `0` held, `NULL` refused) and, on a grant,
+    /// its token: the grant, or the answer "held", or the error.
     async fn after_lock(
         &mut self,
-        trip: Trip<Option<i64>>,
+        trip: Trip<(Option<i64>, Option<i64>)>,
         grant: NewGrant,
         reply: Reply<Option<Granted>>,
     ) -> Result<(), End> {
-        match trip {
-            Trip::Done(Some(1)) => {}
-            Trip::Done(Some(_)) => {
+        let token = match trip {
+            Trip::Done((Some(1), token)) => token,
+            Trip::Done((Some(_), _)) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
-            Trip::Done(None) => {
+            Trip::Done((None, _)) => {
                 let _ = reply.send(Err(Failure::Lock(LockError::backend_error(
                     MYSQL_BACKEND,
                     "GET_LOCK returned NULL (an error on the server, such as running out of memory)",
                 ))));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
             Trip::Refused(e) => {
                 let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 return Ok(());
             }
             Trip::Broken(why) => {
                 let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
                 return Err(End::Broken(why));
             }
-        }
-        let name = grant.name.clone();
-        let token = self
-            .request(move |c| {
-                Box::pin(async move {
-                    sqlx::query(sql::NEXT_TOKEN)
-                        .bind(&*name)
-                        .execute(c)
-                        .await
-                        .map(|done| done.last_insert_id())
-                })
-            })
-            .await;
-        match token {
-            Trip::Done(token) if token > 0 => self.grant(grant, token, reply).await,
-            Trip::Done(_) => {
-                let _ = reply.send(Err(Failure::Lock(LockError::backend_error(
-                    MYSQL_BACKEND,
-                    "the fencing counter's statement returned no token",
-                ))));
-                self.release_name(&grant.name).await
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                self.release_name(&grant.name).await
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
+        };
+        match token.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) {
+            Some(token) => self.grant(grant, token, reply).await,
+            None => {
+                // No run row: the server restarted or `distlock_run` was emptied under
+                // this session. A new session starts the run again; the caller may retry
+                // there (a connection error).
+                let why = "no fencing token: the server's fencing run has no row (it restarted, \
+                           or distlock_run was emptied)";
+                let _ = reply.send(Err(Failure::Lock(self.broken(why))));
+                self.release_name(&grant.name).await?;
+                Err(End::Broken(why.into()))
             }
         }
     }
@@ -654,7 +452,7 @@ impl Task {
             .await
         {
             Trip::Done(_) => {
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             // Cannot tell what the session holds: end it, which ends its locks.
@@ -679,31 +477,13 @@ impl Task {
             release_all,
             seat,
         } = grant;
-        let ttl_deadline = lease_start
-            .checked_add(ttl)
-            .unwrap_or_else(|| lease_start + distlock_api::MAX_TTL);
-        let monitor = LeaseMonitor::new(self.deadline(ttl_deadline));
-        let (client, me) = (self.client.upgrade(), self.me.upgrade());
-        let registered = match (&client, me) {
-            (Some(client), Some(me)) => {
-                client.add_route(owner, me);
-                true
-            }
-            _ => false,
+        let registered = self.core.register(owner);
+        let lock = Lock {
+            name,
+            release_all,
+            seat: None,
         };
-        self.held.insert(
-            owner,
-            Held {
-                name,
-                ttl_deadline,
-                paused_past_ttl: false,
-                monitor: monitor.clone(),
-                _slot: slot,
-                release_all,
-                seat: None,
-            },
-        );
-        self.expiries.insert((ttl_deadline, owner));
+        let monitor = self.core.leases.insert(owner, lease_start, ttl, slot, lock);
         if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
             // The leader's row, in this session, before anyone is told it leads.
             let row = seat.clone();
@@ -722,8 +502,8 @@ impl Task {
                 .await;
             match written {
                 Trip::Done(()) => {
-                    if let Some(held) = self.held.get_mut(&owner) {
-                        held.seat = Some((seat, token));
+                    if let Some(held) = self.core.leases.get_mut(owner) {
+                        held.lock.seat = Some((seat, token));
                     }
                 }
                 Trip::Refused(e) => {
@@ -764,7 +544,7 @@ impl Task {
         let trip = {
             let statement = self.trip(limit, move |c| {
                 Box::pin(async move {
-                    sqlx::query_as::<_, (Option<i64>, i64)>(sql::WAIT_LOCK)
+                    sqlx::query_as::<_, (Option<i64>, i64, Option<i64>)>(sql::WAIT_LOCK)
                         .bind(&*name)
                         .bind(seconds)
                         .fetch_one(c)
@@ -787,10 +567,10 @@ impl Task {
         // The lease starts at the grant, which came `waited` microseconds into the
         // statement by the server's clock: the wait is not charged to it (less 1 % for
         // clock-rate differences, so the lease never starts later than the grant).
-        let trip = trip.map(|(answer, waited)| {
+        let trip = trip.map(|(answer, waited, token)| {
             let waited = Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
             grant.lease_start = (started + waited).min(Instant::now());
-            answer
+            (answer, token)
         });
         self.after_lock(trip, grant, reply).await
     }
@@ -798,7 +578,7 @@ impl Task {
     /// Drops the connection and kills its server session from another connection, in
     /// the background.
     fn abandon(&mut self) {
-        self.conn = None;
+        self.core.abandon();
         let settings = self.settings.clone();
         let id = self.connection_id;
         tokio::spawn(async move {
@@ -837,12 +617,12 @@ impl Task {
             }
             Trip::Done(PermitAnswer::Full) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             Trip::Done(PermitAnswer::Mismatch(other)) => {
                 let _ = reply.send(Err(Failure::Mismatch(other)));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 Ok(())
             }
             Trip::Refused(e) => {
@@ -858,7 +638,7 @@ impl Task {
                     .await
                 {
                     Trip::Done(()) => {
-                        self.return_if_idle();
+                        self.core.return_if_idle();
                         Ok(())
                     }
                     Trip::Refused(e) => {
@@ -877,16 +657,21 @@ impl Task {
     /// Releases the held lease of `owner` (if still held), replying `true` if this
     /// session still held it; marks it lost and forgets it.
     async fn unlock(&mut self, owner: u128, reply: Option<Reply<bool>>) -> Result<(), End> {
-        let Some(held) = self.held.get(&owner) else {
+        let Some(Lock {
+            name,
+            release_all,
+            seat,
+        }) = self.core.leases.get(owner).map(|held| &held.lock)
+        else {
             if let Some(reply) = reply {
                 let _ = reply.send(Ok(false));
             }
             return Ok(());
         };
         let (name, release_all, seat) = (
-            held.name.clone(),
-            held.release_all,
-            held.seat.as_ref().map(|(s, t)| (s.name.clone(), *t)),
+            name.clone(),
+            *release_all,
+            seat.as_ref().map(|(s, t)| (s.name.clone(), *t)),
         );
         // The leader's row first, while the lock still holds. A row that cannot be
         // deleted ends the session: it must never outlive its leadership while the
@@ -947,7 +732,7 @@ impl Task {
                 }
                 // Back on the idle list before the wait slot frees, so the next waiter
                 // finds this session instead of opening another.
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(held);
                 Ok(())
             }
@@ -962,24 +747,8 @@ impl Task {
 
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's routes.
-    fn forget_held(&mut self, owner: u128) -> Option<Held> {
-        let held = self.held.remove(&owner)?;
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.monitor.mark_lost();
-        if let Some(client) = self.client.upgrade() {
-            client.remove_route(owner);
-        }
-        Some(held)
-    }
-
-    /// A dedicated session that holds nothing goes back to the client's idle list.
-    fn return_if_idle(&self) {
-        if self.kind != Kind::Wait || !self.held.is_empty() {
-            return;
-        }
-        if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
-            client.return_wait_session(me);
-        }
+    fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
+        self.core.forget(owner)
     }
 
     async fn extend(
@@ -988,91 +757,34 @@ impl Task {
         ttl: Duration,
         reply: Reply<Option<Instant>>,
     ) -> Result<(), End> {
-        match self.held.get(&owner) {
-            None => {
-                let _ = reply.send(Ok(None));
-                return Ok(());
-            }
+        if !self.core.leases.contains(owner) {
+            let _ = reply.send(Ok(None));
+            return Ok(());
+        }
+        if self.core.leases.is_lost(owner) {
             // Lost is final (the TTL ran out, or the session's horizon passed): the
             // lock must go, not be revived.
-            Some(held) if held.monitor.state() == LeaseState::Lost => {
-                let _ = reply.send(Ok(None));
-                return self.unlock(owner, None).await;
-            }
-            Some(_) => {}
+            let _ = reply.send(Ok(None));
+            return self.unlock(owner, None).await;
         }
         let started = Instant::now();
         if let Err(End::Broken(why)) = self.ping().await {
             let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
             return Err(End::Broken(why));
         }
-        let horizon = started + self.settings.config.lease_horizon();
-        let Some(held) = self.held.get_mut(&owner) else {
-            let _ = reply.send(Ok(None));
-            return Ok(());
-        };
-        let ttl_deadline = match started.checked_add(ttl) {
-            // The validity ran out while the proof was on its way: lost is final.
-            Some(_) if held.monitor.state() == LeaseState::Lost => None,
-            deadline => deadline,
-        };
-        let Some(ttl_deadline) = ttl_deadline else {
-            let _ = reply.send(Ok(None));
-            return self.unlock(owner, None).await;
-        };
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.ttl_deadline = ttl_deadline;
-        self.expiries.insert((ttl_deadline, owner));
-        let valid_until = ttl_deadline.min(horizon);
-        held.monitor.renewed(valid_until);
-        let _ = reply.send(Ok(Some(valid_until)));
-        Ok(())
-    }
-
-    async fn stop(mut self, end: End) {
-        if let Some(me) = self.me.upgrade() {
-            me.close();
-        }
-        if let Some(client) = self.client.upgrade() {
-            if let Some(me) = self.me.upgrade() {
-                client.drop_session(&me);
+        match self.core.leases.extend(owner, started, ttl) {
+            Extension::NotHeld => {
+                let _ = reply.send(Ok(None));
+                Ok(())
             }
-            client
-                .open_sessions(self.kind)
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-        self.rx.close();
-        while let Ok(command) = self.rx.try_recv() {
-            command.fail(Failure::Closed);
-        }
-        let owners: Vec<u128> = self.held.keys().copied().collect();
-        if !owners.is_empty() {
-            tracing::warn!(
-                locks = owners.len(),
-                reason = ?end,
-                "a MySQL lock session ended while holding locks; they are lost"
-            );
-        }
-        for owner in owners {
-            self.forget_held(owner);
-        }
-        if let Some(conn) = self.conn.take() {
-            match end {
-                End::Broken(_) => drop(conn),
-                End::ClientGone | End::Idle => {
-                    let _ = timeout(Duration::from_secs(1), conn.close()).await;
-                }
+            Extension::Lapsed => {
+                let _ = reply.send(Ok(None));
+                self.unlock(owner, None).await
             }
-        }
-    }
-}
-
-impl<T> Trip<T> {
-    fn map<U>(self, f: impl FnOnce(T) -> U) -> Trip<U> {
-        match self {
-            Trip::Done(value) => Trip::Done(f(value)),
-            Trip::Refused(e) => Trip::Refused(e),
-            Trip::Broken(why) => Trip::Broken(why),
+            Extension::Extended(valid_until) => {
+                let _ = reply.send(Ok(Some(valid_until)));
+                Ok(())
+            }
         }
     }
 }

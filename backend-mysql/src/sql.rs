@@ -10,8 +10,11 @@ use tokio::time::timeout;
 use crate::error::{error_number, lock_error};
 use crate::MYSQL_BACKEND;
 
-/// The fencing counters, one row per lock name ever granted.
-pub const FENCE_TABLE: &str = "distlock_fence";
+/// The fencing epoch, durable (InnoDB): one row, raised once per server run.
+pub const FENCE_TABLE: &str = "distlock_epoch";
+/// The current server run's epoch and counter base, in memory (`ENGINE=MEMORY`: empty
+/// after every server start): one row.
+pub const RUN_TABLE: &str = "distlock_run";
 /// The permit count in use per semaphore, one row per semaphore key ever used.
 pub const PERMITS_TABLE: &str = "distlock_permits";
 /// The leader of each election, one row per election name led and not resigned.
@@ -20,10 +23,15 @@ pub const ELECTION_TABLE: &str = "distlock_election";
 /// The tables, as an administrator can create them ahead in the URL's database
 /// (then the lock user needs only `SELECT, INSERT, UPDATE, DELETE` on them).
 pub const CREATE_TABLES: &str = "\
-CREATE TABLE IF NOT EXISTS distlock_fence (
-  name VARBINARY(64) NOT NULL PRIMARY KEY,
-  token BIGINT UNSIGNED NOT NULL
+CREATE TABLE IF NOT EXISTS distlock_epoch (
+  id TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+  epoch BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB;
+CREATE TABLE IF NOT EXISTS distlock_run (
+  id TINYINT UNSIGNED NOT NULL PRIMARY KEY,
+  epoch BIGINT UNSIGNED NOT NULL,
+  base BIGINT UNSIGNED NOT NULL
+) ENGINE=MEMORY;
 CREATE TABLE IF NOT EXISTS distlock_permits (
   name VARBINARY(64) NOT NULL PRIMARY KEY,
   permits INT UNSIGNED NOT NULL
@@ -35,21 +43,51 @@ CREATE TABLE IF NOT EXISTS distlock_election (
   connection_id BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB;";
 
-/// A try on a shared session: `1` granted, `0` held (by anyone, this session
-/// included: `GET_LOCK` on a session that holds the lock would succeed again, so a
-/// lock in use is never asked for), `NULL` on a server error.
-pub(crate) const TRY_LOCK: &str =
-    "SELECT CAST(CASE WHEN IS_USED_LOCK(?) IS NULL THEN GET_LOCK(?, 0) ELSE 0 END AS SIGNED)";
+/// The next fencing token, an expression: the run's epoch times 2^44 plus the count of
+/// `UUID_SHORT()` values the server handed out since the run's base (a server-global
+/// counter under a mutex, so later calls give larger values). `NULL` without a run row
+/// (see [`establish_run`]) or once 2^44 values were used in one run.
+macro_rules! token_expression {
+    () => {
+        "(SELECT IF(d.n < 17592186044416, d.e * 17592186044416 + d.n, NULL) FROM \
+         (SELECT r.epoch AS e, UUID_SHORT() - r.base AS n FROM distlock_run r \
+         WHERE r.id = 1 LIMIT 1) AS d)"
+    };
+}
+
+/// A try on a shared session, and its token, in one statement: `1` granted (then the
+/// token, drawn after `GET_LOCK` returned, while the lock is held), `0` held (by
+/// anyone, this session included: `GET_LOCK` on a session that holds the lock would
+/// succeed again, so a lock in use is never asked for), `NULL` on a server error. The
+/// derived table (never merged: it has a `LIMIT`) runs `GET_LOCK` once.
+pub(crate) const TRY_LOCK: &str = concat!(
+    "SELECT g.got, IF(g.got = 1, CAST(",
+    token_expression!(),
+    " AS SIGNED), NULL) FROM (SELECT CAST(CASE WHEN IS_USED_LOCK(?) IS NULL \
+     THEN GET_LOCK(?, 0) ELSE 0 END AS SIGNED) AS got LIMIT 1) AS g"
+);
 /// A wait on a dedicated session, `?` seconds at most: `1` granted, `0` timed out;
-/// then how long the statement waited, in microseconds by the server's clock
-/// (`SYSDATE(6)` is read after `GET_LOCK` returns, `NOW(6)` at the statement's start).
-pub(crate) const WAIT_LOCK: &str = "SELECT CAST(GET_LOCK(?, ?) AS SIGNED), \
-     CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED)";
-/// The next fencing token of a lock name, set as `LAST_INSERT_ID` (read from the
-/// statement's OK packet): the counter's row is created at 1 or bumped, in one
-/// autocommitted statement.
-pub(crate) const NEXT_TOKEN: &str = "INSERT INTO distlock_fence (name, token) \
-     VALUES (?, LAST_INSERT_ID(1)) ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1)";
+/// how long the statement waited, in microseconds by the server's clock (`SYSDATE(6)`
+/// is read after `GET_LOCK` returns, `NOW(6)` at the statement's start); and on a grant
+/// the token, as in [`TRY_LOCK`].
+pub(crate) const WAIT_LOCK: &str = concat!(
+    "SELECT g.got, g.waited, IF(g.got = 1, CAST(",
+    token_expression!(),
+    " AS SIGNED), NULL) FROM (SELECT CAST(GET_LOCK(?, ?) AS SIGNED) AS got, \
+     CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED) AS waited LIMIT 1) AS g"
+);
+/// The next fencing token alone (a permit's, in its transaction after its `GET_LOCK`).
+pub(crate) const NEXT_TOKEN: &str = concat!("SELECT CAST(", token_expression!(), " AS SIGNED)");
+/// The current run's epoch, if the run row exists.
+const RUN_EPOCH: &str = "SELECT CAST(epoch AS SIGNED) FROM distlock_run WHERE id = 1";
+/// Raises the durable epoch by one (autocommitted: durable before the next statement),
+/// read back through `LAST_INSERT_ID`.
+const RAISE_EPOCH: &str = "INSERT INTO distlock_epoch (id, epoch) VALUES (1, LAST_INSERT_ID(1)) \
+     ON DUPLICATE KEY UPDATE epoch = LAST_INSERT_ID(epoch + 1)";
+/// The run row with epoch `?`, based at the next `UUID_SHORT()`, unless another client
+/// wrote it first.
+const START_RUN: &str =
+    "INSERT IGNORE INTO distlock_run (id, epoch, base) VALUES (1, ?, UUID_SHORT())";
 /// `1` released, `0` held by another session, `NULL` not held by anyone.
 pub(crate) const RELEASE_LOCK: &str = "SELECT CAST(RELEASE_LOCK(?) AS SIGNED)";
 /// Releases every user lock of the session (a permit's dedicated session).
@@ -70,6 +108,34 @@ pub(crate) const UNSEAT: &str = "DELETE FROM distlock_election WHERE name = ? AN
 pub(crate) const LEADER: &str = "SELECT candidate, CAST(term AS SIGNED) FROM distlock_election \
      WHERE name = ? AND connection_id = IS_USED_LOCK(?)";
 
+/// Makes sure the server's current run has its run row before this session hands out
+/// a token: a server start empties [`RUN_TABLE`] (a MEMORY table), and the first
+/// session after it raises the durable epoch, then writes the run row. Every epoch
+/// used was read from the durable row, which only rises, and a run's row is written
+/// only after its epoch was committed; so every token of a run is above every token
+/// of the runs before it, whether the server stopped or crashed, and whatever its
+/// clock did. Within a run, tokens follow `UUID_SHORT()`, a server-global counter.
+///
+/// # Errors
+/// As the statements' (run within the caller's timeout).
+pub(crate) async fn establish_run(conn: &mut MySqlConnection) -> Result<(), sqlx::Error> {
+    let epoch: Option<i64> = sqlx::query_scalar(RUN_EPOCH)
+        .fetch_optional(&mut *conn)
+        .await?;
+    if epoch.is_some() {
+        return Ok(());
+    }
+    let raised = sqlx::query(RAISE_EPOCH)
+        .execute(&mut *conn)
+        .await?
+        .last_insert_id();
+    sqlx::query(START_RUN)
+        .bind(raised)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
 /// Creates the tables that are missing, on `conn`, within `limit`. Only missing
 /// tables are created, so a user without `CREATE` works once they exist.
 ///
@@ -85,9 +151,10 @@ pub(crate) async fn ensure_tables(
         limit,
         sqlx::query_as(
             "SELECT CAST(table_name AS CHAR) FROM information_schema.tables \
-             WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?)",
+             WHERE table_schema = DATABASE() AND table_name IN (?, ?, ?, ?)",
         )
         .bind(FENCE_TABLE)
+        .bind(RUN_TABLE)
         .bind(PERMITS_TABLE)
         .bind(ELECTION_TABLE)
         .fetch_all(&mut *conn),
@@ -96,7 +163,7 @@ pub(crate) async fn ensure_tables(
     .map_err(|_| no_answer(address, limit))?
     .map_err(lock_error)?;
     for statement in CREATE_TABLES.split_inclusive(';') {
-        let Some(table) = [FENCE_TABLE, PERMITS_TABLE, ELECTION_TABLE]
+        let Some(table) = [FENCE_TABLE, RUN_TABLE, PERMITS_TABLE, ELECTION_TABLE]
             .into_iter()
             .find(|t| statement.contains(&format!("EXISTS {t} ")))
         else {

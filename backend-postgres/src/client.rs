@@ -1,17 +1,18 @@
 //! The state of one Postgres lock client, shared by its handles and its session
-//! tasks: the settings sessions open with, which session holds which lease, and the
-//! pools of shared and dedicated sessions.
+//! tasks: the settings sessions open with, which session holds which lease, and its
+//! sessions.
 
 use std::collections::HashMap;
-use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 
+pub(crate) use distlock_api::backend::sessions::locked;
+use distlock_api::backend::sessions::SessionPool;
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
-use tokio::sync::{Notify, OnceCell, Semaphore};
+use tokio::sync::OnceCell;
 
 use crate::config::{server_address, PostgresConfig};
-use crate::mailbox::{Kind, SessionHandle};
+use crate::mailbox::Command;
 use crate::sql::Statements;
 use crate::POSTGRES_BACKEND;
 
@@ -36,97 +37,31 @@ impl Settings {
 /// The state of a client, shared by a client's handles and its session tasks.
 pub(crate) struct ClientState {
     pub settings: Arc<Settings>,
-    pub registry: Mutex<Registry>,
-    pub pool: Mutex<Pool>,
-    /// Signalled when a shared session is added or an opening attempt ends.
-    pub pool_changed: Notify,
-    /// Dedicated sessions holding nothing, ready for the next wait.
-    pub idle_waits: Mutex<Vec<Arc<SessionHandle>>>,
-    /// One permit per dedicated session in use (waiting, or holding what it waited for).
-    pub wait_slots: Arc<Semaphore>,
-    /// Open sessions of each kind, counted by the session tasks.
-    pub open_shared: AtomicUsize,
-    pub open_waits: AtomicUsize,
+    /// Key hash → owner, for every key granted or being granted on a shared session
+    /// of this client: a second grant of the same key would be re-entrant.
+    pub shared_keys: Mutex<HashMap<i64, u128>>,
+    /// The shared and dedicated sessions, and which holds which lease.
+    pub sessions: Arc<SessionPool<Command>>,
     /// Set once the election table is known to exist (see `election::ready`).
     pub election_table: OnceCell<()>,
 }
 
-#[derive(Default)]
-pub(crate) struct Registry {
-    /// Owner token of every held lease → the session holding it.
-    routes: HashMap<u128, Arc<SessionHandle>>,
-    /// Key hash → owner, for every key granted or being granted on a shared session
-    /// of this client: a second grant of the same key would be re-entrant.
-    shared_keys: HashMap<i64, u128>,
-}
-
-#[derive(Default)]
-pub(crate) struct Pool {
-    pub sessions: Vec<Arc<SessionHandle>>,
-    /// Shared sessions being opened.
-    pub opening: usize,
-}
-
-pub(crate) fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section is a few map operations that cannot panic half-way.
-    mutex.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 impl ClientState {
-    /// The count of open sessions of `kind`, kept by the session tasks.
-    pub(crate) fn open_sessions(&self, kind: Kind) -> &AtomicUsize {
-        match kind {
-            Kind::Shared => &self.open_shared,
-            Kind::Wait => &self.open_waits,
-        }
-    }
-
     pub(crate) fn forget_shared_key(&self, hash: i64, owner: u128) {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
+        let mut shared_keys = locked(&self.shared_keys);
+        if shared_keys.get(&hash) == Some(&owner) {
+            shared_keys.remove(&hash);
         }
-    }
-
-    pub(crate) fn add_route(&self, owner: u128, session: Arc<SessionHandle>) {
-        locked(&self.registry).routes.insert(owner, session);
-    }
-
-    pub(crate) fn remove_route(&self, owner: u128, hash: i64) {
-        let mut registry = locked(&self.registry);
-        registry.routes.remove(&owner);
-        if registry.shared_keys.get(&hash) == Some(&owner) {
-            registry.shared_keys.remove(&hash);
-        }
-    }
-
-    pub(crate) fn route(&self, owner: u128) -> Option<Arc<SessionHandle>> {
-        locked(&self.registry).routes.get(&owner).cloned()
-    }
-
-    pub(crate) fn return_wait_session(&self, session: Arc<SessionHandle>) {
-        let mut idle = locked(&self.idle_waits);
-        if session.is_alive() && !idle.iter().any(|s| Arc::ptr_eq(s, &session)) {
-            idle.push(session);
-        }
-    }
-
-    pub(crate) fn drop_session(&self, session: &Arc<SessionHandle>) {
-        locked(&self.idle_waits).retain(|s| !Arc::ptr_eq(s, session));
-        locked(&self.pool)
-            .sessions
-            .retain(|s| !Arc::ptr_eq(s, session));
-        self.pool_changed.notify_waiters();
     }
 
     /// Reserves the key for a grant on a shared session; `false` if this client holds
     /// it, or is taking it, already.
     pub(crate) fn reserve_shared_key(&self, hash: i64, owner: u128) -> bool {
-        let mut registry = locked(&self.registry);
-        if registry.shared_keys.contains_key(&hash) {
+        let mut shared_keys = locked(&self.shared_keys);
+        if shared_keys.contains_key(&hash) {
             return false;
         }
-        registry.shared_keys.insert(hash, owner);
+        shared_keys.insert(hash, owner);
         true
     }
 }

@@ -3,6 +3,8 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+use distlock_api::backend::address::{check_scheme, host_port, url_address};
+use distlock_api::backend::sessions::{check_heartbeat, check_session_counts, Timing};
 use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::ConnectOptions as _;
@@ -87,12 +89,7 @@ impl PostgresConfig {
     /// [`LockError::Config`] naming the first field out of bounds.
     pub fn validate(&self) -> Result<(), LockError> {
         let bad = |message: String| Err(LockError::config(POSTGRES_BACKEND, message));
-        if self.shared_sessions == 0 {
-            return bad("shared_sessions must be at least 1".into());
-        }
-        if self.wait_sessions == 0 {
-            return bad("wait_sessions must be at least 1".into());
-        }
+        check_session_counts(POSTGRES_BACKEND, self.shared_sessions, self.wait_sessions)?;
         if self.session_timeout < MIN_SESSION_TIMEOUT
             || self.session_timeout.as_millis() > MAX_SETTING_MS
         {
@@ -101,16 +98,12 @@ impl PostgresConfig {
                 self.session_timeout
             ));
         }
-        let heartbeat = self.heartbeat();
-        if heartbeat.is_zero() || heartbeat > self.session_timeout / 2 {
-            return bad(format!(
-                "heartbeat {heartbeat:?} must be above zero and at most half the session_timeout ({:?})",
-                self.session_timeout
-            ));
-        }
-        if self.request_timeout.is_zero() {
-            return bad("request_timeout must be above zero".into());
-        }
+        check_heartbeat(
+            POSTGRES_BACKEND,
+            self.session_timeout,
+            self.heartbeat(),
+            self.request_timeout,
+        )?;
         if self.dead_peer_timeout < Duration::from_secs(2)
             || self.dead_peer_timeout.as_millis() > MAX_SETTING_MS
         {
@@ -140,17 +133,11 @@ impl PostgresConfig {
         self.heartbeat.unwrap_or(self.session_timeout / 5)
     }
 
-    /// How long after its last proof of life a session is surely still alive on the
-    /// server: `session_timeout` less 1 % and 2 ms for clock-rate differences.
-    pub(crate) fn lease_horizon(&self) -> Duration {
-        let margin = self.session_timeout / 100 + Duration::from_millis(2);
-        self.session_timeout.saturating_sub(margin)
-    }
-
-    /// A session holding nothing and unused for this long closes itself, before the
-    /// server's idle timeout would end it.
-    pub(crate) fn idle_close(&self) -> Duration {
-        self.session_timeout / 2
+    /// The timers of every session: leases valid for `session_timeout` less 1 % and
+    /// 2 ms after each proof of life; an unused session holding nothing closed after
+    /// half of it, before the server would end it.
+    pub(crate) fn timing(&self) -> Timing {
+        Timing::new(self.session_timeout, self.heartbeat())
     }
 
     /// The longest a cut-off client's locks outlive its last round trip: the
@@ -169,12 +156,7 @@ pub(crate) fn server_address(options: &PgConnectOptions) -> String {
     if let Some(socket) = options.get_socket() {
         return socket.display().to_string();
     }
-    let (host, port) = (options.get_host(), options.get_port());
-    if host.contains(':') {
-        format!("[{host}]:{port}")
-    } else {
-        format!("{host}:{port}")
-    }
+    host_port(options.get_host(), options.get_port())
 }
 
 /// A parsed `postgres://` or `postgresql://` URL: the server, login and database, before
@@ -232,16 +214,6 @@ impl std::fmt::Debug for PostgresUrl {
     }
 }
 
-/// The `host[:port]` list of `url`, without any user or password, for messages.
-fn address_of(url: &str) -> Option<&str> {
-    let rest = url.split_once("://")?.1;
-    let authority = rest.split(['/', '?', '#']).next()?;
-    let hosts = authority
-        .rsplit_once('@')
-        .map_or(authority, |(_, hosts)| hosts);
-    (!hosts.is_empty()).then_some(hosts)
-}
-
 /// Parses `postgres://` or `postgresql://` URLs in the forms sqlx accepts
 /// (`postgres://user:password@host:port/database?options`). An `application_name` is
 /// set to `distlock` unless the URL names one.
@@ -262,25 +234,10 @@ fn address_of(url: &str) -> Option<&str> {
 /// a mode needing TLS in a build without the `tls` feature. Error messages never
 /// repeat the URL, which may carry a password.
 pub fn parse_url(url: &str) -> Result<PostgresUrl, LockError> {
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme);
-    match scheme {
-        Some(s) if URL_SCHEMES.iter().any(|k| k.eq_ignore_ascii_case(s)) => {}
-        Some(s) if s.len() <= 32 && s.bytes().all(|b| b.is_ascii_graphic()) => {
-            return Err(LockError::config(
-                POSTGRES_BACKEND,
-                format!("{s}:// is not a Postgres URL scheme (use postgres:// or postgresql://)"),
-            ))
-        }
-        _ => {
-            return Err(LockError::config(
-                POSTGRES_BACKEND,
-                "not a postgres:// or postgresql:// URL",
-            ))
-        }
-    }
+    check_scheme(url, &URL_SCHEMES, POSTGRES_BACKEND, "Postgres")?;
     let unparsable = |source: Box<dyn std::error::Error + Send + Sync>| LockError::Config {
         backend: POSTGRES_BACKEND,
-        message: match address_of(url) {
+        message: match url_address(url) {
             Some(address) => format!("{address}: the Postgres URL could not be parsed"),
             None => "the Postgres URL could not be parsed".into(),
         },
@@ -426,7 +383,7 @@ mod tests {
             "db.example:99999: the Postgres URL could not be parsed"
         );
         assert!(source.is_some_and(|s| s.to_string().contains("port")));
-        assert_eq!(address_of("postgres:///locks"), None);
+        assert_eq!(url_address("postgres:///locks"), None);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use distlock_api::{
 };
 
 use crate::keys::advisory_key;
-use crate::lock::{lease_of, Plan};
+use crate::lock::Plan;
 use crate::mailbox::Probe;
 use crate::{election, rw, semaphore, PostgresLock, POSTGRES_BACKEND};
 
@@ -123,7 +123,8 @@ impl Engine for PostgresLock {
         };
         let granted = self.contend(request, hash, &plan).await?;
         Ok(granted.map(|grant| {
-            let (lease, monitor) = lease_of(key, grant, request.options);
+            let (owner, granted) = grant;
+            let (lease, monitor) = granted.into_lease(key, owner, request.options);
             Grant::new(lease, monitor)
         }))
     }

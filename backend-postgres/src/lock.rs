@@ -2,37 +2,36 @@
 //! dedicated sessions, and the tries and waits every primitive's grant is made of.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
+use distlock_api::backend::sessions::{
+    self, ask, compensate, dedicated_session, extend, release, shared_session, SessionPool,
+    SessionSource, SESSION_ATTEMPTS,
+};
 use distlock_api::backend::Request;
 use distlock_api::{
-    BackoffDelays, ExtendOutcome, FencingToken, Lease, LeaseMonitor, LockError, LockKey,
-    LockOptions, OwnerToken, PermitMismatch, ReleaseOutcome,
+    ExtendOutcome, Lease, LockError, LockKey, LockOptions, OwnerToken, PermitMismatch,
+    ReleaseOutcome,
 };
 use sqlx::Connection as _;
-use tokio::sync::{oneshot, Notify, OnceCell, Semaphore};
-use tokio::time::{timeout_at, Instant};
+use tokio::sync::{oneshot, OnceCell};
+use tokio::time::Instant;
 
-use crate::client::{locked, ClientState, Settings};
+use crate::client::{ClientState, Settings};
 use crate::config::{
     parse_url, session_options, session_set_statements, PoolMode, PostgresConfig, POOL_MODE_PARAM,
 };
-use crate::error;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Seat, SessionHandle};
 use crate::pooler;
 use crate::session;
 use crate::sql::{ensure_schema, Statements};
 use crate::POSTGRES_BACKEND;
 
-/// Requests in flight per shared session in use: a client with `n` requests in flight
-/// spreads new ones over its first `n / 8 + 1` shared sessions (least busy first),
-/// opening more, up to the configured number, as the load grows.
+/// Requests in flight per shared session: what is queued on a session goes in one
+/// statement, so a little queueing saves server work, and a few sessions let the
+/// server work on one batch while the client prepares the next.
 const QUEUE_PER_SESSION: usize = 8;
-/// Attempts on other sessions when the chosen one closed before running a command.
-const SESSION_ATTEMPTS: usize = 4;
 
 /// A Postgres lock client: session-level advisory locks, multiplexed over a few
 /// sessions, for every primitive. It is the backend's
@@ -48,18 +47,6 @@ const SESSION_ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct PostgresLock {
     state: Arc<ClientState>,
-}
-
-/// Counts a shared session being opened, until dropped.
-struct Opening(Arc<ClientState>);
-
-impl Drop for Opening {
-    fn drop(&mut self) {
-        let mut pool = locked(&self.0.pool);
-        pool.opening = pool.opening.saturating_sub(1);
-        drop(pool);
-        self.0.pool_changed.notify_waiters();
-    }
 }
 
 /// Undoes a grant in flight if the acquire future is dropped before it hands out a
@@ -86,13 +73,10 @@ impl Drop for Pending<'_> {
         if !self.armed {
             return;
         }
-        let queued = self.session.as_ref().is_some_and(|s| {
-            s.send(Command::Release {
-                owner: self.owner,
-                reply: None,
-            })
-            .is_ok()
-        });
+        let queued = self
+            .session
+            .as_ref()
+            .is_some_and(|s| compensate(s, self.owner));
         if !queued && self.reserved {
             // Never sent, or the session is gone (and its locks with it).
             self.state.forget_shared_key(self.hash, self.owner);
@@ -172,24 +156,24 @@ impl PostgresLock {
             let _ = conn.close().await;
             return Err(e);
         }
+        let sessions = SessionPool::new(
+            config.shared_sessions,
+            config.wait_sessions,
+            QUEUE_PER_SESSION,
+        );
         let state = Arc::new(ClientState {
-            wait_slots: Arc::new(Semaphore::new(config.wait_sessions)),
             settings: Arc::new(Settings {
                 config,
                 connect,
                 sql,
                 restate,
             }),
-            registry: Mutex::default(),
-            pool: Mutex::default(),
-            pool_changed: Notify::new(),
-            idle_waits: Mutex::default(),
-            open_shared: AtomicUsize::new(0),
-            open_waits: AtomicUsize::new(0),
+            shared_keys: Mutex::default(),
+            sessions: Arc::new(sessions),
             election_table: OnceCell::new(),
         });
         let first = session::start(Kind::Shared, conn, &state);
-        locked(&state.pool).sessions.push(first);
+        state.sessions.add_shared(first);
         Ok(PostgresLock { state })
     }
 
@@ -200,103 +184,7 @@ impl PostgresLock {
 
     /// The sessions open now: `(shared, dedicated to waits)`. Each is one connection.
     pub fn session_counts(&self) -> (usize, usize) {
-        (
-            self.state.open_shared.load(Ordering::Relaxed),
-            self.state.open_waits.load(Ordering::Relaxed),
-        )
-    }
-
-    /// The least busy shared session, opening one if all are busy and there is room.
-    async fn shared_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        let state = &self.state;
-        let max = state.settings.config.shared_sessions;
-        enum Next {
-            Use(Arc<SessionHandle>),
-            OpenAside(Arc<SessionHandle>),
-            Open,
-            Wait,
-        }
-        // Armed only once there is something to wait for, so the common path takes
-        // no lock on the notifier.
-        let mut changed = None;
-        loop {
-            let next = {
-                let mut pool = locked(&state.pool);
-                pool.sessions.retain(|s| s.is_alive());
-                // Use as many sessions as the load needs, about one per
-                // QUEUE_PER_SESSION requests in flight: what is queued on a session
-                // goes in one statement, so a little queueing saves server work, and a
-                // few sessions let the server work on one batch while the client
-                // prepares the next.
-                let load: usize = pool.sessions.iter().map(|s| s.load()).sum();
-                let needed = (load / QUEUE_PER_SESSION + 1).min(max);
-                let best = pool
-                    .sessions
-                    .iter()
-                    .take(needed)
-                    .min_by_key(|s| s.load())
-                    .cloned();
-                let room = pool.sessions.len() + pool.opening < needed;
-                match best {
-                    Some(s) if room && s.load() > 0 => {
-                        pool.opening += 1;
-                        Next::OpenAside(s)
-                    }
-                    Some(s) => Next::Use(s),
-                    None if pool.opening == 0 => {
-                        pool.opening += 1;
-                        Next::Open
-                    }
-                    None => Next::Wait,
-                }
-            };
-            match next {
-                Next::Use(session) => return Ok(session),
-                // Every slot is being opened: wait for one to finish (registering
-                // first, then looking again, so no notification is missed).
-                Next::Wait => match changed.take() {
-                    None => {
-                        let mut armed = Box::pin(state.pool_changed.notified());
-                        armed.as_mut().enable();
-                        changed = Some(armed);
-                    }
-                    Some(armed) => armed.await,
-                },
-                Next::Open => {
-                    let _opening = Opening(state.clone());
-                    let session = session::open(Kind::Shared, state).await?;
-                    locked(&state.pool).sessions.push(session.clone());
-                    return Ok(session);
-                }
-                Next::OpenAside(session) => {
-                    // Busy sessions: open one more in the background, and meanwhile
-                    // join the least busy one's next batch.
-                    let state = state.clone();
-                    tokio::spawn(async move {
-                        let _opening = Opening(state.clone());
-                        match session::open(Kind::Shared, &state).await {
-                            Ok(opened) => locked(&state.pool).sessions.push(opened),
-                            Err(error) => {
-                                tracing::debug!(%error, "could not open another shared session")
-                            }
-                        }
-                    });
-                    return Ok(session);
-                }
-            }
-        }
-    }
-
-    /// An idle dedicated session, or a new one. The caller holds a wait slot.
-    async fn wait_session(&self) -> Result<Arc<SessionHandle>, LockError> {
-        loop {
-            let idle = locked(&self.state.idle_waits).pop();
-            match idle {
-                Some(s) if s.is_alive() => return Ok(s),
-                Some(_) => continue,
-                None => return session::open(Kind::Wait, &self.state).await,
-            }
-        }
+        self.state.sessions.counts()
     }
 
     /// One try on a shared session: the grant, or `None` when the key is held
@@ -322,7 +210,7 @@ impl PostgresLock {
                 session: None,
                 armed: true,
             };
-            let session = self.shared_session().await?;
+            let session = shared_session(&self.state).await?;
             let (tx, rx) = oneshot::channel();
             let command = Command::TryGrant {
                 hash,
@@ -381,30 +269,10 @@ impl PostgresLock {
         seat: Option<&Arc<Seat>>,
     ) -> Result<Option<Grant>, LockError> {
         for _ in 0..SESSION_ATTEMPTS {
-            let slots = self.state.wait_slots.clone();
-            let slot = match deadline {
-                Some(d) => match timeout_at(d, slots.acquire_owned()).await {
-                    Ok(slot) => slot,
-                    Err(_) => return Ok(None),
-                },
-                None => slots.acquire_owned().await,
-            }
-            .map_err(|_| error::connection("the client is shutting down"))?;
             // Opening a session may queue at a pooler for a server connection: that
             // counts against the wait too, and the error says so.
-            let session = match deadline {
-                Some(d) => {
-                    let started = Instant::now();
-                    timeout_at(d, self.wait_session()).await.map_err(|_| {
-                        self.state.settings.connection_error(format!(
-                            "waited {:?} for a new session to wait for {key} in: the server, or \
-                             a pooler's session pool, had no connection free (budget one per \
-                             waiter and per lock taken after a wait, beside the shared ones)",
-                            started.elapsed()
-                        ))
-                    })??
-                }
-                None => self.wait_session().await?,
+            let Some((slot, session)) = dedicated_session(&self.state, deadline, key).await? else {
+                return Ok(None);
             };
             let lock_timeout_ms = match deadline {
                 None => 0,
@@ -488,7 +356,7 @@ impl PostgresLock {
     }
 
     /// After a try of `plan` found the key held: waits until it may be free (a wait
-    /// in the server's queue, or a nap of the poll's backoff), within `deadline`.
+    /// in the server's queue, or, for a permit, a nap of `nap`), within `deadline`.
     async fn wait_plan(
         &self,
         key: &LockKey,
@@ -496,16 +364,12 @@ impl PostgresLock {
         plan: &Plan,
         options: &LockOptions,
         deadline: Option<Instant>,
-        polls: &mut BackoffDelays,
+        nap: Duration,
     ) -> Result<Option<Grant>, LockError> {
         let grab = match plan {
             Plan::Exclusive | Plan::Lead(_) => Grab::Exclusive,
             Plan::Shared => Grab::SharedWait,
             Plan::Permit(_) => {
-                let mut nap = polls.next_delay();
-                if let Some(d) = deadline {
-                    nap = nap.min(d.saturating_duration_since(Instant::now()));
-                }
                 tokio::time::sleep(nap).await;
                 return Ok(None);
             }
@@ -530,29 +394,12 @@ impl PostgresLock {
         plan: &Plan,
     ) -> Result<Option<Grant>, LockError> {
         let (key, options, deadline) = (request.key, request.options, request.deadline);
-        let mut polls = options.backoff().delays();
-        loop {
-            let granted = match self.try_plan(key, hash, plan, options).await? {
-                Some(grant) => Some(grant),
-                None => {
-                    request.saw_held();
-                    if !request.waits() || request.deadline_passed() {
-                        return Ok(None);
-                    }
-                    self.wait_plan(key, hash, plan, options, deadline, &mut polls)
-                        .await?
-                }
-            };
-            if granted.is_some() {
-                return Ok(granted);
-            }
-            request.saw_held();
-            if request.deadline_passed() {
-                return Ok(None);
-            }
-            // The server's wait was capped below the deadline, or a permit's nap
-            // ended: try again.
-        }
+        sessions::contend(
+            request,
+            || self.try_plan(key, hash, plan, options),
+            |nap| self.wait_plan(key, hash, plan, options, deadline, nap),
+        )
+        .await
     }
 
     /// Owner-checked release of `lease`, of any primitive: `probe` finds the key's
@@ -562,14 +409,7 @@ impl PostgresLock {
         lease: &Lease,
         probe: Probe,
     ) -> Result<ReleaseOutcome, LockError> {
-        let owner = lease.owner().as_u128();
-        let released = self
-            .to_holder(owner, |reply| Command::Release {
-                owner,
-                reply: Some(reply),
-            })
-            .await?;
-        if released == Some(true) {
+        if release(&*self.state, lease.owner().as_u128()).await? {
             return Ok(ReleaseOutcome::Released);
         }
         Ok(if self.held_by_anyone(probe).await? {
@@ -587,11 +427,7 @@ impl PostgresLock {
         ttl: Duration,
         probe: Probe,
     ) -> Result<ExtendOutcome, LockError> {
-        let owner = lease.owner().as_u128();
-        let extended = self
-            .to_holder(owner, |reply| Command::Extend { owner, ttl, reply })
-            .await?;
-        if let Some(Some(valid_until)) = extended {
+        if let Some(valid_until) = extend(&*self.state, lease.owner().as_u128(), ttl).await? {
             return Ok(ExtendOutcome::Extended { valid_until });
         }
         Ok(if self.held_by_anyone(probe).await? {
@@ -603,31 +439,7 @@ impl PostgresLock {
 
     /// Whether any session of the database holds a lock matching `probe` (per `pg_locks`).
     pub(crate) async fn held_by_anyone(&self, probe: Probe) -> Result<bool, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            if session
-                .send(Command::HeldByAnyone { probe, reply: tx })
-                .is_err()
-            {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(held)) => return Ok(held),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        POSTGRES_BACKEND,
-                        "a permit count answer to a pg_locks probe",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .state
-            .settings
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, |reply| Command::HeldByAnyone { probe, reply }).await
     }
 
     /// The leader row `(candidate, term)` of the election `name` (advisory key `hash`),
@@ -637,33 +449,12 @@ impl PostgresLock {
         name: &LockKey,
         hash: i64,
     ) -> Result<Option<(Vec<u8>, i64)>, LockError> {
-        for _ in 0..SESSION_ATTEMPTS {
-            let session = self.shared_session().await?;
-            let (tx, rx) = oneshot::channel();
-            let command = Command::Leader {
-                name: name.as_str().to_owned(),
-                hash,
-                reply: tx,
-            };
-            if session.send(command).is_err() {
-                continue;
-            }
-            match rx.await {
-                Ok(Ok(row)) => return Ok(row),
-                Ok(Err(Failure::Closed)) | Err(_) => continue,
-                Ok(Err(Failure::Lock(e))) => return Err(e),
-                Ok(Err(Failure::Mismatch(_))) => {
-                    return Err(LockError::backend_error(
-                        POSTGRES_BACKEND,
-                        "a permit count answer to a leader look-up",
-                    ))
-                }
-            }
-        }
-        Err(self
-            .state
-            .settings
-            .connection_error("no usable session: every one tried closed"))
+        ask(&self.state, |reply| Command::Leader {
+            name: name.as_str().to_owned(),
+            hash,
+            reply,
+        })
+        .await
     }
 
     /// The settings every session of this client runs with.
@@ -675,31 +466,25 @@ impl PostgresLock {
     pub(crate) fn election_table(&self) -> &OnceCell<()> {
         &self.state.election_table
     }
+}
 
-    /// Sends `command` to the session holding `owner`'s lease; `None` if no session of
-    /// this client holds it (any more).
-    async fn to_holder<T>(
-        &self,
-        owner: u128,
-        command: impl FnOnce(Reply<T>) -> Command,
-    ) -> Result<Option<T>, LockError> {
-        let Some(session) = self.state.route(owner) else {
-            return Ok(None);
-        };
-        let (tx, rx) = oneshot::channel();
-        if session.send(command(tx)).is_err() {
-            return Ok(None);
-        }
-        match rx.await {
-            Ok(Ok(value)) => Ok(Some(value)),
-            // The session ended before running it, and its locks with it.
-            Ok(Err(Failure::Closed)) | Err(_) => Ok(None),
-            Ok(Err(Failure::Lock(e))) => Err(e),
-            Ok(Err(Failure::Mismatch(_))) => Err(LockError::backend_error(
-                POSTGRES_BACKEND,
-                "a permit count answer to a release or extend",
-            )),
-        }
+impl SessionSource for ClientState {
+    type Command = Command;
+    const BACKEND: &'static str = POSTGRES_BACKEND;
+    const NO_SESSION_FREE: &'static str = "the server, or a pooler's session pool, had no \
+        connection free (budget one per waiter and per lock taken after a wait, beside the \
+        shared ones)";
+
+    fn sessions(&self) -> &Arc<SessionPool<Command>> {
+        &self.sessions
+    }
+
+    async fn open(self: Arc<Self>, kind: Kind) -> Result<Arc<SessionHandle>, LockError> {
+        session::open(kind, &self).await
+    }
+
+    fn connection_error(&self, why: &str) -> LockError {
+        self.settings.connection_error(why)
     }
 }
 
@@ -721,23 +506,4 @@ pub(crate) enum Plan {
     /// An election's leadership: taken as [`Plan::Exclusive`], and recorded as the
     /// leader by the granting session before it is handed out.
     Lead(Arc<Seat>),
-}
-
-/// The lease and monitor of `grant` on `key`, for the guard of any primitive.
-pub(crate) fn lease_of(
-    key: &LockKey,
-    grant: Grant,
-    options: &LockOptions,
-) -> (Lease, LeaseMonitor) {
-    let (owner, granted) = grant;
-    // The sequence starts at 1 (MINVALUE 1), so the token is positive.
-    let token = FencingToken::new(granted.token.unsigned_abs());
-    let lease = Lease::new(
-        key.clone(),
-        owner,
-        Some(token),
-        options.ttl(),
-        granted.acquired_at,
-    );
-    (lease, granted.monitor)
 }

@@ -1,34 +1,15 @@
-//! The mailbox between a client and its session tasks: what a session is for, the
-//! commands a task takes, their replies, and the client's handle on a task.
+//! The mailbox between a client and its session tasks: the commands a task takes, and
+//! the client's handle on a task (see `distlock_api::backend::sessions` for the rest).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock_api::{LeaseMonitor, LockError};
-use tokio::sync::{mpsc, oneshot, OwnedSemaphorePermit};
+use distlock_api::backend::sessions;
+pub(crate) use distlock_api::backend::sessions::{
+    Failure, Granted, Kind, LeaseCommand, Reply, Seat,
+};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::Instant;
-
-/// What a session is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Kind {
-    /// Carries grants that did not wait, for any number of keys.
-    Shared,
-    /// Waits in the server's queue for one key, then holds that one lock.
-    Wait,
-}
-
-/// Why a command failed.
-#[derive(Debug)]
-pub(crate) enum Failure {
-    /// The session closed before running the command: nothing happened, retry elsewhere.
-    Closed,
-    /// The command ran, or may have, and failed.
-    Lock(LockError),
-    /// A permit try found the semaphore in use with this other permit count; nothing
-    /// was taken.
-    Mismatch(u32),
-}
 
 /// What a dedicated session's grant takes, and how.
 #[derive(Debug, Clone)]
@@ -54,27 +35,6 @@ impl Grab {
     pub fn waits(&self) -> bool {
         matches!(self, Grab::Exclusive | Grab::SharedWait)
     }
-}
-
-/// An election candidacy: what a grant of the election's lock records as the leader,
-/// in the same session, before it is handed out.
-#[derive(Debug)]
-pub(crate) struct Seat {
-    /// The election's name (the table's key).
-    pub name: String,
-    /// The candidate's identity.
-    pub candidate: Vec<u8>,
-}
-
-pub(crate) type Reply<T> = oneshot::Sender<Result<T, Failure>>;
-
-/// A lock granted to a session.
-#[derive(Debug)]
-pub(crate) struct Granted {
-    pub token: i64,
-    /// When the lease starts, on the client's clock (conservative).
-    pub acquired_at: Instant,
-    pub monitor: LeaseMonitor,
 }
 
 /// Which advisory locks a [`Command::HeldByAnyone`] looks for in `pg_locks`.
@@ -134,19 +94,8 @@ pub(crate) enum Command {
         seat: Option<Arc<Seat>>,
         reply: Reply<Option<Granted>>,
     },
-    /// Unlocks `owner`'s lease if this session holds it; `true` if it did. Without a
-    /// reply it is the compensation for a grant whose caller went away.
-    Release {
-        owner: u128,
-        reply: Option<Reply<bool>>,
-    },
-    /// Proves the session alive and pushes `owner`'s TTL deadline to `ttl` from now;
-    /// the new validity deadline, or `None` if this session does not hold the lease.
-    Extend {
-        owner: u128,
-        ttl: Duration,
-        reply: Reply<Option<Instant>>,
-    },
+    /// A release or extend of a lease this session holds.
+    Lease(LeaseCommand),
     /// Whether any session of the database holds an advisory lock matching `probe`.
     HeldByAnyone { probe: Probe, reply: Reply<bool> },
     /// The leader's `(candidate, term)` of the election `name` (advisory key `hash`),
@@ -165,14 +114,7 @@ impl Command {
             Command::TryGrant { reply, .. } | Command::Wait { reply, .. } => {
                 let _ = reply.send(Err(failure));
             }
-            Command::Release { reply, .. } => {
-                if let Some(reply) = reply {
-                    let _ = reply.send(Err(failure));
-                }
-            }
-            Command::Extend { reply, .. } => {
-                let _ = reply.send(Err(failure));
-            }
+            Command::Lease(command) => command.fail(failure),
             Command::HeldByAnyone { reply, .. } => {
                 let _ = reply.send(Err(failure));
             }
@@ -183,51 +125,11 @@ impl Command {
     }
 }
 
+impl From<LeaseCommand> for Command {
+    fn from(command: LeaseCommand) -> Self {
+        Command::Lease(command)
+    }
+}
+
 /// The client's handle on a session task.
-#[derive(Debug)]
-pub(crate) struct SessionHandle {
-    tx: mpsc::UnboundedSender<Command>,
-    /// Commands sent and not yet finished, for picking the least busy session.
-    load: AtomicUsize,
-    alive: AtomicBool,
-}
-
-impl SessionHandle {
-    /// A handle for a new task, and the task's end of the mailbox.
-    pub fn new() -> (Self, mpsc::UnboundedReceiver<Command>) {
-        let (tx, rx) = mpsc::unbounded_channel();
-        let handle = SessionHandle {
-            tx,
-            load: AtomicUsize::new(0),
-            alive: AtomicBool::new(true),
-        };
-        (handle, rx)
-    }
-
-    /// Notes that the task finished `count` commands.
-    pub fn finished(&self, count: usize) {
-        self.load.fetch_sub(count, Ordering::Relaxed);
-    }
-
-    /// Notes that the task stopped: the session takes no more commands.
-    pub fn close(&self) {
-        self.alive.store(false, Ordering::Release);
-    }
-
-    /// Queues `command`; gives it back if the task has stopped taking commands.
-    pub fn send(&self, command: Command) -> Result<(), Command> {
-        self.load.fetch_add(1, Ordering::Relaxed);
-        self.tx.send(command).map_err(|e| {
-            self.load.fetch_sub(1, Ordering::Relaxed);
-            e.0
-        })
-    }
-
-    pub fn load(&self) -> usize {
-        self.load.load(Ordering::Relaxed)
-    }
-
-    pub fn is_alive(&self) -> bool {
-        self.alive.load(Ordering::Acquire) && !self.tx.is_closed()
-    }
-}
+pub(crate) type SessionHandle = sessions::SessionHandle<Command>;

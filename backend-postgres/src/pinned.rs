@@ -98,7 +98,7 @@ pub(crate) struct Pinned {
 /// The validity deadline of a lease: its TTL deadline, or the server's idle cut-off
 /// after the last proof of life, whichever is first.
 pub(crate) fn validity(config: &PostgresConfig, ttl_deadline: Instant, proof: Instant) -> Instant {
-    ttl_deadline.min(proof + config.lease_horizon())
+    ttl_deadline.min(proof + config.timing().horizon)
 }
 
 /// Starts the task of `pinned`, registered under its owner token.

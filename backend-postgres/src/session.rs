@@ -13,29 +13,29 @@
 //! release is queued behind the grant), and a session whose protocol state is unknown
 //! (a reply timed out, a wait was abandoned) is closed, which ends its locks.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use distlock_api::backend::prelude::*;
+use async_trait::async_trait;
+use distlock_api::backend::sessions::{self, End, Extension, Held, SessionTask, TaskCore};
 use distlock_api::connect_retry::{retry_connect, Refused};
-use distlock_api::{LeaseMonitor, LeaseState, LockError};
+use distlock_api::LockError;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection, PgConnection};
-use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+use tokio::sync::OwnedSemaphorePermit;
+use tokio::time::{timeout, Instant};
 
 use crate::client::{ClientState, Settings};
 use crate::config::server_address;
 use crate::error::{connect_error, ends_session, lock_error, sqlstate, LockTableFull};
 use crate::keys::pg_locks_ids;
-use crate::mailbox::{Command, Failure, Grab, Granted, Kind, Probe, Reply, Seat, SessionHandle};
+use crate::mailbox::{
+    Command, Failure, Grab, Granted, Kind, LeaseCommand, Probe, Reply, Seat, SessionHandle,
+};
 use crate::POSTGRES_BACKEND;
 
-/// The most commands of one kind sent as one statement.
-const MAX_BATCH: usize = 256;
 /// A dedicated session's server process: `(pid, start time as text)`.
 const BACKEND_IDENTITY: &str = "SELECT pid, backend_start::text FROM pg_stat_activity \
      WHERE pid = pg_backend_pid()";
@@ -44,27 +44,10 @@ const TERMINATE_BACKEND: &str = "SELECT pg_terminate_backend(pid) FROM pg_stat_a
      WHERE pid = $1 AND backend_start::text = $2";
 /// SQLSTATE lock_not_available: `lock_timeout` fired.
 const LOCK_TIMEOUT: &str = "55P03";
-/// A TTL timer that fires this late shows that the whole process was paused (SIGSTOP,
-/// a suspended VM) or starved: the holder, which wakes up together with this task, did
-/// not renew because it could not run, not because it let the lease go.
-const PAUSED_LATENESS: Duration = Duration::from_secs(1);
-/// After such a pause, how long the unlock at the TTL waits for the holder's own
-/// release. The lease is lost for the holder at once; only the server's lock stays, so
-/// that the release finds it still held and can report that nobody else held it
-/// meanwhile (`distlock exec` passes on its command's exit code then).
-const PAUSE_GRACE: Duration = Duration::from_secs(1);
-
-/// One held lease.
+/// What a session holds for one lease, beside its TTL and monitor.
 #[derive(Debug)]
-struct Held {
+struct Lock {
     hash: i64,
-    /// When the client unlocks it: its TTL deadline, or the end of its [`PAUSE_GRACE`].
-    ttl_deadline: Instant,
-    /// Its TTL ran out during a pause; the unlock waits for the holder's release.
-    paused_past_ttl: bool,
-    monitor: LeaseMonitor,
-    /// A dedicated session's wait slot, freed when the lock ends.
-    _slot: Option<OwnedSemaphorePermit>,
     /// The session's only grant, released with `pg_advisory_unlock_all` (a read, a
     /// permit): see [`Task::unlock`].
     unlock_all: bool,
@@ -83,31 +66,14 @@ struct NewGrant {
     ttl: Duration,
     /// A dedicated session's wait slot.
     slot: Option<OwnedSemaphorePermit>,
-    /// Whether it is released with `pg_advisory_unlock_all` (see [`Held::unlock_all`]).
+    /// Whether it is released with `pg_advisory_unlock_all` (see [`Lock::unlock_all`]).
     unlock_all: bool,
     /// An election's grant: its leader's row is written before the reply.
     seat: Option<Arc<Seat>>,
 }
 
-/// Why a session task stops.
-#[derive(Debug)]
-enum End {
-    /// Every handle was dropped.
-    ClientGone,
-    /// Held nothing and was unused for the idle period.
-    Idle,
-    /// The connection failed or its state is unknown; the message says why.
-    Broken(String),
-}
-
 /// The result of one round trip.
-enum Trip<T> {
-    Done(T),
-    /// The server refused the statement; the session is fine.
-    Refused(sqlx::Error),
-    /// The session is unusable.
-    Broken(String),
-}
+type Trip<T> = sessions::Trip<T, sqlx::Error>;
 
 /// Opens a session of `kind` and starts its task.
 pub(crate) async fn open(
@@ -205,15 +171,10 @@ pub(crate) async fn connect_retrying(
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 match tokio::time::timeout(left, PgConnection::connect_with(options)).await {
                     Ok(Ok(conn)) => Ok(conn),
-                    Ok(Err(error)) => {
-                        let passing = connect_may_pass(&error);
-                        let error = connect_error(error, address);
-                        Err(if passing && error.is_retryable() {
-                            Refused::Passing(error)
-                        } else {
-                            Refused::Lasting(error)
-                        })
-                    }
+                    Ok(Err(error)) => Err(Refused::by_kind_if(
+                        connect_may_pass(&error),
+                        connect_error(error, address),
+                    )),
                     Err(_) => Err(Refused::Passing(LockError::connection_at(
                         POSTGRES_BACKEND,
                         address,
@@ -268,23 +229,12 @@ fn start_as(
     client: &Arc<ClientState>,
     backend: Option<(i32, String)>,
 ) -> Arc<SessionHandle> {
-    let (handle, rx) = SessionHandle::new();
-    let handle = Arc::new(handle);
-    client.open_sessions(kind).fetch_add(1, Ordering::Relaxed);
-    let now = Instant::now();
+    let timing = client.settings.config.timing();
+    let (handle, core) = TaskCore::new(conn, kind, &client.sessions, timing, "Postgres");
     let task = Task {
-        conn: Some(conn),
-        rx,
-        me: Arc::downgrade(&handle),
-        kind,
+        core,
         client: Arc::downgrade(client),
         settings: client.settings.clone(),
-        held: HashMap::new(),
-        expiries: BTreeSet::new(),
-        last_proof: now,
-        last_renewal: now,
-        last_used: now,
-        suspected: false,
         backend,
     };
     tokio::spawn(task.run());
@@ -292,173 +242,70 @@ fn start_as(
 }
 
 struct Task {
-    /// `None` once abandoned mid-protocol.
-    conn: Option<PgConnection>,
-    rx: mpsc::UnboundedReceiver<Command>,
-    me: Weak<SessionHandle>,
-    kind: Kind,
+    /// The connection, the mailbox and what the session holds.
+    core: TaskCore<Command, Lock, PgConnection>,
     client: Weak<ClientState>,
     settings: Arc<Settings>,
-    held: HashMap<u128, Held>,
-    /// `(TTL deadline, owner)` of every held lease.
-    expiries: BTreeSet<(Instant, u128)>,
-    /// The start of the last successful round trip: the server's idle clock started
-    /// after it.
-    last_proof: Instant,
-    /// The last time held leases' validity was pushed to the proof's horizon.
-    last_renewal: Instant,
-    last_used: Instant,
-    /// Held leases were marked suspect since the last proof.
-    suspected: bool,
     /// A dedicated session's server process, `(pid, backend_start as text)`: an
     /// abandoned wait is ended through it (see [`Task::end_abandoned_wait`]).
     backend: Option<(i32, String)>,
+}
+
+#[async_trait]
+impl SessionTask for Task {
+    type Command = Command;
+    type Lock = Lock;
+    type Conn = PgConnection;
+
+    /// Runs of grants, releases and extends go as one statement each.
+    const MAX_BATCH: usize = 256;
+
+    fn core(&mut self) -> &mut TaskCore<Command, Lock, PgConnection> {
+        &mut self.core
+    }
+
+    /// Runs a batch of commands: all grants as one statement, then all releases as
+    /// one, then all extends with one proof of life, then the rest in order.
+    ///
+    /// Reordering is safe: a release that compensates a grant comes after it (grants
+    /// go first), and a key is never granted while a release of it by this client is
+    /// pending (the client reserves a key until its unlock has run).
+    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+        self.run_batch(batch).await
+    }
+
+    async fn expire(&mut self, owners: Vec<u128>) -> Result<(), End> {
+        self.unlock(owners, Vec::new()).await
+    }
+
+    async fn ping(&mut self) -> Result<(), End> {
+        let sql = self.settings.sql.ping;
+        self.trip(move |c| {
+            Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
+        })
+        .await
+        .or_end("heartbeat")
+        .map(|_| ())
+    }
+
+    fn forget(&mut self, owner: u128) {
+        self.forget_held(owner);
+    }
+
+    fn refuse(&mut self, command: Command) {
+        self.forget_command(&command);
+        command.fail(Failure::Closed);
+    }
+
+    async fn close(conn: PgConnection) {
+        let _ = conn.close().await;
+    }
 }
 
 impl Task {
     /// A connection error of this session: `why`, at the server's address.
     fn broken(&self, why: impl Into<String>) -> LockError {
         self.settings.connection_error(why)
-    }
-
-    async fn run(mut self) {
-        let end = self.serve().await;
-        self.stop(end).await;
-    }
-
-    async fn serve(&mut self) -> End {
-        let heartbeat = self.settings.config.heartbeat();
-        let idle_close = self.settings.config.idle_close();
-        loop {
-            // Timers first, so a steady stream of commands cannot starve them.
-            if let Err(end) = self.due_work(heartbeat, idle_close).await {
-                return end;
-            }
-            let wake_at = self.next_timer(heartbeat, idle_close);
-            tokio::select! {
-                command = self.rx.recv() => {
-                    let Some(command) = command else { return End::ClientGone };
-                    let mut batch = vec![command];
-                    while batch.len() < MAX_BATCH {
-                        match self.rx.try_recv() {
-                            Ok(command) => batch.push(command),
-                            Err(_) => break,
-                        }
-                    }
-                    let count = batch.len();
-                    let result = self.process(batch).await;
-                    if let Some(me) = self.me.upgrade() {
-                        me.finished(count);
-                    }
-                    self.last_used = Instant::now();
-                    if let Err(end) = result {
-                        return end;
-                    }
-                }
-                _ = sleep_until(wake_at) => {}
-            }
-        }
-    }
-
-    fn next_timer(&self, heartbeat: Duration, idle_close: Duration) -> Instant {
-        let far = Instant::now() + Duration::from_secs(3600);
-        let mut at = far;
-        if let Some((expiry, _)) = self.expiries.first() {
-            at = at.min(*expiry);
-        }
-        if self.held.is_empty() {
-            at = at.min(self.last_used + idle_close);
-        } else {
-            at = at.min(self.last_renewal + heartbeat);
-        }
-        at
-    }
-
-    /// Expires leases past their TTL, renews or proves the session, or ends it when idle.
-    async fn due_work(&mut self, heartbeat: Duration, idle_close: Duration) -> Result<(), End> {
-        let now = Instant::now();
-        if self.expiries.first().is_some_and(|(t, _)| *t <= now) {
-            let due: Vec<(Instant, u128)> = self
-                .expiries
-                .iter()
-                .take_while(|(t, _)| *t <= now)
-                .copied()
-                .collect();
-            let mut unlock = Vec::new();
-            for (deadline, owner) in due {
-                let paused = now.saturating_duration_since(deadline) >= PAUSED_LATENESS;
-                if !(paused && self.defer_unlock_after_pause(owner, now)) {
-                    unlock.push(owner);
-                }
-            }
-            if !unlock.is_empty() {
-                self.unlock(unlock, Vec::new()).await?;
-            }
-        }
-        if self.held.is_empty() {
-            if now >= self.last_used + idle_close {
-                return Err(End::Idle);
-            }
-            return Ok(());
-        }
-        if now >= self.last_renewal + heartbeat {
-            // A recent command already proved the session alive: no ping needed.
-            if now.saturating_duration_since(self.last_proof) >= heartbeat / 2 {
-                self.ping().await?;
-            }
-            self.renew_all(false);
-        }
-        Ok(())
-    }
-
-    /// A lease whose TTL ran out while the process was paused: lost for its holder now,
-    /// but unlocked only at its release (which then finds it still held: no one else
-    /// can have held it) or after [`PAUSE_GRACE`]. Once per lease; false if it was
-    /// deferred already (or is not held), and must be unlocked now.
-    fn defer_unlock_after_pause(&mut self, owner: u128, now: Instant) -> bool {
-        let Some(held) = self.held.get_mut(&owner) else {
-            return false;
-        };
-        if held.paused_past_ttl {
-            return false;
-        }
-        held.monitor.mark_lost();
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.paused_past_ttl = true;
-        held.ttl_deadline = now + PAUSE_GRACE;
-        self.expiries.insert((held.ttl_deadline, owner));
-        true
-    }
-
-    /// The validity deadline of a lease ending at `ttl_deadline`.
-    fn deadline(&self, ttl_deadline: Instant) -> Instant {
-        ttl_deadline.min(self.last_proof + self.settings.config.lease_horizon())
-    }
-
-    /// Pushes every held lease's validity to the current proof's horizon.
-    fn renew_all(&mut self, force: bool) {
-        self.last_renewal = Instant::now();
-        let horizon = self.last_proof + self.settings.config.lease_horizon();
-        for held in self.held.values() {
-            // Lost is final, also when only the deadline says so: never revive.
-            if held.monitor.state() == LeaseState::Lost {
-                continue;
-            }
-            let deadline = held.ttl_deadline.min(horizon);
-            if force || deadline > held.monitor.valid_until() {
-                held.monitor.renewed(deadline);
-            }
-        }
-        self.suspected = false;
-    }
-
-    fn note_proof(&mut self, started: Instant) {
-        if started > self.last_proof {
-            self.last_proof = started;
-        }
-        if self.suspected {
-            self.renew_all(true);
-        }
     }
 
     /// Runs one statement, bounded by the request timeout; marks held leases suspect
@@ -471,79 +318,18 @@ impl Task {
             Box<dyn Future<Output = Result<T, sqlx::Error>> + Send + 'c>,
         >,
     {
-        let Some(conn) = self.conn.as_mut() else {
-            return Trip::Broken("the session was abandoned".into());
-        };
-        let started = Instant::now();
         let limit = self.settings.config.request_timeout;
-        let suspect_after = self.settings.config.heartbeat().min(limit);
-        let result = {
-            let fut = run(conn);
-            tokio::pin!(fut);
-            let early = tokio::select! {
-                result = &mut fut => Some(result),
-                _ = sleep(suspect_after) => None,
-            };
-            match early {
-                Some(result) => result,
-                None => {
-                    for held in self.held.values() {
-                        held.monitor.suspect();
-                    }
-                    self.suspected = !self.held.is_empty();
-                    match timeout_at(started + limit, fut).await {
-                        Ok(result) => result,
-                        Err(_) => {
-                            return Trip::Broken(format!(
-                                "the server did not answer within {limit:?}"
-                            ))
-                        }
-                    }
-                }
-            }
-        };
-        match result {
-            Ok(value) => {
-                self.note_proof(started);
-                Trip::Done(value)
-            }
-            Err(e) if ends_session(&e) => Trip::Broken(format!("the session ended: {e}")),
-            Err(e) => {
-                // The server answered: the session is alive.
-                self.note_proof(started);
-                Trip::Refused(e)
-            }
-        }
+        self.core.trip(limit, run, ends_session).await
     }
 
-    async fn ping(&mut self) -> Result<(), End> {
-        let sql = self.settings.sql.ping;
-        match self
-            .trip(move |c| {
-                Box::pin(async move { sqlx::query_scalar::<_, i32>(sql).fetch_one(c).await })
-            })
-            .await
-        {
-            Trip::Done(_) => Ok(()),
-            Trip::Refused(e) => Err(End::Broken(format!("heartbeat refused: {e}"))),
-            Trip::Broken(why) => Err(End::Broken(why)),
-        }
-    }
-
-    /// Runs a batch of commands: all grants as one statement, then all releases as
-    /// one, then all extends with one proof of life, then the rest in order.
-    ///
-    /// Reordering is safe: a release that compensates a grant comes after it (grants
-    /// go first), and a key is never granted while a release of it by this client is
-    /// pending (the client reserves a key until its unlock has run).
-    async fn process(&mut self, batch: Vec<Command>) -> Result<(), End> {
+    async fn run_batch(&mut self, batch: Vec<Command>) -> Result<(), End> {
         let (mut grants, mut releases, mut extends, mut others) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for command in batch {
             match command {
                 Command::TryGrant { .. } => grants.push(command),
-                Command::Release { .. } => releases.push(command),
-                Command::Extend { .. } => extends.push(command),
+                Command::Lease(LeaseCommand::Release { .. }) => releases.push(command),
+                Command::Lease(LeaseCommand::Extend { .. }) => extends.push(command),
                 _ => others.push(command),
             }
         }
@@ -555,7 +341,9 @@ impl Task {
             let result = if let Some(group) = groups.next() {
                 match group.first() {
                     Some(Command::TryGrant { .. }) => self.try_grants(group).await,
-                    Some(Command::Release { .. }) => self.releases(group).await,
+                    Some(Command::Lease(LeaseCommand::Release { .. })) => {
+                        self.releases(group).await
+                    }
                     _ => self.extends(group).await,
                 }
             } else if let Some(command) = others.next() {
@@ -610,37 +398,19 @@ impl Task {
             unlock_all,
             seat,
         } = grant;
-        let ttl_deadline = lease_start
-            .checked_add(ttl)
-            .unwrap_or_else(|| lease_start + distlock_api::MAX_TTL);
-        let monitor = LeaseMonitor::new(self.deadline(ttl_deadline));
-        let (client, me) = (self.client.upgrade(), self.me.upgrade());
-        let registered = match (&client, me) {
-            (Some(client), Some(me)) => {
-                client.add_route(owner, me);
-                true
-            }
-            _ => false,
+        let registered = self.core.register(owner);
+        let lock = Lock {
+            hash,
+            unlock_all,
+            seat: None,
         };
-        self.held.insert(
-            owner,
-            Held {
-                hash,
-                ttl_deadline,
-                paused_past_ttl: false,
-                monitor: monitor.clone(),
-                _slot: slot,
-                unlock_all,
-                seat: None,
-            },
-        );
-        self.expiries.insert((ttl_deadline, owner));
+        let monitor = self.core.leases.insert(owner, lease_start, ttl, slot, lock);
         if let Some(seat) = seat.filter(|_| registered && !reply.is_closed()) {
             // The leader's row, in this session, before anyone is told it leads.
             match self.seat(&seat, token).await {
                 Trip::Done(()) => {
-                    if let Some(held) = self.held.get_mut(&owner) {
-                        held.seat = Some((seat, token));
+                    if let Some(held) = self.core.leases.get_mut(owner) {
+                        held.lock.seat = Some((seat, token));
                     }
                 }
                 Trip::Refused(e) => {
@@ -654,7 +424,8 @@ impl Task {
             }
         }
         let granted = Granted {
-            token,
+            // The sequence starts at 1 (MINVALUE 1), so the token is positive.
+            token: token.unsigned_abs(),
             acquired_at: lease_start,
             monitor,
         };
@@ -845,8 +616,8 @@ impl Task {
     ) -> Result<(), End> {
         let (whole, owners): (Vec<u128>, Vec<u128>) = owners
             .into_iter()
-            .filter(|o| self.held.contains_key(o))
-            .partition(|o| self.held.get(o).is_some_and(|h| h.unlock_all));
+            .filter(|o| self.core.leases.contains(*o))
+            .partition(|o| self.core.leases.get(*o).is_some_and(|h| h.lock.unlock_all));
         // Leaders' rows go first, while their locks still hold.
         let mut result = self.unseat(owners.iter().chain(&whole)).await;
         // A dedicated session's only grant: everything the session holds is that grant.
@@ -855,8 +626,8 @@ impl Task {
         }
         let hashes: Vec<i64> = owners
             .iter()
-            .filter_map(|o| self.held.get(o))
-            .map(|h| h.hash)
+            .filter_map(|o| self.core.leases.get(*o))
+            .map(|h| h.lock.hash)
             .collect();
         let unlocked: HashMap<i64, bool> = if hashes.is_empty() || result.is_err() {
             HashMap::new()
@@ -911,10 +682,10 @@ impl Task {
         }
         for owner in owners {
             if let Some(held) = self.forget_held(owner) {
-                let was_held = unlocked.get(&held.hash).copied().unwrap_or(false);
+                let was_held = unlocked.get(&held.lock.hash).copied().unwrap_or(false);
                 if !was_held {
                     tracing::warn!(
-                        hash = held.hash,
+                        hash = held.lock.hash,
                         "the session did not hold a lock it had been granted"
                     );
                 }
@@ -927,41 +698,27 @@ impl Task {
         }
         // Back on the idle list before the wait slot frees, so the next waiter finds
         // this session instead of opening another.
-        self.return_if_idle();
+        self.core.return_if_idle();
         drop(ended);
         Ok(())
     }
 
     /// Forgets a held lease: marks it lost (it no longer is held) and removes it from
     /// the client's tables.
-    fn forget_held(&mut self, owner: u128) -> Option<Held> {
-        let held = self.held.remove(&owner)?;
-        self.expiries.remove(&(held.ttl_deadline, owner));
-        held.monitor.mark_lost();
-        if let Some(client) = self.client.upgrade() {
-            client.remove_route(owner, held.hash);
-        }
+    fn forget_held(&mut self, owner: u128) -> Option<Held<Lock>> {
+        let held = self.core.forget(owner)?;
+        self.forget_pending(held.lock.hash, owner);
         Some(held)
-    }
-
-    /// A dedicated session that holds nothing goes back to the client's idle list.
-    fn return_if_idle(&self) {
-        if self.kind != Kind::Wait || !self.held.is_empty() {
-            return;
-        }
-        if let (Some(client), Some(me)) = (self.client.upgrade(), self.me.upgrade()) {
-            client.return_wait_session(me);
-        }
     }
 
     async fn releases(&mut self, group: Vec<Command>) -> Result<(), End> {
         let mut owners = Vec::new();
         let mut replies = Vec::new();
         for command in group {
-            let Command::Release { owner, reply } = command else {
+            let Command::Lease(LeaseCommand::Release { owner, reply }) = command else {
                 continue;
             };
-            if self.held.contains_key(&owner) {
+            if self.core.leases.contains(owner) {
                 owners.push(owner);
                 if let Some(reply) = reply {
                     replies.push((owner, reply));
@@ -980,20 +737,18 @@ impl Task {
         let mut live = Vec::new();
         let mut lost = Vec::new();
         for command in group {
-            let Command::Extend { owner, ttl, reply } = command else {
+            let Command::Lease(LeaseCommand::Extend { owner, ttl, reply }) = command else {
                 continue;
             };
-            match self.held.get(&owner) {
+            if !self.core.leases.contains(owner) {
+                let _ = reply.send(Ok(None));
+            } else if self.core.leases.is_lost(owner) {
                 // Lost is final (the TTL ran out, or the session's horizon passed): the
                 // lock must go, not be revived.
-                Some(held) if held.monitor.state() == LeaseState::Lost => {
-                    lost.push(owner);
-                    let _ = reply.send(Ok(None));
-                }
-                Some(_) => live.push((owner, ttl, reply)),
-                None => {
-                    let _ = reply.send(Ok(None));
-                }
+                lost.push(owner);
+                let _ = reply.send(Ok(None));
+            } else {
+                live.push((owner, ttl, reply));
             }
         }
         if !lost.is_empty() {
@@ -1009,29 +764,20 @@ impl Task {
             }
             return Err(End::Broken(why));
         }
-        let horizon = started + self.settings.config.lease_horizon();
         let mut lapsed = Vec::new();
         for (owner, ttl, reply) in live {
-            let Some(held) = self.held.get_mut(&owner) else {
-                let _ = reply.send(Ok(None));
-                continue;
-            };
-            let ttl_deadline = match started.checked_add(ttl) {
-                // The validity ran out while the proof was on its way: lost is final.
-                Some(_) if held.monitor.state() == LeaseState::Lost => None,
-                deadline => deadline,
-            };
-            let Some(ttl_deadline) = ttl_deadline else {
-                lapsed.push(owner);
-                let _ = reply.send(Ok(None));
-                continue;
-            };
-            self.expiries.remove(&(held.ttl_deadline, owner));
-            held.ttl_deadline = ttl_deadline;
-            self.expiries.insert((ttl_deadline, owner));
-            let valid_until = ttl_deadline.min(horizon);
-            held.monitor.renewed(valid_until);
-            let _ = reply.send(Ok(Some(valid_until)));
+            match self.core.leases.extend(owner, started, ttl) {
+                Extension::NotHeld => {
+                    let _ = reply.send(Ok(None));
+                }
+                Extension::Lapsed => {
+                    lapsed.push(owner);
+                    let _ = reply.send(Ok(None));
+                }
+                Extension::Extended(valid_until) => {
+                    let _ = reply.send(Ok(Some(valid_until)));
+                }
+            }
         }
         if !lapsed.is_empty() {
             self.unlock(lapsed, Vec::new()).await?;
@@ -1062,7 +808,7 @@ impl Task {
     /// its leadership while the session lives (see `Statements::leader`).
     async fn unseat(&mut self, owners: impl Iterator<Item = &u128>) -> Result<(), End> {
         let (names, terms): (Vec<String>, Vec<i64>) = owners
-            .filter_map(|o| self.held.get(o)?.seat.as_ref())
+            .filter_map(|o| self.core.leases.get(*o)?.lock.seat.as_ref())
             .map(|(seat, term)| (seat.name.clone(), *term))
             .unzip();
         if names.is_empty() {
@@ -1098,7 +844,7 @@ impl Task {
     ) -> Result<(), End> {
         let (high, low) = pg_locks_ids(hash);
         let settings = self.settings.clone();
-        match self
+        let trip = self
             .trip(move |c| {
                 Box::pin(async move {
                     sqlx::query_as::<_, (Vec<u8>, i64)>(&settings.sql.leader)
@@ -1109,26 +855,13 @@ impl Task {
                         .await
                 })
             })
-            .await
-        {
-            Trip::Done(row) => {
-                let _ = reply.send(Ok(row));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+            .await;
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     async fn held_by_anyone(&mut self, probe: Probe, reply: Reply<bool>) -> Result<(), End> {
         let sql = self.settings.sql.held_by_anyone;
-        match self
+        let trip = self
             .trip(move |c| {
                 Box::pin(async move {
                     sqlx::query_scalar::<_, bool>(sql)
@@ -1139,21 +872,8 @@ impl Task {
                         .await
                 })
             })
-            .await
-        {
-            Trip::Done(held) => {
-                let _ = reply.send(Ok(held));
-                Ok(())
-            }
-            Trip::Refused(e) => {
-                let _ = reply.send(Err(Failure::Lock(lock_error(e))));
-                Ok(())
-            }
-            Trip::Broken(why) => {
-                let _ = reply.send(Err(Failure::Lock(self.broken(why.clone()))));
-                Err(End::Broken(why))
-            }
-        }
+            .await;
+        trip.answer(reply, lock_error, |why| self.broken(why))
     }
 
     /// Waits in the server's queue. If the caller goes away meanwhile, the session is
@@ -1175,7 +895,7 @@ impl Task {
         if reply.is_closed() {
             // The caller went away while the wait was queued: never start it, so the
             // key is not granted late, and the session stays usable.
-            self.return_if_idle();
+            self.core.return_if_idle();
             drop(slot);
             return Ok(());
         }
@@ -1187,7 +907,7 @@ impl Task {
             ms => Some(Duration::from_millis(ms) + shared.config.request_timeout),
         };
         let unlock_all = !matches!(grab, Grab::Exclusive);
-        let Some(conn) = self.conn.as_mut() else {
+        let Some(conn) = self.core.conn_mut() else {
             let _ = reply.send(Err(Failure::Closed));
             return Err(End::Broken("the session was abandoned".into()));
         };
@@ -1203,7 +923,7 @@ impl Task {
             _ = reply.closed() => {
                 // Mid-statement: the connection cannot be reused. Closing it makes the
                 // server drop the wait (or the lock, if it was granted meanwhile).
-                self.conn = None;
+                self.core.abandon();
                 self.end_abandoned_wait();
                 return Err(End::Broken("the waiting caller went away".into()));
             }
@@ -1215,13 +935,13 @@ impl Task {
             })) => {
                 let other = u32::try_from(other).unwrap_or(u32::MAX);
                 let _ = reply.send(Err(Failure::Mismatch(other)));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
             Some(Ok(Answer { token: None, .. })) => {
                 let _ = reply.send(Ok(None));
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
@@ -1235,7 +955,7 @@ impl Task {
                 let waited =
                     Duration::try_from_secs_f64(waited.max(0.0) * 0.99).unwrap_or_default();
                 let granted_at = (started + waited).min(Instant::now());
-                self.note_proof(granted_at);
+                self.core.leases.note_proof(granted_at);
                 self.grant(
                     NewGrant {
                         hash,
@@ -1285,7 +1005,7 @@ impl Task {
                     }
                     Trip::Done(None) => {
                         let _ = reply.send(Ok(None));
-                        self.return_if_idle();
+                        self.core.return_if_idle();
                         drop(slot);
                         Ok(())
                     }
@@ -1314,12 +1034,12 @@ impl Task {
                 } else {
                     self.unlock_any_held(vec![hash]).await?;
                 }
-                self.return_if_idle();
+                self.core.return_if_idle();
                 drop(slot);
                 Ok(())
             }
             None => {
-                self.conn = None;
+                self.core.abandon();
                 self.end_abandoned_wait();
                 let why =
                     "the server did not end the wait within lock_timeout plus the request timeout";
@@ -1355,44 +1075,6 @@ impl Task {
             }
             let _ = timeout(limit, conn.close()).await;
         });
-    }
-
-    async fn stop(mut self, end: End) {
-        if let Some(me) = self.me.upgrade() {
-            me.close();
-        }
-        if let Some(client) = self.client.upgrade() {
-            if let Some(me) = self.me.upgrade() {
-                client.drop_session(&me);
-            }
-            client
-                .open_sessions(self.kind)
-                .fetch_sub(1, Ordering::Relaxed);
-        }
-        self.rx.close();
-        while let Ok(command) = self.rx.try_recv() {
-            self.forget_command(&command);
-            command.fail(Failure::Closed);
-        }
-        let owners: Vec<u128> = self.held.keys().copied().collect();
-        if !owners.is_empty() {
-            tracing::warn!(
-                locks = owners.len(),
-                reason = ?end,
-                "a Postgres lock session ended while holding locks; they are lost"
-            );
-        }
-        for owner in owners {
-            self.forget_held(owner);
-        }
-        if let Some(conn) = self.conn.take() {
-            match end {
-                End::Broken(_) => drop(conn),
-                End::ClientGone | End::Idle => {
-                    let _ = timeout(Duration::from_secs(1), conn.close()).await;
-                }
-            }
-        }
     }
 }
 

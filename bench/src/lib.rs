@@ -301,8 +301,9 @@ async fn connect_sides(
         Backend::MySql => {
             add("raw", Ok(Box::new(mysql::Raw::new(url))));
             notes.push(
-                "distributed-lock's MySQL crate is not compared: it turns on sqlx's native-tls \
-                 (OpenSSL) for the whole build"
+                "distributed-lock's MySQL crate is not compared here: it turns on sqlx's \
+                 native-tls (OpenSSL) for the whole build; bench/peers-mysql, a cargo project \
+                 outside the workspace, compares it"
                     .into(),
             );
         }

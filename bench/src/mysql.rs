@@ -1,7 +1,8 @@
 //! MySQL/MariaDB comparators: the raw bound (`GET_LOCK(n, 0)` + `RELEASE_LOCK(n)`
 //! through sqlx, one connection per worker); and the server-side connection count.
 //! The Rust peer `distributed-lock`'s MySQL crate is not compared: it turns on sqlx's
-//! `native-tls` feature, which would switch sqlx to OpenSSL in the whole workspace.
+//! `native-tls` feature, which would switch sqlx to OpenSSL in the whole workspace; the
+//! separate cargo project `bench/peers-mysql` compares it, outside the workspace.
 
 use async_trait::async_trait;
 use sqlx::{Connection as _, MySqlConnection};

@@ -14,8 +14,16 @@
 //!   `Lease::new(…)`, `monitor.mark_lost()` and so on.
 //! - [`acquire_all`] and [`multi_guard`] serve implementors that override a public
 //!   trait's `acquire_all`.
+//! - [`address`] names a server in messages without its URL (which may carry a
+//!   password) and refuses a URL of another scheme.
+//! - [`sessions`] is for backends that multiplex many held locks over a few database
+//!   sessions: the session pool, a session's held leases and their timers, the
+//!   mailbox to a session task.
 //! - [`spawn_cleanup`] runs a drop-path clean-up (a compensating release, leaving a
 //!   queue) so that [`crate::settle_cleanups`] can wait for it before the process exits.
+
+pub mod address;
+pub mod sessions;
 
 use std::sync::Arc;
 use std::time::Duration;

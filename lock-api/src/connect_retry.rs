@@ -42,6 +42,17 @@ impl Refused {
             Refused::Lasting(error)
         }
     }
+
+    /// [`Refused::by_kind`] when the driver's error showed a refusal that may pass
+    /// (`passing`: a refused or silent port, a server starting up), else
+    /// [`Refused::Lasting`].
+    pub fn by_kind_if(passing: bool, error: LockError) -> Refused {
+        if passing {
+            Refused::by_kind(error)
+        } else {
+            Refused::Lasting(error)
+        }
+    }
 }
 
 impl From<Refused> for LockError {

@@ -155,3 +155,65 @@ async fn one_client_never_grants_a_key_twice() {
         .await
         .unwrap();
 }
+
+/// Tokens of a server run are above those of the run before, after a crash
+/// (SIGKILL): the epoch is the one durable write, and a new run raises it before any
+/// token. Also after the in-memory run row is emptied under live sessions: a grant
+/// without a token is refused (retried on a fresh session), never handed a lower one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_rise_across_a_crash_and_a_lost_run_row() {
+    use distlock_test_servers::{MariaDbServer, ServerControl, MARIADB_DATABASE};
+    let mut server = MariaDbServer::start()
+        .await
+        .unwrap_or_else(|e| common::cannot_start(e));
+    let config = common::test_config();
+    let lock = distlock_mysql::MySqlLock::connect_with(&server.url(), config.clone())
+        .await
+        .unwrap()
+        .lock();
+    let mut last = 0;
+    for n in 0..50 {
+        let guard = lock
+            .acquire(&key(&format!("crash/{}", n % 3)), &no_wait(LONG))
+            .await
+            .unwrap();
+        let token = guard.fencing_token().unwrap().get();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+        guard.release().await.unwrap();
+    }
+    // The run row gone under live sessions (as a restart would leave it): refused or
+    // retried, never lower.
+    server
+        .sql(&format!("TRUNCATE TABLE {MARIADB_DATABASE}.distlock_run"))
+        .await
+        .expect("truncate");
+    let guard = lock
+        .acquire(&key("crash/0"), &waiting(LONG, Duration::from_secs(10)))
+        .await
+        .expect("a fresh session starts a new run");
+    let token = guard.fencing_token().unwrap().get();
+    assert!(
+        token > last,
+        "token {token} after {last} once the run row was lost"
+    );
+    last = token;
+    guard.release().await.unwrap();
+    drop(lock);
+    server.kill();
+    server.restart().await.expect("restart after the crash");
+    let lock = distlock_mysql::MySqlLock::connect_with(&server.url(), config)
+        .await
+        .unwrap()
+        .lock();
+    for n in 0..3 {
+        let guard = lock
+            .acquire(&key(&format!("crash/{n}")), &no_wait(LONG))
+            .await
+            .unwrap();
+        let token = guard.fencing_token().unwrap().get();
+        assert!(token > last, "token {token} after {last}, across the crash");
+        last = token;
+        guard.release().await.unwrap();
+    }
+}
