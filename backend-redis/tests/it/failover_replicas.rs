@@ -282,10 +282,14 @@ async fn cluster_run(label: &str, min_replicas: bool) -> Run {
     // The replica stops reading; the filler fills the sockets between them.
     cluster.nodes()[replica_at].pause().unwrap();
     let filler = [names.lock.as_str(), ":filler"].concat();
+    let mut master = raw(old).await;
+    // Sending the filler takes a while on a loaded machine (the driver's default
+    // response timeout cut it once).
+    master.set_response_timeout(Duration::from_secs(30));
     let () = redis::cmd("SET")
         .arg(&filler)
         .arg(vec![b'x'; FILLER])
-        .query_async(&mut raw(old).await)
+        .query_async(&mut master)
         .await
         .unwrap();
     let started = Instant::now();
