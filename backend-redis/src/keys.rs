@@ -6,7 +6,9 @@ use distlock_api::LockKey;
 /// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
 ///
 /// All of them but the fence start with the hash tag `{K}`, so they live in one Redis
-/// Cluster slot; the fence is that slot's counter, named with a tag of the same slot.
+/// Cluster slot; the fence is the server's one counter, and on a Cluster
+/// ([`KeyNames::cluster_fence`]) the counter of that slot, named with a tag of the
+/// same slot.
 /// A key starting with `}` would make that tag empty (Redis then hashes each whole
 /// name, scattering them over slots), so such a key's names start with
 /// `{\0<K without '}'>}` instead, followed by `K}`: a tag that is never empty, and a
@@ -19,14 +21,15 @@ use distlock_api::LockKey;
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// `{<n>}:distlock-fence`: the fencing counter of `{K}`'s hash slot (`n` is the
-    /// smallest number whose decimal form hashes to that slot), shared by every key of
-    /// the slot and `INCR`ed by every mutex grant, so it rises per key. It never
-    /// expires (a server keeps at most one per slot, 16384); when it is gone (a restart
-    /// without persistence) the server's clock seeds it again, at the µs since 1970
-    /// (below 2^53), above every token it handed out before (see the Redis guide's
-    /// "Fencing" for the trust model). Redlock does not use it. (For the other primitives, whose names
-    /// [`KeyNames`] also gives inside the crate, it stays a per-key counter.)
+    /// The mutex's fencing counter on one server or a Sentinel-managed master:
+    /// [`SERVER_FENCE`], one counter per server (per database) that every mutex grant
+    /// `INCR`s, so it rises for every key at once. It never expires; when it is gone (a
+    /// restart without persistence) the server's clock seeds it again, at the µs since
+    /// 1970 (below 2^53), above every token it handed out before (see the Redis guide's
+    /// "Fencing" for the trust model). On a Cluster the counter must share the lock's
+    /// slot, and the mutex uses [`KeyNames::cluster_fence`] instead. Redlock uses
+    /// neither. (For the other primitives, whose names [`KeyNames`] also gives inside
+    /// the crate, it is a per-key counter.)
     pub fence: String,
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by
     /// FIFO waiters while queued, and deleted by the release, which publishes a
@@ -48,7 +51,7 @@ impl KeyNames {
             ["{", key, "}"].concat()
         };
         KeyNames {
-            fence: crate::slots::fence_of(&lock),
+            fence: SERVER_FENCE.to_owned(),
             channel: [lock.as_str(), ":released"].concat(),
             waiting: [lock.as_str(), ":waiting"].concat(),
             lock,
@@ -56,7 +59,25 @@ impl KeyNames {
     }
 }
 
+/// The name of the one fencing counter of a server (or Sentinel-managed master) in
+/// key layout 3: no lock's name (each starts with `{`) can be it.
+///
+/// Key layouts of the mutex's fencing counter: 1, a per-key `{K}:fence` expiring with
+/// the lock; 2, a counter per hash slot, `{<n>}:distlock-fence`, everywhere; 3 (this
+/// release), this one counter per server, and layout 2's slot counters on a Cluster.
+/// The lock key itself is the same in all three.
+pub const SERVER_FENCE: &str = "distlock-fence:v3";
+
 impl KeyNames {
+    /// `{<n>}:distlock-fence`: the mutex's fencing counter on a Redis Cluster, one per
+    /// hash slot, in `{K}`'s slot (`n` is the smallest number whose decimal form hashes
+    /// to that slot), so that it lives on the lock's node and moves with the slot. It
+    /// rises for every key of the slot, never expires (at most 16384 of them), and is
+    /// seeded from the clock as [`KeyNames::fence`] is.
+    pub fn cluster_fence(&self) -> String {
+        crate::slots::fence_of(&self.lock)
+    }
+
     /// `{K}:queue`: the FIFO queue, a sorted set of waiter ids scored by arrival.
     /// It expires with its longest-lived entry and is deleted when it empties.
     pub fn queue(&self) -> String {
@@ -120,8 +141,9 @@ mod tests {
     fn documented_layout() {
         let names = KeyNames::for_key(&LockKey::new("orders/42").unwrap());
         assert_eq!(names.lock, "{orders/42}");
-        assert_eq!(names.fence, crate::slots::fence_of("{orders/42}"));
-        assert!(names.fence.ends_with("}:distlock-fence"));
+        assert_eq!(names.fence, "distlock-fence:v3");
+        assert_eq!(names.cluster_fence(), crate::slots::fence_of("{orders/42}"));
+        assert!(names.cluster_fence().ends_with("}:distlock-fence"));
         assert_eq!(names.channel, "{orders/42}:released");
         assert_eq!(names.waiting, "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
@@ -147,7 +169,7 @@ mod tests {
             let tag = hash_tag(&names.lock);
             assert_ne!(tag, names.lock, "{key:?}: no hash tag");
             assert_eq!(
-                crate::slots::key_slot(&names.fence),
+                crate::slots::key_slot(&names.cluster_fence()),
                 crate::slots::key_slot(&names.lock),
                 "{key:?}"
             );

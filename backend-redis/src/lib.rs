@@ -30,7 +30,8 @@
 //! For a lock key `K` (see [`KeyNames`]):
 //! - **acquire**: the first attempt is a pipeline without a script, `SET {K} <owner>
 //!   NX PX <ttl>` and (not on Redlock, which hands out no token) `INCR` of the key's
-//!   hash-slot counter (see [`KeyNames::fence`]), whose new value is the fencing token;
+//!   fencing counter (the server's one counter, [`KeyNames::fence`]; on a Cluster the
+//!   key's hash slot's, [`KeyNames::cluster_fence`]), whose new value is the fencing token;
 //!   a waiter's later attempts run a Lua script doing the same that, when the key is
 //!   held, marks it `{K}:waiting` (with an expiry) and returns the holder's `PTTL`, the
 //!   longest the waiter has to wait;
@@ -178,15 +179,17 @@
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
-//! - Fencing: the key's hash-slot counter ([`KeyNames::fence`]), never expiring, and
+//! - Fencing: the server's one counter ([`KeyNames::fence`]; on a Cluster the key's
+//!   hash slot's, [`KeyNames::cluster_fence`]), never expiring, and
 //!   seeded from the server's clock (its µs since 1970, below 2^53 until about 2255,
 //!   so tokens stay exact in JSON and JavaScript) whenever it is gone (forgotten by a
 //!   restart without persistence), so tokens keep rising unless the server's clock
 //!   steps back just then (the Redis guide's "Fencing" states how far is tolerated). A
 //!   restart without persistence still forgets held locks. Failover to an asynchronous
-//!   replica can grant a lock twice. Clients of releases with per-key `{K}:fence`
-//!   counters exclude these on every key, but their tokens must not be mixed: finish
-//!   the upgrade first (see the guide's "Upgrading from the per-key counters").
+//!   replica can grant a lock twice. Clients of earlier releases (per-key `{K}:fence`
+//!   counters, or per-slot counters on a single server or Sentinel) exclude these on
+//!   every key, but their tokens must not be mixed: finish the upgrade first (see the
+//!   guide's "Upgrading from earlier counters").
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node
@@ -223,6 +226,7 @@ mod error;
 mod keys;
 mod lock;
 mod membership;
+mod native;
 mod node;
 mod replicas;
 mod scripts;
@@ -231,7 +235,7 @@ mod topology;
 mod wakeups;
 
 pub use config::{parse_url, RedisConfig, RedisUrl, SentinelUrl, Topology};
-pub use keys::KeyNames;
+pub use keys::{KeyNames, SERVER_FENCE};
 pub use lock::RedisLock;
 /// The driver this backend is built on, re-exported so its types (for example in error
 /// sources) can be named without a separate dependency on a matching version.

@@ -673,8 +673,8 @@ impl RedisLock {
 }
 
 /// What the nodes' views say: held when a majority store one owner (a foreign holder's
-/// odd value or key type included). No fencing token: the slot counter is every key's
-/// of its slot, so it is no key's own (Redlock keeps none). No queue on Redlock, and
+/// odd value or key type included). No fencing token: the counter is every key's of
+/// its server (or slot), so it is no key's own (Redlock keeps none). No queue on Redlock, and
 /// the shortest remaining lease among the majority's nodes.
 fn key_status(views: &[NodeView], quorum: usize, redlock: bool) -> KeyStatus {
     let majority_owner = views.iter().filter_map(|v| v.owner.as_ref()).find(|owner| {

@@ -1,6 +1,7 @@
 //! One Redis server: a multiplexed, auto-reconnecting RESP3 connection, the scripts run
 //! on it, and the wake-ups it carries.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use crate::conn::NodeConn;
 use crate::driver::{driver_client, open_manager, open_manager_with, PushSink};
 use crate::error::lock_error;
 use crate::keys::KeyNames;
+use crate::native::{Detected, NativeCommands};
 use crate::replicas::ReplicaWait;
 use crate::wakeups::{WakeTicket, Wakeups};
 use crate::REDIS_BACKEND;
@@ -92,6 +94,8 @@ struct Link {
     absent: Mutex<String>,
     /// Replicas every grant and extend must reach (`min_replicas`), once set.
     replicas: OnceLock<ReplicaWait>,
+    /// Which native compare-and-set commands the server has, once asked.
+    native: Detected,
 }
 
 /// A [`Node`] that does not keep its connection alive: a background joiner holds this,
@@ -147,6 +151,7 @@ impl Node {
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
                 replicas: OnceLock::new(),
+                native: Detected::default(),
             }),
         })
     }
@@ -166,6 +171,7 @@ impl Node {
                 conn: OnceLock::new(),
                 absent: Mutex::new("not connected yet".to_owned()),
                 replicas: OnceLock::new(),
+                native: Detected::default(),
             }),
         }
     }
@@ -334,8 +340,20 @@ impl Node {
         }
     }
 
+    /// The mutex's fencing counter for `names` on this node: the server's one counter
+    /// ([`KeyNames::fence`]) on a single server or a Sentinel-managed master, where
+    /// nothing ties a key to a slot; the counter of the lock's hash slot
+    /// ([`KeyNames::cluster_fence`]) on a Cluster, where a script's keys must share a
+    /// slot (and the counter must move with it).
+    pub(crate) fn fence<'a>(&self, names: &'a KeyNames) -> Cow<'a, str> {
+        match self.link.conn.get() {
+            Some(NodeConn::Cluster(_)) => Cow::Owned(names.cluster_fence()),
+            _ => Cow::Borrowed(&names.fence),
+        }
+    }
+
     /// One acquire attempt; `fenced` also hands out the next fencing token of the
-    /// key's slot counter (`names.fence`). `waiting`: how long a held key stays marked
+    /// node's counter ([`Node::fence`]). `waiting`: how long a held key stays marked
     /// as waited on (`None` for an attempt of nobody subscribed to the wake-ups).
     ///
     /// An attempt of nobody subscribed (every acquire's first) is a pipeline of
@@ -357,8 +375,9 @@ impl Node {
             return self.try_grant_pipelined(names, owner, ttl, fenced).await;
         };
         let script = &*crate::scripts::ACQUIRE;
+        let fence = self.fence(names);
         let keys: &[&str] = if fenced {
-            &[&names.lock, &names.fence]
+            &[&names.lock, &*fence]
         } else {
             &[&names.lock]
         };
@@ -376,7 +395,7 @@ impl Node {
         }
     }
 
-    /// [`Node::try_grant`] without a script: `SET NX PX`, and `INCR` of the slot
+    /// [`Node::try_grant`] without a script: `SET NX PX`, and `INCR` of the node's
     /// counter when `fenced`, in one round trip.
     async fn try_grant_pipelined(
         &self,
@@ -393,7 +412,7 @@ impl Node {
             .arg("PX")
             .arg(ttl_millis(ttl));
         if fenced {
-            pipe.cmd("INCR").arg(&names.fence);
+            pipe.cmd("INCR").arg(&*self.fence(names));
         }
         let wait = self.link.replicas.get().copied();
         if let Some(wait) = &wait {
@@ -444,11 +463,11 @@ impl Node {
         }
     }
 
-    /// The next token of `names`' slot counter, which `INCR` found gone: seeded (see
+    /// The next token of the node's counter for `names`, which `INCR` found gone: seeded (see
     /// [`crate::scripts::SEEDED_TOKEN`]).
     async fn seeded_token(&self, names: &KeyNames) -> Result<u64, LockError> {
         let script = &*crate::scripts::SEEDED_TOKEN;
-        let cmd = evalsha(script, &[&names.fence]);
+        let cmd = evalsha(script, &[&*self.fence(names)]);
         // The seed must reach the replicas too: a failover to one without it would
         // hand out tokens from the counter's older value.
         let (answer, short): (Value, _) = self.run_acked(script, &cmd).await?;
@@ -475,7 +494,7 @@ impl Node {
             script,
             &[
                 &names.lock,
-                &names.fence,
+                &*self.fence(names),
                 &queue,
                 &deadlines,
                 &names.channel,
@@ -556,15 +575,101 @@ impl Node {
         })
     }
 
-    /// Runs the owner-checked extend script. `Extended`'s deadline is filled in by the caller.
+    /// The mutex's owner-checked extend: the server's `SET … IFEQ` where it has it
+    /// (see [`crate::native`]), else the extend script. `Extended`'s deadline is filled
+    /// in by the caller.
     pub(crate) async fn extend(
         &self,
         names: &KeyNames,
         owner: OwnerToken,
         ttl: Duration,
     ) -> Result<ExtendOutcome, LockError> {
+        if self.native().await.set_ifeq {
+            if let Some(outcome) = self.extend_native(names, owner, ttl).await? {
+                return Ok(outcome);
+            }
+        }
         self.extend_with(&crate::scripts::EXTEND, names, owner, ttl)
             .await
+    }
+
+    /// The native commands of the server, asked once (again after
+    /// [`Detected::forget`]). A detection that fails (the connection is down) is not
+    /// stored, and reports nothing native: the caller's script works everywhere.
+    pub(crate) async fn native(&self) -> NativeCommands {
+        if let Some(found) = self.link.native.get() {
+            return found;
+        }
+        let Ok(mut conn) = self.conn() else {
+            return NativeCommands::default();
+        };
+        match crate::native::detect(&mut conn).await {
+            Ok(found) => {
+                self.link.native.set(found);
+                found
+            }
+            Err(_) => NativeCommands::default(),
+        }
+    }
+
+    /// The extend as `SET {K} <owner> IFEQ <owner> PX <ttl> GET` (with the `WAIT` of
+    /// `min_replicas` in the same pipeline): the same value with a new expiry, written
+    /// only while the owner holds the key. `None` when the server did not understand it
+    /// (it did nothing; the detection is forgotten and the caller runs the script).
+    async fn extend_native(
+        &self,
+        names: &KeyNames,
+        owner: OwnerToken,
+        ttl: Duration,
+    ) -> Result<Option<ExtendOutcome>, LockError> {
+        let token = hex(owner);
+        let mut pipe = redis::pipe();
+        pipe.cmd("SET")
+            .arg(&names.lock)
+            .arg(&token[..])
+            .arg("IFEQ")
+            .arg(&token[..])
+            .arg("PX")
+            .arg(ttl_millis(ttl))
+            .arg("GET");
+        let wait = self.link.replicas.get().copied();
+        if let Some(wait) = &wait {
+            wait.append(&mut pipe);
+        }
+        pipe.ignore_errors();
+        let mut answers: Vec<Value> = pipe
+            .query_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
+        let waited = match wait {
+            Some(_) => answers.pop(),
+            None => None,
+        };
+        let outcome = match answers.as_slice() {
+            [Value::ServerError(e)] if crate::native::not_understood(e) => {
+                self.link.native.forget();
+                return Ok(None);
+            }
+            // A key of another type: held, as the script's `pcall` of `GET` says.
+            [Value::ServerError(e)] if e.code() == "WRONGTYPE" => ExtendOutcome::HeldByOther,
+            [Value::ServerError(e)] => return Err(lock_error(&self.address, e.clone().into())),
+            [Value::Nil] => ExtendOutcome::Expired,
+            [Value::BulkString(found)] if found[..] == token[..] => ExtendOutcome::Extended {
+                valid_until: tokio::time::Instant::now(),
+            },
+            [Value::BulkString(_)] => ExtendOutcome::HeldByOther,
+            _ => return Err(unexpected("native extend", &Value::Array(answers))),
+        };
+        if let (Some(wait), Some(waited), ExtendOutcome::Extended { .. }) =
+            (&wait, &waited, &outcome)
+        {
+            // Applied on the master, but too few replicas have it: not counted, as
+            // for the script.
+            if let Some(short) = wait.shortfall(&self.address, waited)? {
+                return Err(short);
+            }
+        }
+        Ok(Some(outcome))
     }
 
     /// Runs an owner-checked extend `script` (`KEYS = [lock]`, `ARGV = [token, ttl_ms]`,
@@ -720,7 +825,7 @@ fn grant_of(answer: &Value, fenced: bool) -> Option<NodeGrant> {
     }
 }
 
-/// A fencing token a script answered as a string (the slot counter's, read with
+/// A fencing token a script answered as a string (the mutex counter's, read with
 /// `GET`) or a number (the primitives' per-key counters).
 fn token_of(answer: &Value) -> Option<u64> {
     match answer {

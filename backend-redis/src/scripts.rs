@@ -36,8 +36,8 @@ return -1 - redis.call('PTTL', KEYS[1])
     )
 });
 
-/// Sets `token` (a string) to the next value of the slot counter named by the local
-/// `fence` (see [`crate::KeyNames::fence`]).
+/// Sets `token` (a string) to the next value of the mutex's counter named by the local
+/// `fence` (the server's one, or a Cluster slot's: see [`crate::KeyNames::fence`]).
 ///
 /// `INCR` gives the next token while the counter lives; it never expires. A counter
 /// that is gone (a restart without persistence, a flush) comes back from `INCR` as a
@@ -56,11 +56,11 @@ end
 local token = redis.call('GET', fence)
 ";
 
-/// The value below which a slot counter is one `INCR` created (a value no seed from
+/// The value below which a mutex counter is one `INCR` created (a value no seed from
 /// a clock after 2001 gives): the counter is then seeded (see [`SLOT_TOKEN`]).
 pub(crate) const SEED_FLOOR: i64 = 1_000_000_000_000_000;
 
-/// `KEYS = [fence]`: the next token of a slot counter that `INCR` found gone, seeded
+/// `KEYS = [fence]`: the next token of a mutex counter that `INCR` found gone, seeded
 /// (see [`SLOT_TOKEN`]), as a string.
 pub(crate) static SEEDED_TOKEN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(

@@ -96,7 +96,7 @@ pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};
 pub use provider::{Provider, PROVIDER_VAR};
-pub use redis::{RedisServer, RedisServerOptions};
+pub use redis::{valkey_binary, RedisServer, RedisServerOptions};
 pub use redis_cluster::RedisCluster;
 pub use redis_sentinel::RedisSentinelGroup;
 pub use shared::shared_server;

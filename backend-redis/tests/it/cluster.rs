@@ -52,7 +52,7 @@ async fn keys_whose_tag_would_be_empty_lock_in_one_slot() {
             }
         };
         let lock_slot = slot(names.lock.clone()).await;
-        for other in [names.fence.clone(), names.channel.clone(), names.queue()] {
+        for other in [names.cluster_fence(), names.channel.clone(), names.queue()] {
             assert_eq!(slot(other).await, lock_slot);
         }
         for order in [WaitOrder::Any, WaitOrder::Fifo] {
@@ -353,7 +353,7 @@ async fn a_slot_migration_is_followed_while_held_and_waited_for() {
         .await
         .unwrap();
     assert!(
-        keys.contains(&names.lock) && keys.contains(&names.fence),
+        keys.contains(&names.lock) && keys.contains(&names.cluster_fence()),
         "{keys:?}"
     );
     let () = redis::cmd("MIGRATE")

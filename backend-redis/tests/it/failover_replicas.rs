@@ -1,14 +1,18 @@
 //! The failover that loses a fresh grant, with and without `min_replicas=1`, on Redis
-//! Sentinel: the master is killed right after a grant while a waiter waits, each run
-//! on a fresh group (one failover each).
+//! Sentinel and on a Redis Cluster with replicas: the master is killed right after a
+//! grant while a waiter waits, each run on a fresh group or Cluster (one failover each).
 //!
-//! The replica must not have the grant yet when the master dies: it replicates through
-//! a fault proxy that delays the stream (and its acknowledgements) by [`LAG`] and
-//! drops, at the kill, what it has not delivered, as a master dying with writes still
-//! in its buffers does. (A Cluster's replication cannot be put behind a proxy: its
-//! nodes reach each other at the addresses they announce; and a replica whose link is
-//! cut with `CLIENT KILL TYPE master` reconnects at once, so that opens no window
-//! either.) Without `min_replicas` the grant
+//! The replica must not have the grant yet when the master dies. On Sentinel it
+//! replicates through a fault proxy that delays the stream (and its acknowledgements)
+//! by [`LAG`] and drops, at the kill, what it has not delivered, as a master dying with
+//! writes still in its buffers does. A Cluster's replication cannot be put behind a
+//! proxy (its nodes reach each other at the addresses they announce), and a replica
+//! whose link is cut reconnects at once; a paused replica (SIGSTOP) alone loses
+//! nothing either, since what the master sent waits in the replica's socket. So the
+//! Cluster's replica is paused and the master then writes [`FILLER`] bytes to another
+//! key of the slot: they fill both sockets' buffers, and the grant's write stays in the
+//! master's own memory, lost when it is killed; the replica resumes [`RESUME_AFTER`]
+//! after the holder's acquire began. Without `min_replicas` the grant
 //! returns before the replica has it, so the failover loses it and the waiter is
 //! granted while the holder's validity still runs: a double grant, SHOWN. With
 //! `min_replicas=1` the grant returns only once the replica acknowledged it, so the new
@@ -19,7 +23,7 @@ use std::time::Duration;
 
 use distlock_api::{FencingToken, LockError, LockGuard, LockKey, LockOptions, WaitPolicy};
 use distlock_redis::{KeyNames, RedisLock};
-use distlock_test_servers::{RedisSentinelGroup, ServerControl};
+use distlock_test_servers::{RedisCluster, RedisSentinelGroup, ServerControl};
 use tokio::time::Instant;
 
 /// How late the replica gets the master's writes (one way, so an acknowledgement
@@ -29,6 +33,16 @@ const LAG: Duration = Duration::from_millis(200);
 /// The holder's lease: it outlasts the failover (about 2 s with the group's
 /// `down-after-milliseconds` of 1 s), so a lost grant overlaps the waiter's.
 const TTL: Duration = Duration::from_secs(6);
+
+/// Bytes the Cluster's master writes while its replica is paused: far above what the
+/// two sockets between them buffer (a few MiB on Linux), and below the replica output
+/// buffer's soft limit (64 MiB).
+const FILLER: usize = 24 << 20;
+
+/// How long after the holder's acquire began the Cluster's paused replica resumes:
+/// without `min_replicas` the grant, the waiter's first attempt and the kill are long
+/// done by then.
+const RESUME_AFTER: Duration = Duration::from_millis(400);
 
 fn runs() -> usize {
     std::env::var("DISTLOCK_FAILOVER_RUNS")
@@ -66,7 +80,7 @@ async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
 /// A grant and release of `k` before, until the slot's fencing counter is on the
 /// replica (`replica`), as in a deployment that ran for a while: the replica's counter
 /// is then one behind the holder's coming token.
-async fn warm_up(holder: &RedisLock, k: &LockKey, replica: u16) {
+async fn warm_up(holder: &RedisLock, k: &LockKey, replica: u16, cluster: bool) {
     let before = holder
         .lock()
         .acquire(k, &LockOptions::new(TTL).with_wait(WaitPolicy::NoWait))
@@ -75,7 +89,17 @@ async fn warm_up(holder: &RedisLock, k: &LockKey, replica: u16) {
     let before_token = before.fencing_token().map(|t| t.get());
     before.release().await.unwrap();
     let mut replica = raw(replica).await;
-    let fence = KeyNames::for_key(k).fence;
+    let names = KeyNames::for_key(k);
+    let fence = if cluster {
+        // A Cluster replica answers reads of its master's slots once asked to.
+        let () = redis::cmd("READONLY")
+            .query_async(&mut replica)
+            .await
+            .unwrap();
+        names.cluster_fence()
+    } else {
+        names.fence
+    };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let on_replica: Option<u64> = redis::cmd("GET")
@@ -193,7 +217,7 @@ async fn sentinel_run(label: &str, min_replicas: bool) -> Run {
     let waiter = RedisLock::connect(&url).await.unwrap();
     let old = group.master_port().await.unwrap();
     let k = LockKey::new(format!("failover/{label}")).unwrap();
-    warm_up(&holder, &k, group.servers()[1].port()).await;
+    warm_up(&holder, &k, group.servers()[1].port(), false).await;
     proxy.set_latency(LAG);
     let (guard, granted, waiting) = grant_while_waited(&holder, &waiter, &k).await;
 
@@ -229,18 +253,126 @@ async fn sentinel_run(label: &str, min_replicas: bool) -> Run {
     outcome(label, guard, granted, waiting, kept, failover).await
 }
 
-/// Runs the scenario `runs()` times on Sentinel and prints the counts.
-async fn scenario(min_replicas: bool) -> Vec<Run> {
+/// One Cluster run: a fresh Cluster (three masters, a replica each), the lock's
+/// master's replica paused behind [`FILLER`] bytes, the grant, the waiter, the kill,
+/// the replica resumed, the failover, the old master back as the new one's replica
+/// (so that `WAIT 1` can be answered again), and the waiter's grant.
+async fn cluster_run(label: &str, min_replicas: bool) -> Run {
+    let mut cluster = RedisCluster::start()
+        .await
+        .unwrap_or_else(|e| panic!("could not start a Cluster (run scripts/test.sh): {e}"));
+    let url = with_replicas(cluster.url(), min_replicas, 1500);
+    let holder = RedisLock::connect(&url).await.unwrap();
+    let waiter = RedisLock::connect(&url).await.unwrap();
+    let k = LockKey::new(format!("failover/{label}")).unwrap();
+    let names = KeyNames::for_key(&k);
+    let slot = cluster.key_slot(&names.lock).await.unwrap();
+    let old = cluster.master_of_slot(slot).await.unwrap();
+    let replica = replica_of(old).await;
+    let index = |cluster: &mut RedisCluster, port: u16| {
+        cluster
+            .nodes()
+            .iter()
+            .position(|n| n.port() == port)
+            .expect("a node of the Cluster")
+    };
+    let (master_at, replica_at) = (index(&mut cluster, old), index(&mut cluster, replica));
+    warm_up(&holder, &k, replica, true).await;
+
+    // The replica stops reading; the filler fills the sockets between them.
+    cluster.nodes()[replica_at].pause().unwrap();
+    let filler = [names.lock.as_str(), ":filler"].concat();
+    let mut master = raw(old).await;
+    // Sending the filler takes a while on a loaded machine (the driver's default
+    // response timeout cut it once).
+    master.set_response_timeout(Duration::from_secs(30));
+    let () = redis::cmd("SET")
+        .arg(&filler)
+        .arg(vec![b'x'; FILLER])
+        .query_async(&mut master)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let pid = cluster.nodes()[replica_at].pid().expect("the replica runs");
+    let resume = tokio::spawn(async move {
+        tokio::time::sleep_until(started + RESUME_AFTER).await;
+        // SIGCONT by pid: the Cluster's handle stays with the test, which kills the
+        // master meanwhile (and resumes the handle's own record of the pause after).
+        let status = std::process::Command::new("kill")
+            .arg("-CONT")
+            .arg(pid.to_string())
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "SIGCONT to the replica failed");
+        Instant::now()
+    });
+    let (guard, granted, waiting) = grant_while_waited(&holder, &waiter, &k).await;
+    // Without min_replicas this is long before the resume; with it, after (the grant
+    // waited for the replica's acknowledgement).
+    cluster.nodes()[master_at].kill();
+    let killed = Instant::now();
+    let resumed_at = resume.await.unwrap();
+    cluster.nodes()[replica_at].resume().unwrap();
+    let before_resume = killed < resumed_at;
+    let new = cluster.wait_slot_moves_from(slot, old).await.unwrap();
+    let failover = killed.elapsed();
+    let kept = kept_by(new, &k, &guard).await;
+    println!(
+        "{label}: master killed {} the replica resumed",
+        if before_resume { "before" } else { "after" }
+    );
+    // The old master, back empty with its Cluster configuration, rejoins as the new
+    // master's replica.
+    cluster.nodes()[master_at].restart().await.unwrap();
+    outcome(label, guard, granted, waiting, kept, failover).await
+}
+
+/// The port of the replica of the Cluster master on `master`.
+async fn replica_of(master: u16) -> u16 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let mut conn = raw(master).await;
+        let info: String = redis::cmd("INFO")
+            .arg("replication")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        // slave0:ip=127.0.0.1,port=P,state=online,…
+        let port = info
+            .lines()
+            .find(|line| line.starts_with("slave0:"))
+            .and_then(|line| line.split(',').find_map(|f| f.strip_prefix("port=")))
+            .and_then(|p| p.parse().ok());
+        if let Some(port) = port {
+            return port;
+        }
+        assert!(Instant::now() < deadline, "the master has no replica");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Where the scenario runs.
+#[derive(Debug, Clone, Copy)]
+enum Topology {
+    Sentinel,
+    Cluster,
+}
+
+/// Runs the scenario `runs()` times on `topology` and prints the counts.
+async fn scenario(topology: Topology, min_replicas: bool) -> Vec<Run> {
     let side = if min_replicas {
         "min_replicas=1"
     } else {
         "no min_replicas"
     };
-    let name = "Sentinel";
+    let name = format!("{topology:?}");
     let mut all = Vec::new();
     for n in 0..runs() {
         let label = format!("{name}, {side} #{n}");
-        all.push(sentinel_run(&label, min_replicas).await);
+        all.push(match topology {
+            Topology::Sentinel => sentinel_run(&label, min_replicas).await,
+            Topology::Cluster => cluster_run(&label, min_replicas).await,
+        });
     }
     let doubles = all.iter().filter(|r| r.double_grant).count();
     let lost = all.iter().filter(|r| !r.kept).count();
@@ -281,10 +413,20 @@ fn never_twice(all: &[Run]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_without_min_replicas_grants_twice() {
-    shown(&scenario(false).await);
+    shown(&scenario(Topology::Sentinel, false).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sentinel_with_min_replicas_never_grants_twice() {
-    never_twice(&scenario(true).await);
+    never_twice(&scenario(Topology::Sentinel, true).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_without_min_replicas_grants_twice() {
+    shown(&scenario(Topology::Cluster, false).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_with_min_replicas_never_grants_twice() {
+    never_twice(&scenario(Topology::Cluster, true).await);
 }

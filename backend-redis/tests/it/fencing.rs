@@ -1,5 +1,5 @@
-//! Fencing tokens on real servers: a single node hands out its slot counter
-//! (`{<n>}:distlock-fence`, see `KeyNames::fence`); Redlock, which cannot promise
+//! Fencing tokens on real servers: a single node hands out its one counter
+//! (`distlock-fence:v3`, see `KeyNames::fence`); Redlock, which cannot promise
 //! ordered tokens, hands out none and keeps no counter.
 
 use crate::common;
@@ -52,9 +52,9 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     }
 }
 
-/// The single node fences: tokens rise with every grant (the key's slot counter, which
-/// never expires and holds the last token handed out in the slot), also across keys of
-/// one slot and for a fresh key every time.
+/// The single node fences: tokens rise with every grant (the server's one counter,
+/// which never expires and holds the last token handed out), also across keys and for
+/// a fresh key every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn single_node_tokens_rise_and_the_record_expires() {
     let h = common::start(1).await;
@@ -82,7 +82,7 @@ async fn single_node_tokens_rise_and_the_record_expires() {
         let recorded: u64 = raw.get(&names.fence).await.unwrap();
         assert_eq!(recorded, token);
         let keep: i64 = raw.pttl(&names.fence).await.unwrap();
-        assert_eq!(keep, -1, "the slot counter never expires");
+        assert_eq!(keep, -1, "the counter never expires");
         guard.release().await.unwrap();
     }
     // A fresh key each time: still rising, whatever the slot.
@@ -268,4 +268,45 @@ async fn a_waiter_granted_after_the_counter_was_lost_gets_a_higher_token() {
     let granted = waiter.await.unwrap().unwrap();
     assert!(granted.fencing_token().unwrap().get() > first);
     granted.release().await.unwrap();
+}
+
+/// Before: each hash slot had its own counter, so on a new (or restarted) server the
+/// first grant in each of the 16384 slots paid a second round trip to seed it, and a
+/// fresh key per cycle met new slots for tens of thousands of cycles. Now a single
+/// server keeps one counter: the keys of many slots, fresh every time, and every way
+/// to a grant (the first attempt's pipeline, a waiter's script, the FIFO script) count
+/// on it, and the tokens of all of them rise together.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_server_keeps_one_counter_for_every_key() {
+    use distlock_api::WaitOrder;
+    let h = common::start(1).await;
+    let lock = RedisLock::connect(&h.url()).await.unwrap();
+    let mut raw = h.raw(0).await;
+    let mut last = 0;
+    for n in 0..200 {
+        let k = key(&format!("one-counter/{n}"));
+        let options = if n % 3 == 0 {
+            options().with_order(WaitOrder::Fifo)
+        } else {
+            options()
+        };
+        let guard = lock.lock().acquire(&k, &options).await.unwrap();
+        let token = guard.fencing_token().unwrap().get();
+        assert!(token > last, "key {n}: token {token} after {last}");
+        last = token;
+        guard.release().await.unwrap();
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert_eq!(keys, vec![distlock_redis::SERVER_FENCE.to_owned()]);
+    let recorded: u64 = raw.get(distlock_redis::SERVER_FENCE).await.unwrap();
+    assert_eq!(recorded, last);
+    // The counter is no lock's name: every lock name starts with its hash tag.
+    assert!(!KeyNames::for_key(&key("x"))
+        .lock
+        .starts_with(distlock_redis::SERVER_FENCE));
+    assert!(!distlock_redis::SERVER_FENCE.starts_with('{'));
 }

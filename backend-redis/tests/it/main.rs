@@ -16,6 +16,7 @@ mod faults;
 mod fencing;
 mod fifo;
 mod handoff;
+mod native;
 mod primitives;
 mod replicas;
 mod residue;

@@ -177,23 +177,19 @@ pub async fn wait_for_replica(conn: &mut redis::aio::MultiplexedConnection) {
     }
 }
 
-/// Polls until the server holds no key but the fencing slot counters, allowing the
+/// Polls until the (single) server holds no key but the mutex's one fencing counter
+/// (`distlock_redis::SERVER_FENCE`), allowing the
 /// primitives' fencing records' life after a grant of `ttl` (the TTL plus the margin)
 /// and some slack.
 pub async fn until_nothing_left(raw: &mut redis::aio::MultiplexedConnection, ttl: Duration) {
     let deadline = tokio::time::Instant::now() + ttl + Duration::from_secs(10 + 15);
     loop {
-        // Every key but the slot counters of fencing tokens, which never expire (at
-        // most one per hash slot: bounded whatever the keys locked).
+        // Every key but the server's fencing counter, which never expires (one per
+        // server, whatever the keys locked; a slot counter here would be a leftover).
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query_async(raw).await.unwrap();
-        let counters = keys
-            .iter()
-            .filter(|k| k.ends_with("}:distlock-fence"))
-            .count();
-        assert!(counters <= 16384, "{counters} slot counters");
         let left: Vec<&String> = keys
             .iter()
-            .filter(|k| !k.ends_with("}:distlock-fence"))
+            .filter(|k| k.as_str() != distlock_redis::SERVER_FENCE)
             .collect();
         if left.is_empty() {
             return;
