@@ -414,22 +414,9 @@ impl Node {
         if fenced {
             pipe.cmd("INCR").arg(&*self.fence(names));
         }
-        let wait = self.link.replicas.get().copied();
-        if let Some(wait) = &wait {
-            wait.append(&mut pipe);
-        }
-        // Each command's own error comes back in its place, with its code (`BUSY`,
-        // `LOADING`: transient), instead of one error listing them all. An error after
-        // a granted `SET` fails the attempt, whose caller releases what it may hold.
-        pipe.ignore_errors();
-        let mut answers: Vec<Value> = pipe
-            .query_async(&mut self.conn()?)
-            .await
-            .map_err(|e| lock_error(&self.address, e))?;
-        let waited = match wait {
-            Some(_) => answers.pop(),
-            None => None,
-        };
+        // An error after a granted `SET` fails the attempt, whose caller releases what
+        // it may hold.
+        let (answers, acked) = self.query_acked(pipe).await?;
         // The writes' own errors first: on a demoted master the `SET`'s `READONLY` says
         // "follow the failover", where the `WAIT`'s refusal would not.
         if let Some(error) = answers.iter().find_map(|answer| match answer {
@@ -438,9 +425,9 @@ impl Node {
         }) {
             return Err(lock_error(&self.address, error.into()));
         }
-        let short = match (&wait, &waited) {
-            (Some(wait), Some(waited)) => wait.shortfall(&self.address, waited)?,
-            _ => None,
+        let short = match &acked {
+            Some((wait, waited)) => wait.shortfall(&self.address, waited)?,
+            None => None,
         };
         let grant = match answers.as_slice() {
             [Value::Nil, ..] => return Ok(NodeGrant::Held(None)),
@@ -461,6 +448,30 @@ impl Node {
             Some(short) => Err(short),
             None => Ok(grant),
         }
+    }
+
+    /// Runs `pipe` with the `WAIT` of `min_replicas` appended when the node requires
+    /// replicas, each command's own error in its place (with its code: `BUSY` and
+    /// `LOADING` are transient) instead of one error listing them all. The writes'
+    /// answers, and the `WAIT` with its answer.
+    async fn query_acked(
+        &self,
+        mut pipe: redis::Pipeline,
+    ) -> Result<(Vec<Value>, Option<(ReplicaWait, Value)>), LockError> {
+        let wait = self.link.replicas.get().copied();
+        if let Some(wait) = &wait {
+            wait.append(&mut pipe);
+        }
+        pipe.ignore_errors();
+        let mut answers: Vec<Value> = pipe
+            .query_async(&mut self.conn()?)
+            .await
+            .map_err(|e| lock_error(&self.address, e))?;
+        let acked = match wait {
+            Some(wait) => answers.pop().map(|waited| (wait, waited)),
+            None => None,
+        };
+        Ok((answers, acked))
     }
 
     /// The next token of the node's counter for `names`, which `INCR` found gone: seeded (see
@@ -632,19 +643,7 @@ impl Node {
             .arg("PX")
             .arg(ttl_millis(ttl))
             .arg("GET");
-        let wait = self.link.replicas.get().copied();
-        if let Some(wait) = &wait {
-            wait.append(&mut pipe);
-        }
-        pipe.ignore_errors();
-        let mut answers: Vec<Value> = pipe
-            .query_async(&mut self.conn()?)
-            .await
-            .map_err(|e| lock_error(&self.address, e))?;
-        let waited = match wait {
-            Some(_) => answers.pop(),
-            None => None,
-        };
+        let (answers, acked) = self.query_acked(pipe).await?;
         let outcome = match answers.as_slice() {
             [Value::ServerError(e)] if crate::native::not_understood(e) => {
                 self.link.native.forget();
@@ -660,9 +659,7 @@ impl Node {
             [Value::BulkString(_)] => ExtendOutcome::HeldByOther,
             _ => return Err(unexpected("native extend", &Value::Array(answers))),
         };
-        if let (Some(wait), Some(waited), ExtendOutcome::Extended { .. }) =
-            (&wait, &waited, &outcome)
-        {
+        if let (Some((wait, waited)), ExtendOutcome::Extended { .. }) = (&acked, &outcome) {
             // Applied on the master, but too few replicas have it: not counted, as
             // for the script.
             if let Some(short) = wait.shortfall(&self.address, waited)? {
