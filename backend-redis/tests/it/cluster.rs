@@ -2,7 +2,7 @@
 //! whose hash tag would be empty, wake-ups across nodes, a master failover while a
 //! lock is held and waited for, and bad input.
 
-use crate::common;
+use crate::common::{self, raw};
 
 use std::time::{Duration, Instant};
 
@@ -250,14 +250,6 @@ async fn bad_cluster_urls_are_typed_errors_within_the_request_timeout() {
         assert!(started.elapsed() < bound, "took {:?}", started.elapsed());
         assert!(matches!(error, LockError::Connection { .. }), "{error}");
     }
-}
-
-async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 /// The lock's slot is migrated to another master while the lock is held and waited

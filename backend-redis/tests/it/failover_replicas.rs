@@ -26,6 +26,8 @@ use distlock_redis::{KeyNames, RedisLock};
 use distlock_test_servers::{RedisCluster, RedisSentinelGroup, ServerControl};
 use tokio::time::Instant;
 
+use crate::common::raw;
+
 /// How late the replica gets the master's writes (one way, so an acknowledgement
 /// comes back after twice this).
 const LAG: Duration = Duration::from_millis(200);
@@ -66,15 +68,6 @@ struct Run {
     failover: Duration,
     /// From the holder's grant until the waiter's.
     waiter_after: Duration,
-}
-
-/// A raw connection to the server on `port`.
-async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 /// A grant and release of `k` before, until the slot's fencing counter is on the

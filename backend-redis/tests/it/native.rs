@@ -3,7 +3,7 @@
 //! which `scripts/install-deps.sh` installs), the script elsewhere (Debian's Redis 7.0).
 //! Which path ran is read from the server's own `INFO commandstats`.
 
-use crate::common;
+use crate::common::{self, raw};
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -40,14 +40,6 @@ async fn calls(raw: &mut redis::aio::MultiplexedConnection) -> HashMap<String, u
 
 fn count(calls: &HashMap<String, u64>, name: &str) -> u64 {
     calls.get(name).copied().unwrap_or(0)
-}
-
-async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
-    redis::Client::open(format!("redis://127.0.0.1:{port}"))
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap()
 }
 
 /// Extends through `lock` in every state the key can be in, checking the outcomes,

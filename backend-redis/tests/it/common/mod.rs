@@ -203,3 +203,13 @@ pub async fn until_nothing_left(raw: &mut redis::aio::MultiplexedConnection, ttl
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// A plain multiplexed connection to the redis-server on `port`, for a test's own
+/// commands beside the backend's.
+pub async fn raw(port: u16) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap()
+}
