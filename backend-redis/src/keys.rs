@@ -1,9 +1,13 @@
 //! The Redis names one lock key maps to.
 
+use std::borrow::Cow;
+
 use distlock_api::LockKey;
 
-/// The Redis names behind one [`LockKey`] `K`: four fields, and the FIFO queue's two
-/// keys from [`KeyNames::queue`] and [`KeyNames::queue_deadlines`].
+/// The Redis names behind one [`LockKey`] `K`: the lock, its fencing counter
+/// ([`KeyNames::fence`]), the waiting marker and the release channel
+/// ([`KeyNames::waiting`], [`KeyNames::channel`]), and the FIFO queue's two keys
+/// ([`KeyNames::queue`], [`KeyNames::queue_deadlines`]).
 ///
 /// All of them but the fence start with the hash tag `{K}`, so they live in one Redis
 /// Cluster slot; the fence is the server's one counter, and on a Cluster
@@ -15,12 +19,19 @@ use distlock_api::LockKey;
 /// prefix no other key's names have (keys contain no NUL).
 ///
 /// The hot-path scripts are passed only the lock (and fence) and derive the other names
-/// by these same suffixes: each key passed costs the server time on every call.
+/// by these same suffixes: each key passed costs the server time on every call. For
+/// the same reason only the lock's name is built up front (every acquire and release
+/// builds one); the others are built when asked for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
+    /// See [`KeyNames::fence`].
+    fence: Cow<'static, str>,
+}
+
+impl KeyNames {
     /// The mutex's fencing counter on one server or a Sentinel-managed master:
     /// [`SERVER_FENCE`], one counter per server (per database) that every mutex grant
     /// `INCR`s, so it rises for every key at once. It never expires; when it is gone (a
@@ -30,13 +41,21 @@ pub struct KeyNames {
     /// slot, and the mutex uses [`KeyNames::cluster_fence`] instead. Redlock uses
     /// neither. (For the other primitives, whose names [`KeyNames`] also gives inside
     /// the crate, it is a per-key counter.)
-    pub fence: String,
+    pub fn fence(&self) -> &str {
+        &self.fence
+    }
+
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by
     /// FIFO waiters while queued, and deleted by the release, which publishes a
     /// wake-up only when it was there, so only when someone waits.
-    pub waiting: String,
+    pub fn waiting(&self) -> String {
+        [self.lock.as_str(), ":waiting"].concat()
+    }
+
     /// `{K}:released`: the pub/sub channel a release publishes on.
-    pub channel: String,
+    pub fn channel(&self) -> String {
+        [self.lock.as_str(), ":released"].concat()
+    }
 }
 
 impl KeyNames {
@@ -51,10 +70,8 @@ impl KeyNames {
             ["{", key, "}"].concat()
         };
         KeyNames {
-            fence: SERVER_FENCE.to_owned(),
-            channel: [lock.as_str(), ":released"].concat(),
-            waiting: [lock.as_str(), ":waiting"].concat(),
             lock,
+            fence: Cow::Borrowed(SERVER_FENCE),
         }
     }
 }
@@ -125,9 +142,7 @@ impl KeyNames {
         let mutex = KeyNames::for_key(key);
         let base = [mutex.lock.as_str(), primitive.suffix()].concat();
         KeyNames {
-            fence: [base.as_str(), ":fence"].concat(),
-            channel: [base.as_str(), ":released"].concat(),
-            waiting: [base.as_str(), ":waiting"].concat(),
+            fence: Cow::Owned([base.as_str(), ":fence"].concat()),
             lock: base,
         }
     }
@@ -141,11 +156,11 @@ mod tests {
     fn documented_layout() {
         let names = KeyNames::for_key(&LockKey::new("orders/42").unwrap());
         assert_eq!(names.lock, "{orders/42}");
-        assert_eq!(names.fence, "distlock-fence:v3");
+        assert_eq!(names.fence(), "distlock-fence:v3");
         assert_eq!(names.cluster_fence(), crate::slots::fence_of("{orders/42}"));
         assert!(names.cluster_fence().ends_with("}:distlock-fence"));
-        assert_eq!(names.channel, "{orders/42}:released");
-        assert_eq!(names.waiting, "{orders/42}:waiting");
+        assert_eq!(names.channel(), "{orders/42}:released");
+        assert_eq!(names.waiting(), "{orders/42}:waiting");
         assert_eq!(names.queue(), "{orders/42}:queue");
         assert_eq!(names.queue_deadlines(), "{orders/42}:queue:deadlines");
     }
@@ -174,8 +189,8 @@ mod tests {
                 "{key:?}"
             );
             for other in [
-                &names.channel,
-                &names.waiting,
+                &names.channel(),
+                &names.waiting(),
                 &names.queue(),
                 &names.queue_deadlines(),
             ] {
@@ -199,17 +214,22 @@ mod tests {
             for primitive in [Primitive::Semaphore, Primitive::Rw, Primitive::Election] {
                 let names = KeyNames::for_primitive(&key, primitive);
                 let tag = hash_tag(&mutex.lock);
-                for name in [&names.lock, &names.fence, &names.waiting, &names.channel] {
+                for name in [
+                    names.lock.as_str(),
+                    names.fence(),
+                    &names.waiting(),
+                    &names.channel(),
+                ] {
                     assert_eq!(hash_tag(name), tag, "{name:?}");
                     assert!(!name.ends_with('}'), "{name:?}");
                 }
-                assert_eq!(names.waiting, [names.lock.as_str(), ":waiting"].concat());
-                assert_eq!(names.channel, [names.lock.as_str(), ":released"].concat());
+                assert_eq!(names.waiting(), [names.lock.as_str(), ":waiting"].concat());
+                assert_eq!(names.channel(), [names.lock.as_str(), ":released"].concat());
             }
         }
         let names = KeyNames::for_primitive(&LockKey::new("jobs").unwrap(), Primitive::Semaphore);
         assert_eq!(names.lock, "{jobs}:semaphore");
-        assert_eq!(names.fence, "{jobs}:semaphore:fence");
+        assert_eq!(names.fence(), "{jobs}:semaphore:fence");
     }
 
     /// The scripts derive these names as `KEYS[1] .. suffix`.
@@ -217,8 +237,8 @@ mod tests {
     fn every_name_is_the_lock_name_and_a_suffix() {
         let names = KeyNames::for_key(&LockKey::new("k").unwrap());
         for (name, suffix) in [
-            (names.waiting.clone(), ":waiting"),
-            (names.channel.clone(), ":released"),
+            (names.waiting(), ":waiting"),
+            (names.channel(), ":released"),
             (names.queue(), ":queue"),
             (names.queue_deadlines(), ":queue:deadlines"),
         ] {

@@ -348,7 +348,7 @@ impl Node {
     pub(crate) fn fence<'a>(&self, names: &'a KeyNames) -> Cow<'a, str> {
         match self.link.conn.get() {
             Some(NodeConn::Cluster(_)) => Cow::Owned(names.cluster_fence()),
-            _ => Cow::Borrowed(&names.fence),
+            _ => Cow::Borrowed(names.fence()),
         }
     }
 
@@ -508,7 +508,7 @@ impl Node {
                 &*self.fence(names),
                 &queue,
                 &deadlines,
-                &names.channel,
+                &names.channel(),
             ],
         );
         cmd.arg(&hex(owner)[..])
@@ -551,7 +551,7 @@ impl Node {
     ) -> Result<(), LockError> {
         let script = &*crate::scripts::LEAVE_QUEUE;
         let (queue, deadlines) = (names.queue(), names.queue_deadlines());
-        let mut cmd = evalsha(script, &[&names.lock, &names.channel, &queue, &deadlines]);
+        let mut cmd = evalsha(script, &[&names.lock, &names.channel(), &queue, &deadlines]);
         cmd.arg(waiter);
         let _removed: i64 = self.run(script, &cmd).await?;
         Ok(())
@@ -784,7 +784,7 @@ impl Node {
     pub(crate) async fn watch(&self, names: &KeyNames, queued: Option<&str>) -> (WakeTicket, bool) {
         self.link
             .wakeups
-            .watch(self.link.conn.get(), &names.channel, queued)
+            .watch(self.link.conn.get(), &names.channel(), queued)
             .await
     }
 

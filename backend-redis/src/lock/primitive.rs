@@ -92,7 +92,7 @@ pub(crate) async fn attempt(
 ) -> Result<Answer, LockError> {
     let node = lock.primitive_node(scripts.primitive)?;
     let (owner, ttl) = (OwnerToken::random(), options.ttl());
-    let mut cmd = evalsha(scripts.acquire, &[&names.lock, &names.fence]);
+    let mut cmd = evalsha(scripts.acquire, &[&names.lock, names.fence()]);
     cmd.arg(&hex(owner)[..])
         .arg(ttl_millis(ttl))
         .arg(waiting.map_or(0, ttl_millis))

@@ -52,7 +52,7 @@ async fn keys_whose_tag_would_be_empty_lock_in_one_slot() {
             }
         };
         let lock_slot = slot(names.lock.clone()).await;
-        for other in [names.cluster_fence(), names.channel.clone(), names.queue()] {
+        for other in [names.cluster_fence(), names.channel(), names.queue()] {
             assert_eq!(slot(other).await, lock_slot);
         }
         for order in [WaitOrder::Any, WaitOrder::Fifo] {

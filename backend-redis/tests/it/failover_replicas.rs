@@ -91,7 +91,7 @@ async fn warm_up(holder: &RedisLock, k: &LockKey, replica: u16, cluster: bool) {
             .unwrap();
         names.cluster_fence()
     } else {
-        names.fence
+        names.fence().to_owned()
     };
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {

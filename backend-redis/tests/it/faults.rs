@@ -386,7 +386,7 @@ async fn paused_servers_bound_acquire_by_its_wait(nodes: usize) {
     // first grant's.
     let late_token = match first_token {
         Some(first) => {
-            let fence = distlock_redis::KeyNames::for_key(&k).fence;
+            let fence = distlock_redis::KeyNames::for_key(&k).fence().to_owned();
             let mut raw = h.raw(0).await;
             let deadline = Instant::now() + Duration::from_secs(10);
             loop {

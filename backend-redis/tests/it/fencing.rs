@@ -47,7 +47,7 @@ async fn redlock_grants_carry_no_fencing_token_and_leave_no_counter() {
     assert_eq!(lock.inspect(&k).await.unwrap().fencing_token, None);
     let names = KeyNames::for_key(&k);
     for node in 0..3 {
-        let counter: Option<String> = h.raw(node).await.get(&names.fence).await.unwrap();
+        let counter: Option<String> = h.raw(node).await.get(names.fence()).await.unwrap();
         assert_eq!(counter, None, "node {node} keeps a fencing counter");
     }
 }
@@ -79,9 +79,9 @@ async fn single_node_tokens_rise_and_the_record_expires() {
         assert!(token > last, "token {token} after {last}");
         last = token;
         let mut raw = h.raw(0).await;
-        let recorded: u64 = raw.get(&names.fence).await.unwrap();
+        let recorded: u64 = raw.get(names.fence()).await.unwrap();
         assert_eq!(recorded, token);
-        let keep: i64 = raw.pttl(&names.fence).await.unwrap();
+        let keep: i64 = raw.pttl(names.fence()).await.unwrap();
         assert_eq!(keep, -1, "the counter never expires");
         guard.release().await.unwrap();
     }
@@ -121,7 +121,7 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     let t1 = token(&first);
     first.release().await.unwrap();
     // The record expired (or the fencing key was deleted).
-    let _: () = raw.del(&names.fence).await.unwrap();
+    let _: () = raw.del(names.fence()).await.unwrap();
     let second = lock.lock().acquire(&k, &options()).await.unwrap();
     let t2 = token(&second);
     assert!(t2 > t1, "after the record expired: {t2} after {t1}");
@@ -138,12 +138,12 @@ async fn tokens_keep_rising_when_the_record_is_gone_or_the_clock_is_behind() {
     // A record ahead of the server's clock (the clock stepped back while the record
     // lived): the next token is one above it.
     let ahead = t3 + 3_600_000_000;
-    let _: () = raw.set(&names.fence, ahead).await.unwrap();
+    let _: () = raw.set(names.fence(), ahead).await.unwrap();
     let fourth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert_eq!(token(&fourth), ahead + 1);
     fourth.release().await.unwrap();
     // A counter of a small value (as one `INCR` makes it) is seeded from the clock.
-    let _: () = raw.set(&names.fence, 7).await.unwrap();
+    let _: () = raw.set(names.fence(), 7).await.unwrap();
     let fifth = lock.lock().acquire(&k, &options()).await.unwrap();
     assert!(token(&fifth) > t3);
     fifth.release().await.unwrap();
@@ -202,7 +202,7 @@ async fn every_token_fits_a_double_after_a_reseed() {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let _: () = raw.del(&KeyNames::for_key(&k).fence).await.unwrap();
+        let _: () = raw.del(&KeyNames::for_key(&k).fence()).await.unwrap();
         first.release().await.unwrap();
         let granted = waiter.await.unwrap().unwrap();
         fits("waiter's script", granted.fencing_token().unwrap().get());
@@ -263,7 +263,7 @@ async fn a_waiter_granted_after_the_counter_was_lost_gets_a_higher_token() {
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let _: () = h.raw(0).await.del(&names.fence).await.unwrap();
+    let _: () = h.raw(0).await.del(names.fence()).await.unwrap();
     holder.release().await.unwrap();
     let granted = waiter.await.unwrap().unwrap();
     assert!(granted.fencing_token().unwrap().get() > first);

@@ -69,7 +69,7 @@ async fn until_quiet(
     key: &LockKey,
     subscribers: usize,
 ) -> u64 {
-    let channel = KeyNames::for_key(key).channel;
+    let channel = KeyNames::for_key(key).channel();
     let mut before = u64::MAX;
     let quiet_by = Instant::now() + Duration::from_secs(20);
     loop {

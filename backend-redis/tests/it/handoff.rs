@@ -67,7 +67,7 @@ async fn an_uncontended_release_publishes_nothing() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let marked: bool = redis::cmd("EXISTS")
-            .arg(&names.waiting)
+            .arg(names.waiting())
             .query_async(&mut raw)
             .await
             .unwrap();
@@ -87,7 +87,7 @@ async fn an_uncontended_release_publishes_nothing() {
     // lock, so the waiter's own release, which nobody waited for, did not.
     assert_eq!(calls(&mut raw, "publish").await, 1);
     let marked: bool = redis::cmd("EXISTS")
-        .arg(&names.waiting)
+        .arg(names.waiting())
         .query_async(&mut raw)
         .await
         .unwrap();
@@ -192,7 +192,7 @@ async fn an_enormous_backoff_cap_still_waits_and_is_woken() {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let marked: bool = redis::cmd("EXISTS")
-            .arg(&names.waiting)
+            .arg(names.waiting())
             .query_async(&mut raw)
             .await
             .unwrap();

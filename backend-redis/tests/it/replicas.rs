@@ -214,7 +214,7 @@ async fn grants_and_extends_count_once_the_replica_acknowledges() {
     // WAIT returned only once the replica had the grant (and its token's counter).
     let held: Option<String> = on_replica.get(KeyNames::for_key(&k).lock).await.unwrap();
     assert!(held.is_some(), "the grant is not on the replica");
-    let counter: Option<u64> = on_replica.get(KeyNames::for_key(&k).fence).await.unwrap();
+    let counter: Option<u64> = on_replica.get(KeyNames::for_key(&k).fence()).await.unwrap();
     assert_eq!(counter, guard.fencing_token().map(|t| t.get()));
     guard.release().await.unwrap();
     // A waiter's grant (the acquire script) too.

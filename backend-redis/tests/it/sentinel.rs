@@ -100,7 +100,7 @@ async fn a_failover_is_followed_while_a_lock_is_held_and_waited_for() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let channel = distlock_redis::KeyNames::for_key(&key).channel;
+    let channel = distlock_redis::KeyNames::for_key(&key).channel();
     let started = Instant::now();
     loop {
         let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
