@@ -51,7 +51,7 @@ impl Client {
 
     /// A client over a shared `engine`.
     pub fn from_engine(engine: Arc<dyn Engine>) -> Self {
-        let route = |primitive| Route::new(engine.clone(), primitive);
+        let route = |primitive| Arc::new(Route::new(engine.clone(), primitive));
         Client {
             lock: Arc::new(MutexHandle(route(Primitive::Mutex))),
             semaphore: Arc::new(SemaphoreHandle(route(Primitive::Semaphore))),

@@ -48,7 +48,7 @@ impl Route {
     /// Takes `claim` on `key`, once (`waits == false`) or as the options' wait allows,
     /// and wraps the grant as a guard. `None` only for a try that found the key held.
     async fn acquire(
-        &self,
+        self: &Arc<Self>,
         key: &LockKey,
         claim: Claim<'_>,
         options: &LockOptions,
@@ -78,9 +78,10 @@ impl Route {
         Ok(granted.map(|(grant, contended)| self.guard(grant, options, contended)))
     }
 
-    fn guard(&self, grant: Grant, options: &LockOptions, contended: bool) -> LockGuard {
+    fn guard(self: &Arc<Self>, grant: Grant, options: &LockOptions, contended: bool) -> LockGuard {
         let Grant { lease, monitor } = grant;
-        let route: Arc<dyn LeaseBackend> = Arc::new(self.clone());
+        // The handle's own route, shared: a guard costs no allocation of its own here.
+        let route: Arc<dyn LeaseBackend> = self.clone();
         LockGuard::from_grant(lease, monitor, route, options.auto_renew()).with_contended(contended)
     }
 
@@ -129,7 +130,7 @@ impl LeaseBackend for Route {
 
 /// The mutex of an engine.
 #[derive(Debug)]
-pub(crate) struct MutexHandle(pub(crate) Route);
+pub(crate) struct MutexHandle(pub(crate) Arc<Route>);
 
 #[async_trait]
 impl DistributedLock for MutexHandle {
@@ -150,11 +151,11 @@ impl DistributedLock for MutexHandle {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        LeaseBackend::release(&self.0, lease).await
+        LeaseBackend::release(&*self.0, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        LeaseBackend::extend(&self.0, lease, ttl).await
+        LeaseBackend::extend(&*self.0, lease, ttl).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<KeyStatus, LockError> {
@@ -164,7 +165,7 @@ impl DistributedLock for MutexHandle {
 
 /// The semaphore of an engine.
 #[derive(Debug)]
-pub(crate) struct SemaphoreHandle(pub(crate) Route);
+pub(crate) struct SemaphoreHandle(pub(crate) Arc<Route>);
 
 #[async_trait]
 impl DistributedSemaphore for SemaphoreHandle {
@@ -193,11 +194,11 @@ impl DistributedSemaphore for SemaphoreHandle {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        LeaseBackend::release(&self.0, lease).await
+        LeaseBackend::release(&*self.0, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        LeaseBackend::extend(&self.0, lease, ttl).await
+        LeaseBackend::extend(&*self.0, lease, ttl).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<SemaphoreStatus, LockError> {
@@ -207,7 +208,7 @@ impl DistributedSemaphore for SemaphoreHandle {
 
 /// The read-write lock of an engine.
 #[derive(Debug)]
-pub(crate) struct RwHandle(pub(crate) Route);
+pub(crate) struct RwHandle(pub(crate) Arc<Route>);
 
 #[async_trait]
 impl DistributedRwLock for RwHandle {
@@ -234,11 +235,11 @@ impl DistributedRwLock for RwHandle {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        LeaseBackend::release(&self.0, lease).await
+        LeaseBackend::release(&*self.0, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        LeaseBackend::extend(&self.0, lease, ttl).await
+        LeaseBackend::extend(&*self.0, lease, ttl).await
     }
 
     async fn inspect(&self, key: &LockKey) -> Result<RwStatus, LockError> {
@@ -248,7 +249,7 @@ impl DistributedRwLock for RwHandle {
 
 /// Leader election over an engine.
 #[derive(Debug)]
-pub(crate) struct ElectionHandle(pub(crate) Route);
+pub(crate) struct ElectionHandle(pub(crate) Arc<Route>);
 
 #[async_trait]
 impl LeaderElection for ElectionHandle {
@@ -281,11 +282,11 @@ impl LeaderElection for ElectionHandle {
     }
 
     async fn release(&self, lease: &Lease) -> Result<ReleaseOutcome, LockError> {
-        LeaseBackend::release(&self.0, lease).await
+        LeaseBackend::release(&*self.0, lease).await
     }
 
     async fn extend(&self, lease: &Lease, ttl: Duration) -> Result<ExtendOutcome, LockError> {
-        LeaseBackend::extend(&self.0, lease, ttl).await
+        LeaseBackend::extend(&*self.0, lease, ttl).await
     }
 
     async fn leader(&self, name: &LockKey) -> Result<Option<Leader>, LockError> {
