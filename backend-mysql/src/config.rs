@@ -140,8 +140,9 @@ pub(crate) fn server_address(options: &MySqlConnectOptions) -> String {
 /// `ssl-cert`, `ssl-key` (sqlx's aliases `sslmode`, `sslca`, `sslcert`, `sslkey` are
 /// taken too). `preferred` uses TLS when the server offers it (with the `tls`
 /// feature) and plaintext otherwise, without checking the certificate; `required`
-/// insists on TLS without checking the certificate; `verify_ca` checks the chain
-/// against `ssl-ca` and the system roots; `verify_identity` also the host name.
+/// insists on TLS without checking the certificate (even with `ssl-ca`); `verify_ca`
+/// checks the chain against `ssl-ca` and the system roots, and through a driver bug
+/// (sqlx issue 3793) the host name too; `verify_identity` checks both.
 /// `charset` and `socket` are passed to the driver; any other parameter is refused.
 ///
 /// # Errors
