@@ -59,6 +59,20 @@ async fn conformance_and_status_work_over_a_mysql_tls_url() {
     let held: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(held["held"], true, "{held}");
     assert_eq!(held["backend"], "mysql", "{held}");
+    // verify_ca takes the driver's other verifier, which asks rustls for the process's
+    // provider: without one installed, this panicked.
+    let chain_only = server.url(&format!(
+        "ssl-mode=verify_ca&ssl-ca={}",
+        server.ca_cert().display()
+    ));
+    let out = distlock(&["status", "--backend", &chain_only, "tls/status", "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let held: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(held["held"], true, "{held}");
     guard.release().await.expect("releases");
     let out = distlock(&["status", "--backend", &url, "tls/status", "--json"]);
     let free: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
