@@ -11,7 +11,9 @@
 //! - **hot key**: 9 workers on one key, each its own client (provider, connection),
 //!   waiting in the server (`GET_LOCK(n, t)`), pausing 1 ms after each release;
 //!   hand-off = the holder's release starting → another worker granted, both stamped
-//!   in this process (as `distlock bench`'s hot key); p50 per round;
+//!   in this process (as `distlock bench`'s hot key); p50 per round; beside a raw
+//!   side waiting with distlock's own wait statement (its token and server-timed wait
+//!   in the same `SELECT`), which tells the statement's cost from the client's;
 //! - **holding**: the server's `Threads_connected` before and while one fresh client
 //!   of each side holds N locks at once (64 acquires in flight while filling up, as
 //!   `distlock bench`'s holding row). The peer holds a pooled connection per lock, so
@@ -54,9 +56,23 @@ enum Side {
     Distlock,
     Peer,
     Raw,
+    /// Raw, waiting with distlock's own wait statement (`GET_LOCK`, the server-timed
+    /// wait and the fencing token in one `SELECT`): the hot key only, to tell the
+    /// statement's cost from the client's.
+    RawWithToken,
 }
 
 const SIDES: [Side; 3] = [Side::Distlock, Side::Peer, Side::Raw];
+const HOT_SIDES: [Side; 4] = [Side::Distlock, Side::Peer, Side::Raw, Side::RawWithToken];
+
+/// distlock's wait statement (`WAIT_LOCK` in backend-mysql/src/sql.rs, the token
+/// expression written out), for [`Side::RawWithToken`].
+const WAIT_LOCK: &str = "SELECT g.got, g.waited, IF(g.got = 1, CAST((SELECT \
+     IF(d.n < 17592186044416, d.e * 17592186044416 + d.n, NULL) FROM \
+     (SELECT r.epoch AS e, UUID_SHORT() - r.base AS n FROM distlock_run r \
+     WHERE r.id = 1 LIMIT 1) AS d) AS SIGNED), NULL) FROM (SELECT CAST(GET_LOCK(?, ?) AS \
+     SIGNED) AS got, CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED) AS waited \
+     LIMIT 1) AS g";
 
 impl Side {
     fn name(self) -> &'static str {
@@ -64,6 +80,7 @@ impl Side {
             Side::Distlock => "distlock",
             Side::Peer => "distributed-lock-mysql",
             Side::Raw => "raw",
+            Side::RawWithToken => "raw, distlock's wait statement",
         }
     }
 }
@@ -81,7 +98,8 @@ type Error = Box<dyn std::error::Error + Send + Sync>;
 enum Taker {
     Distlock(Arc<dyn distlock_api::DistributedLock>),
     Peer(Arc<MySqlLockProvider>),
-    Raw(sqlx::MySqlConnection),
+    /// A connection, and whether it waits with [`WAIT_LOCK`].
+    Raw(sqlx::MySqlConnection, bool),
 }
 
 impl Taker {
@@ -99,11 +117,19 @@ impl Taker {
             Side::Distlock => Taker::Distlock(shared_distlock.clone()),
             Side::Peer if own_client => Taker::Peer(Arc::new(MySqlLockProvider::new(url).await?)),
             Side::Peer => Taker::Peer(shared_peer.clone()),
-            Side::Raw => Taker::Raw(sqlx::MySqlConnection::connect(url).await?),
+            Side::Raw | Side::RawWithToken => Taker::Raw(
+                sqlx::MySqlConnection::connect(url).await?,
+                side == Side::RawWithToken,
+            ),
         })
     }
 
-    async fn cycle(&mut self, key: &str, wait: bool, held: &mut dyn FnMut()) -> Result<(), Error> {
+    async fn cycle(
+        &mut self,
+        key: &str,
+        wait: bool,
+        held: &mut (dyn FnMut() + Send),
+    ) -> Result<(), Error> {
         match self {
             Taker::Distlock(lock) => {
                 let key = LockKey::new(key)?;
@@ -128,13 +154,22 @@ impl Taker {
                 held();
                 handle.release().await?;
             }
-            Taker::Raw(conn) => {
+            Taker::Raw(conn, with_token) => {
                 let timeout = if wait { HOT_WAIT.as_secs() } else { 0 };
-                let got: Option<i64> = sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
-                    .bind(key)
-                    .bind(timeout)
-                    .fetch_one(&mut *conn)
-                    .await?;
+                let got: Option<i64> = if *with_token {
+                    let row: (Option<i64>, Option<i64>, Option<i64>) = sqlx::query_as(WAIT_LOCK)
+                        .bind(key)
+                        .bind(timeout)
+                        .fetch_one(&mut *conn)
+                        .await?;
+                    row.0
+                } else {
+                    sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
+                        .bind(key)
+                        .bind(timeout)
+                        .fetch_one(&mut *conn)
+                        .await?
+                };
                 if got != Some(1) {
                     return Err(format!("raw: {key} not granted").into());
                 }
@@ -149,7 +184,7 @@ impl Taker {
     }
 
     async fn close(self) -> Result<(), Error> {
-        if let Taker::Raw(conn) = self {
+        if let Taker::Raw(conn, _) = self {
             conn.close().await?;
         }
         Ok(())
@@ -343,7 +378,7 @@ async fn fill<T, F, Fut>(held: usize, tag: u64, take: F) -> Result<Vec<T>, Error
 where
     T: Send + 'static,
     F: Fn(String) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<T, Error>> + Send,
+    Fut: std::future::Future<Output = Result<T, Error>> + Send + 'static,
 {
     let mut set = JoinSet::new();
     for part in 0..PARALLEL.min(held) {
@@ -405,7 +440,7 @@ async fn holding(side: Side, url: &str, held: usize, tag: u64) -> Result<(u64, u
             }
             during
         }
-        Side::Raw => {
+        Side::Raw | Side::RawWithToken => {
             // One connection holds any number of user locks.
             let mut conn = sqlx::MySqlConnection::connect(url).await?;
             for i in 0..held {
@@ -415,8 +450,8 @@ async fn holding(side: Side, url: &str, held: usize, tag: u64) -> Result<(u64, u
                     .await?;
             }
             let during = threads_connected(url).await?;
-            let _: Option<i64> = sqlx::query_scalar("SELECT RELEASE_ALL_LOCKS()")
-                .fetch_one(&mut conn)
+            sqlx::query("DO RELEASE_ALL_LOCKS()")
+                .execute(&mut conn)
                 .await?;
             conn.close().await?;
             during
@@ -529,15 +564,15 @@ async fn main() -> Result<(), Error> {
     println!("\nHot key: {HOT_WORKERS} workers ({} waiters), each its own client, pausing {THINK:?} after each release; hand-off p50 in ms over {HANDOFFS} hand-offs per round (median of {rounds} rounds; ratio other/distlock per round, above 1 = distlock faster)\n", HOT_WORKERS - 1);
     println!("| side | hand-off p50 | other/distlock |");
     println!("|---|---:|---:|");
-    let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); SIDES.len()];
+    let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); HOT_SIDES.len()];
     for r in 0..rounds {
-        let order: [usize; 3] = if r % 2 == 0 { [0, 1, 2] } else { [2, 1, 0] };
+        let order: [usize; 4] = if r % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
         for i in order {
             tag += 1;
-            p50s[i].push(hot_key(SIDES[i], url, &distlock, &peer, tag).await?);
+            p50s[i].push(hot_key(HOT_SIDES[i], url, &distlock, &peer, tag).await?);
         }
     }
-    for (i, side) in SIDES.iter().enumerate() {
+    for (i, side) in HOT_SIDES.iter().enumerate() {
         let ratio = if i == 0 {
             "1.00".to_owned()
         } else {
