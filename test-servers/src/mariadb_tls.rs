@@ -49,7 +49,9 @@ impl MariaDbTlsServer {
         let server_cert = ca
             .issue("server", "localhost", CertUse::Server(&SERVER_NAMES))
             .await?;
-        let client = ca.issue("client", MARIADB_CERT_USER, CertUse::Client).await?;
+        let client = ca
+            .issue("client", MARIADB_CERT_USER, CertUse::Client)
+            .await?;
         let other_ca = TestCa::create("other").await?;
         let args = vec![
             // The last --bind-address wins over the plaintext server's own.
@@ -95,8 +97,7 @@ impl MariaDbTlsServer {
     /// empty).
     pub fn url_as(&self, user: &str, host: &str, query: &str) -> String {
         let port = self.server.port();
-        let base =
-            format!("mysql://{user}:{MARIADB_PASSWORD}@{host}:{port}/{MARIADB_DATABASE}");
+        let base = format!("mysql://{user}:{MARIADB_PASSWORD}@{host}:{port}/{MARIADB_DATABASE}");
         if query.is_empty() {
             base
         } else {

@@ -192,7 +192,12 @@ impl Taker {
 }
 
 /// The server counters a round's statements are counted with.
-const COUNTERS: [&str; 4] = ["Questions", "Com_select", "Com_stmt_execute", "Com_stmt_prepare"];
+const COUNTERS: [&str; 4] = [
+    "Questions",
+    "Com_select",
+    "Com_stmt_execute",
+    "Com_stmt_prepare",
+];
 
 /// `SHOW GLOBAL STATUS` values of [`COUNTERS`].
 async fn status(url: &str) -> Result<Vec<f64>, Error> {
@@ -550,7 +555,11 @@ async fn main() -> Result<(), Error> {
                 .collect();
             println!(
                 "| {} | {workers} | {} | {} | {} | {} | {} | {} |",
-                if keys == Keys::Reused { "reused" } else { "fresh" },
+                if keys == Keys::Reused {
+                    "reused"
+                } else {
+                    "fresh"
+                },
                 thousands(median(&rates[0])),
                 thousands(median(&rates[1])),
                 thousands(median(&rates[2])),
@@ -566,7 +575,11 @@ async fn main() -> Result<(), Error> {
     println!("|---|---:|---:|");
     let mut p50s: Vec<Vec<f64>> = vec![Vec::new(); HOT_SIDES.len()];
     for r in 0..rounds {
-        let order: [usize; 4] = if r % 2 == 0 { [0, 1, 2, 3] } else { [3, 2, 1, 0] };
+        let order: [usize; 4] = if r % 2 == 0 {
+            [0, 1, 2, 3]
+        } else {
+            [3, 2, 1, 0]
+        };
         for i in order {
             tag += 1;
             p50s[i].push(hot_key(HOT_SIDES[i], url, &distlock, &peer, tag).await?);
@@ -576,7 +589,11 @@ async fn main() -> Result<(), Error> {
         let ratio = if i == 0 {
             "1.00".to_owned()
         } else {
-            spread(&(0..rounds).map(|r| p50s[i][r] / p50s[0][r]).collect::<Vec<_>>())
+            spread(
+                &(0..rounds)
+                    .map(|r| p50s[i][r] / p50s[0][r])
+                    .collect::<Vec<_>>(),
+            )
         };
         println!("| {} | {:.3} | {ratio} |", side.name(), median(&p50s[i]));
     }
