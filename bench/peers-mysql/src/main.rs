@@ -6,7 +6,7 @@
 //!   own, and a fresh key per cycle: distlock (one client shared by the workers), the
 //!   peer (one provider and its sqlx pool, shared) and raw `GET_LOCK(n, 0)` +
 //!   `RELEASE_LOCK(n)` (a connection per worker), in alternating rounds of one second
-//!   after a warm-up round per side; with the server's statements per cycle
+//!   after a warm-up round per side; with the server's statements and pings per cycle
 //!   (`SHOW GLOBAL STATUS` deltas);
 //! - **hot key**: 9 workers on one key, each its own client (provider, connection),
 //!   waiting in the server (`GET_LOCK(n, t)`), pausing 1 ms after each release;
@@ -192,12 +192,10 @@ impl Taker {
 }
 
 /// The server counters a round's statements are counted with.
-const COUNTERS: [&str; 4] = [
-    "Questions",
-    "Com_select",
-    "Com_stmt_execute",
-    "Com_stmt_prepare",
-];
+/// The server counters a round's statements are counted with: statements, prepared
+/// statements executed, and pings and other administrative commands (`COM_PING`: sqlx's
+/// pool pings each connection it hands out).
+const COUNTERS: [&str; 3] = ["Questions", "Com_stmt_execute", "Com_admin_commands"];
 
 /// `SHOW GLOBAL STATUS` values of [`COUNTERS`].
 async fn status(url: &str) -> Result<Vec<f64>, Error> {
@@ -232,7 +230,7 @@ async fn threads_connected(url: &str) -> Result<u64, Error> {
 }
 
 /// One side's uncontended round: `workers` cycling for [`ROUND`]; cycles/s and the
-/// server's statements per cycle (per [`COUNTERS`]).
+/// server's statements and pings per cycle (per [`COUNTERS`]).
 async fn round(
     side: Side,
     workers: usize,
@@ -518,8 +516,8 @@ async fn main() -> Result<(), Error> {
         .as_millis() as u64
         * 1000;
     eprintln!("load average at start: {}", load_average());
-    println!("Uncontended cycles/s (median of {rounds} alternating rounds of 1 s; ratio distlock/other: median (min–max) of per-round ratios; statements per cycle: the server's Questions, Com_stmt_execute deltas / cycles)\n");
-    println!("| keys | concurrency | distlock | distributed-lock-mysql | raw | distlock/peer | distlock/raw | statements per cycle (distlock / peer / raw) |");
+    println!("Uncontended cycles/s (median of {rounds} alternating rounds of 1 s; ratio distlock/other: median (min–max) of per-round ratios; round trips per cycle: the server's Questions (statements) and Com_admin_commands (pings) deltas / cycles)\n");
+    println!("| keys | concurrency | distlock | distributed-lock-mysql | raw | distlock/peer | distlock/raw | statements, pings per cycle (distlock / peer / raw) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---|");
     for keys in [Keys::Reused, Keys::Fresh] {
         for &workers in &levels {
@@ -548,9 +546,8 @@ async fn main() -> Result<(), Error> {
             let stmts: Vec<String> = statements
                 .iter()
                 .map(|s| {
-                    let q: Vec<f64> = s.iter().map(|c| c[0]).collect();
-                    let x: Vec<f64> = s.iter().map(|c| c[2]).collect();
-                    format!("{:.2}, {:.2}", median(&q), median(&x))
+                    let of = |i: usize| median(&s.iter().map(|c| c[i]).collect::<Vec<_>>());
+                    format!("{:.2}, {:.2}", of(0), of(2))
                 })
                 .collect();
             println!(
