@@ -63,13 +63,18 @@ fn tls_server() -> &'static TlsServer {
 }
 
 impl TlsServer {
-    /// `mysql://USER:distlock-test@HOST:PORT/distlock?QUERY`, as
-    /// [`MariaDbTlsServer::url_as`].
+    /// `mysql://USER:distlock-test@HOST:PORT/distlock?QUERY` (no `?` when `query` is
+    /// empty), as [`MariaDbTlsServer::url_as`].
     fn url_as(&self, user: &str, host: &str, query: &str) -> String {
-        format!(
-            "mysql://{user}:{MARIADB_PASSWORD}@{host}:{}/{MARIADB_DATABASE}?{query}",
+        let base = format!(
+            "mysql://{user}:{MARIADB_PASSWORD}@{host}:{}/{MARIADB_DATABASE}",
             self.port
-        )
+        );
+        if query.is_empty() {
+            base
+        } else {
+            format!("{base}?{query}")
+        }
     }
 
     /// The test user's URL at 127.0.0.1.
