@@ -73,6 +73,8 @@ ESTIMATES = {
     "backend-zookeeper/test:it::secure_conformance": 35,
     "backend-etcd/test:it::conformance": 33,
     "backend-mysql/test:it::conformance": 30,
+    "cli/test:it::mysql_tls": 31,
+    "backend-mysql/test:it::tls": 25,
     "backend-redis/test:it::failover_replicas": 60,
     "backend-zookeeper/test:it::conformance": 23,
 }

@@ -140,8 +140,9 @@ pub(crate) fn server_address(options: &MySqlConnectOptions) -> String {
 /// `ssl-cert`, `ssl-key` (sqlx's aliases `sslmode`, `sslca`, `sslcert`, `sslkey` are
 /// taken too). `preferred` uses TLS when the server offers it (with the `tls`
 /// feature) and plaintext otherwise, without checking the certificate; `required`
-/// insists on TLS without checking the certificate; `verify_ca` checks the chain
-/// against `ssl-ca` and the system roots; `verify_identity` also the host name.
+/// insists on TLS without checking the certificate (even with `ssl-ca`); `verify_ca`
+/// checks the chain against `ssl-ca` and the system roots, and through a driver bug
+/// (sqlx issue 3793) the host name too; `verify_identity` checks both.
 /// `charset` and `socket` are passed to the driver; any other parameter is refused.
 ///
 /// # Errors
@@ -152,6 +153,8 @@ pub(crate) fn server_address(options: &MySqlConnectOptions) -> String {
 /// password.
 pub fn parse_url(url: &str) -> Result<MySqlConnectOptions, LockError> {
     check_scheme(url, &URL_SCHEMES, MYSQL_BACKEND, "MySQL")?;
+    #[cfg(feature = "tls")]
+    install_crypto_provider();
     let address = url_address(url).unwrap_or("the server");
     let unparsable = |source: Box<dyn std::error::Error + Send + Sync>| LockError::Config {
         backend: MYSQL_BACKEND,
@@ -237,6 +240,17 @@ pub fn parse_url(url: &str) -> Result<MySqlConnectOptions, LockError> {
     }
     // Statements are few and fixed; the driver's own logging would log every grant.
     Ok(options.disable_statement_logging())
+}
+
+/// rustls needs one process-wide crypto provider when more than one is compiled in (a
+/// build with `zookeeper-tls` also has aws-lc-rs), and sqlx panics without one when it
+/// opens a TLS session: installs ring unless the program installed a provider first.
+#[cfg(feature = "tls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Losing a race to another installer is fine: a provider is installed.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
 }
 
 #[cfg(test)]

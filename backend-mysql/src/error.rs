@@ -102,7 +102,7 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
         };
     }
     match error {
-        sqlx::Error::Tls(_) => LockError::Config {
+        error if tls_refusal(&error) => LockError::Config {
             backend: MYSQL_BACKEND,
             message: format!("{address}: TLS failed: {error}"),
             source: Some(error.into()),
@@ -113,6 +113,22 @@ pub(crate) fn connect_error(error: sqlx::Error, address: &str) -> LockError {
             source: Some(source),
         },
         error => LockError::connection_in_words(MYSQL_BACKEND, address, error),
+    }
+}
+
+/// Whether opening a session failed on TLS in a way retrying cannot fix: the server
+/// does not offer TLS where the mode needs it, a certificate or key the driver cannot
+/// use, or a handshake one side refused (an untrusted or misnamed server certificate,
+/// a client certificate the server refused: rustls reports these as I/O errors). A
+/// connection cut during the handshake is a plain I/O error, not one of these.
+fn tls_refusal(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Tls(_) => true,
+        #[cfg(feature = "tls")]
+        sqlx::Error::Io(io) => io
+            .get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some()),
+        _ => false,
     }
 }
 

@@ -105,12 +105,15 @@
 //! default), `required`, `verify_ca`, `verify_identity`), `ssl-ca`, `ssl-cert` and
 //! `ssl-key` (see [`parse_url`]). TLS needs the `tls` feature (rustls, ring; never
 //! OpenSSL); without it `preferred` is plaintext and the modes that need TLS are
-//! configuration errors.
+//! configuration errors. A refused certificate or handshake is a configuration error.
+//! `required` never checks the certificate, even with `ssl-ca`; `verify_ca` also
+//! checks the host name, as `verify_identity` does (sqlx issue 3793).
 //!
 //! # Caveats
 //! - User locks live on one server: they are not replicated, so a failover (or a
 //!   Galera cluster, where each node has its own) loses them; holders see `lost()`.
-//! - Tested against MariaDB 10.11 (Debian's `mariadb-server`); MySQL is not tested.
+//! - Tested against MariaDB 10.11 (Debian's `mariadb-server`), in plaintext and over
+//!   TLS; MySQL is not tested.
 
 // docs.rs (`--cfg docsrs`, nightly) shows which feature each gated item needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -58,6 +58,7 @@ mod etcd_tls;
 pub mod fault_proxy;
 mod kinds;
 mod mariadb;
+mod mariadb_tls;
 mod openssl_ca;
 mod pgbouncer;
 mod postgres;
@@ -91,6 +92,7 @@ pub use mariadb::{
     MARIADB_DATABASE, MARIADB_FAULT_CLIENTS, MARIADB_FAULT_URL_TEMPLATE, MARIADB_PASSWORD,
     MARIADB_USER,
 };
+pub use mariadb_tls::{MariaDbTlsServer, MARIADB_CERT_USER};
 pub use openssl_ca::{CertUse, IssuedCert, TestCa};
 pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};

@@ -64,6 +64,15 @@ impl MariaDbServer {
     /// tail) when the server does not come up; [`ServerError::Io`] for file-system or
     /// spawn failures.
     pub async fn start() -> Result<MariaDbServer, ServerError> {
+        MariaDbServer::start_with(&[]).await
+    }
+
+    /// As [`MariaDbServer::start`], with `server_args` added to `mariadbd`'s command
+    /// line (such as `--ssl-cert=FILE`).
+    ///
+    /// # Errors
+    /// As [`MariaDbServer::start`].
+    pub async fn start_with(server_args: &[String]) -> Result<MariaDbServer, ServerError> {
         let bin = Binaries::find()?;
         let mut attempt = 0;
         loop {
@@ -90,6 +99,7 @@ impl MariaDbServer {
                 tmp_arg.clone().into(),
             ];
             args.extend(SMALL.iter().map(OsString::from));
+            args.extend(server_args.iter().map(OsString::from));
             if running_as_root() {
                 args.push("--user=root".into());
             }

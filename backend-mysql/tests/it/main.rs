@@ -11,3 +11,4 @@ mod connect;
 mod fault_conformance;
 mod faults;
 mod interop;
+mod tls;

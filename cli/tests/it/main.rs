@@ -17,6 +17,7 @@ mod exec_modes;
 mod exec_pgbouncer;
 mod exec_servers;
 mod exec_ttl;
+mod mysql_tls;
 mod postgres_tls;
 mod redis_topologies;
 mod redlock;
