@@ -231,7 +231,16 @@ mod tests {
         for name in ["3f-2", "7fffffffff-ffffff", "694d7a1b", "0"] {
             assert!(is_contender_name(name.as_bytes(), 16), "{name}");
         }
-        for name in ["", "3f-", "-2", "3f-2-1", "3F-2", "7fffffffff0-1", "1-fffffff", "x1"] {
+        for name in [
+            "",
+            "3f-",
+            "-2",
+            "3f-2-1",
+            "3F-2",
+            "7fffffffff0-1",
+            "1-fffffff",
+            "x1",
+        ] {
             assert!(!is_contender_name(name.as_bytes(), 16), "{name}");
         }
         assert!(!is_contender_name(b"12345678901234567", 16));

@@ -124,6 +124,10 @@ mod tests {
         let fresh = names.take();
         assert_eq!(split(fresh).1, 0);
         names.give_back(first);
-        assert_eq!(split(names.take()).1, 1, "a slot of the former id is not reused");
+        assert_eq!(
+            split(names.take()).1,
+            1,
+            "a slot of the former id is not reused"
+        );
     }
 }

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 use super::settle::Parked;
 use super::shared::LeaseUse;
 use super::{
-    delete_when_lost, margin, owner_token, ttl_seconds, unmark_later, vanished,
-    EtcdLock, Held, Interruptions, Undo, WAITER_TTL_SECS,
+    delete_when_lost, margin, owner_token, ttl_seconds, unmark_later, vanished, EtcdLock, Held,
+    Interruptions, Undo, WAITER_TTL_SECS,
 };
 use crate::error::Fail;
 use crate::keys::{pending_marker, Kind};
@@ -268,7 +268,10 @@ impl EtcdLock {
         let cap = Arc::new(Mutex::new(cap_at));
         on.carry(&monitor, &cap);
         let current = Arc::new(AtomicI64::new(on.id));
-        self.inner.loss.watched.watch(own, revision, monitor.clone());
+        self.inner
+            .loss
+            .watched
+            .watch(own, revision, monitor.clone());
         let place = (prefix.to_owned(), own.to_owned(), revision);
         let watch = tokio::spawn(delete_when_lost(
             self.clone(),

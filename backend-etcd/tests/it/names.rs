@@ -56,7 +56,9 @@ async fn a_reacquired_lock_reuses_its_key_name() {
         tokio::spawn(async move { lock.lock().acquire(&key, &options).await })
     };
     assert!(
-        eventually(Duration::from_secs(10), || keys_under(port, &range).len() == 2).await,
+        eventually(Duration::from_secs(10), || keys_under(port, &range).len()
+            == 2)
+        .await,
         "the waiter's key is there beside the holder's"
     );
     let both = keys_under(port, &range);
@@ -121,7 +123,9 @@ async fn a_former_keys_deletion_does_not_end_the_next() {
         }
     }
     assert!(
-        eventually(Duration::from_secs(5), || keys_under(port, &range).is_empty()).await,
+        eventually(Duration::from_secs(5), || keys_under(port, &range)
+            .is_empty())
+        .await,
         "nothing left"
     );
 }
@@ -142,7 +146,11 @@ async fn reused_names_never_let_two_hold_at_once() {
     let tokens = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
     for worker in 0..6 {
-        let lock = if worker % 2 == 0 { a.clone() } else { b.clone() };
+        let lock = if worker % 2 == 0 {
+            a.clone()
+        } else {
+            b.clone()
+        };
         let (key, holders, tokens) = (key.clone(), holders.clone(), tokens.clone());
         tasks.push(tokio::spawn(async move {
             let options = waiting(Duration::from_secs(30), Duration::from_secs(60));
@@ -161,6 +169,9 @@ async fn reused_names_never_let_two_hold_at_once() {
     }
     let tokens = tokens.lock().unwrap();
     assert_eq!(tokens.len(), 240);
-    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise grant by grant");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens rise grant by grant"
+    );
     assert!(keys_under(port, &range).is_empty());
 }
