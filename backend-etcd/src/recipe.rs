@@ -240,7 +240,9 @@ impl Requests {
         let revision = if succeeded {
             header_revision
         } else {
-            // The key exists already: an earlier attempt's put was applied.
+            // The key exists already: an earlier attempt's put was applied (a former key
+            // of a reused name is gone before the name is taken again, see
+            // `lock::names`).
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
         };
         let seen = all_kvs(responses.get(1));
