@@ -18,12 +18,14 @@
 //! [`WATCHED_AHEAD`] older contenders the waiter waits the recipe's way instead until
 //! the queue ahead is shorter, so a long queue does not make every waiter read it
 //! whole.
-
-use std::collections::HashSet;
+//!
+//! Key names are reused (see `lock::names`), so the count matches each deletion to the
+//! incarnation it ends by revision ([`crate::loss::Deletion::ends`]): the feed may pass
+//! on the deletion of a name's former key after the read that found its next one.
 
 use crate::error::Fail;
 use crate::loss::Listener;
-use crate::recipe::{Requests, Rule, Turn, WATCHED_AHEAD};
+use crate::recipe::{Ahead, Requests, Rule, Turn, WATCHED_AHEAD};
 
 impl Requests {
     /// Whether [`Requests::watch_turn`] serves a `rule` contender with `key`: when our
@@ -39,16 +41,16 @@ impl Requests {
     /// with more than [`WATCHED_AHEAD`] older contenders, [`Turn::After`] with the
     /// youngest of them, to be waited for the recipe's way. With a `head_start` (a
     /// listener started before our key's put, and the older contenders that put's
-    /// transaction read), the count starts from it, with no read of its own. Errors
-    /// when no watch of the prefix is in place within the request timeout, or when it
-    /// breaks.
+    /// transaction read, by create revision), the count starts from it, with no read of
+    /// its own. Errors when no watch of the prefix is in place within the request
+    /// timeout, or when it breaks.
     pub(crate) async fn watch_turn(
         &self,
         rule: &Rule,
         key: &str,
         revision: i64,
         seen: i64,
-        head_start: Option<(Listener, HashSet<Vec<u8>>)>,
+        head_start: Option<(Listener, Ahead)>,
     ) -> Result<Turn, Fail> {
         let (mut listener, mut older) = match head_start {
             Some(started) => started,
@@ -65,10 +67,15 @@ impl Requests {
         };
         while older.len() >= rule.room {
             for deleted in listener.next().await?.iter() {
-                if deleted == key.as_bytes() {
+                if deleted.key == key.as_bytes() && deleted.ends(revision) {
                     return Ok(Turn::Gone);
                 }
-                older.remove(deleted);
+                if older
+                    .get(&deleted.key)
+                    .is_some_and(|created| deleted.ends(*created))
+                {
+                    older.remove(&deleted.key);
+                }
             }
         }
         Ok(Turn::Ours)
@@ -82,7 +89,7 @@ impl Requests {
         key: &str,
         revision: i64,
         at: i64,
-    ) -> Result<Result<HashSet<Vec<u8>>, Turn>, Fail> {
+    ) -> Result<Result<Ahead, Turn>, Fail> {
         Ok(
             match self
                 .older_than_ours(rule, key, revision, WATCHED_AHEAD, at)

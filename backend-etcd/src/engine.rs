@@ -276,11 +276,12 @@ impl EtcdLock {
     ///   nothing changes (they rank by create revision); beside Go contenders, extend
     ///   only up to the TTL the lock was taken with (auto-renew does).
     ///
-    /// Our keys are named by lease id, the Go recipe's by `time.Now().UnixNano()`; both
-    /// are unique within the range, and neither side ranks by name. Ours only checks
-    /// the shape of the keys ahead of its own: `read/` or `write/` and an id of hex
-    /// digits (decimal ones included), under a lease; anything else in the range is
-    /// another tool's data, which may never go, and the acquire fails with
+    /// Our keys are named `<client id>-<slot>` in hex (reused by their client, see the
+    /// crate docs' "Key names"), the Go recipe's by `time.Now().UnixNano()`; no two
+    /// live keys share a name, and neither side ranks by name. Ours only checks the
+    /// shape of the keys ahead of its own: `read/` or `write/` and either our names or
+    /// an id of hex digits (decimal ones included), under a lease; anything else in the
+    /// range is another tool's data, which may never go, and the acquire fails with
     /// [`LockError::Config`] naming it.
     pub fn rw_lock(&self) -> Arc<dyn DistributedRwLock> {
         self.client().rw_lock()

@@ -1,8 +1,10 @@
 //! Where a lock lives in etcd's key space.
 //!
 //! Lock `K` under prefix `P` is the key range `P/<encode_key(K)>/`: every contender
-//! puts `P/<encode_key(K)>/<its lease id in hex>`, exactly as etcd's
-//! `concurrency.NewMutex(session, "P/<name>")` (and so `etcdctl lock P/<name>`) does.
+//! puts `P/<encode_key(K)>/<name>`, as etcd's `concurrency.NewMutex(session, "P/<name>")`
+//! (and so `etcdctl lock P/<name>`) puts `P/<name>/<its lease id in hex>`. A distlock
+//! contender's name is [`contender_key`]'s (key layout 2): `<client id>-<slot>` in hex,
+//! reused by its client (see `lock::names`).
 //! The other primitives have namespaces of their own under the prefix, each a path
 //! segment starting with `+`, which no encoded key contains (it becomes `%2B`), so no
 //! range lies inside another: elections `P/+election/<encode_key(K)>/`, semaphores
@@ -83,12 +85,12 @@ impl Kind {
         }
     }
 
-    /// Our key in `range`, named by the lease id it was put under.
-    pub(crate) fn own_key(self, range: &str, lease_id: i64) -> String {
+    /// Our key in `range`, named by the name id `named` (see [`contender_key`]).
+    pub(crate) fn own_key(self, range: &str, named: i64) -> String {
         match self {
-            Kind::Mutex | Kind::Candidate | Kind::Permit(_) => contender_key(range, lease_id),
-            Kind::Read => contender_key(&format!("{range}read/"), lease_id),
-            Kind::Write => contender_key(&format!("{range}write/"), lease_id),
+            Kind::Mutex | Kind::Candidate | Kind::Permit(_) => contender_key(range, named),
+            Kind::Read => contender_key(&format!("{range}read/"), named),
+            Kind::Write => contender_key(&format!("{range}write/"), named),
         }
     }
 
@@ -144,10 +146,49 @@ pub(crate) fn pending_marker(pending: &str, revision: i64) -> String {
     format!("{pending}{revision:020}")
 }
 
-/// A contender's key: the lock's range, then the lease id in lowercase hex, as
-/// etcd's `concurrency.Mutex` names it.
-pub(crate) fn contender_key(lock_prefix: &str, lease_id: i64) -> String {
-    format!("{lock_prefix}{lease_id:x}")
+/// Bits of a name id that hold the slot; the client id is the bits above.
+pub(crate) const SLOT_BITS: u32 = 24;
+
+/// A name id's client id (high bits) and slot (low [`SLOT_BITS`]).
+pub(crate) fn split(named: i64) -> (u64, u64) {
+    let named = named as u64;
+    (named >> SLOT_BITS, named & ((1 << SLOT_BITS) - 1))
+}
+
+/// A distlock contender's key (key layout 2): the lock's range, then its name id's
+/// client id and slot in lowercase hex, joined by `-`.
+///
+/// The `-` sets these names apart from layout 1's (a lease id or a random id alone in
+/// hex, as etcd's `concurrency.Mutex` names its keys): a client of layout 1 takes a key
+/// of this shape for another tool's data and fails its acquire
+/// ([`crate::error::Fail::Foreign`]) rather than count down a reused name by its name
+/// alone, which it would mistake for a later incarnation's deletion. etcd's own
+/// recipes do not look at names.
+pub(crate) fn contender_key(lock_prefix: &str, named: i64) -> String {
+    let (client, slot) = split(named);
+    format!("{lock_prefix}{client:x}-{slot:x}")
+}
+
+/// Whether `name` (a key's last segment, past its range and any `read/`/`write/`) is a
+/// contender's: a layout-2 name ([`contender_key`]), or one id alone in lowercase hex of
+/// at most `longest` characters (layout 1, etcd's `concurrency.Mutex`, `etcdctl lock`,
+/// a Go service; a Go `recipes.RWMutex` names its keys by a decimal time in
+/// nanoseconds).
+pub(crate) fn is_contender_name(name: &[u8], longest: usize) -> bool {
+    let hex = |id: &[u8], most: usize| {
+        !id.is_empty()
+            && id.len() <= most
+            && id
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+    };
+    match name.iter().position(|b| *b == b'-') {
+        Some(dash) => {
+            let (client, slot) = (&name[..dash], &name[dash + 1..]);
+            hex(client, 10) && hex(slot, 6)
+        }
+        None => hex(name, longest),
+    }
 }
 
 /// The end of the range that holds every key starting with `prefix`, as etcd's
@@ -180,7 +221,30 @@ mod tests {
         assert_ne!(encode_key(&key("Orders")), encode_key(&key("orders")));
         assert_eq!(encode_key(&key("é")), "%C3%A9");
         assert_eq!(lock_prefix("distlock", &key("a b")), "distlock/a%20b/");
-        assert_eq!(contender_key("p/k/", 0x694d_7a1b), "p/k/694d7a1b");
+        assert_eq!(contender_key("p/k/", 0x694d_7a1b), "p/k/69-4d7a1b");
+        assert_eq!(contender_key("p/k/", (0x3f << SLOT_BITS) | 2), "p/k/3f-2");
+        assert_eq!(
+            contender_key("p/k/", i64::MAX),
+            "p/k/7fffffffff-ffffff",
+            "the longest name"
+        );
+        for name in ["3f-2", "7fffffffff-ffffff", "694d7a1b", "0"] {
+            assert!(is_contender_name(name.as_bytes(), 16), "{name}");
+        }
+        for name in [
+            "",
+            "3f-",
+            "-2",
+            "3f-2-1",
+            "3F-2",
+            "7fffffffff0-1",
+            "1-fffffff",
+            "x1",
+        ] {
+            assert!(!is_contender_name(name.as_bytes(), 16), "{name}");
+        }
+        assert!(!is_contender_name(b"12345678901234567", 16));
+        assert!(is_contender_name(b"12345678901234567", 20));
         assert_eq!(
             election_prefix("distlock", &key("a/b")),
             "distlock/+election/a%2Fb/"
@@ -196,8 +260,8 @@ mod tests {
         assert_eq!(Kind::Permit(2).range("p", &key("a")), "p/+semaphore/a/");
         assert_eq!(Kind::Read.range("p", &key("+rw")), "p/+rw/%2Brw/");
         assert_eq!(Kind::Candidate.range("p", &key("a")), "p/+election/a/");
-        assert_eq!(Kind::Read.own_key("p/+rw/a/", 0x1f), "p/+rw/a/read/1f");
-        assert_eq!(Kind::Write.own_key("p/+rw/a/", 0x1f), "p/+rw/a/write/1f");
+        assert_eq!(Kind::Read.own_key("p/+rw/a/", 0x1f), "p/+rw/a/read/0-1f");
+        assert_eq!(Kind::Write.own_key("p/+rw/a/", 0x1f), "p/+rw/a/write/0-1f");
         assert_eq!(Kind::Read.blocking("p/+rw/a/"), "p/+rw/a/write/");
         assert_eq!(Kind::Write.blocking("p/+rw/a/"), "p/+rw/a/");
         assert_eq!(

@@ -43,18 +43,19 @@
 //! `P/<encode_key(K)>/` ([`encode_key`] keeps plain names as they are, so `etcdctl
 //! lock P/orders` is the lock of key `orders`).
 //!
-//! - **acquire** puts `P/<K>/<id in hex>` (an id of its own, in a lease id's shape)
-//!   under the client's shared lease of the options' TTL (see "Leases and fencing"),
+//! - **acquire** puts `P/<K>/<client id>-<slot>` (in hex: key layout 2, see "Key
+//!   names") under the client's shared lease of the options' TTL (see "Leases and
+//!   fencing"),
 //!   in a transaction that creates it only if absent (`CreateRevision == 0`) and, in
 //!   the same round trip, finds the range empty (a range compare: then ours holds, and
 //!   nothing is read back; not for a key this client last found held) or reads the
 //!   oldest contenders. Contenders are ranked by create revision; the oldest holds
 //!   the lock. That is exactly `concurrency.Mutex`, so foreign contenders in the range
 //!   (an `etcdctl lock`, a Go service) count, and ours count for them. A key ahead of
-//!   ours that does not have a contender's shape (named by a lease id in lowercase
-//!   hex, attached to a lease) is another tool's data under this prefix, which may
-//!   never go: the acquire fails with [`distlock_api::LockError::Config`] naming it,
-//!   and deletes its key.
+//!   ours that does not have a contender's shape (named as ours are, or by a lease id
+//!   in lowercase hex, and attached to a lease) is another tool's data under this
+//!   prefix, which may never go: the acquire fails with
+//!   [`distlock_api::LockError::Config`] naming it, and deletes its key.
 //! - A waiter learns every contender older than its own (up to 64 of them) from the
 //!   transaction that put its key (which reads them, oldest first), else one read, then
 //!   counts their deletions down as the client's one watch of its prefix (see below;
@@ -135,7 +136,7 @@
 //! pending markers, are configuration errors, as in a lock's range.
 //!
 //! - [`EtcdLock::semaphore`]: contenders put
-//!   `P/+semaphore/<K>/<lease id in hex>` holding `distlock:permits=<max>`; the `max`
+//!   `P/+semaphore/<K>/<name>` holding `distlock:permits=<max>`; the `max`
 //!   oldest hold a permit. A waiter counts down the contenders ahead as a mutex
 //!   waiter does, except one parked on the waiting lease: it watches the `max` youngest
 //!   contenders older than its own (it can be granted only once one of them goes), so
@@ -152,6 +153,40 @@
 //!   waiting lease, whose move would write the key again), and an extend beyond the
 //!   lock's TTL, which moves the key to a new lease, is unsafe beside Go contenders
 //!   (see [`EtcdLock::rw_lock`]).
+//!
+//! # Key names
+//! Key layout 2 (this release): a client names its contender keys `<client id>-<slot>`
+//! in hex, the client id drawn at random when it connects, the slot the lowest one
+//! none of its live contenders uses, so a lock taken again and again by one client
+//! puts a key of the same name each time, as a Go `concurrency.Mutex` on one session
+//! (named by its lease) does. etcd keeps every name ever written in its index as a dead
+//! revision until a compaction (none by default), and a read of a range, as every
+//! acquire's check that the range is empty, walks them all: with a fresh name per
+//! acquire (layout 1, releases before this one), each acquire left one more and made
+//! the next slower (about 55 ns of server time per dead name on the bench host). A
+//! range now holds about as many names as its clients had contenders at once, plus one
+//! per contender whose key's end was not confirmed (a put never answered, a failed
+//! deletion), whose name is never used again.
+//!
+//! A name serves one key after another, so a deletion is matched to the key it ends by
+//! revision: a deletion at revision `D` ends only a key of that name created before
+//! `D`, and a key read back with another create revision than ours means ours is gone,
+//! in the loss watch, a waiter's count-down and the watch of one key. A name is reused
+//! only once nothing of its client can write it again (its release, or its abandoned
+//! key's deletion after its put was answered); every other write to a key is guarded
+//! by its create revision.
+//!
+//! **Mixed versions.** Clients of layout 1 matched deletions by name alone, so one of
+//! them waiting behind a reused name could take its former key's deletion for its
+//! current one's and hold beside it. The `-` keeps that from happening: to a layout-1
+//! client a layout-2 key is not a contender's shape, and its acquire fails with
+//! [`distlock_api::LockError::Config`] naming the key rather than queue behind it
+//! (while layout-2 clients queue behind layout-1 keys as behind any contender). So old
+//! and new clients still exclude each other, but old ones fail their acquires while new
+//! ones are in the range: move every client of a prefix to this release together.
+//! `etcdctl lock`/`elect` and Go's recipes do not read names, and each of them waits
+//! for a deletion from the revision it read at, then reads again, which reuse does not
+//! mislead.
 //!
 //! # Leases and fencing
 //! A client keeps one etcd lease per TTL in use (in whole seconds, rounded up), as a Go

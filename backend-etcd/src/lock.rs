@@ -21,12 +21,14 @@ use crate::ETCD_BACKEND;
 
 mod contended;
 mod interruptions;
+mod names;
 mod placement;
 mod settle;
 mod shared;
 
 use contended::Contended;
 use interruptions::Interruptions;
+use names::Names;
 use settle::Settle;
 use shared::{Cap, LeaseUse, SharedLeases};
 
@@ -56,6 +58,8 @@ struct Inner {
     contended: Contended,
     /// The leases this client's keys are on, one per TTL.
     shared: SharedLeases,
+    /// The names of this client's contender keys, reused.
+    names: Names,
 }
 
 /// A lock this client holds.
@@ -128,6 +132,7 @@ impl EtcdLock {
                 loss,
                 contended: Contended::default(),
                 shared: SharedLeases::default(),
+                names: Names::default(),
             }),
         })
     }
@@ -197,11 +202,11 @@ impl EtcdLock {
     }
 }
 
-/// The low bit of an owner token that marks a reader's lease (the rest is the lease id
-/// the key is named by and the key's create revision).
+/// The low bit of an owner token that marks a reader's lease (the rest is the name id
+/// of its key and the key's create revision).
 const READ_TAG: u64 = 1;
 
-/// A grant's owner token: the lease id its key is named by (high 64 bits), its key's
+/// A grant's owner token: the name id of its key (high 64 bits, see `names`), its key's
 /// create revision (shifted left by one) and its kind's tag. A release or extend finds
 /// the key by it (the fencing token of a waited permit or read-write grant is another
 /// revision).
@@ -259,7 +264,7 @@ impl EtcdLock {
             if let Some(settle) = &held.settle {
                 settle.stop();
             }
-            self.inner.loss.watched.forget(&own);
+            self.inner.loss.watched.forget(&own, revision);
         }
         let deleted = self
             .requests()
@@ -275,6 +280,13 @@ impl EtcdLock {
                 return Err(self.connection_error(fail));
             }
         };
+        // Our key is deleted, or gone (a key of this name is written by this client
+        // alone, and the grant's put was answered): its name serves the next contender.
+        // Only a grant this client records: a lease released twice may name a key
+        // that a later contender of this client has put since.
+        if held.is_some() {
+            self.inner.names.give_back(named_by(lease));
+        }
         Ok(match deleted {
             Ok(attached) => {
                 // A key of an older client, named by a lease of its own, leaves that
@@ -391,18 +403,21 @@ impl EtcdLock {
 /// one of the client's shared leases, which are not revoked for one contender.
 struct Undo {
     lock: EtcdLock,
+    /// The name id of our key.
+    named: i64,
     /// Our key and pending marker, and a use of the lease they may be on that lasts
     /// until they are deleted.
     key: Option<(String, Option<String>, LeaseUse)>,
     /// Whether the put of our key was answered: one whose answer was not may still
-    /// land after the key's deletion.
+    /// land after the key's deletion (so its name is never reused).
     placed: bool,
 }
 
 impl Undo {
-    fn new(lock: EtcdLock) -> Self {
+    fn new(lock: EtcdLock, named: i64) -> Self {
         Undo {
             lock,
+            named,
             key: None,
             placed: false,
         }
@@ -431,6 +446,8 @@ impl Undo {
             let deleted = delete_keys(&self.lock, &own, marker.as_deref()).await;
             if deleted.is_err() || !self.placed {
                 self.lock.inner.shared.retire(on.id);
+            } else {
+                self.lock.inner.names.give_back(self.named);
             }
             if deleted.is_err() {
                 // Left to the background, which tries once more.
@@ -449,7 +466,7 @@ impl Drop for Undo {
             self.lock.inner.shared.retire(on.id);
         }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            let (lock, placed) = (self.lock.clone(), self.placed);
+            let (lock, placed, named) = (self.lock.clone(), self.placed, self.named);
             spawn_cleanup(&runtime, async move {
                 let mut deleted = delete_keys(&lock, &own, marker.as_deref()).await;
                 if !placed && deleted.is_ok() {
@@ -457,6 +474,8 @@ impl Drop for Undo {
                     // serves concurrent requests in no set order): once more, later.
                     tokio::time::sleep(LATE_PUT).await;
                     deleted = delete_keys(&lock, &own, marker.as_deref()).await;
+                } else if placed && deleted.is_ok() {
+                    lock.inner.names.give_back(named);
                 }
                 if let Err(fail) = deleted {
                     lock.inner.shared.retire(on.id);
@@ -474,8 +493,8 @@ impl Drop for Undo {
 /// deleted again, should the put have been applied after the first deletion.
 const LATE_PUT: Duration = Duration::from_millis(300);
 
-/// Deletes our key `own` (named by an id no other contender uses) and its pending
-/// `marker`, if any.
+/// Deletes our key `own` (named by an id no other contender uses while this one lives)
+/// and its pending `marker`, if any.
 async fn delete_keys(lock: &EtcdLock, own: &str, marker: Option<&str>) -> Result<(), Fail> {
     lock.requests().unmark(own).await?;
     if let Some(marker) = marker {

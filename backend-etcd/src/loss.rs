@@ -7,6 +7,12 @@
 //! (about half the time of an uncontended acquire and release on a loopback server);
 //! one watch serves every lock of the client. A watch per wait cost the same, and every
 //! deletion in a lock's range went out once per waiter as well as once per client.
+//!
+//! Key names are reused (see `lock::names`), so a deletion is matched to an incarnation
+//! of a name by revision: a deletion at revision `D` ends the key created at `C` only
+//! if `C < D` (the watch may pass on the deletion of a name's former key after its
+//! next key was put), and a key read back with another create revision than ours means
+//! ours is gone.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -15,7 +21,7 @@ use std::time::Duration;
 
 use distlock_api::backend::prelude::*;
 use distlock_api::LeaseMonitor;
-use etcd_client::{Client, EventType, GetOptions, WatchFilterType, WatchOptions};
+use etcd_client::{Client, EventType, GetOptions, KeyValue, WatchFilterType, WatchOptions};
 use tokio::sync::{broadcast, oneshot, watch};
 
 use crate::error::Fail;
@@ -24,36 +30,50 @@ use crate::keys::prefix_end;
 /// How many watch answers a waiter may fall behind before it must read again.
 const FEED_CAPACITY: usize = 1024;
 
-/// The held keys of a client and their monitors.
+/// The held keys of a client, with their create revisions, and their monitors.
 #[derive(Debug, Default)]
-pub(crate) struct Watched(Mutex<HashMap<Vec<u8>, LeaseMonitor>>);
+pub(crate) struct Watched(Mutex<HashMap<Vec<u8>, (i64, LeaseMonitor)>>);
 
 impl Watched {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, LeaseMonitor>> {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Vec<u8>, (i64, LeaseMonitor)>> {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Watches `key` for `monitor` until [`Watched::forget`].
-    pub(crate) fn watch(&self, key: &str, monitor: LeaseMonitor) {
-        self.map().insert(key.as_bytes().to_vec(), monitor);
+    /// Watches `key`, created at `revision`, for `monitor` until [`Watched::forget`].
+    pub(crate) fn watch(&self, key: &str, revision: i64, monitor: LeaseMonitor) {
+        self.map()
+            .insert(key.as_bytes().to_vec(), (revision, monitor));
     }
 
-    /// Stops watching `key`; `true` if it was watched and no deletion of it was seen.
-    pub(crate) fn forget(&self, key: &str) -> bool {
-        self.map().remove(key.as_bytes()).is_some()
-    }
-
-    /// Marks the lock of `key` lost, if it is watched.
-    fn deleted(&self, key: &[u8]) {
-        if let Some(monitor) = self.map().remove(key) {
-            monitor.mark_lost();
+    /// Stops watching `key` created at `revision`; `true` if it was watched and no
+    /// deletion of it was seen.
+    pub(crate) fn forget(&self, key: &str, revision: i64) -> bool {
+        let mut map = self.map();
+        match map.get(key.as_bytes()) {
+            Some((created, _)) if *created == revision => map.remove(key.as_bytes()).is_some(),
+            _ => false,
         }
     }
 
-    /// Marks lost every watched key that is not in `present`.
-    fn missing(&self, present: &[Vec<u8>]) {
-        self.map().retain(|key, monitor| {
-            let here = present.iter().any(|p| p == key);
+    /// Marks the lock of `deleted.key` lost, if it is watched and was created before
+    /// that deletion.
+    fn deleted(&self, deleted: &Deletion) {
+        let mut map = self.map();
+        if map
+            .get(&deleted.key)
+            .is_some_and(|(created, _)| deleted.ends(*created))
+        {
+            if let Some((_, monitor)) = map.remove(&deleted.key) {
+                monitor.mark_lost();
+            }
+        }
+    }
+
+    /// Marks lost every watched key that is not in `present` (keys and their create
+    /// revisions) with its create revision.
+    fn missing(&self, present: &[(Vec<u8>, i64)]) {
+        self.map().retain(|key, (created, monitor)| {
+            let here = present.iter().any(|(p, at)| p == key && at == created);
             if !here {
                 monitor.mark_lost();
             }
@@ -66,11 +86,27 @@ impl Watched {
     }
 }
 
+/// A key's deletion, seen by a watch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Deletion {
+    pub(crate) key: Vec<u8>,
+    /// The revision of the deletion.
+    pub(crate) at: i64,
+}
+
+impl Deletion {
+    /// Whether this deletion ends the key of its name created at `created`: one
+    /// created before it (a later one of the same name is another incarnation).
+    pub(crate) fn ends(&self, created: i64) -> bool {
+        created < self.at
+    }
+}
+
 /// What the watch passes on to waiters.
 #[derive(Debug, Clone)]
 pub(crate) enum Seen {
     /// The keys one watch answer saw deleted.
-    Deleted(Arc<[Vec<u8>]>),
+    Deleted(Arc<[Deletion]>),
     /// The watch of this generation broke: deletions after it may not be passed on.
     Broke(u64),
 }
@@ -130,7 +166,7 @@ impl Feed {
     }
 
     /// Passes on the deletions of an answer at `revision`.
-    fn passed(&self, revision: i64, deleted: Vec<Vec<u8>>) {
+    fn passed(&self, revision: i64, deleted: Vec<Deletion>) {
         self.progress.fetch_max(revision, Ordering::SeqCst);
         if !deleted.is_empty() && self.deletions.receiver_count() > 0 {
             let _ = self.deletions.send(Seen::Deleted(deleted.into()));
@@ -145,12 +181,12 @@ impl Feed {
 }
 
 impl Listener {
-    /// The keys of the next watch answer with deletions.
+    /// The deletions of the next watch answer with any.
     ///
     /// # Errors
     /// When the watch listened to broke, or this listener fell too far behind: some
     /// deletion may not be told, and the waiter must read again.
-    pub(crate) async fn next(&mut self) -> Result<Arc<[Vec<u8>]>, Fail> {
+    pub(crate) async fn next(&mut self) -> Result<Arc<[Deletion]>, Fail> {
         loop {
             match self.deletions.recv().await {
                 Ok(Seen::Deleted(keys)) => return Ok(keys),
@@ -232,14 +268,14 @@ async fn watch_forever(
                     }
                     feed.started(generation, revision);
                 }
-                let deleted: Vec<Vec<u8>> = response
+                let deleted: Vec<Deletion> = response
                     .events()
                     .iter()
                     .filter(|event| event.event_type() == EventType::Delete)
-                    .filter_map(|event| event.kv().map(|kv| kv.key().to_vec()))
+                    .filter_map(|event| event.kv().map(deletion))
                     .collect();
-                for key in &deleted {
-                    watched.deleted(key);
+                for deletion in &deleted {
+                    watched.deleted(deletion);
                 }
                 feed.passed(revision, deleted);
                 if response.canceled() {
@@ -254,7 +290,17 @@ async fn watch_forever(
     }
 }
 
-/// Marks lost every watched key that is gone; `false` if etcd could not be asked.
+/// The deletion a delete event's key records (etcd sets a deleted key's mod revision
+/// to the deletion's revision).
+pub(crate) fn deletion(kv: &KeyValue) -> Deletion {
+    Deletion {
+        key: kv.key().to_vec(),
+        at: kv.mod_revision(),
+    }
+}
+
+/// Marks lost every watched key that is gone (or there as another incarnation);
+/// `false` if etcd could not be asked.
 async fn catch_up(client: &Client, range: &str, watched: &Watched, timeout: Duration) -> bool {
     if watched.is_empty() {
         return true;
@@ -265,7 +311,11 @@ async fn catch_up(client: &Client, range: &str, watched: &Watched, timeout: Dura
         .with_keys_only();
     match tokio::time::timeout(timeout, kv.get(range.as_bytes(), Some(options))).await {
         Ok(Ok(found)) => {
-            let present: Vec<Vec<u8>> = found.kvs().iter().map(|kv| kv.key().to_vec()).collect();
+            let present: Vec<(Vec<u8>, i64)> = found
+                .kvs()
+                .iter()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision()))
+                .collect();
             watched.missing(&present);
             true
         }

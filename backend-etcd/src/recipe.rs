@@ -5,7 +5,7 @@
 //! range for the mutex and the election, `max` for a semaphore's permit, one writer for
 //! a reader. Semaphore and read-write waiters also stamp their grants ([`Stamp`]).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,12 +16,24 @@ use etcd_client::{
 };
 
 use crate::error::{sent, within, Fail};
-use crate::keys::{prefix_end, Kind};
-use crate::loss::Feed;
+use crate::keys::{is_contender_name, prefix_end, Kind};
+use crate::loss::{deletion, Feed};
 
 /// The most older contenders a waiter reads and counts down (see [`crate::ahead`]):
 /// the put's transaction reads that many, so that a waiter needs no read of its own.
 pub(crate) const WATCHED_AHEAD: usize = 64;
+
+/// A key and its create revision: one incarnation of a key name (names are reused, see
+/// `lock::names`).
+pub(crate) type Incarnation = (Vec<u8>, i64);
+
+/// The contenders older than a waiter's: their keys and create revisions.
+pub(crate) type Ahead = HashMap<Vec<u8>, i64>;
+
+/// The incarnation `kv` is.
+fn incarnation(kv: &KeyValue) -> Incarnation {
+    (kv.key().to_vec(), kv.create_revision())
+}
 
 /// The etcd requests of one client.
 #[derive(Clone)]
@@ -45,7 +57,7 @@ pub(crate) struct Placed {
     pub(crate) seen: Vec<KeyValue>,
     /// Every blocking contender older than ours, when the put's read saw them all
     /// (keys only, up to [`WATCHED_AHEAD`]): a waiter counts them down from there.
-    pub(crate) ahead: Option<HashSet<Vec<u8>>>,
+    pub(crate) ahead: Option<Ahead>,
 }
 
 /// Which contenders keep ours from holding: `room` or more contenders of the range
@@ -88,7 +100,7 @@ pub(crate) enum Stamp {
     /// Our marker written again, at this revision: the grant's fencing token.
     At(i64),
     /// Older contenders' pending markers: their grants stamp first.
-    After(Vec<Vec<u8>>),
+    After(Vec<Incarnation>),
     /// Our pending marker is gone (deleted from outside): it is to be put again.
     Unmarked,
     /// Our own key is gone.
@@ -102,7 +114,7 @@ pub(crate) enum Turn {
     Ours,
     /// The youngest older blocking contenders' keys (as many as the room): ours holds
     /// once one of them goes, or earlier.
-    After(Vec<Vec<u8>>),
+    After(Vec<Incarnation>),
     /// Our own key is gone (its lease expired or was revoked, or it was deleted).
     Gone,
 }
@@ -214,7 +226,7 @@ impl Requests {
                 revision: header_revision,
                 first: true,
                 seen: Vec::new(),
-                ahead: Some(HashSet::new()),
+                ahead: Some(Ahead::new()),
             });
         }
         let (succeeded, responses) = if alone {
@@ -228,7 +240,9 @@ impl Requests {
         let revision = if succeeded {
             header_revision
         } else {
-            // The key exists already: an earlier attempt's put was applied.
+            // The key exists already: an earlier attempt's put was applied (a former key
+            // of a reused name is gone before the name is taken again, see
+            // `lock::names`).
             first_kv(responses.first()).map_or(0, KeyValue::create_revision)
         };
         let seen = all_kvs(responses.get(1));
@@ -250,7 +264,7 @@ impl Requests {
         let ahead = all_older.then(|| {
             seen.iter()
                 .filter(|kv| kv.create_revision() < revision)
-                .map(|kv| kv.key().to_vec())
+                .map(incarnation)
                 .collect()
         });
         Ok(Placed {
@@ -286,7 +300,7 @@ impl Requests {
         Ok(if older.len() < rule.room {
             Turn::Ours
         } else {
-            Turn::After(older.iter().map(|kv| kv.key().to_vec()).collect())
+            Turn::After(older.iter().map(incarnation).collect())
         })
     }
 
@@ -340,7 +354,7 @@ impl Requests {
         revision: i64,
         count: usize,
         at: i64,
-    ) -> Result<Result<(Vec<Vec<u8>>, bool), Turn>, Fail> {
+    ) -> Result<Result<(Vec<Incarnation>, bool), Turn>, Fail> {
         let limit = i64::try_from(count.saturating_add(1)).unwrap_or(i64::MAX);
         let ours_and_older = GetOptions::new()
             .with_range(prefix_end(&rule.blocking))
@@ -379,10 +393,7 @@ impl Requests {
         }
         // `more` (not etcd's count, which takes in the younger contenders too: it is
         // made before the create-revision filter).
-        Ok(Ok((
-            older.iter().map(|kv| kv.key().to_vec()).collect(),
-            read.more(),
-        )))
+        Ok(Ok((older.iter().map(incarnation).collect(), read.more())))
     }
 
     /// [`Requests::turn`], and when the turn is ours, moves our `key` (and our pending
@@ -456,20 +467,23 @@ impl Requests {
         .await
     }
 
-    /// Resolves once one of `keys` (in the range `range`) is deleted (at once if one
-    /// is gone already), with a revision at which the deletion was known (0 if not
-    /// known). One key is watched alone; several (a semaphore's) through a
-    /// watch of `range` whose other deletions are passed over. Not bounded by the
-    /// request timeout: it waits for as long as the keys live. Errors when the watch
-    /// cannot be made or breaks.
+    /// Resolves once one of `keys` (each a key and its create revision, in the range
+    /// `range`) is gone (at once if one is gone already), with a revision at which that
+    /// was known (0 if not known). One key is watched alone; several (a semaphore's)
+    /// through a watch of `range` whose other deletions are passed over. Not bounded by
+    /// the request timeout: it waits for as long as the keys live. Errors when the
+    /// watch cannot be made or breaks.
     ///
     /// The watch starts at the current revision, and the keys are looked at once the
     /// watch is in place, so a deletion in between is not missed. (A watch from an
     /// older revision would be served by etcd's catch-up loop, which runs every 100 ms:
-    /// under contention most hand-offs would wait for it.)
-    pub(crate) async fn deleted(&self, keys: Vec<Vec<u8>>, range: &str) -> Result<i64, Fail> {
+    /// under contention most hand-offs would wait for it.) Names are reused, so a key
+    /// is gone when a deletion of its name comes after its create revision, or when
+    /// the look finds its name absent or created at another revision (a later
+    /// incarnation, which may queue behind ours: waiting for it would never end).
+    pub(crate) async fn deleted(&self, keys: Vec<Incarnation>, range: &str) -> Result<i64, Fail> {
         let (start, options) = match keys.as_slice() {
-            [key] => (key.as_slice(), WatchOptions::new()),
+            [(key, _)] => (key.as_slice(), WatchOptions::new()),
             _ => (
                 range.as_bytes(),
                 WatchOptions::new().with_range(prefix_end(range)),
@@ -490,7 +504,11 @@ impl Requests {
                     }
                     if response.events().iter().any(|e| {
                         e.event_type() == EventType::Delete
-                            && e.kv().is_some_and(|kv| keys.iter().any(|k| k == kv.key()))
+                            && e.kv().map(deletion).is_some_and(|deleted| {
+                                keys.iter().any(|(key, created)| {
+                                    *key == deleted.key && deleted.ends(*created)
+                                })
+                            })
                     }) {
                         return Ok(response.header().map_or(0, |h| h.revision()));
                     }
@@ -510,10 +528,11 @@ impl Requests {
         }
     }
 
-    /// The revision read at, if one of `keys` (in the range `range`) is gone.
-    async fn one_gone(&self, keys: &[Vec<u8>], range: &str) -> Result<Option<i64>, Fail> {
+    /// The revision read at, if one of `keys` (in the range `range`) is gone: its name
+    /// absent, or there with another create revision.
+    async fn one_gone(&self, keys: &[Incarnation], range: &str) -> Result<Option<i64>, Fail> {
         let (start, options) = match keys {
-            [key] => (key.clone(), GetOptions::new().with_keys_only()),
+            [(key, _)] => (key.clone(), GetOptions::new().with_keys_only()),
             _ => (
                 range.as_bytes().to_vec(),
                 GetOptions::new()
@@ -527,9 +546,12 @@ impl Requests {
             async move { kv.get(start, Some(options)).await }
         })
         .await?;
-        let all_present = keys
-            .iter()
-            .all(|key| found.kvs().iter().any(|kv| kv.key() == key.as_slice()));
+        let all_present = keys.iter().all(|(key, created)| {
+            found
+                .kvs()
+                .iter()
+                .any(|kv| kv.key() == key.as_slice() && kv.create_revision() == *created)
+        });
         Ok((!all_present).then(|| found.header().map_or(0, |h| h.revision())))
     }
 
@@ -686,9 +708,7 @@ impl Requests {
         for kv in &older {
             marker_shape(pending, kv)?;
         }
-        Ok(Stamp::After(
-            older.iter().map(|kv| kv.key().to_vec()).collect(),
-        ))
+        Ok(Stamp::After(older.iter().map(incarnation).collect()))
     }
 
     /// Deletes our pending `marker` (its grant stamped), letting the next grant stamp.
@@ -781,32 +801,27 @@ fn moves(key: &str, lease: i64, marker: Option<&str>) -> Vec<TxnOp> {
 }
 
 /// Checks that `kv`, a key ranked ahead of ours in `rule.range`, has the shape of a
-/// contender: named by an id in lowercase hex (distlock's and etcd's `concurrency.Mutex`
-/// name it by the lease id, `etcdctl lock`'s and a Go service's too; a read-write
-/// contender, in `read/` or `write/`, may be a Go `recipes.RWMutex` key named by a
-/// decimal time in nanoseconds) and attached to a lease, so that it goes when its
-/// holder releases or dies. Anything else (another name, a deeper path, a key without
-/// a lease, which would never go) is data of another tool under this prefix: waiting
-/// behind it could last forever, so the acquire fails with [`Fail::Foreign`] instead.
+/// contender ([`is_contender_name`]: distlock's names, or an id in lowercase hex as
+/// etcd's `concurrency.Mutex` names it by the lease id, `etcdctl lock`'s and a Go
+/// service's too; a read-write contender, in `read/` or `write/`, may be a Go
+/// `recipes.RWMutex` key named by a decimal time in nanoseconds) and attached to a
+/// lease, so that it goes when its holder releases or dies. Anything else (another
+/// name, a deeper path, a key without a lease, which would never go) is data of another
+/// tool under this prefix: waiting behind it could last forever, so the acquire fails
+/// with [`Fail::Foreign`] instead.
 fn contender_shape(rule: &Rule, kv: &KeyValue) -> Result<(), Fail> {
     let name = kv
         .key()
         .strip_prefix(rule.range.as_bytes())
         .unwrap_or(kv.key());
-    let id = if rule.layered {
+    let shaped = if rule.layered {
         name.strip_prefix(b"read/")
             .or_else(|| name.strip_prefix(b"write/"))
-            .filter(|id| id.len() <= 20)
+            .is_some_and(|id| is_contender_name(id, 20))
     } else {
-        Some(name).filter(|id| id.len() <= 16)
+        is_contender_name(name, 16)
     };
-    let hex = id.is_some_and(|id| {
-        !id.is_empty()
-            && id
-                .iter()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
-    });
-    if hex && kv.lease() != 0 {
+    if shaped && kv.lease() != 0 {
         Ok(())
     } else {
         Err(foreign(kv))

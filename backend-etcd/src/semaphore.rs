@@ -2,7 +2,7 @@
 //! `max` holders: the permit count each contender's key records, and its check.
 //!
 //! etcd ships no semaphore recipe, so this one is the mutex's key-space discipline
-//! with a wider door. Each contender puts `P/+semaphore/<K>/<lease id in hex>` under
+//! with a wider door. Each contender puts `P/+semaphore/<K>/<its name>` under
 //! its lease, holding `distlock:permits=<max>`; contenders are ranked by create
 //! revision and the `max` oldest hold a permit. A waiter watches the `max` youngest
 //! contenders older than its own: it can hold only once one of those goes (with

@@ -9,7 +9,6 @@
 //! process dies holds up the queue for seconds, not for the lock's TTL. A key this
 //! client last had to wait for goes there straight away.
 
-use std::collections::HashSet;
 use std::sync::atomic::AtomicI64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -22,13 +21,13 @@ use tokio::time::Instant;
 use super::settle::Parked;
 use super::shared::LeaseUse;
 use super::{
-    delete_when_lost, margin, new_lease_id, owner_token, ttl_seconds, unmark_later, vanished,
-    EtcdLock, Held, Interruptions, Undo, WAITER_TTL_SECS,
+    delete_when_lost, margin, owner_token, ttl_seconds, unmark_later, vanished, EtcdLock, Held,
+    Interruptions, Undo, WAITER_TTL_SECS,
 };
 use crate::error::Fail;
 use crate::keys::{pending_marker, Kind};
 use crate::loss::Listener;
-use crate::recipe::{Requests, Rule, Stamp, Turn};
+use crate::recipe::{Ahead, Requests, Rule, Stamp, Turn};
 
 /// Where a contender's key is.
 enum Placement {
@@ -100,10 +99,11 @@ impl EtcdLock {
             })
         };
         let mut placement = first_on().await?;
-        // Named by an id of its own: the lease carries other keys, of this range too.
-        let named = new_lease_id();
+        // Named by a name of its own (the lease carries other keys, of this range too),
+        // one this client's contenders had before if free (see `names`).
+        let named = self.inner.names.take();
         let own = kind.own_key(&prefix, named);
-        let mut undo = Undo::new(self.clone());
+        let mut undo = Undo::new(self.clone(), named);
         undo.delete_if_failed(&own, None, placement.on());
         let rule = Rule::of(kind, &prefix);
         // A waiter listens to the client's watch before its put, whose transaction
@@ -268,7 +268,10 @@ impl EtcdLock {
         let cap = Arc::new(Mutex::new(cap_at));
         on.carry(&monitor, &cap);
         let current = Arc::new(AtomicI64::new(on.id));
-        self.inner.loss.watched.watch(own, monitor.clone());
+        self.inner
+            .loss
+            .watched
+            .watch(own, revision, monitor.clone());
         let place = (prefix.to_owned(), own.to_owned(), revision);
         let watch = tokio::spawn(delete_when_lost(
             self.clone(),
@@ -337,7 +340,7 @@ impl EtcdLock {
         (rule, own, revision): (&Rule, &str, i64),
         back: Option<i64>,
         marker: Option<&str>,
-        mut head_start: Option<(Listener, HashSet<Vec<u8>>)>,
+        mut head_start: Option<(Listener, Ahead)>,
         patience: Duration,
     ) -> Result<(), LockError> {
         let mut interruptions = Interruptions::new(patience);

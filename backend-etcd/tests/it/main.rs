@@ -8,6 +8,7 @@ mod common;
 mod conformance;
 mod election;
 mod fault_conformance;
+mod names;
 mod primitives;
 mod recipe;
 mod session_lease;

@@ -717,7 +717,10 @@ async fn releasing_a_parked_grant_from_another_client_spares_the_waiting_lease()
     until_queued(port, &first_range, 2).await;
     held.release().await.unwrap();
     let parked = waiter.await.unwrap().unwrap();
-    let holders_key = format!("{second_range}{:x}", holder.lease().owner().as_u128() >> 64);
+    // The key named by the holder's name id (its owner token's high 64 bits): the
+    // client id and the slot (its low 24 bits) in hex.
+    let named = (holder.lease().owner().as_u128() >> 64) as u64;
+    let holders_key = format!("{second_range}{:x}-{:x}", named >> 24, named & 0xff_ffff);
     let waiters_key = keys_under(port, &second_range)
         .into_iter()
         .find(|k| *k != holders_key)
