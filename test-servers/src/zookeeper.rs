@@ -154,9 +154,12 @@ impl ZooKeeperServer {
     /// reports `Mode: standalone`.
     ///
     /// Runs `java ... -cp CP org.apache.zookeeper.server.quorum.QuorumPeerMain
-    /// zoo.cfg` with `admin.enableServer=false` and
-    /// `4lw.commands.whitelist=*`; server logging goes to `server.log` in the
-    /// temporary directory. A start that loses its port is retried.
+    /// zoo.cfg` with `admin.enableServer=false`, `4lw.commands.whitelist=*` and
+    /// `maxClientCnxns=0`: every client here comes from 127.0.0.1, and past
+    /// ZooKeeper's default of 60 connections per address the server closes each new
+    /// one unanswered (`distlock bench --compare`, whose hot key opens a client per
+    /// worker and side, then met it at its holding row). Server logging goes to
+    /// `server.log` in the temporary directory. A start that loses its port is retried.
     ///
     /// # Errors
     ///
@@ -198,7 +201,7 @@ impl ZooKeeperServer {
         let mut cfg = format!(
             "tickTime={}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
              minSessionTimeout={}\nmaxSessionTimeout={}\nadmin.enableServer=false\n\
-             4lw.commands.whitelist=*\n",
+             4lw.commands.whitelist=*\nmaxClientCnxns=0\n",
             config.tick_time_ms,
             data_dir.display(),
             client_port,
