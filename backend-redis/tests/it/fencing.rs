@@ -202,7 +202,7 @@ async fn every_token_fits_a_double_after_a_reseed() {
             );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let _: () = raw.del(&KeyNames::for_key(&k).fence()).await.unwrap();
+        let _: () = raw.del(KeyNames::for_key(&k).fence()).await.unwrap();
         first.release().await.unwrap();
         let granted = waiter.await.unwrap().unwrap();
         fits("waiter's script", granted.fencing_token().unwrap().get());
