@@ -245,9 +245,31 @@ impl Backend {
 const WITHOUT_PEERS: &str = "rslock and distributed-lock left out: this build lacks the \
      `compare` feature (cargo install distlock-cli --features compare)";
 
-/// Connects distlock and, with `compare`, every comparator. A comparator that cannot
-/// connect is left out with a note.
+/// Connects distlock and, with `compare`, every comparator (see [`connect_unbounded`]),
+/// within [`side::PATIENCE`]: a peer's connect takes no deadline of its own, and a run
+/// must fail rather than wait without one.
 async fn connect_sides(
+    backend: Backend,
+    url: &str,
+    compare: bool,
+    notes: &mut Vec<String>,
+) -> Result<Vec<Box<dyn Side>>, BenchError> {
+    tokio::time::timeout(
+        side::PATIENCE,
+        connect_unbounded(backend, url, compare, notes),
+    )
+    .await
+    .map_err(|_| {
+        BenchError::run(
+            "connecting the sides",
+            format!("not done within {:?}", side::PATIENCE),
+        )
+    })?
+}
+
+/// Every side of `backend` at `url` (the peers only with `compare`); a peer that cannot
+/// connect is left out with a note.
+async fn connect_unbounded(
     backend: Backend,
     url: &str,
     compare: bool,

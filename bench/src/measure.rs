@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use tokio::task::JoinSet;
 
-use crate::side::{BoxError, Contender, Side};
+use crate::side::{BoxError, Contender, Side, PATIENCE};
 
 /// One timed slice of one side: cycles per second and every acquire's latency.
 pub(crate) struct Slice {
@@ -32,6 +32,22 @@ pub(crate) fn process_cpu() -> Duration {
             + Duration::from_micros(u64::try_from(t.tv_usec).unwrap_or(0))
     };
     time(usage.ru_utime) + time(usage.ru_stime)
+}
+
+/// How long one cycle may take before the run fails: past the acquire's own patience,
+/// so that only a cycle stuck somewhere unbounded (a peer's release or connect, which
+/// take no deadline) reaches it. Nothing in a run then waits without a deadline.
+const CYCLE_LIMIT: Duration = Duration::from_secs(2 * PATIENCE.as_secs());
+
+/// One `cycle` of `contender` on `key`, failing once it passes [`CYCLE_LIMIT`].
+async fn bounded_cycle(
+    contender: &mut dyn Contender,
+    key: &str,
+    held: &mut (dyn FnMut() + Send),
+) -> Result<(), BoxError> {
+    tokio::time::timeout(CYCLE_LIMIT, contender.cycle(key, held))
+        .await
+        .map_err(|_| format!("a cycle did not finish within {CYCLE_LIMIT:?}"))?
 }
 
 /// The keys of a slice's workers.
@@ -83,9 +99,10 @@ pub(crate) async fn slice(
                     // Unique across turns too: the turn's start is in the name.
                     Keys::Fresh => format!("{run_id}/f/{turn}/{worker}/{n}"),
                 };
-                contender
-                    .cycle(&key, &mut || granted = Some(Instant::now()))
-                    .await?;
+                bounded_cycle(&mut *contender, &key, &mut || {
+                    granted = Some(Instant::now())
+                })
+                .await?;
                 if started >= warm_end {
                     if let Some(granted) = granted {
                         latencies.push(granted - started);
@@ -193,7 +210,7 @@ pub(crate) async fn hot_key(
                     // Stamped last, just before the release starts.
                     baton.released = Some((worker, Instant::now()));
                 };
-                let cycle = contender.cycle(&key, &mut on_grant);
+                let cycle = bounded_cycle(&mut *contender, &key, &mut on_grant);
                 tokio::select! {
                     outcome = cycle => outcome?,
                     _ = stop_rx.wait_for(|stop| *stop) => break,
