@@ -34,9 +34,9 @@ pub(crate) fn process_cpu() -> Duration {
     time(usage.ru_utime) + time(usage.ru_stime)
 }
 
-/// How long one cycle may take before the run fails: past the acquire's own patience,
-/// so that only a cycle stuck somewhere unbounded (a peer's release or connect, which
-/// take no deadline) reaches it. Nothing in a run then waits without a deadline.
+/// How long one cycle may take before it fails: past the acquire's own patience, so
+/// that only a cycle stuck somewhere unbounded (a peer's release or connect, which take
+/// no deadline) reaches it, and the run reports that side failed instead of hanging.
 const CYCLE_LIMIT: Duration = Duration::from_secs(2 * PATIENCE.as_secs());
 
 /// One `cycle` of `contender` on `key`, failing once it passes [`CYCLE_LIMIT`].
