@@ -24,7 +24,7 @@ use crate::{
 
 /// An engine with the primitive its grants belong to: what a guard releases and
 /// extends through, and what each handle wraps.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub(crate) struct Route {
     engine: Arc<dyn Engine>,
     primitive: Primitive,
