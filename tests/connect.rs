@@ -298,8 +298,8 @@ async fn every_connection_error_is_a_sentence() {
         (redis.port(), zookeeper.port(), etcd.port(), postgres.port());
     let (zk_tls_port, etcd_tls_port) = (zookeeper_tls.secure_port(), etcd_tls.port());
     let stranger_ca = stranger.cert().display().to_string();
-    let own_ca = etcd_tls.ca_cert().display().to_string();
-    let zk_ca = zookeeper_tls.ca_cert().display().to_string();
+    let own_ca = etcd_tls.tls().ca_cert().display().to_string();
+    let zk_ca = zookeeper_tls.tls().ca_cert().display().to_string();
 
     let mut cases = Vec::new();
     for (what, port) in [

@@ -1,18 +1,13 @@
 //! A throwaway single-node etcd serving TLS on its client port, its certificates from
-//! a [`TestCa`].
-
-use std::path::PathBuf;
+//! [`TlsFiles`].
 
 use super::etcd::{EtcdServer, EtcdServerOptions, ServerTls};
-use super::openssl_ca::{CertUse, IssuedCert, TestCa};
+use super::openssl_ca::TlsFiles;
 use super::ServerError;
 
-/// The names the server certificate is valid for.
-const SERVER_NAMES: [&str; 2] = ["IP:127.0.0.1", "DNS:localhost"];
-
-/// A single-node etcd whose client port speaks only TLS (`https://`), with a server
-/// certificate for `127.0.0.1` and `localhost` and a client certificate, both from a
-/// fresh [`TestCa`]. Its health is probed on a plaintext metrics port.
+/// A single-node etcd whose client port speaks only TLS (`https://`), with the
+/// certificates of [`TlsFiles`] (client common name `distlock-client`). Its health is
+/// probed on a plaintext metrics port.
 ///
 /// Dropping it kills the server and deletes its directories.
 #[derive(Debug)]
@@ -20,8 +15,7 @@ pub struct EtcdTlsServer {
     // Declared first: the process dies before its certificates go.
     server: EtcdServer,
     client_auth: bool,
-    ca: TestCa,
-    client: IssuedCert,
+    tls: TlsFiles,
 }
 
 impl EtcdTlsServer {
@@ -29,27 +23,21 @@ impl EtcdTlsServer {
     /// demands a client certificate signed by the CA (`--client-cert-auth`).
     ///
     /// # Errors
-    /// As [`TestCa::create`] and [`EtcdServer::start_with`].
+    /// As [`TlsFiles::create`] and [`EtcdServer::start_with`].
     pub async fn start(client_auth: bool) -> Result<EtcdTlsServer, ServerError> {
-        let ca = TestCa::create("etcd").await?;
-        let server_cert = ca
-            .issue("server", "127.0.0.1", CertUse::Server(&SERVER_NAMES))
-            .await?;
-        let client = ca
-            .issue("client", "distlock-client", CertUse::Client)
-            .await?;
-        let tls = ServerTls {
-            cert: server_cert.cert,
-            key: server_cert.key,
-            ca: ca.cert(),
+        let tls = TlsFiles::create("etcd", "distlock-client").await?;
+        let server_tls = ServerTls {
+            cert: tls.server_cert().cert.clone(),
+            key: tls.server_cert().key.clone(),
+            ca: tls.ca_cert(),
             client_cert_auth: client_auth,
         };
-        let server = EtcdServer::start_single(EtcdServerOptions::default(), Some(&tls)).await?;
+        let server =
+            EtcdServer::start_single(EtcdServerOptions::default(), Some(&server_tls)).await?;
         Ok(EtcdTlsServer {
             server,
             client_auth,
-            ca,
-            client,
+            tls,
         })
     }
 
@@ -59,13 +47,14 @@ impl EtcdTlsServer {
         let mut url = format!(
             "etcd+tls://127.0.0.1:{}?ca={}",
             self.server.port(),
-            self.ca.cert().display()
+            self.tls.ca_cert().display()
         );
         if self.client_auth {
+            let client = self.tls.client_cert();
             url.push_str(&format!(
                 "&cert={}&key={}",
-                self.client.cert.display(),
-                self.client.key.display()
+                client.cert.display(),
+                client.key.display()
             ));
         }
         url
@@ -76,15 +65,9 @@ impl EtcdTlsServer {
         self.server.port()
     }
 
-    /// The CA certificate (PEM) that signed the server's and the client's
-    /// certificates: what clients trust.
-    pub fn ca_cert(&self) -> PathBuf {
-        self.ca.cert()
-    }
-
-    /// A client certificate (common name `distlock-client`) and key signed by the CA.
-    pub fn client_cert(&self) -> &IssuedCert {
-        &self.client
+    /// The certificates: the CA to trust, the client certificate, the unrelated CA.
+    pub fn tls(&self) -> &TlsFiles {
+        &self.tls
     }
 
     /// The server itself (its [`EtcdServer::url`] is the plaintext form, which this

@@ -93,7 +93,7 @@ pub use mariadb::{
     MARIADB_USER,
 };
 pub use mariadb_tls::{MariaDbTlsServer, MARIADB_CERT_USER};
-pub use openssl_ca::{CertUse, IssuedCert, TestCa};
+pub use openssl_ca::{CertUse, IssuedCert, TestCa, TlsFiles};
 pub use pgbouncer::{PgBouncerOptions, PgBouncerServer, PoolMode};
 pub use postgres::{terminate_sessions_at, PostgresServer, PostgresServerOptions};
 pub use postgres_tls::{PostgresTlsServer, CLIENT_CERT_DATABASE};

@@ -172,6 +172,73 @@ impl TestCa {
     }
 }
 
+/// The names a [`TlsFiles`] server certificate is valid for.
+const SERVER_NAMES: [&str; 2] = ["IP:127.0.0.1", "DNS:localhost"];
+
+/// What a TLS test server and its tests need: a fresh CA, a server certificate for
+/// `127.0.0.1` and `localhost` only (so `127.0.0.2` reaches the same server under a
+/// name the certificate does not cover) and a client certificate, both signed by the
+/// CA, and a second, unrelated CA for "wrong CA" tests. Deleted on drop.
+#[derive(Debug)]
+pub struct TlsFiles {
+    ca: TestCa,
+    server: IssuedCert,
+    client: IssuedCert,
+    other_ca: TestCa,
+}
+
+impl TlsFiles {
+    /// Makes both CAs and the certificates; the CA is named after `server` and the
+    /// client certificate has common name `client_cn`.
+    ///
+    /// # Errors
+    /// As [`TestCa::create`].
+    pub async fn create(server: &str, client_cn: &str) -> Result<TlsFiles, ServerError> {
+        let ca = TestCa::create(server).await?;
+        let server = ca
+            .issue("server", "localhost", CertUse::Server(&SERVER_NAMES))
+            .await?;
+        let client = ca.issue("client", client_cn, CertUse::Client).await?;
+        let other_ca = TestCa::create("other").await?;
+        Ok(TlsFiles {
+            ca,
+            server,
+            client,
+            other_ca,
+        })
+    }
+
+    /// The CA that signed the server's and the client's certificates.
+    pub fn ca(&self) -> &TestCa {
+        &self.ca
+    }
+
+    /// The CA certificate (PEM): what clients trust.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.ca.cert()
+    }
+
+    /// The server's certificate and key.
+    pub fn server_cert(&self) -> &IssuedCert {
+        &self.server
+    }
+
+    /// A client certificate and key signed by the CA.
+    pub fn client_cert(&self) -> &IssuedCert {
+        &self.client
+    }
+
+    /// The unrelated CA, to issue certificates the server does not trust.
+    pub fn other_ca(&self) -> &TestCa {
+        &self.other_ca
+    }
+
+    /// The unrelated CA's certificate, which signed neither.
+    pub fn other_ca_cert(&self) -> PathBuf {
+        self.other_ca.cert()
+    }
+}
+
 /// A serial number unique enough for throwaway certificates.
 fn serial() -> String {
     format!("{}", rand::random::<u64>() >> 1)

@@ -1,9 +1,9 @@
-//! A throwaway PostgreSQL server with TLS (`ssl=on`), its certificates from a
-//! [`TestCa`], and one database that admits only clients with a certificate.
+//! A throwaway PostgreSQL server with TLS (`ssl=on`), its certificates from
+//! [`TlsFiles`], and one database that admits only clients with a certificate.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use super::openssl_ca::{set_mode, CertUse, IssuedCert, TestCa};
+use super::openssl_ca::{set_mode, TlsFiles};
 use super::postgres::{pg_bin_dir, postgres_identity};
 use super::{PostgresServer, PostgresServerOptions, ServerError};
 
@@ -11,26 +11,19 @@ use super::{PostgresServer, PostgresServerOptions, ServerError};
 /// client certificate signed by the server's CA (`hostssl … clientcert=verify-ca`).
 pub const CLIENT_CERT_DATABASE: &str = "certdb";
 
-/// The names the server certificate is valid for.
-const SERVER_NAMES: [&str; 2] = ["IP:127.0.0.1", "DNS:localhost"];
-
-/// A [`PostgresServer`] with `ssl=on`, listening on `127.0.0.1` and `127.0.0.2`, with a
-/// server certificate for `127.0.0.1` and `localhost` only (so `127.0.0.2` reaches the
-/// same server under a name the certificate does not cover), signed by a throwaway CA.
+/// A [`PostgresServer`] with `ssl=on`, listening on `127.0.0.1` and `127.0.0.2`, with
+/// the certificates of [`TlsFiles`] (client common name `postgres`).
 ///
 /// Authentication is `trust` for user `postgres`, over TLS or plaintext, in every
 /// database but [`CLIENT_CERT_DATABASE`], which takes TLS sessions with a client
-/// certificate signed by the CA ([`PostgresTlsServer::client_cert`]) only. A second,
-/// unrelated CA ([`PostgresTlsServer::other_ca_cert`]) is there for "wrong CA" tests.
+/// certificate signed by the CA ([`TlsFiles::client_cert`]) only.
 ///
 /// Dropping it stops the server, then deletes the certificates.
 #[derive(Debug)]
 pub struct PostgresTlsServer {
     // Declared first so the server stops before its certificates go.
     server: PostgresServer,
-    ca: TestCa,
-    client: IssuedCert,
-    other_ca: TestCa,
+    tls: TlsFiles,
 }
 
 impl PostgresTlsServer {
@@ -38,15 +31,11 @@ impl PostgresTlsServer {
     /// [`PostgresServer::start_with`]) and creates [`CLIENT_CERT_DATABASE`] with `psql`.
     ///
     /// # Errors
-    /// As [`TestCa::create`] and [`PostgresServer::start_with`]; [`ServerError::Setup`]
-    /// when `psql` cannot create the database.
+    /// As [`TlsFiles::create`] and [`PostgresServer::start_with`];
+    /// [`ServerError::Setup`] when `psql` cannot create the database.
     pub async fn start() -> Result<PostgresTlsServer, ServerError> {
-        let ca = TestCa::create("postgres").await?;
-        let server_cert = ca
-            .issue("server", "localhost", CertUse::Server(&SERVER_NAMES))
-            .await?;
-        let client = ca.issue("client", "postgres", CertUse::Client).await?;
-        let other_ca = TestCa::create("other").await?;
+        let tls = TlsFiles::create("postgres", "postgres").await?;
+        let (ca, server_cert) = (tls.ca(), tls.server_cert());
         let hba = ca.dir().join("pg_hba.conf");
         let rules = format!(
             "local all all trust\n\
@@ -79,12 +68,7 @@ impl PostgresTlsServer {
         ];
         let server = PostgresServer::start_with(options).await?;
         create_database(server.port(), CLIENT_CERT_DATABASE).await?;
-        Ok(PostgresTlsServer {
-            server,
-            ca,
-            client,
-            other_ca,
-        })
+        Ok(PostgresTlsServer { server, tls })
     }
 
     /// `postgres://postgres@127.0.0.1:PORT/postgres?QUERY` (no `?` when `query` is
@@ -104,24 +88,9 @@ impl PostgresTlsServer {
         }
     }
 
-    /// The CA certificate that signed the server's and the client's certificates.
-    pub fn ca_cert(&self) -> PathBuf {
-        self.ca.cert()
-    }
-
-    /// The certificate of an unrelated CA, which signed neither.
-    pub fn other_ca_cert(&self) -> PathBuf {
-        self.other_ca.cert()
-    }
-
-    /// The unrelated CA, to issue certificates the server does not trust.
-    pub fn other_ca(&self) -> &TestCa {
-        &self.other_ca
-    }
-
-    /// A client certificate (common name `postgres`) and key signed by the CA.
-    pub fn client_cert(&self) -> &IssuedCert {
-        &self.client
+    /// The certificates: the CA to trust, the client certificate, the unrelated CA.
+    pub fn tls(&self) -> &TlsFiles {
+        &self.tls
     }
 
     /// The TCP port the server listens on.

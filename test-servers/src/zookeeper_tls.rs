@@ -1,5 +1,5 @@
 //! A throwaway ZooKeeper server with a TLS client port (`secureClientPort`, Netty
-//! connection factory), its certificates from a [`TestCa`].
+//! connection factory), its certificates from [`TlsFiles`].
 
 use crate::ServerControl;
 use std::path::{Path, PathBuf};
@@ -7,35 +7,25 @@ use std::time::{Duration, Instant};
 
 use tokio::net::TcpStream;
 
-use super::openssl_ca::{CertUse, IssuedCert, TestCa};
+use super::openssl_ca::TlsFiles;
 use super::zookeeper::{ZooKeeperServer, ZooKeeperServerOptions};
 use super::{free_port, ServerError, PROBE_INTERVAL, START_ATTEMPTS};
 
 const SERVER: &str = "zookeeper-tls";
 
-/// The names the server certificate is valid for.
-const SERVER_NAMES: [&str; 2] = ["IP:127.0.0.1", "DNS:localhost"];
-
-/// The server's certificates: a CA, the server's key store and a client certificate.
+/// The server's certificates, and its key store: its private key followed by its
+/// certificate in one PEM file, which is how ZooKeeper reads a PEM key store.
 #[derive(Debug)]
 struct Certificates {
-    ca: TestCa,
-    /// The server's private key followed by its certificate (one PEM file, which is
-    /// how ZooKeeper reads a PEM key store).
+    tls: TlsFiles,
     server_key_store: PathBuf,
-    client: IssuedCert,
 }
 
 impl Certificates {
     async fn create() -> Result<Certificates, ServerError> {
-        let ca = TestCa::create("zookeeper").await?;
-        let server = ca
-            .issue("server", "127.0.0.1", CertUse::Server(&SERVER_NAMES))
-            .await?;
-        let client = ca
-            .issue("client", "distlock-client", CertUse::Client)
-            .await?;
-        let server_key_store = ca.dir().join("server.pem");
+        let tls = TlsFiles::create("zookeeper", "distlock-client").await?;
+        let server = tls.server_cert();
+        let server_key_store = tls.ca().dir().join("server.pem");
         let read = |path: &Path| {
             std::fs::read_to_string(path)
                 .map_err(|e| ServerError::io(format!("reading {}", path.display()), e))
@@ -44,17 +34,15 @@ impl Certificates {
         std::fs::write(&server_key_store, store)
             .map_err(|e| ServerError::io(format!("writing {}", server_key_store.display()), e))?;
         Ok(Certificates {
-            ca,
+            tls,
             server_key_store,
-            client,
         })
     }
 }
 
 /// A standalone ZooKeeper server that serves TLS on its `secureClientPort` and
-/// plaintext on its client port (for probes and for tests that need both), with
-/// certificates from a fresh [`TestCa`]: a server certificate for `127.0.0.1` and
-/// `localhost`, and a client certificate.
+/// plaintext on its client port (for probes and for tests that need both), with the
+/// certificates of [`TlsFiles`] (client common name `distlock-client`).
 ///
 /// Dropping it kills the server and deletes its directories.
 #[derive(Debug)]
@@ -72,7 +60,7 @@ impl ZooKeeperTlsServer {
     /// asks for none.
     ///
     /// # Errors
-    /// As [`TestCa::create`] and [`ZooKeeperServer::start_with`], and
+    /// As [`TlsFiles::create`] and [`ZooKeeperServer::start_with`], and
     /// [`ServerError::StartTimeout`] when the TLS port does not accept connections
     /// within the options' `ready_timeout`.
     pub async fn start(client_auth: bool) -> Result<ZooKeeperTlsServer, ServerError> {
@@ -129,13 +117,14 @@ impl ZooKeeperTlsServer {
         let mut url = format!(
             "zookeeper+tls://{userinfo}{at}127.0.0.1:{}?ca={}",
             self.secure_port,
-            self.certs.ca.cert().display()
+            self.certs.tls.ca_cert().display()
         );
         if self.client_auth {
+            let client = self.certs.tls.client_cert();
             url.push_str(&format!(
                 "&cert={}&key={}",
-                self.certs.client.cert.display(),
-                self.certs.client.key.display()
+                client.cert.display(),
+                client.key.display()
             ));
         }
         url
@@ -146,15 +135,9 @@ impl ZooKeeperTlsServer {
         self.secure_port
     }
 
-    /// The CA certificate (PEM) that signed the server's and the client's
-    /// certificates: what clients trust.
-    pub fn ca_cert(&self) -> PathBuf {
-        self.certs.ca.cert()
-    }
-
-    /// A client certificate (common name `distlock-client`) and key signed by the CA.
-    pub fn client_cert(&self) -> &IssuedCert {
-        &self.certs.client
+    /// The certificates: the CA to trust, the client certificate, the unrelated CA.
+    pub fn tls(&self) -> &TlsFiles {
+        &self.certs.tls
     }
 
     /// The server itself: its plaintext [`ZooKeeperServer::url`], fault controls and log.
@@ -179,7 +162,7 @@ fn tls_config(certs: &Certificates, secure_port: u16, client_auth: bool) -> Vec<
         "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory".into(),
         format!("ssl.keyStore.location={}", store(&certs.server_key_store)),
         "ssl.keyStore.type=PEM".into(),
-        format!("ssl.trustStore.location={}", store(&certs.ca.cert())),
+        format!("ssl.trustStore.location={}", store(&certs.tls.ca_cert())),
         "ssl.trustStore.type=PEM".into(),
         format!(
             "ssl.clientAuth={}",

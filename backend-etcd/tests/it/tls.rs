@@ -28,7 +28,7 @@ fn shared() -> &'static (String, u16, String) {
             Ok(server) => (
                 server.url(),
                 server.port(),
-                server.ca_cert().display().to_string(),
+                server.tls().ca_cert().display().to_string(),
             ),
             Err(e) => panic!("could not start etcd with TLS (run scripts/test.sh): {e}"),
         })

@@ -42,6 +42,7 @@ fn tls_server() -> &'static TlsServer {
         let start = async {
             let server = MariaDbTlsServer::start().await?;
             let stranger = server
+                .tls()
                 .other_ca()
                 .issue("stranger", MARIADB_CERT_USER, CertUse::Client)
                 .await?;
@@ -50,9 +51,9 @@ fn tls_server() -> &'static TlsServer {
         shared_server(start, |started| match started {
             Ok((server, stranger)) => TlsServer {
                 port: server.port(),
-                ca: server.ca_cert(),
-                other_ca: server.other_ca_cert(),
-                client: server.client_cert().clone(),
+                ca: server.tls().ca_cert(),
+                other_ca: server.tls().other_ca_cert(),
+                client: server.tls().client_cert().clone(),
                 stranger: stranger.clone(),
             },
             Err(e) => panic!(

@@ -472,8 +472,8 @@ mod tls {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn wrong_ports_and_certificates_are_connection_errors() {
         let server = server(true).await;
-        let client_cert = server.client_cert();
-        let ca = server.ca_cert().display().to_string();
+        let client_cert = server.tls().client_cert();
+        let ca = server.tls().ca_cert().display().to_string();
         let identity = format!(
             "&cert={}&key={}",
             client_cert.cert.display(),

@@ -28,7 +28,7 @@ async fn conformance_and_status_work_over_a_mysql_tls_url() {
     let server = MariaDbTlsServer::start().await.unwrap_or_else(|e| {
         panic!("could not start MariaDB with TLS (run scripts/install-deps.sh): {e}")
     });
-    let url = verified_url(&server, &server.ca_cert());
+    let url = verified_url(&server, &server.tls().ca_cert());
 
     let run = distlock(&["conformance", "--backend", &url]);
     let table = String::from_utf8_lossy(&run.stdout);
@@ -63,7 +63,7 @@ async fn conformance_and_status_work_over_a_mysql_tls_url() {
     // provider: without one installed, this panicked.
     let chain_only = server.url(&format!(
         "ssl-mode=verify_ca&ssl-ca={}",
-        server.ca_cert().display()
+        server.tls().ca_cert().display()
     ));
     let out = distlock(&["status", "--backend", &chain_only, "tls/status", "--json"]);
     assert!(
@@ -78,7 +78,7 @@ async fn conformance_and_status_work_over_a_mysql_tls_url() {
     let free: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(free["held"], false, "{free}");
 
-    let wrong = verified_url(&server, &server.other_ca_cert());
+    let wrong = verified_url(&server, &server.tls().other_ca_cert());
     let out = distlock(&["status", "--backend", &wrong, "tls/status"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");

@@ -26,7 +26,7 @@ async fn conformance_and_status_work_over_a_tls_url() {
     let server = PostgresTlsServer::start().await.unwrap_or_else(|e| {
         panic!("could not start PostgreSQL with TLS (run scripts/test.sh): {e}")
     });
-    let url = verified_url(&server, &server.ca_cert());
+    let url = verified_url(&server, &server.tls().ca_cert());
 
     let run = distlock(&["conformance", "--backend", &url]);
     let table = String::from_utf8_lossy(&run.stdout);
@@ -62,7 +62,7 @@ async fn conformance_and_status_work_over_a_tls_url() {
     let free: serde_json::Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert_eq!(free["held"], false, "{free}");
 
-    let wrong = verified_url(&server, &server.other_ca_cert());
+    let wrong = verified_url(&server, &server.tls().other_ca_cert());
     let out = distlock(&["status", "--backend", &wrong, "tls/status"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
