@@ -79,8 +79,9 @@
 //!   and its key moves back to a lease of the lock's TTL once the grant has been held
 //!   for a second, or when an extend asks: to the client's shared lease of the lock's
 //!   TTL. So the move is off the hand-off's path, and a lock held briefly never moves.
-//!   A release while the move is under way deletes the key by its create revision, as
-//!   every release does; an extend waits for the move. A waiter rides out retryable
+//!   A release while the move is under way deletes the key wherever it is, as every
+//!   release does (a move that lands after it fails its create-revision compare); an
+//!   extend waits for the move. A waiter rides out retryable
 //!   errors (a member going away, a leader election) in its place for at most the
 //!   options' error patience
 //!   ([`distlock_api::LockOptions::error_patience`]); past it, the attempt ends (its
@@ -91,11 +92,21 @@
 //!   Found free all the same, the grant is a parked one, as a waiter's: valid for the
 //!   waiting lease's 3 s until its key moves to the lease of the lock's TTL a second
 //!   later. An acquire that finds the key free clears the hint.
-//! - **release** is one transaction that deletes the key if its create revision is
-//!   still the one the grant records (in its owner token; for the mutex it is also the
-//!   fencing token): one raft write, and the lock is free for others when the release
-//!   returns. The shared lease is never revoked for one lock. A key that is gone reads
-//!   `Expired`, or `HeldByOther` while another contender is in the range.
+//! - **release** of a grant this client records is one plain delete of its key by name
+//!   (asking for the deleted key back), as etcd's own `Mutex.Unlock` and etcd-client's
+//!   `unlock()` delete theirs: the name is reserved to the grant while the client
+//!   records it (see "Key names"), so no other contender's key can be there, and the
+//!   deleted key's create revision is checked against the one the grant records (in
+//!   its owner token; for the mutex it is also the fencing token). A release of a grant
+//!   the client does not record (a lease released twice) is a transaction that deletes
+//!   the key only if its create revision is still that one, since the name may serve a
+//!   later contender by then. One raft write either way, and the lock is free for
+//!   others when the release returns. The shared lease is never revoked for one lock.
+//!   A key that is gone (or, never seen, another incarnation of the name) reads
+//!   `Expired`, or `HeldByOther` while another contender is in the range. Not a
+//!   transaction because etcd 3.4 serves each transaction from a copy of the writes its
+//!   backend has not yet committed: under load a delete in a transaction cost the
+//!   server about 1.5 times a plain one (see `Requests::delete_reserved`).
 //! - **extend** by up to the TTL of the lease the key is on is a keep-alive of that
 //!   lease (with a check, in the same round trip, that the key is still ours); by a
 //!   longer TTL it moves the key to the client's lease of that TTL in a transaction
@@ -173,8 +184,9 @@
 //! `D`, and a key read back with another create revision than ours means ours is gone,
 //! in the loss watch, a waiter's count-down and the watch of one key. A name is reused
 //! only once nothing of its client can write it again (its release, or its abandoned
-//! key's deletion after its put was answered); every other write to a key is guarded
-//! by its create revision.
+//! key's deletion after its put was answered). Every other write to a key is guarded
+//! by its create revision, but the release of a grant the client records: the name is
+//! then the grant's alone, and the release deletes it by name (see above).
 //!
 //! **Mixed versions.** Clients of layout 1 matched deletions by name alone, so one of
 //! them waiting behind a reused name could take its former key's deletion for its

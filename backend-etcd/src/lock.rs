@@ -266,10 +266,21 @@ impl EtcdLock {
             }
             self.inner.loss.watched.forget(&own, revision);
         }
-        let deleted = self
-            .requests()
-            .delete_own(&prefix, &own, revision, marker.as_deref(), held.is_none())
-            .await;
+        // A grant this client records deletes its key by its reserved name (see
+        // `Requests::delete_reserved`); any other (a lease released twice, a forged
+        // one) by create revision, since its name may serve a later contender by now.
+        let deleted = match &held {
+            Some(_) => self
+                .requests()
+                .delete_reserved(&prefix, &own, revision, marker.as_deref())
+                .await
+                .map(|deleted| deleted.map(|()| 0)),
+            None => {
+                self.requests()
+                    .delete_own(&prefix, &own, revision, marker.as_deref(), true)
+                    .await
+            }
+        };
         let deleted = match deleted {
             Ok(deleted) => deleted,
             Err(fail) => {

@@ -46,8 +46,9 @@ pub(super) struct Settle {
 }
 
 impl Settle {
-    /// Stops the move (the release deletes the key by its create revision, wherever it
-    /// is: a move that lands first is deleted with it, one that lands after fails).
+    /// Stops the move (the release deletes the key wherever it is: a move that lands
+    /// first is deleted with it, one that lands after fails its create-revision
+    /// compare).
     pub(super) fn stop(&self) {
         self.task.abort();
     }

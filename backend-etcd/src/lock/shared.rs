@@ -7,7 +7,7 @@
 //!
 //! A lease of its own per contender cost a grant and a revoke, two raft writes, on
 //! every cycle: on a shared lease an uncontended cycle is the put of its key and, at
-//! the release, its deletion by create revision (never a revoke of the lease, which
+//! the release, its deletion by its reserved name (never a revoke of the lease, which
 //! carries the others' keys too).
 //!
 //! A grant's validity deadline is its own (the lock's TTL from the grant, `cap`) but
