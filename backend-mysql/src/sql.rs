@@ -78,6 +78,9 @@ pub(crate) const TRY_LOCK: &str = concat!(
 /// returned 1), and the token is drawn only while `IS_USED_LOCK` names this session, so
 /// a server that evaluated the subquery early would fail closed (no token: the grant
 /// is released and the session ended), never hand out a token drawn before the grant.
+/// The run row may be read when the statement starts (MariaDB reads a one-row table
+/// while planning): it cannot change under the statement, whose read lock on the
+/// MEMORY table holds a `DELETE` or `INSERT` of it until the statement ends.
 pub(crate) const WAIT_LOCK: &str = "SELECT CASE WHEN GET_LOCK(?, ?) = 1 THEN \
      CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', \
      COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \

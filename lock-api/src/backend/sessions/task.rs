@@ -295,7 +295,12 @@ async fn serve<T: SessionTask>(
                 return end;
             }
             let core = task.core();
-            let wake_at = core.leases.next_timer(core.heartbeat, core.idle_close);
+            // At least every heartbeat: then a grant run inline (whose first heartbeat
+            // is one period away) seldom needs to wake the loop for an earlier timer.
+            let wake_at = core
+                .leases
+                .next_timer(core.heartbeat, core.idle_close)
+                .min(Instant::now() + core.heartbeat);
             core.sleeping_until = wake_at;
             wake_at
         };
