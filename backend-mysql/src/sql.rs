@@ -99,7 +99,7 @@ pub(crate) fn wait_answer(answer: Option<&str>) -> (bool, i64, Option<i64>) {
     let token = fence.parse::<u128>().ok().and_then(|v| {
         let (epoch, count) = (v >> 64, v & u128::from(u64::MAX));
         (count < 1 << 44)
-            .then(|| (epoch << 44) | count)
+            .then_some((epoch << 44) | count)
             .and_then(|t| i64::try_from(t).ok())
     });
     (true, waited, token)
