@@ -236,6 +236,11 @@ impl<T: SessionTask> Runner<T::Command> for Inline<T> {
             return Err(command);
         };
         let core = task.core();
+        // Where what queues on a shared session goes in one statement, a command run
+        // inline would take a round trip of its own and split the batch behind it.
+        if T::MAX_BATCH > 1 && core.kind == Kind::Shared {
+            return Err(command);
+        }
         // Timers first: when one is due, the command waits for the loop to run it.
         let due = core.leases.next_timer(core.heartbeat, core.idle_close) <= Instant::now();
         if due || core.ended.is_some() || core.conn.is_none() {
