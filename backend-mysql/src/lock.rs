@@ -43,8 +43,9 @@ pub struct MySqlLock {
 }
 
 /// Undoes a grant in flight if the acquire future is dropped before it hands out a
-/// guard: the release is queued behind the grant on the same session, so it runs after
-/// it, whatever the grant's outcome.
+/// guard: the release is queued behind the grant on the same session (queued, or run
+/// inline and finishing in the background), so it runs after it, whatever the grant's
+/// outcome.
 struct Pending {
     owner: u128,
     session: Arc<SessionHandle>,
@@ -182,14 +183,17 @@ impl MySqlLock {
             seat: ask.seat.cloned(),
             reply: tx,
         };
-        if session.send(command).is_err() {
-            return None;
-        }
+        // Armed before the command runs: run inline, it finishes even if this future
+        // is dropped, and the compensation is queued behind it.
         let mut pending = Pending {
             owner: owner.as_u128(),
-            session,
+            session: session.clone(),
             armed: true,
         };
+        if session.run(command).await.is_err() {
+            pending.armed = false;
+            return None;
+        }
         let reply = rx.await;
         pending.armed = false;
         match reply {

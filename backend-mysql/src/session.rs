@@ -1,7 +1,8 @@
 //! One MySQL session (connection) and the task that owns it.
 //!
 //! A session task runs the session's commands one at a time, in the order they were
-//! sent. It owns what the session holds: for each lease, its lock name, its
+//! sent (a caller finding the session idle runs its command in its own task, with the
+//! same code: see `distlock_api::backend::sessions`). It owns what the session holds: for each lease, its lock name, its
 //! client-enforced TTL deadline and its [`LeaseMonitor`]. It releases a lease when its
 //! TTL runs out, proves the session alive (a heartbeat) while it holds anything, marks
 //! every lease it holds suspect when a reply is slow and lost when the session ends,
@@ -544,9 +545,10 @@ impl Task {
         let trip = {
             let statement = self.trip(limit, move |c| {
                 Box::pin(async move {
-                    sqlx::query_as::<_, (Option<i64>, i64, Option<i64>)>(sql::WAIT_LOCK)
+                    sqlx::query_scalar::<_, Option<String>>(sql::WAIT_LOCK)
                         .bind(&*name)
                         .bind(seconds)
+                        .bind(&*name)
                         .fetch_one(c)
                         .await
                 })
@@ -567,7 +569,9 @@ impl Task {
         // The lease starts at the grant, which came `waited` microseconds into the
         // statement by the server's clock: the wait is not charged to it (less 1 % for
         // clock-rate differences, so the lease never starts later than the grant).
-        let trip = trip.map(|(answer, waited, token)| {
+        let trip = trip.map(|answer| {
+            let (granted, waited, token) = sql::wait_answer(answer.as_deref());
+            let answer = Some(i64::from(granted));
             let waited = Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
             grant.lease_start = (started + waited).min(Instant::now());
             (answer, token)

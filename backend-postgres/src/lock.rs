@@ -220,10 +220,13 @@ impl PostgresLock {
                 seat: seat.cloned(),
                 reply: tx,
             };
-            if session.send(command).is_err() {
+            // Armed before the command runs: run inline, it finishes even if this
+            // future is dropped, and the compensation is queued behind it.
+            pending.session = Some(session.clone());
+            if session.run(command).await.is_err() {
+                pending.session = None;
                 continue;
             }
-            pending.session = Some(session);
             let reply = rx.await;
             pending.disarm();
             match reply {
@@ -298,17 +301,18 @@ impl PostgresLock {
                 seat: seat.cloned(),
                 reply: tx,
             };
-            if session.send(command).is_err() {
-                continue;
-            }
             let mut pending = Pending {
                 state: &self.state,
                 hash,
                 owner: owner.as_u128(),
                 reserved: false,
-                session: Some(session),
+                session: Some(session.clone()),
                 armed: true,
             };
+            if session.run(command).await.is_err() {
+                pending.disarm();
+                continue;
+            }
             let reply = rx.await;
             pending.disarm();
             match reply {

@@ -2,7 +2,8 @@
 //!
 //! A session task runs the session's commands one statement at a time, in the order
 //! they were sent, batching runs of grants, unlocks and extends into one statement
-//! each. It owns what the session holds: for each lease, its key hash, its
+//! each (a caller finding the session idle runs its command in its own task, with the
+//! same code: see `distlock_api::backend::sessions`). It owns what the session holds: for each lease, its key hash, its
 //! client-enforced TTL deadline and its [`LeaseMonitor`]. It unlocks a lease when its
 //! TTL runs out, proves the session alive (a heartbeat) while it holds anything, marks
 //! every lease it holds suspect when a reply is slow and lost when the session ends,

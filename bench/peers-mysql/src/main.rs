@@ -25,7 +25,8 @@
 //!
 //! Usage: `peers-mysql URL [ROUNDS] [CONCURRENCY,...] [HELD]`, URL
 //! `mysql://user:pw@host:port/db` (defaults 5 rounds, `1,16`, 1000 held; the server
-//! needs `max_connections` above HELD + 20 for the peer's holding row).
+//! needs `max_connections` above HELD + 20 for the peer's holding row). CONCURRENCY
+//! `-` skips the uncontended rows and HELD `0` the holding row (the hot key alone).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -65,14 +66,21 @@ enum Side {
 const SIDES: [Side; 3] = [Side::Distlock, Side::Peer, Side::Raw];
 const HOT_SIDES: [Side; 4] = [Side::Distlock, Side::Peer, Side::Raw, Side::RawWithToken];
 
-/// distlock's wait statement (`WAIT_LOCK` in backend-mysql/src/sql.rs, the token
-/// expression written out), for [`Side::RawWithToken`].
-const WAIT_LOCK: &str = "SELECT g.got, g.waited, IF(g.got = 1, CAST((SELECT \
-     IF(d.n < 17592186044416, d.e * 17592186044416 + d.n, NULL) FROM \
-     (SELECT r.epoch AS e, UUID_SHORT() - r.base AS n FROM distlock_run r \
-     WHERE r.id = 1 LIMIT 1) AS d) AS SIGNED), NULL) FROM (SELECT CAST(GET_LOCK(?, ?) AS \
-     SIGNED) AS got, CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED) AS waited \
-     LIMIT 1) AS g";
+/// distlock's wait statement (`WAIT_LOCK` in backend-mysql/src/sql.rs), for
+/// [`Side::RawWithToken`]: `NULL` unless granted.
+const WAIT_LOCK: &str = "SELECT CASE WHEN GET_LOCK(?, ?) = 1 THEN \
+     CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', \
+     COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \
+     CAST(r.epoch * 18446744073709551616 + (UUID_SHORT() - r.base) AS CHAR), NULL) \
+     FROM distlock_run r WHERE r.id = 1), '-')) END";
+
+/// The statement [`Side::RawWithToken`] waits with: [`WAIT_LOCK`], or a candidate
+/// in `PEERS_WAIT_SQL` (binding the name, the seconds and the name, answering one
+/// column, `NULL` unless granted), to measure another wait statement's cost.
+fn wait_sql() -> &'static str {
+    static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SQL.get_or_init(|| std::env::var("PEERS_WAIT_SQL").unwrap_or_else(|_| WAIT_LOCK.to_owned()))
+}
 
 impl Side {
     fn name(self) -> &'static str {
@@ -157,12 +165,13 @@ impl Taker {
             Taker::Raw(conn, with_token) => {
                 let timeout = if wait { HOT_WAIT.as_secs() } else { 0 };
                 let got: Option<i64> = if *with_token {
-                    let row: (Option<i64>, Option<i64>, Option<i64>) = sqlx::query_as(WAIT_LOCK)
+                    let answer: Option<String> = sqlx::query_scalar(wait_sql())
                         .bind(key)
                         .bind(timeout)
+                        .bind(key)
                         .fetch_one(&mut *conn)
                         .await?;
-                    row.0
+                    answer.map(|_| 1)
                 } else {
                     sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
                         .bind(key)
@@ -506,6 +515,7 @@ async fn main() -> Result<(), Error> {
         .get(3)
         .map_or("1,16", String::as_str)
         .split(',')
+        .filter(|level| *level != "-")
         .map(str::parse)
         .collect::<Result<_, _>>()?;
     let held: usize = args.get(4).map_or(Ok(1000), |r| r.parse())?;
@@ -599,6 +609,9 @@ async fn main() -> Result<(), Error> {
     println!("| side | before → while held | per 1,000 held |");
     println!("|---|---:|---:|");
     for side in SIDES {
+        if held == 0 {
+            break;
+        }
         tag += 1;
         let (before, during) = holding(side, url, held, tag).await?;
         let extra = during.saturating_sub(before) as f64;

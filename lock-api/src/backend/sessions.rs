@@ -7,7 +7,15 @@
 //! server's lock queue for one key and then hold that one grant. Each session is owned
 //! by one task, which runs its commands in order and owns what the session holds; the
 //! client talks to it through a [`SessionHandle`] (a mailbox of the backend's own
-//! command type `C`).
+//! command type `C`). A caller that finds the session idle (nothing queued or running,
+//! no timer due) runs its command in its own task instead, with the task's own code,
+//! behind the lock the task and such callers take turns on
+//! ([`SessionHandle::run`]): that spares two cross-thread wake-ups per statement
+//! (the task's, and the caller's by the reply). Once started, such a command runs to
+//! its end even if its caller goes away, as a queued one would. A backend that batches
+//! what queues on a shared session (Postgres) keeps those sessions' commands on the
+//! task: run inline, one would take a round trip of its own and split the batch
+//! behind it; its dedicated sessions (a wait, then one grant) run them inline.
 //!
 //! - [`SessionPool`]: the client's sessions: picking the least busy shared session
 //!   (opening more as the load grows), the idle dedicated sessions and the slots that

@@ -1,7 +1,12 @@
 //! The mailbox between a client and one of its session tasks, and what a command
 //! answers.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{OnceLock, Weak};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, oneshot};
@@ -116,6 +121,63 @@ pub struct Seat {
     pub candidate: Vec<u8>,
 }
 
+/// A command being run in its caller's task (see [`SessionHandle::run`]).
+pub(crate) type InlineRun = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// A session task that lets a caller run a command in the caller's own task.
+pub(crate) trait Runner<C>: Send + Sync {
+    /// The run of `command`, for the caller to drive, if the session is idle (nothing
+    /// queued or running, not ended); otherwise `command` back.
+    fn try_run(&self, command: C) -> Result<InlineRun, C>;
+}
+
+/// The session task's [`Runner`], once its loop started.
+struct RunnerSlot<C>(OnceLock<Weak<dyn Runner<C>>>);
+
+impl<C> fmt::Debug for RunnerSlot<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.get().is_some() {
+            "RunnerSlot(set)"
+        } else {
+            "RunnerSlot(unset)"
+        })
+    }
+}
+
+/// An inline run that, dropped before its end, finishes in a task of its own: a
+/// command once started runs to its end as a queued one would, whether or not its
+/// caller still waits (the session's state stays known).
+struct Detached(Option<InlineRun>);
+
+impl Future for Detached {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let Some(run) = self.0.as_mut() else {
+            return Poll::Ready(());
+        };
+        match run.as_mut().poll(cx) {
+            Poll::Ready(()) => {
+                self.0 = None;
+                Poll::Ready(())
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for Detached {
+    fn drop(&mut self) {
+        if let Some(run) = self.0.take() {
+            // Outside a runtime (it is shutting down, and the session task with it)
+            // the run can only be dropped.
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(run);
+            }
+        }
+    }
+}
+
 /// The client's handle on a session task: its mailbox of commands `C`, the count of
 /// commands in flight and whether the task still takes commands.
 #[derive(Debug)]
@@ -124,6 +186,7 @@ pub struct SessionHandle<C> {
     /// Commands sent and not yet finished, for picking the least busy session.
     load: AtomicUsize,
     alive: AtomicBool,
+    runner: RunnerSlot<C>,
 }
 
 impl<C> SessionHandle<C> {
@@ -134,8 +197,44 @@ impl<C> SessionHandle<C> {
             tx,
             load: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            runner: RunnerSlot(OnceLock::new()),
         };
         (handle, rx)
+    }
+
+    /// Lets [`SessionHandle::run`] run commands through `runner` (the session task,
+    /// once its loop started).
+    pub(crate) fn set_runner(&self, runner: Weak<dyn Runner<C>>) {
+        let _ = self.runner.0.set(runner);
+    }
+
+    /// Counts a command run inline as in flight.
+    pub(crate) fn began(&self) {
+        self.load.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `command` on this session: in the caller's own task if the session is idle
+    /// (nothing queued or running), which spares the hand-over to the session task and
+    /// the wake-up of the caller by the reply; else queued as [`SessionHandle::send`]
+    /// does. Either way the command runs as the session task would run it, in order
+    /// with the session's other commands and timers, and once started it runs to its
+    /// end even if this future is dropped (the rest runs in a task of its own).
+    ///
+    /// # Errors
+    /// Gives `command` back if the session takes no more commands.
+    pub async fn run(&self, command: C) -> Result<(), C> {
+        let runner = self.runner.0.get().and_then(Weak::upgrade);
+        let command = match runner {
+            Some(runner) => match runner.try_run(command) {
+                Ok(run) => {
+                    Detached(Some(run)).await;
+                    return Ok(());
+                }
+                Err(command) => command,
+            },
+            None => command,
+        };
+        self.send(command)
     }
 
     /// Notes that the task finished `count` commands.

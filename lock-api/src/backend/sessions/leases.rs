@@ -140,6 +140,11 @@ impl<X> Leases<X> {
             .checked_add(ttl)
             .unwrap_or_else(|| lease_start + crate::MAX_TTL);
         let monitor = LeaseMonitor::new(ttl_deadline.min(self.last_proof + self.horizon));
+        if self.held.is_empty() {
+            // Nothing was held to renew: the first lease starts the heartbeat's period
+            // (it is as fresh as a renewal), rather than finding it overdue at once.
+            self.last_renewal = Instant::now();
+        }
         self.held.insert(
             owner,
             Held {

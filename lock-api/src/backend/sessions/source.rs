@@ -117,7 +117,7 @@ pub async fn ask<S: SessionSource, T>(
     for _ in 0..SESSION_ATTEMPTS {
         let session = shared_session(state).await?;
         let (tx, rx) = oneshot::channel();
-        if session.send(command(tx)).is_err() {
+        if session.run(command(tx)).await.is_err() {
             continue;
         }
         match rx.await {
@@ -149,7 +149,7 @@ pub async fn to_holder<S: SessionSource, T>(
         return Ok(None);
     };
     let (tx, rx) = oneshot::channel();
-    if session.send(command(tx)).is_err() {
+    if session.run(command(tx)).await.is_err() {
         return Ok(None);
     }
     match rx.await {

@@ -7,10 +7,10 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Mutex, Notify, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
 
-use super::handle::{Failure, Kind, Reply, SessionHandle};
+use super::handle::{Failure, InlineRun, Kind, Reply, Runner, SessionHandle};
 use super::leases::{Held, Leases, Upkeep};
 use super::pool::SessionPool;
 use super::timing::Timing;
@@ -37,7 +37,12 @@ pub enum End {
 #[derive(Debug)]
 pub struct TaskCore<C, X, K> {
     conn: Option<K>,
-    rx: mpsc::UnboundedReceiver<C>,
+    /// The mailbox, until the loop takes it.
+    rx: Option<mpsc::UnboundedReceiver<C>>,
+    /// Set when a command run inline ended the session: the loop ends it.
+    ended: Option<End>,
+    /// When the loop wakes up for its timers, if no command comes first.
+    sleeping_until: Instant,
     me: Weak<SessionHandle<C>>,
     kind: Kind,
     pool: Weak<SessionPool<C>>,
@@ -65,7 +70,9 @@ impl<C: Send + 'static, X, K> TaskCore<C, X, K> {
         pool.task_started(kind);
         let core = TaskCore {
             conn: Some(conn),
-            rx,
+            rx: Some(rx),
+            ended: None,
+            sleeping_until: Instant::now(),
             me: Arc::downgrade(&handle),
             kind,
             pool: Arc::downgrade(pool),
@@ -191,27 +198,123 @@ pub trait SessionTask: Send + Sized + 'static {
     async fn close(conn: Self::Conn);
 
     /// Serves commands until the client goes, the session idles out or breaks, then
-    /// ends it: what is queued fails as closed, what is held is lost.
+    /// ends it: what is queued fails as closed, what is held is lost. While the task
+    /// waits for work, a caller may run a command in its own task instead of queueing
+    /// it (see [`SessionHandle::run`]); the task and such callers take turns on the
+    /// session behind one lock.
     async fn run(mut self) {
-        let end = serve(&mut self).await;
-        stop(self, end).await;
+        let Some(mut rx) = self.core().rx.take() else {
+            return;
+        };
+        let me = self.core().me();
+        let cell = Arc::new(Inline {
+            task: Arc::new(Mutex::new(self)),
+            wake: Arc::new(Notify::new()),
+        });
+        if let Some(me) = me {
+            let runner: Weak<dyn Runner<Self::Command>> =
+                Arc::downgrade(&cell) as Weak<Inline<Self>>;
+            me.set_runner(runner);
+        }
+        let end = serve(&cell, &mut rx).await;
+        let mut task = cell.task.lock().await;
+        stop(&mut *task, &mut rx, end).await;
     }
 }
 
-async fn serve<T: SessionTask>(task: &mut T) -> End {
-    loop {
-        // Timers first, so a steady stream of commands cannot starve them.
-        if let Err(end) = due_work(task).await {
-            return end;
-        }
+/// A session task behind the lock it and inline callers take turns on, and the
+/// wake-up of its loop.
+struct Inline<T> {
+    task: Arc<Mutex<T>>,
+    /// Wakes the loop: a command run inline ended the session, or changed its timers.
+    wake: Arc<Notify>,
+}
+
+impl<T: SessionTask> Runner<T::Command> for Inline<T> {
+    fn try_run(&self, command: T::Command) -> Result<InlineRun, T::Command> {
+        let Ok(mut task) = self.task.clone().try_lock_owned() else {
+            return Err(command);
+        };
         let core = task.core();
-        let wake_at = core.leases.next_timer(core.heartbeat, core.idle_close);
+        // Where what queues on a shared session goes in one statement, a command run
+        // inline would take a round trip of its own and split the batch behind it.
+        if T::MAX_BATCH > 1 && core.kind == Kind::Shared {
+            return Err(command);
+        }
+        // Timers first: when one is due, the command waits for the loop to run it.
+        let due = core.leases.next_timer(core.heartbeat, core.idle_close) <= Instant::now();
+        if due || core.ended.is_some() || core.conn.is_none() {
+            return Err(command);
+        }
+        match core.me.upgrade() {
+            // Nothing queued or running: the command goes after everything sent before.
+            Some(me) if me.load() == 0 && me.is_alive() => me.began(),
+            _ => return Err(command),
+        }
+        Ok(Box::pin(run_inline(task, command, self.wake.clone())))
+    }
+}
+
+/// Runs `command` as the loop would, in the caller's task; leaves the loop what must
+/// follow (the session's end, or timers earlier than it sleeps until).
+async fn run_inline<T: SessionTask>(
+    mut task: OwnedMutexGuard<T>,
+    command: T::Command,
+    wake: Arc<Notify>,
+) {
+    let result = task.process(vec![command]).await;
+    let core = task.core();
+    let me = core.me.upgrade();
+    if let Some(me) = &me {
+        me.finished(1);
+    }
+    core.leases.used();
+    match result {
+        Ok(()) => {
+            if core.leases.next_timer(core.heartbeat, core.idle_close) < core.sleeping_until {
+                wake.notify_one();
+            }
+        }
+        Err(end) => {
+            if let Some(me) = &me {
+                me.close();
+            }
+            core.ended = Some(end);
+            wake.notify_one();
+        }
+    }
+}
+
+async fn serve<T: SessionTask>(
+    cell: &Inline<T>,
+    rx: &mut mpsc::UnboundedReceiver<T::Command>,
+) -> End {
+    loop {
+        let wake_at = {
+            let mut task = cell.task.lock().await;
+            if let Some(end) = task.core().ended.take() {
+                return end;
+            }
+            // Timers first, so a steady stream of commands cannot starve them.
+            if let Err(end) = due_work(&mut *task).await {
+                return end;
+            }
+            let core = task.core();
+            // At least every heartbeat: then a grant run inline (whose first heartbeat
+            // is one period away) seldom needs to wake the loop for an earlier timer.
+            let wake_at = core
+                .leases
+                .next_timer(core.heartbeat, core.idle_close)
+                .min(Instant::now() + core.heartbeat);
+            core.sleeping_until = wake_at;
+            wake_at
+        };
         let batch = tokio::select! {
-            command = core.rx.recv() => {
+            command = rx.recv() => {
                 let Some(command) = command else { return End::ClientGone };
                 let mut batch = vec![command];
                 while batch.len() < T::MAX_BATCH {
-                    match core.rx.try_recv() {
+                    match rx.try_recv() {
                         Ok(command) => batch.push(command),
                         Err(_) => break,
                     }
@@ -219,8 +322,19 @@ async fn serve<T: SessionTask>(task: &mut T) -> End {
                 batch
             }
             _ = sleep_until(wake_at) => continue,
+            _ = cell.wake.notified() => continue,
         };
         let count = batch.len();
+        let mut task = cell.task.lock().await;
+        if let Some(end) = task.core().ended.take() {
+            for command in batch {
+                task.refuse(command);
+            }
+            if let Some(me) = task.core().me.upgrade() {
+                me.finished(count);
+            }
+            return end;
+        }
         let result = task.process(batch).await;
         let core = task.core();
         if let Some(me) = core.me.upgrade() {
@@ -253,7 +367,11 @@ async fn due_work<T: SessionTask>(task: &mut T) -> Result<(), End> {
     Ok(())
 }
 
-async fn stop<T: SessionTask>(mut task: T, end: End) {
+async fn stop<T: SessionTask>(
+    task: &mut T,
+    rx: &mut mpsc::UnboundedReceiver<T::Command>,
+    end: End,
+) {
     let core = task.core();
     if let Some(me) = core.me.upgrade() {
         me.close();
@@ -264,9 +382,9 @@ async fn stop<T: SessionTask>(mut task: T, end: End) {
         }
         pool.task_ended(core.kind);
     }
-    core.rx.close();
+    rx.close();
     let mut queued = Vec::new();
-    while let Ok(command) = core.rx.try_recv() {
+    while let Ok(command) = rx.try_recv() {
         queued.push(command);
     }
     for command in queued {
