@@ -569,12 +569,15 @@ impl Task {
         // The lease starts at the grant, which came `waited` microseconds into the
         // statement by the server's clock: the wait is not charged to it (less 1 % for
         // clock-rate differences, so the lease never starts later than the grant).
-        let trip = trip.map(|answer| {
-            let (granted, waited, token) = sql::wait_answer(answer.as_deref());
-            let answer = Some(i64::from(granted));
-            let waited = Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
-            grant.lease_start = (started + waited).min(Instant::now());
-            (answer, token)
+        let trip = trip.map(|answer| match sql::wait_answer(answer.as_deref()) {
+            sql::WaitAnswer::Failed => (None, None),
+            sql::WaitAnswer::TimedOut => (Some(0), None),
+            sql::WaitAnswer::Granted { waited, token } => {
+                let waited =
+                    Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
+                grant.lease_start = (started + waited).min(Instant::now());
+                (Some(1), token)
+            }
         });
         self.after_lock(trip, grant, reply).await
     }

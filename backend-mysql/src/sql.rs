@@ -66,43 +66,59 @@ pub(crate) const TRY_LOCK: &str = concat!(
     " AS SIGNED), NULL) FROM (SELECT CAST(CASE WHEN IS_USED_LOCK(?) IS NULL \
      THEN GET_LOCK(?, 0) ELSE 0 END AS SIGNED) AS got LIMIT 1) AS g"
 );
-/// A wait on a dedicated session, `?` seconds at most, in one column: `NULL` unless
-/// granted (timed out, or `NULL` from `GET_LOCK`, a server error); on a grant, how long
-/// the statement waited, in microseconds by the server's clock (`SYSDATE(6)` read after
-/// `GET_LOCK` returned, `NOW(6)` at the statement's start), a space, and the run's epoch
-/// times 2^64 plus the `UUID_SHORT()` count since the run's base (see [`wait_answer`]),
-/// or `-` without a run row.
+/// A wait on a dedicated session, `?` seconds at most, in one column: `'0'` when it
+/// timed out; `NULL` when `GET_LOCK` answered `NULL` (an error on the server); on a
+/// grant, how long the statement waited, in microseconds by the server's clock
+/// (`SYSDATE(6)` read after `GET_LOCK` returned, `NOW(6)` at the statement's start), a
+/// space, and the run's epoch times 2^64 plus the `UUID_SHORT()` count since the run's
+/// base (see [`wait_answer`]), or `-` without a run row.
 ///
 /// No derived table: materialising one costs about as much as the rest of the
-/// statement. The order comes from `CASE` alone (the branch runs only after `GET_LOCK`
-/// returned 1), and the token is drawn only while `IS_USED_LOCK` names this session, so
-/// a server that evaluated the subquery early would fail closed (no token: the grant
-/// is released and the session ended), never hand out a token drawn before the grant.
-/// The run row may be read when the statement starts (MariaDB reads a one-row table
-/// while planning): it cannot change under the statement, whose read lock on the
-/// MEMORY table holds a `DELETE` or `INSERT` of it until the statement ends.
-pub(crate) const WAIT_LOCK: &str = "SELECT CASE WHEN GET_LOCK(?, ?) = 1 THEN \
+/// statement. `ELT` evaluates its index (`GET_LOCK`) once and then only the argument it
+/// picks, so the grant's branch runs only after `GET_LOCK` returned 1; and the token is
+/// drawn only while `IS_USED_LOCK` names this session, so a server that evaluated the
+/// subquery early would fail closed (no token: the grant is released and the session
+/// ended), never hand out a token drawn before the grant. The run row may be read when
+/// the statement starts (MariaDB reads a one-row table while planning): it cannot
+/// change under the statement, whose read lock on the MEMORY table holds a `DELETE` or
+/// `INSERT` of it until the statement ends.
+pub(crate) const WAIT_LOCK: &str = "SELECT ELT(GET_LOCK(?, ?) + 1, '0', \
      CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', \
      COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \
      CAST(r.epoch * 18446744073709551616 + (UUID_SHORT() - r.base) AS CHAR), NULL) \
-     FROM distlock_run r WHERE r.id = 1), '-')) END";
+     FROM distlock_run r WHERE r.id = 1), '-')))";
 
-/// [`WAIT_LOCK`]'s answer: whether it was granted, how long it waited (µs, server
-/// clock) and the token (the epoch times 2^44 plus the count, as [`TRY_LOCK`]'s), `None`
-/// without a run row, once 2^44 values were used in one run, or past `i64::MAX`.
-pub(crate) fn wait_answer(answer: Option<&str>) -> (bool, i64, Option<i64>) {
+/// What [`WAIT_LOCK`] answered.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum WaitAnswer {
+    /// `GET_LOCK` answered `NULL`: an error on the server.
+    Failed,
+    /// The wait timed out.
+    TimedOut,
+    /// Granted after `waited` µs (server clock), with the token (the epoch times 2^44
+    /// plus the count, as [`TRY_LOCK`]'s): `None` without a run row, once 2^44 values
+    /// were used in one run, or past `i64::MAX`.
+    Granted { waited: i64, token: Option<i64> },
+}
+
+/// Reads [`WAIT_LOCK`]'s answer.
+pub(crate) fn wait_answer(answer: Option<&str>) -> WaitAnswer {
     let Some(answer) = answer else {
-        return (false, 0, None);
+        return WaitAnswer::Failed;
     };
-    let (waited, fence) = answer.split_once(' ').unwrap_or((answer, "-"));
-    let waited = waited.parse().unwrap_or(0);
+    let Some((waited, fence)) = answer.split_once(' ') else {
+        return WaitAnswer::TimedOut;
+    };
     let token = fence.parse::<u128>().ok().and_then(|v| {
         let (epoch, count) = (v >> 64, v & u128::from(u64::MAX));
         (count < 1 << 44)
             .then_some((epoch << 44) | count)
             .and_then(|t| i64::try_from(t).ok())
     });
-    (true, waited, token)
+    WaitAnswer::Granted {
+        waited: waited.parse().unwrap_or(0),
+        token,
+    }
 }
 /// The next fencing token alone (a permit's, in its transaction after its `GET_LOCK`).
 pub(crate) const NEXT_TOKEN: &str = concat!("SELECT CAST(", token_expression!(), " AS SIGNED)");
@@ -238,20 +254,25 @@ fn no_answer(address: &str, limit: Duration) -> LockError {
 
 #[cfg(test)]
 mod tests {
-    use super::wait_answer;
+    use super::{wait_answer, WaitAnswer};
 
     #[test]
     fn a_wait_answer_splits_into_the_wait_and_the_token() {
-        assert_eq!(wait_answer(None), (false, 0, None));
+        let granted = |waited, token| WaitAnswer::Granted { waited, token };
+        assert_eq!(wait_answer(None), WaitAnswer::Failed);
+        assert_eq!(wait_answer(Some("0")), WaitAnswer::TimedOut);
         // Epoch 3, count 5: 3 × 2^64 + 5.
         let answer = format!("120 {}", (3u128 << 64) + 5);
-        assert_eq!(wait_answer(Some(&answer)), (true, 120, Some((3 << 44) + 5)));
+        assert_eq!(
+            wait_answer(Some(&answer)),
+            granted(120, Some((3 << 44) + 5))
+        );
         // Granted without a run row, or past the run's 2^44 values: no token.
-        assert_eq!(wait_answer(Some("7 -")), (true, 7, None));
+        assert_eq!(wait_answer(Some("7 -")), granted(7, None));
         let spent = format!("7 {}", (3u128 << 64) + (1 << 44));
-        assert_eq!(wait_answer(Some(&spent)), (true, 7, None));
+        assert_eq!(wait_answer(Some(&spent)), granted(7, None));
         // A token past i64::MAX is none either.
         let high = format!("7 {}", 1u128 << 83);
-        assert_eq!(wait_answer(Some(&high)), (true, 7, None));
+        assert_eq!(wait_answer(Some(&high)), granted(7, None));
     }
 }

@@ -67,16 +67,16 @@ const SIDES: [Side; 3] = [Side::Distlock, Side::Peer, Side::Raw];
 const HOT_SIDES: [Side; 4] = [Side::Distlock, Side::Peer, Side::Raw, Side::RawWithToken];
 
 /// distlock's wait statement (`WAIT_LOCK` in backend-mysql/src/sql.rs), for
-/// [`Side::RawWithToken`]: `NULL` unless granted.
-const WAIT_LOCK: &str = "SELECT CASE WHEN GET_LOCK(?, ?) = 1 THEN \
+/// [`Side::RawWithToken`]: a grant's answer holds a space.
+const WAIT_LOCK: &str = "SELECT ELT(GET_LOCK(?, ?) + 1, '0', \
      CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', \
      COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \
      CAST(r.epoch * 18446744073709551616 + (UUID_SHORT() - r.base) AS CHAR), NULL) \
-     FROM distlock_run r WHERE r.id = 1), '-')) END";
+     FROM distlock_run r WHERE r.id = 1), '-')))";
 
 /// The statement [`Side::RawWithToken`] waits with: [`WAIT_LOCK`], or a candidate
 /// in `PEERS_WAIT_SQL` (binding the name, the seconds and the name, answering one
-/// column, `NULL` unless granted), to measure another wait statement's cost.
+/// column, holding a space when granted), to measure another wait statement's cost.
 fn wait_sql() -> &'static str {
     static SQL: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     SQL.get_or_init(|| std::env::var("PEERS_WAIT_SQL").unwrap_or_else(|_| WAIT_LOCK.to_owned()))
@@ -171,7 +171,7 @@ impl Taker {
                         .bind(key)
                         .fetch_one(&mut *conn)
                         .await?;
-                    answer.map(|_| 1)
+                    answer.map(|answer| i64::from(answer.contains(' ')))
                 } else {
                     sqlx::query_scalar("SELECT GET_LOCK(?, ?)")
                         .bind(key)
