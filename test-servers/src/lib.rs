@@ -299,6 +299,15 @@ pub(crate) fn free_port() -> Result<u16, ServerError> {
         .ok_or_else(|| ServerError::InvalidArgument("no port allocated".into()))
 }
 
+/// `base?query`, or `base` alone when `query` is empty: a test URL with its parameters.
+pub(crate) fn with_query(base: String, query: &str) -> String {
+    if query.is_empty() {
+        base
+    } else {
+        format!("{base}?{query}")
+    }
+}
+
 /// Looks `name` up on `PATH`, like a shell would.
 pub(crate) fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;

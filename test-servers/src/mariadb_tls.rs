@@ -3,7 +3,9 @@
 //! present a client certificate.
 
 use super::openssl_ca::TlsFiles;
-use super::{MariaDbServer, ServerError, MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER};
+use super::{
+    with_query, MariaDbServer, ServerError, MARIADB_DATABASE, MARIADB_PASSWORD, MARIADB_USER,
+};
 
 /// The user of a [`MariaDbTlsServer`] that is admitted only over TLS with a client
 /// certificate signed by the server's CA (`REQUIRE X509`), password
@@ -78,12 +80,10 @@ impl MariaDbTlsServer {
     /// empty).
     pub fn url_as(&self, user: &str, host: &str, query: &str) -> String {
         let port = self.server.port();
-        let base = format!("mysql://{user}:{MARIADB_PASSWORD}@{host}:{port}/{MARIADB_DATABASE}");
-        if query.is_empty() {
-            base
-        } else {
-            format!("{base}?{query}")
-        }
+        with_query(
+            format!("mysql://{user}:{MARIADB_PASSWORD}@{host}:{port}/{MARIADB_DATABASE}"),
+            query,
+        )
     }
 
     /// The certificates: the CA to trust, the client certificate, the unrelated CA.

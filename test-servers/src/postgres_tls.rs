@@ -5,7 +5,7 @@ use std::path::Path;
 
 use super::openssl_ca::{set_mode, TlsFiles};
 use super::postgres::{pg_bin_dir, postgres_identity};
-use super::{PostgresServer, PostgresServerOptions, ServerError};
+use super::{with_query, PostgresServer, PostgresServerOptions, ServerError};
 
 /// The database of a [`PostgresTlsServer`] that takes only TLS sessions presenting a
 /// client certificate signed by the server's CA (`hostssl … clientcert=verify-ca`).
@@ -80,12 +80,10 @@ impl PostgresTlsServer {
     /// `postgres://postgres@HOST:PORT/DATABASE?QUERY` (no `?` when `query` is empty).
     pub fn url_to(&self, host: &str, database: &str, query: &str) -> String {
         let port = self.server.port();
-        let base = format!("postgres://postgres@{host}:{port}/{database}");
-        if query.is_empty() {
-            base
-        } else {
-            format!("{base}?{query}")
-        }
+        with_query(
+            format!("postgres://postgres@{host}:{port}/{database}"),
+            query,
+        )
     }
 
     /// The certificates: the CA to trust, the client certificate, the unrelated CA.
