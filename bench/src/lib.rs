@@ -524,8 +524,9 @@ struct Turn<'a> {
 }
 
 /// One concurrency and key mode of uncontended cycles: `config.rounds` rounds, each
-/// side taking a turn per round in rotating order; adds the throughput (and latency)
-/// rows. A comparator that fails is marked in `failed` and left out from then on.
+/// side taking a turn per round, in an order drawn afresh each round
+/// ([`measure::turn_order`]); adds the throughput (and latency) rows. A comparator that
+/// fails is marked in `failed` and left out from then on.
 async fn uncontended(
     config: &BenchConfig,
     run_id: &str,
@@ -545,9 +546,7 @@ async fn uncontended(
     };
     let run_id = format!("{run_id}/{}", turn.mode.name());
     for round in 0..config.rounds {
-        // Rotate who goes first, so drift in the machine's load hits all alike.
-        for step in 0..sides.len() {
-            let index = (step + round) % sides.len();
+        for index in measure::turn_order(round, sides.len()) {
             if failed[index] {
                 continue;
             }

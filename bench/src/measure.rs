@@ -273,6 +273,31 @@ pub(crate) async fn hot_key(
     })
 }
 
+/// The order in which `sides` sides take their turns in `round`: a permutation of
+/// `0..sides` drawn afresh each round, seeded by the round so that runs repeat. No side
+/// always goes first, and none always follows the same side: what a side leaves behind
+/// (a client's background tasks, the server's lazy work) weighs on every other alike.
+/// A fixed cyclic order, even rotated, gave each side one predecessor for the whole run.
+pub(crate) fn turn_order(round: usize, sides: usize) -> Vec<usize> {
+    // splitmix64: a few lines, and enough for shuffling a handful of sides.
+    let mut state = (round as u64)
+        .wrapping_add(1)
+        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let mut next = move || {
+        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    };
+    let mut order: Vec<usize> = (0..sides).collect();
+    for i in (1..sides).rev() {
+        let j = (next() % (i as u64 + 1)) as usize;
+        order.swap(i, j);
+    }
+    order
+}
+
 /// The `p` quantile (0..=1) of sorted samples, nearest rank; zero when empty.
 pub(crate) fn quantile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
@@ -325,6 +350,30 @@ mod tests {
         assert_eq!(quantile(&samples, 0.99), Duration::from_millis(99));
         assert_eq!(quantile(&samples, 0.999), Duration::from_millis(100));
         assert_eq!(quantile(&[], 0.5), Duration::ZERO);
+    }
+
+    #[test]
+    fn turn_orders_are_permutations_that_vary_who_goes_first_and_before_whom() {
+        let orders: Vec<Vec<usize>> = (0..9).map(|round| turn_order(round, 8)).collect();
+        for order in &orders {
+            let mut sorted = order.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, (0..8).collect::<Vec<_>>());
+        }
+        assert_eq!(turn_order(3, 8), orders[3], "seeded by the round");
+        let firsts: std::collections::HashSet<usize> = orders.iter().map(|o| o[0]).collect();
+        assert!(firsts.len() >= 4, "first sides {firsts:?}");
+        // What runs just before side 0 (none when it goes first).
+        let before_zero: std::collections::HashSet<Option<usize>> = orders
+            .iter()
+            .map(|o| {
+                let at = o.iter().position(|&s| s == 0).unwrap_or(0);
+                at.checked_sub(1).map(|i| o[i])
+            })
+            .collect();
+        assert!(before_zero.len() >= 4, "predecessors {before_zero:?}");
+        assert_eq!(turn_order(0, 1), vec![0]);
+        assert!(turn_order(0, 0).is_empty());
     }
 
     #[test]
