@@ -1,7 +1,5 @@
 //! The Redis names one lock key maps to.
 
-use std::borrow::Cow;
-
 use distlock_api::LockKey;
 
 /// The Redis names behind one [`LockKey`] `K`: the lock, its fencing counter
@@ -27,22 +25,19 @@ use distlock_api::LockKey;
 pub struct KeyNames {
     /// `{K}`: holds the owner token, with a `PX` expiry.
     pub lock: String,
-    /// See [`KeyNames::fence`].
-    fence: Cow<'static, str>,
 }
 
 impl KeyNames {
-    /// The mutex's fencing counter on one server or a Sentinel-managed master:
-    /// [`SERVER_FENCE`], one counter per server (per database) that every mutex grant
-    /// `INCR`s, so it rises for every key at once. It never expires; when it is gone (a
+    /// The fencing counter on one server or a Sentinel-managed master:
+    /// [`SERVER_FENCE`], one counter per server (per database) that every grant (of a
+    /// mutex, a permit, a read or write lock, a leadership's term) `INCR`s, so it rises
+    /// for every key at once. It never expires; when it is gone (a
     /// restart without persistence) the server's clock seeds it again, at the µs since
     /// 1970 (below 2^53), above every token it handed out before (see the Redis guide's
     /// "Fencing" for the trust model). On a Cluster the counter must share the lock's
-    /// slot, and the mutex uses [`KeyNames::cluster_fence`] instead. Redlock uses
-    /// neither. (For the other primitives, whose names [`KeyNames`] also gives inside
-    /// the crate, it is a per-key counter.)
+    /// slot, and [`KeyNames::cluster_fence`] is used instead. Redlock uses neither.
     pub fn fence(&self) -> &str {
-        &self.fence
+        SERVER_FENCE
     }
 
     /// `{K}:waiting`: set (with an expiry) by waiters that find the key held and by
@@ -69,24 +64,24 @@ impl KeyNames {
         } else {
             ["{", key, "}"].concat()
         };
-        KeyNames {
-            lock,
-            fence: Cow::Borrowed(SERVER_FENCE),
-        }
+        KeyNames { lock }
     }
 }
 
 /// The name of the one fencing counter of a server (or Sentinel-managed master) in
 /// key layout 3: no lock's name (each starts with `{`) can be it.
 ///
-/// Key layouts of the mutex's fencing counter: 1, a per-key `{K}:fence` expiring with
-/// the lock; 2, a counter per hash slot, `{<n>}:distlock-fence`, everywhere; 3 (this
+/// Key layouts of the fencing counters: 1, a per-key `{K}:fence` expiring with the
+/// lock; 2, a counter per hash slot, `{<n>}:distlock-fence`, everywhere; 3 (this
 /// release), this one counter per server, and layout 2's slot counters on a Cluster.
-/// The lock key itself is the same in all three.
+/// The semaphore, read-write lock and election kept per-key counters
+/// (`{K}:<kind>:fence`, expiring 10 s after the TTL of the grant that seeded them) until
+/// layout 3, which gives them the mutex's counter. The lock keys themselves are the same
+/// in every layout.
 pub const SERVER_FENCE: &str = "distlock-fence:v3";
 
 impl KeyNames {
-    /// `{<n>}:distlock-fence`: the mutex's fencing counter on a Redis Cluster, one per
+    /// `{<n>}:distlock-fence`: the fencing counter on a Redis Cluster, one per
     /// hash slot, in `{K}`'s slot (`n` is the smallest number whose decimal form hashes
     /// to that slot), so that it lives on the lock's node and moves with the slot. It
     /// rises for every key of the slot, never expires (at most 16384 of them), and is
@@ -135,15 +130,13 @@ impl Primitive {
 
 impl KeyNames {
     /// The names of `key` in `primitive`'s namespace: `lock` is the base name
-    /// `{K}:<kind>` (the holders' sorted set), and the fence, waiting marker and
-    /// channel are the base name with the mutex's suffixes, so the scripts derive them
-    /// the same way.
+    /// `{K}:<kind>` (the holders' sorted set), and the waiting marker and channel are
+    /// the base name with the mutex's suffixes, so the scripts derive them the same
+    /// way. The fencing counter is the mutex's.
     pub(crate) fn for_primitive(key: &LockKey, primitive: Primitive) -> Self {
         let mutex = KeyNames::for_key(key);
-        let base = [mutex.lock.as_str(), primitive.suffix()].concat();
         KeyNames {
-            fence: Cow::Owned([base.as_str(), ":fence"].concat()),
-            lock: base,
+            lock: [mutex.lock.as_str(), primitive.suffix()].concat(),
         }
     }
 }
@@ -214,22 +207,19 @@ mod tests {
             for primitive in [Primitive::Semaphore, Primitive::Rw, Primitive::Election] {
                 let names = KeyNames::for_primitive(&key, primitive);
                 let tag = hash_tag(&mutex.lock);
-                for name in [
-                    names.lock.as_str(),
-                    names.fence(),
-                    &names.waiting(),
-                    &names.channel(),
-                ] {
+                for name in [names.lock.as_str(), &names.waiting(), &names.channel()] {
                     assert_eq!(hash_tag(name), tag, "{name:?}");
                     assert!(!name.ends_with('}'), "{name:?}");
                 }
+                // The mutex's counter: on a Cluster, the one of the same slot.
+                assert_eq!(names.cluster_fence(), mutex.cluster_fence());
                 assert_eq!(names.waiting(), [names.lock.as_str(), ":waiting"].concat());
                 assert_eq!(names.channel(), [names.lock.as_str(), ":released"].concat());
             }
         }
         let names = KeyNames::for_primitive(&LockKey::new("jobs").unwrap(), Primitive::Semaphore);
         assert_eq!(names.lock, "{jobs}:semaphore");
-        assert_eq!(names.fence(), "{jobs}:semaphore:fence");
+        assert_eq!(names.fence(), SERVER_FENCE);
     }
 
     /// The scripts derive these names as `KEYS[1] .. suffix`.

@@ -153,9 +153,9 @@
 //!   above every earlier grant's of the key, so a fenced resource can refuse a writer
 //!   whose lease ran out.
 //!
-//! Waiting and the `:waiting` marker work as for the mutex; their fencing tokens come
-//! from a per-key `:fence` counter seeded from the server's clock (µs), which expires
-//! the TTL plus 10 s after it was seeded. FIFO waiting is the mutex's only. Across a
+//! Waiting and the `:waiting` marker work as for the mutex, and their fencing tokens
+//! come from the mutex's counter (below), so a released key leaves nothing behind.
+//! FIFO waiting is the mutex's only. Across a
 //! Sentinel or Cluster failover they follow the mutex's rules: replication is
 //! asynchronous, so a grant not yet on the replica is lost with the master.
 //!
@@ -164,10 +164,9 @@
 //! campaign: without consensus its terms could not rise strictly). The
 //! leadership is the mutex recipe on the record `{K}:election`, a hash of the owner
 //! token, the term and the candidate identity with the lease as its `PX`, written,
-//! extended and deleted whole by Lua scripts; the term is the next value of
-//! `{K}:election:fence`, a per-key clock-seeded counter (the
-//! mutex's before its slot counters), taken in the winning
-//! campaign's script and carried by the lease as its fencing token. `leader()` reads
+//! extended and deleted whole by Lua scripts; the term is the next value of the
+//! mutex's fencing counter, taken in the winning campaign's script and carried by the
+//! lease as its fencing token. `leader()` reads
 //! the live leader's identity, term and remaining `PTTL` in one script. Candidates
 //! wait as mutex waiters do (a resign publishes on `{K}:election:released`); observers
 //! (`wait_change`, and so `LeaderWatch`) subscribe to `{K}:election:changed`, on which
@@ -179,17 +178,18 @@
 //! # Guarantees and caveats
 //! - Lease: the key's TTL. The guard's validity deadline is `start + TTL − drift`, where
 //!   `start` is before the request was sent and drift is 1 % of the TTL + 2 ms.
-//! - Fencing: the server's one counter ([`KeyNames::fence`]; on a Cluster the key's
-//!   hash slot's, [`KeyNames::cluster_fence`]), never expiring, and
+//! - Fencing: every primitive's grants take the server's one counter
+//!   ([`KeyNames::fence`]; on a Cluster the key's hash slot's,
+//!   [`KeyNames::cluster_fence`]), never expiring, and
 //!   seeded from the server's clock (its µs since 1970, below 2^53 until about 2255,
 //!   so tokens stay exact in JSON and JavaScript) whenever it is gone (forgotten by a
 //!   restart without persistence), so tokens keep rising unless the server's clock
 //!   steps back just then (the Redis guide's "Fencing" states how far is tolerated). A
 //!   restart without persistence still forgets held locks. Failover to an asynchronous
 //!   replica can grant a lock twice. Clients of earlier releases (per-key `{K}:fence`
-//!   counters, or per-slot counters on a single server or Sentinel) exclude these on
-//!   every key, but their tokens must not be mixed: finish the upgrade first (see the
-//!   guide's "Upgrading from earlier counters").
+//!   and `{K}:<kind>:fence` counters, or per-slot counters on a single server or
+//!   Sentinel) exclude these on every key, but their tokens must not be mixed: finish
+//!   the upgrade first (see the guide's "Upgrading from earlier counters").
 //! - Redlock: needs a majority of nodes and a remaining validity
 //!   (TTL − elapsed − drift) above zero; assumes bounded clock drift and pauses.
 //!   Independent nodes cannot agree on one ordered counter (even without faults, a node

@@ -884,11 +884,6 @@ pub(crate) fn hex(owner: OwnerToken) -> [u8; 32] {
     out
 }
 
-/// How long a `{K}:fence` counter seeded by a grant of `ttl` lives.
-pub(crate) fn fence_keep_millis(ttl: Duration) -> u64 {
-    ttl_millis(ttl.saturating_add(crate::scripts::FENCE_MARGIN))
-}
-
 /// Milliseconds for `PX`/`PEXPIRE`; TTLs are validated to at least 10 ms, so nothing
 /// rounds to zero.
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {

@@ -74,46 +74,14 @@ pub(crate) static SEEDED_TOKEN: LazyLock<Script> = LazyLock::new(|| {
     )
 });
 
-/// [`SLOT_TOKEN`] as the function `slot_token(fence)`, for the FIFO acquire, which
-/// grants in two places.
+/// [`SLOT_TOKEN`] as the function `slot_token(fence)` (closed by [`SLOT_TOKEN_END`]),
+/// which answers the token: for the FIFO acquire, which grants in two places, and the
+/// semaphore's, read-write lock's and election's acquires, whose tokens come from the
+/// same counter as the mutex's.
 const SLOT_TOKEN_FUNCTION: &str = "local function slot_token(fence)\n";
 
-/// Sets `token`, the fencing token of a grant of a semaphore, read-write lock or
-/// election (whose counters are per key; the mutex's is its slot's, see
-/// [`SLOT_TOKEN`]), from the locals `fence` (the counter's name) and `keep_ms`.
-///
-/// `fence` is a counter that starts at the server's clock: `INCR` gives the next token
-/// while it lives (one command, as cheap as the plain counter it replaces); a fresh one
-/// (none, or expired, or forgotten by a restart without persistence) is seeded with the
-/// server time in µs and expires `keep_ms` (the lock's TTL plus [`FENCE_MARGIN`]) after
-/// it was seeded, so it leaves nothing behind. Tokens keep rising across a reseed as
-/// long as the clock reads above the old counter, which counts up from its own seed by
-/// one per grant: with fewer grants of the key than microseconds passed (each grant
-/// takes an acquire and a release, some µs of server time each), that holds unless the
-/// server's clock stepped back by more than the time since the old seed minus one µs
-/// per grant. Microseconds since 1970 stay below 2^53, so Lua's doubles hold them
-/// exactly, and `%.0f` writes them without an exponent. Any count below 10^15 (a clock
-/// reading of 2001) is a fresh counter (`INCR` made it 1) or one of the older layout
-/// (small numbers, no expiry): both are reseeded, so the old ones get an expiry too.
-const NEXT_TOKEN: &str = r"
-local token = redis.call('INCR', fence)
-if token < 1000000000000000 then
-  local t = redis.call('TIME')
-  token = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', fence, string.format('%.0f', token), 'PX', keep_ms)
-end
-";
-
-/// With [`NEXT_TOKEN`] and [`NEXT_TOKEN_CLOSE`] after it, defines the function
-/// `next_token(fence, keep_ms)`, for the primitives' scripts.
-const NEXT_TOKEN_OPEN: &str = "local function next_token(fence, keep_ms)\n";
-
-/// Ends the function [`NEXT_TOKEN_OPEN`] starts.
-const NEXT_TOKEN_CLOSE: &str = "return token\nend\n";
-
-/// How long `{K}:fence` lives beyond the TTL of the grant that seeded it (see
-/// [`NEXT_TOKEN`]).
-pub(crate) const FENCE_MARGIN: std::time::Duration = std::time::Duration::from_secs(10);
+/// Ends the function [`SLOT_TOKEN_FUNCTION`] starts, after [`SLOT_TOKEN`].
+const SLOT_TOKEN_END: &str = "return token\nend\n";
 
 /// `KEYS = [lock]`, `ARGV = [token]`; the other names are derived from the lock's.
 /// Returns 1 when released, 2 when another owner holds the key (or a key of another
@@ -245,7 +213,7 @@ pub(crate) static QUEUED_ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
             EFFECTS_REPLICATION,
             SLOT_TOKEN_FUNCTION,
             SLOT_TOKEN,
-            "return token\nend\n",
+            SLOT_TOKEN_END,
             QUEUE_NAMES,
             // Nobody queued (the queue key is deleted when it empties): the plain
             // acquire, without reading the clock.

@@ -9,9 +9,8 @@
 //!   leadership's lease. A campaign writes it only when none exists; resign (delete)
 //!   and extend (`PEXPIRE`) check the owner token, all in Lua, so the record is
 //!   written, extended and removed whole.
-//! - `{K}:election:fence`: the term counter, the mutex's fencing counter (seeded from
-//!   the server's clock, expiring the TTL + 10 s after seeding), incremented by the
-//!   campaign script that wins.
+//! - The term: the next value of the mutex's fencing counter
+//!   ([`crate::node::Node::fence`]), taken by the campaign script that wins.
 //! - `{K}:election:waiting` and the channel `{K}:election:released`: as the mutex's,
 //!   so a resign wakes the waiting candidates within a round trip.
 //! - `{K}:election:watched` and the channel `{K}:election:changed`: an observer in

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{too_late, Attempt, RedisLock};
 use crate::keys::KeyNames;
-use crate::node::{evalsha, fence_keep_millis, hex, ttl_millis, Node};
+use crate::node::{evalsha, hex, ttl_millis, Node};
 use crate::REDIS_BACKEND;
 
 /// Why Redlock offers neither a semaphore nor a read-write lock.
@@ -73,9 +73,9 @@ pub(crate) enum Answer {
     Refused(i64),
 }
 
-/// Runs one attempt of `scripts.acquire` on the client's node for `key` (`KEYS = [lock, fence]`,
-/// `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms, extra…]`, the extras added by
-/// `extra`). Until the grant is handed out, a dropped or failed attempt releases in the
+/// Runs one attempt of `scripts.acquire` on the client's node for `key` (`KEYS = [lock,
+/// fence]`, the fence the mutex's counter ([`Node::fence`]); `ARGV = [token, ttl_ms,
+/// waiting_ms, extra…]`, the extras added by `extra`). Until the grant is handed out, a dropped or failed attempt releases in the
 /// background whatever grant may have landed.
 ///
 /// # Errors
@@ -92,11 +92,10 @@ pub(crate) async fn attempt(
 ) -> Result<Answer, LockError> {
     let node = lock.primitive_node(scripts.primitive)?;
     let (owner, ttl) = (OwnerToken::random(), options.ttl());
-    let mut cmd = evalsha(scripts.acquire, &[&names.lock, names.fence()]);
+    let mut cmd = evalsha(scripts.acquire, &[&names.lock, &node.fence(names)]);
     cmd.arg(&hex(owner)[..])
         .arg(ttl_millis(ttl))
-        .arg(waiting.map_or(0, ttl_millis))
-        .arg(fence_keep_millis(ttl));
+        .arg(waiting.map_or(0, ttl_millis));
     extra(&mut cmd);
     let started = Instant::now();
     let undo = Undo {

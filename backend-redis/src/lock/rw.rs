@@ -15,9 +15,8 @@
 //! back. Waiting is the mutex's: `{K}:rw:waiting` marks a waited-on key, so a release
 //! publishes on `{K}:rw:released` only then.
 //!
-//! Every grant, read or write, carries a fencing token from `{K}:rw:fence`, a counter
-//! seeded from the server's clock like the mutex's `{K}:fence` (see the crate docs),
-//! above every earlier grant's of the key: a resource recording the highest token seen
+//! Every grant, read or write, carries a fencing token from the mutex's counter
+//! ([`crate::node::Node::fence`], see the crate docs), above every earlier grant's: a resource recording the highest token seen
 //! can refuse a writer whose lease ran out before a later grant.
 
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The election's scripts. `KEYS[1]` is `{K}:election`: the leader's record, a hash of
 //! its `owner` token, its `term` and its `candidate` identity, with a `PX` expiry (the
-//! leadership's lease). Derived names: `:fence` (the term counter), `:waiting` (set by
+//! leadership's lease). Derived names: `:waiting` (set by
 //! waiting candidates; a resign then publishes on `:released`) and `:watched` (set by
 //! observers; every change of leader then publishes on `:changed`).
 
@@ -8,7 +8,7 @@ use std::sync::LazyLock;
 
 use redis::Script;
 
-use super::{EFFECTS_REPLICATION, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN};
+use super::{EFFECTS_REPLICATION, SLOT_TOKEN, SLOT_TOKEN_END, SLOT_TOKEN_FUNCTION};
 
 /// Refuses a record of another type (another program uses the name) and defines
 /// `announce()`, which tells the observers of the name that the leader changed.
@@ -24,8 +24,8 @@ local function announce()
 end
 ";
 
-/// `KEYS = [record, fence]`, `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms,
-/// candidate]`.
+/// `KEYS = [record, fence]`, `ARGV = [token, ttl_ms, waiting_ms, candidate]`; `fence`
+/// is the mutex's counter ([`crate::node::Node::fence`]).
 ///
 /// Nobody leading: writes the record (owner, the next term from the fence counter,
 /// candidate) expiring in `ttl_ms`, announces it, and returns `{1, term}`. Else
@@ -34,14 +34,14 @@ pub(crate) static CAMPAIGN: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
-            NEXT_TOKEN_OPEN,
-            NEXT_TOKEN,
-            NEXT_TOKEN_CLOSE,
+            SLOT_TOKEN_FUNCTION,
+            SLOT_TOKEN,
+            SLOT_TOKEN_END,
             RECORD,
             r"
 if kind == 'none' then
-  local term = next_token(KEYS[2], ARGV[4])
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'term', string.format('%.0f', term), 'candidate', ARGV[5])
+  local term = slot_token(KEYS[2])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'term', term, 'candidate', ARGV[4])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   announce()
   return {1, term}

@@ -9,7 +9,7 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::{
-    EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN, NOT_OURS,
+    EFFECTS_REPLICATION, HOLDERS, NOT_OURS, SLOT_TOKEN, SLOT_TOKEN_END, SLOT_TOKEN_FUNCTION,
 };
 
 /// Defines `writer` and `intent` (their names) and drops the lapsed intents. Follows
@@ -20,8 +20,9 @@ local intent = KEYS[1] .. ':intent'
 redis.call('ZREMRANGEBYSCORE', intent, '-inf', now)
 ";
 
-/// `KEYS = [readers, fence]`, `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms,
-/// mode ('r' or 'w'), waiter id ('' for none), intent_ms]`.
+/// `KEYS = [readers, fence]`, `ARGV = [token, ttl_ms, waiting_ms, mode ('r' or 'w'),
+/// waiter id ('' for none), intent_ms]`; `fence` is the mutex's counter
+/// ([`crate::node::Node::fence`]).
 ///
 /// A write is granted when there is neither a writer nor a reader, and removes the
 /// waiter's intent; otherwise a waiter id records (or refreshes) its intent for
@@ -32,22 +33,22 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
-            NEXT_TOKEN_OPEN,
-            NEXT_TOKEN,
-            NEXT_TOKEN_CLOSE,
+            SLOT_TOKEN_FUNCTION,
+            SLOT_TOKEN,
+            SLOT_TOKEN_END,
             HOLDERS,
             RW_NAMES,
             r"
 local granted = false
-if ARGV[5] == 'w' then
+if ARGV[4] == 'w' then
   if redis.call('EXISTS', KEYS[1], writer) == 0 then
     redis.call('SET', writer, ARGV[1], 'PX', ARGV[2])
-    if ARGV[6] ~= '' then
-      redis.call('ZREM', intent, ARGV[6])
+    if ARGV[5] ~= '' then
+      redis.call('ZREM', intent, ARGV[5])
     end
     granted = true
-  elseif ARGV[6] ~= '' then
-    redis.call('ZADD', intent, now + tonumber(ARGV[7]), ARGV[6])
+  elseif ARGV[5] ~= '' then
+    redis.call('ZADD', intent, now + tonumber(ARGV[6]), ARGV[5])
     keep_alive(intent)
   end
 elseif redis.call('EXISTS', writer, intent) == 0 then
@@ -56,7 +57,7 @@ elseif redis.call('EXISTS', writer, intent) == 0 then
   granted = true
 end
 if granted then
-  return {1, next_token(KEYS[2], ARGV[4])}
+  return {1, slot_token(KEYS[2])}
 end
 if ARGV[3] ~= '0' then
   redis.call('SET', KEYS[1] .. ':waiting', '1', 'PX', ARGV[3])

@@ -7,10 +7,11 @@ use std::sync::LazyLock;
 use redis::Script;
 
 use super::{
-    EFFECTS_REPLICATION, HOLDERS, NEXT_TOKEN, NEXT_TOKEN_CLOSE, NEXT_TOKEN_OPEN, NOT_OURS,
+    EFFECTS_REPLICATION, HOLDERS, NOT_OURS, SLOT_TOKEN, SLOT_TOKEN_END, SLOT_TOKEN_FUNCTION,
 };
 
-/// `KEYS = [holders, fence]`, `ARGV = [token, ttl_ms, waiting_ms, fence_keep_ms, max]`.
+/// `KEYS = [holders, fence]`, `ARGV = [token, ttl_ms, waiting_ms, max]`; `fence` is the
+/// mutex's counter ([`crate::node::Node::fence`]).
 ///
 /// Returns `{1, fencing_token}` when a permit is granted; `{2, count}` when the key's
 /// holders use another permit count (nothing taken); else `{0, ms until the earliest
@@ -20,13 +21,13 @@ pub(crate) static ACQUIRE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         &[
             EFFECTS_REPLICATION,
-            NEXT_TOKEN_OPEN,
-            NEXT_TOKEN,
-            NEXT_TOKEN_CLOSE,
+            SLOT_TOKEN_FUNCTION,
+            SLOT_TOKEN,
+            SLOT_TOKEN_END,
             HOLDERS,
             r"
 local permits = KEYS[1] .. ':permits'
-local max = tonumber(ARGV[5])
+local max = tonumber(ARGV[4])
 local held = redis.call('ZCARD', KEYS[1])
 if held > 0 then
   local in_use = tonumber(redis.call('GET', permits))
@@ -36,9 +37,9 @@ if held > 0 then
 end
 if held < max then
   redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
-  redis.call('SET', permits, ARGV[5])
+  redis.call('SET', permits, ARGV[4])
   keep_alive(KEYS[1], permits)
-  return {1, next_token(KEYS[2], ARGV[4])}
+  return {1, slot_token(KEYS[2])}
 end
 if ARGV[3] ~= '0' then
   redis.call('SET', KEYS[1] .. ':waiting', '1', 'PX', ARGV[3])

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::time::Duration;
 
-use distlock_api::{LockKey, LockOptions, WaitPolicy};
+use distlock_api::{Candidate, FencingToken, LockKey, LockOptions, RwMode, WaitPolicy};
 use distlock_redis::RedisLock;
 
 /// Before: every key ever locked on a single node left `{K}:fence` behind for ever, so
@@ -59,4 +59,48 @@ async fn single_node_locks_that_ended_leave_nothing_behind() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redlock_locks_that_ended_leave_nothing_behind() {
     ended_locks_leave_nothing(3).await;
+}
+
+/// Before: every key a semaphore, read-write lock or election ever used left its own
+/// `{K}:<kind>:fence` counter behind for the TTL plus 10 s, so a service taking a fresh
+/// key per job kept one counter per job of the last half-minute. Now their grants take
+/// the mutex's one counter: once released, nothing of theirs is left, and every grant's
+/// token is above the one before, whatever its primitive and key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn released_permits_reads_writes_and_terms_leave_only_the_server_counter() {
+    let h = common::start(1).await;
+    let client = RedisLock::connect(&h.url()).await.unwrap();
+    let (semaphore, rw, election) = (client.semaphore(), client.rw_lock(), client.election());
+    let options = LockOptions::new(Duration::from_secs(30)).with_wait(WaitPolicy::NoWait);
+    let candidate = Candidate::new("residue").unwrap();
+    let mut last = 0;
+    let mut rising = |token: Option<FencingToken>| {
+        let token = token.expect("a single node fences").get();
+        assert!(token > last, "token {token} after {last}");
+        last = token;
+    };
+    for i in 0..20 {
+        let key = |kind: &str| LockKey::new(format!("residue/{kind}/{i}")).unwrap();
+        let permit = semaphore.acquire(&key("sem"), 2, &options).await.unwrap();
+        rising(permit.fencing_token());
+        permit.release().await.unwrap();
+        for mode in [RwMode::Read, RwMode::Write] {
+            let guard = rw.acquire(&key("rw"), mode, &options).await.unwrap();
+            rising(guard.fencing_token());
+            guard.release().await.unwrap();
+        }
+        let leader = election
+            .try_campaign(&key("election"), &candidate, &options)
+            .await
+            .unwrap()
+            .expect("a free election is won");
+        rising(Some(leader.term()));
+        leader.resign().await.unwrap();
+    }
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut h.raw(0).await)
+        .await
+        .unwrap();
+    assert_eq!(keys, [distlock_redis::SERVER_FENCE]);
 }
