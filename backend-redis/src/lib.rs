@@ -155,9 +155,9 @@
 //!
 //! Waiting and the `:waiting` marker work as for the mutex, and their fencing tokens
 //! come from the mutex's counter (below), so a released key leaves nothing behind.
-//! FIFO waiting is the mutex's only. Across a
-//! Sentinel or Cluster failover they follow the mutex's rules: replication is
-//! asynchronous, so a grant not yet on the replica is lost with the master.
+//! FIFO waiting is the mutex's only. Across a Sentinel or Cluster failover they follow
+//! the mutex's rules: replication is asynchronous, so a grant not yet on the replica is
+//! lost with the master.
 //!
 //! # Leader election
 //! [`RedisLock::election`] (single node, Sentinel, Cluster; Redlock refuses every

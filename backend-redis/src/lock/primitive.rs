@@ -75,8 +75,8 @@ pub(crate) enum Answer {
 
 /// Runs one attempt of `scripts.acquire` on the client's node for `key` (`KEYS = [lock,
 /// fence]`, the fence the mutex's counter ([`Node::fence`]); `ARGV = [token, ttl_ms,
-/// waiting_ms, extra…]`, the extras added by `extra`). Until the grant is handed out, a dropped or failed attempt releases in the
-/// background whatever grant may have landed.
+/// waiting_ms, extra…]`, the extras added by `extra`). Until the grant is handed out, a
+/// dropped or failed attempt releases in the background whatever grant may have landed.
 ///
 /// # Errors
 /// The node's errors; a connection error when the answer came too late to leave any

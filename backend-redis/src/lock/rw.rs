@@ -16,8 +16,9 @@
 //! publishes on `{K}:rw:released` only then.
 //!
 //! Every grant, read or write, carries a fencing token from the mutex's counter
-//! ([`crate::node::Node::fence`], see the crate docs), above every earlier grant's: a resource recording the highest token seen
-//! can refuse a writer whose lease ran out before a later grant.
+//! ([`crate::node::Node::fence`], see the crate docs), above every earlier grant's: a
+//! resource recording the highest token seen can refuse a writer whose lease ran out
+//! before a later grant.
 
 use std::time::Duration;
 

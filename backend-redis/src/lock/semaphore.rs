@@ -11,10 +11,10 @@
 //! Waiting is the mutex's: `{K}:semaphore:waiting` marks a waited-on key, so a release
 //! publishes on `{K}:semaphore:released` only then.
 //!
-//! Each permit carries a fencing token from the mutex's counter ([`crate::node::Node::fence`],
-//! see the crate docs): a permit's token is above every earlier grant's, so it orders
-//! and identifies grants; several permits are valid at once, so it cannot fence off an
-//! older holder.
+//! Each permit carries a fencing token from the mutex's counter
+//! ([`crate::node::Node::fence`], see the crate docs): a permit's token is above every
+//! earlier grant's, so it orders and identifies grants; several permits are valid at
+//! once, so it cannot fence off an older holder.
 
 use std::time::Duration;
 

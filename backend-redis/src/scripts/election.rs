@@ -1,8 +1,8 @@
 //! The election's scripts. `KEYS[1]` is `{K}:election`: the leader's record, a hash of
 //! its `owner` token, its `term` and its `candidate` identity, with a `PX` expiry (the
-//! leadership's lease). Derived names: `:waiting` (set by
-//! waiting candidates; a resign then publishes on `:released`) and `:watched` (set by
-//! observers; every change of leader then publishes on `:changed`).
+//! leadership's lease). Derived names: `:waiting` (set by waiting candidates; a resign
+//! then publishes on `:released`) and `:watched` (set by observers; every change of
+//! leader then publishes on `:changed`). The term comes from the mutex's counter.
 
 use std::sync::LazyLock;
 
