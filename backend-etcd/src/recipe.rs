@@ -617,10 +617,7 @@ impl Requests {
 
     /// Whether any contender holds `lock_prefix` (a read of one key name).
     async fn any_contender(&self, lock_prefix: &str) -> Result<bool, Fail> {
-        let options = GetOptions::new()
-            .with_range(prefix_end(lock_prefix))
-            .with_limit(1)
-            .with_keys_only();
+        let options = any_contender_read(lock_prefix);
         let found = sent(self.timeout, || {
             let (mut kv, options) = (self.client.kv_client(), options.clone());
             async move { kv.get(lock_prefix, Some(options)).await }
@@ -649,12 +646,7 @@ impl Requests {
             .and_then(deletes)
             .or_else([TxnOp::get(
                 lock_prefix,
-                Some(
-                    GetOptions::new()
-                        .with_range(prefix_end(lock_prefix))
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
+                Some(any_contender_read(lock_prefix)),
             )]);
         let response = self.txn(txn).await?;
         let responses = response.op_responses();
@@ -684,12 +676,7 @@ impl Requests {
             .and_then([TxnOp::get(key, None)])
             .or_else([TxnOp::get(
                 lock_prefix,
-                Some(
-                    GetOptions::new()
-                        .with_range(prefix_end(lock_prefix))
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
+                Some(any_contender_read(lock_prefix)),
             )]);
         let response = self.txn(txn).await?;
         let responses = response.op_responses();
@@ -809,12 +796,7 @@ impl Requests {
             .and_then(write)
             .or_else([TxnOp::get(
                 lock_prefix,
-                Some(
-                    GetOptions::new()
-                        .with_range(prefix_end(lock_prefix))
-                        .with_limit(1)
-                        .with_keys_only(),
-                ),
+                Some(any_contender_read(lock_prefix)),
             )]);
         let response = self.txn(txn).await?;
         if !response.succeeded() {
@@ -948,4 +930,13 @@ fn first_kv(response: Option<&TxnOpResponse>) -> Option<&KeyValue> {
         Some(TxnOpResponse::Get(get)) => get.kvs().first(),
         _ => None,
     }
+}
+
+/// The read that tells whether any contender holds `lock_prefix`: one key name of its
+/// range.
+fn any_contender_read(lock_prefix: &str) -> GetOptions {
+    GetOptions::new()
+        .with_range(prefix_end(lock_prefix))
+        .with_limit(1)
+        .with_keys_only()
 }
