@@ -4,6 +4,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
 use tokio::task::JoinSet;
 
 use crate::side::{BoxError, Contender, Side, PATIENCE};
@@ -279,22 +282,8 @@ pub(crate) async fn hot_key(
 /// (a client's background tasks, the server's lazy work) weighs on every other alike.
 /// A fixed cyclic order, even rotated, gave each side one predecessor for the whole run.
 pub(crate) fn turn_order(round: usize, sides: usize) -> Vec<usize> {
-    // splitmix64: a few lines, and enough for shuffling a handful of sides.
-    let mut state = (round as u64)
-        .wrapping_add(1)
-        .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    let mut next = move || {
-        state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    };
     let mut order: Vec<usize> = (0..sides).collect();
-    for i in (1..sides).rev() {
-        let j = (next() % (i as u64 + 1)) as usize;
-        order.swap(i, j);
-    }
+    order.shuffle(&mut StdRng::seed_from_u64(round as u64));
     order
 }
 
