@@ -33,9 +33,8 @@
 //! client keeps two kinds of sessions (connections), each owned by one task that runs
 //! its statements in order:
 //! - **shared sessions** (at most [`MySqlConfig::shared_sessions`], default 10) carry
-//!   every grant that does not wait, and its release: `SELECT CASE WHEN
-//!   IS_USED_LOCK(n) IS NULL THEN GET_LOCK(n, 0) ELSE 0 END` (with the token, see
-//!   Fencing). A session never asks
+//!   every grant that does not wait, and its release: `IF(IS_USED_LOCK(n) IS NULL,
+//!   GET_LOCK(n, 0), 0)` (with the token, see Fencing). A session never asks
 //!   for a name in use, its own included: `GET_LOCK` on the session that holds the
 //!   lock succeeds again (a count), so two local grants of one key must not meet on
 //!   a session. Any number of held locks share these sessions.

@@ -27,7 +27,7 @@ use distlock_api::LockKey;
 use sqlx::{Executor as _, MySqlConnection};
 
 use crate::keys::{permit_count_name, permit_slot_name};
-use crate::sql::NEXT_TOKEN;
+use crate::sql::{fence_token, SLOT_FENCE};
 
 /// Why a semaphore acquire neither waits in FIFO order nor is woken by a release: a
 /// permit waiter is held in no queue of the server's.
@@ -147,8 +147,14 @@ pub(crate) async fn try_permit(
     }
     let answer = match taken {
         Some(slot) => {
-            let token: Option<i64> = sqlx::query_scalar(NEXT_TOKEN).fetch_one(&mut *conn).await?;
-            match token.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) {
+            let fence: String = sqlx::query_scalar(SLOT_FENCE)
+                .bind(&slot)
+                .fetch_one(&mut *conn)
+                .await?;
+            match fence_token(&fence)
+                .and_then(|t| u64::try_from(t).ok())
+                .filter(|t| *t > 0)
+            {
                 Some(token) => PermitAnswer::Granted { slot, token },
                 // No run row (see `sql::establish_run`): refused, and the caller rolls
                 // back and releases what the try took.

@@ -379,7 +379,8 @@ impl Task {
         let trip = self
             .request(move |c| {
                 Box::pin(async move {
-                    sqlx::query_as::<_, (Option<i64>, Option<i64>)>(sql::TRY_LOCK)
+                    sqlx::query_scalar::<_, Option<String>>(sql::TRY_LOCK)
+                        .bind(&*name)
                         .bind(&*name)
                         .bind(&*name)
                         .fetch_one(c)
@@ -387,25 +388,25 @@ impl Task {
                 })
             })
             .await;
+        let trip = trip.map(|answer| sql::lock_answer(answer.as_deref()));
         self.after_lock(trip, grant, reply).await
     }
 
-    /// After a `GET_LOCK` answer (`1` taken, `0` held, `NULL` refused) and, on a grant,
-    /// its token: the grant, or the answer "held", or the error.
+    /// After a try's or a wait's answer: the grant, or the answer "held", or the error.
     async fn after_lock(
         &mut self,
-        trip: Trip<(Option<i64>, Option<i64>)>,
+        trip: Trip<sql::LockAnswer>,
         grant: NewGrant,
         reply: Reply<Option<Granted>>,
     ) -> Result<(), End> {
         let token = match trip {
-            Trip::Done((Some(1), token)) => token,
-            Trip::Done((Some(_), _)) => {
+            Trip::Done(sql::LockAnswer::Granted { token, .. }) => token,
+            Trip::Done(sql::LockAnswer::NotGranted) => {
                 let _ = reply.send(Ok(None));
                 self.core.return_if_idle();
                 return Ok(());
             }
-            Trip::Done((None, _)) => {
+            Trip::Done(sql::LockAnswer::Failed) => {
                 let _ = reply.send(Err(Failure::Lock(LockError::backend_error(
                     MYSQL_BACKEND,
                     "GET_LOCK returned NULL (an error on the server, such as running out of memory)",
@@ -569,16 +570,11 @@ impl Task {
         // The lease starts at the grant, which came `waited` microseconds into the
         // statement by the server's clock: the wait is not charged to it (less 1 % for
         // clock-rate differences, so the lease never starts later than the grant).
-        let trip = trip.map(|answer| match sql::wait_answer(answer.as_deref()) {
-            sql::WaitAnswer::Failed => (None, None),
-            sql::WaitAnswer::TimedOut => (Some(0), None),
-            sql::WaitAnswer::Granted { waited, token } => {
-                let waited =
-                    Duration::from_micros(u64::try_from(waited).unwrap_or(0)).mul_f64(0.99);
-                grant.lease_start = (started + waited).min(Instant::now());
-                (Some(1), token)
-            }
-        });
+        let trip = trip.map(|answer| sql::lock_answer(answer.as_deref()));
+        if let Trip::Done(sql::LockAnswer::Granted { waited, .. }) = &trip {
+            let waited = Duration::from_micros(u64::try_from(*waited).unwrap_or(0)).mul_f64(0.99);
+            grant.lease_start = (started + waited).min(Instant::now());
+        }
         self.after_lock(trip, grant, reply).await
     }
 

@@ -43,85 +43,94 @@ CREATE TABLE IF NOT EXISTS distlock_election (
   connection_id BIGINT UNSIGNED NOT NULL
 ) ENGINE=InnoDB;";
 
-/// The next fencing token, an expression: the run's epoch times 2^44 plus the count of
-/// `UUID_SHORT()` values the server handed out since the run's base (a server-global
-/// counter under a mutex, so later calls give larger values). `NULL` without a run row
-/// (see [`establish_run`]) or once 2^44 values were used in one run.
-macro_rules! token_expression {
+/// A grant's fencing token, as text, an expression binding the lock's name: the run's
+/// epoch times 2^64 plus the count of `UUID_SHORT()` values the server handed out since
+/// the run's base (a server-global counter under a mutex, so later calls give larger
+/// values); read by [`fence_token`]. `'-'` without a run row (see [`establish_run`]),
+/// and also unless this session holds the name: so a server that evaluated it before
+/// the grant would fail closed (no token, and the grant is undone), never hand out a
+/// token drawn before the grant.
+///
+/// The run row may be read when the statement starts (MariaDB reads a one-row table
+/// while planning): it cannot change under the statement, whose read lock on the
+/// MEMORY table holds a `DELETE` or `INSERT` of it until the statement ends.
+macro_rules! holder_fence {
     () => {
-        "(SELECT IF(d.n < 17592186044416, d.e * 17592186044416 + d.n, NULL) FROM \
-         (SELECT r.epoch AS e, UUID_SHORT() - r.base AS n FROM distlock_run r \
-         WHERE r.id = 1 LIMIT 1) AS d)"
+        "COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \
+         CAST(r.epoch * 18446744073709551616 + (UUID_SHORT() - r.base) AS CHAR), NULL) \
+         FROM distlock_run r WHERE r.id = 1), '-')"
     };
 }
 
-/// A try on a shared session, and its token, in one statement: `1` granted (then the
-/// token, drawn after `GET_LOCK` returned, while the lock is held), `0` held (by
+/// A try on a shared session, binding the name three times, answered as [`WAIT_LOCK`]
+/// is (read by [`lock_answer`], the wait being `0`): `'0'` when the name is in use (by
 /// anyone, this session included: `GET_LOCK` on a session that holds the lock would
-/// succeed again, so a lock in use is never asked for), `NULL` on a server error. The
-/// derived table (never merged: it has a `LIMIT`) runs `GET_LOCK` once.
-pub(crate) const TRY_LOCK: &str = concat!(
-    "SELECT g.got, IF(g.got = 1, CAST(",
-    token_expression!(),
-    " AS SIGNED), NULL) FROM (SELECT CAST(CASE WHEN IS_USED_LOCK(?) IS NULL \
-     THEN GET_LOCK(?, 0) ELSE 0 END AS SIGNED) AS got LIMIT 1) AS g"
-);
-/// A wait on a dedicated session, `?` seconds at most, in one column: `'0'` when it
-/// timed out; `NULL` when `GET_LOCK` answered `NULL` (an error on the server); on a
-/// grant, how long the statement waited, in microseconds by the server's clock
-/// (`SYSDATE(6)` read after `GET_LOCK` returned, `NOW(6)` at the statement's start), a
-/// space, and the run's epoch times 2^64 plus the `UUID_SHORT()` count since the run's
-/// base (see [`wait_answer`]), or `-` without a run row.
+/// succeed again, so a name in use is never asked for), `NULL` on a server error, and
+/// on a grant `0`, a space and the token ([`holder_fence`]).
 ///
 /// No derived table: materialising one costs about as much as the rest of the
-/// statement. `ELT` evaluates its index (`GET_LOCK`) once and then only the argument it
-/// picks, so the grant's branch runs only after `GET_LOCK` returned 1; and the token is
-/// drawn only while `IS_USED_LOCK` names this session, so a server that evaluated the
-/// subquery early would fail closed (no token: the grant is released and the session
-/// ended), never hand out a token drawn before the grant. The run row may be read when
-/// the statement starts (MariaDB reads a one-row table while planning): it cannot
-/// change under the statement, whose read lock on the MEMORY table holds a `DELETE` or
-/// `INSERT` of it until the statement ends.
-pub(crate) const WAIT_LOCK: &str = "SELECT ELT(GET_LOCK(?, ?) + 1, '0', \
-     CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', \
-     COALESCE((SELECT IF(IS_USED_LOCK(?) = CONNECTION_ID(), \
-     CAST(r.epoch * 18446744073709551616 + (UUID_SHORT() - r.base) AS CHAR), NULL) \
-     FROM distlock_run r WHERE r.id = 1), '-')))";
+/// statement (a try that read its token through two of them cost the server 8–10 µs
+/// more per lock cycle). `ELT` evaluates its index once and then only the argument it
+/// picks, so the token is drawn only after `GET_LOCK` returned 1.
+pub(crate) const TRY_LOCK: &str = concat!(
+    "SELECT ELT(IF(IS_USED_LOCK(?) IS NULL, GET_LOCK(?, 0), 0) + 1, '0', CONCAT('0 ', ",
+    holder_fence!(),
+    "))"
+);
+/// A wait on a dedicated session, `?` seconds at most, binding the name, the seconds
+/// and the name, in one column (read by [`lock_answer`]): `'0'` when it timed out;
+/// `NULL` when `GET_LOCK` answered `NULL` (an error on the server); on a grant, how
+/// long the statement waited, in microseconds by the server's clock (`SYSDATE(6)` read
+/// after `GET_LOCK` returned, `NOW(6)` at the statement's start), a space, and the
+/// token ([`holder_fence`]). As in [`TRY_LOCK`], `ELT` draws the token only after the
+/// grant, and no derived table is used.
+pub(crate) const WAIT_LOCK: &str = concat!(
+    "SELECT ELT(GET_LOCK(?, ?) + 1, '0', \
+     CONCAT(CAST(TIMESTAMPDIFF(MICROSECOND, NOW(6), SYSDATE(6)) AS SIGNED), ' ', ",
+    holder_fence!(),
+    "))"
+);
 
-/// What [`WAIT_LOCK`] answered.
+/// What [`TRY_LOCK`] or [`WAIT_LOCK`] answered.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum WaitAnswer {
+pub(crate) enum LockAnswer {
     /// `GET_LOCK` answered `NULL`: an error on the server.
     Failed,
-    /// The wait timed out.
-    TimedOut,
-    /// Granted after `waited` µs (server clock), with the token (the epoch times 2^44
-    /// plus the count, as [`TRY_LOCK`]'s): `None` without a run row, once 2^44 values
-    /// were used in one run, or past `i64::MAX`.
+    /// The name was in use (a try), or the wait timed out.
+    NotGranted,
+    /// Granted after `waited` µs (server clock; `0` for a try), with the token read by
+    /// [`fence_token`].
     Granted { waited: i64, token: Option<i64> },
 }
 
-/// Reads [`WAIT_LOCK`]'s answer.
-pub(crate) fn wait_answer(answer: Option<&str>) -> WaitAnswer {
+/// Reads [`TRY_LOCK`]'s or [`WAIT_LOCK`]'s answer.
+pub(crate) fn lock_answer(answer: Option<&str>) -> LockAnswer {
     let Some(answer) = answer else {
-        return WaitAnswer::Failed;
+        return LockAnswer::Failed;
     };
     let Some((waited, fence)) = answer.split_once(' ') else {
-        return WaitAnswer::TimedOut;
+        return LockAnswer::NotGranted;
     };
-    let token = fence.parse::<u128>().ok().and_then(|v| {
-        let (epoch, count) = (v >> 64, v & u128::from(u64::MAX));
-        (count < 1 << 44)
-            .then_some((epoch << 44) | count)
-            .and_then(|t| i64::try_from(t).ok())
-    });
-    WaitAnswer::Granted {
+    LockAnswer::Granted {
         waited: waited.parse().unwrap_or(0),
-        token,
+        token: fence_token(fence),
     }
 }
-/// The next fencing token alone (a permit's, in its transaction after its `GET_LOCK`).
-pub(crate) const NEXT_TOKEN: &str = concat!("SELECT CAST(", token_expression!(), " AS SIGNED)");
+
+/// The fencing token in [`holder_fence`]'s text: the epoch times 2^44 plus the count.
+/// `None` for `'-'`, once 2^44 values were used in one run (a grant without a token
+/// fails rather than hand out a lower one), or past `i64::MAX`.
+pub(crate) fn fence_token(fence: &str) -> Option<i64> {
+    let v = fence.parse::<u128>().ok()?;
+    let (epoch, count) = (v >> 64, v & u128::from(u64::MAX));
+    (count < 1 << 44)
+        .then_some((epoch << 44) | count)
+        .and_then(|t| i64::try_from(t).ok())
+}
+
+/// The token of a permit slot this session holds, binding the slot's name (in the
+/// permit's transaction, after its `GET_LOCK`): [`holder_fence`]'s text.
+pub(crate) const SLOT_FENCE: &str = concat!("SELECT ", holder_fence!());
 /// The current run's epoch, if the run row exists.
 const RUN_EPOCH: &str = "SELECT CAST(epoch AS SIGNED) FROM distlock_run WHERE id = 1";
 /// Raises the durable epoch by one (autocommitted: durable before the next statement),
@@ -254,25 +263,25 @@ fn no_answer(address: &str, limit: Duration) -> LockError {
 
 #[cfg(test)]
 mod tests {
-    use super::{wait_answer, WaitAnswer};
+    use super::{lock_answer, LockAnswer};
 
     #[test]
-    fn a_wait_answer_splits_into_the_wait_and_the_token() {
-        let granted = |waited, token| WaitAnswer::Granted { waited, token };
-        assert_eq!(wait_answer(None), WaitAnswer::Failed);
-        assert_eq!(wait_answer(Some("0")), WaitAnswer::TimedOut);
+    fn a_lock_answer_splits_into_the_wait_and_the_token() {
+        let granted = |waited, token| LockAnswer::Granted { waited, token };
+        assert_eq!(lock_answer(None), LockAnswer::Failed);
+        assert_eq!(lock_answer(Some("0")), LockAnswer::NotGranted);
         // Epoch 3, count 5: 3 × 2^64 + 5.
         let answer = format!("120 {}", (3u128 << 64) + 5);
         assert_eq!(
-            wait_answer(Some(&answer)),
+            lock_answer(Some(&answer)),
             granted(120, Some((3 << 44) + 5))
         );
         // Granted without a run row, or past the run's 2^44 values: no token.
-        assert_eq!(wait_answer(Some("7 -")), granted(7, None));
+        assert_eq!(lock_answer(Some("7 -")), granted(7, None));
         let spent = format!("7 {}", (3u128 << 64) + (1 << 44));
-        assert_eq!(wait_answer(Some(&spent)), granted(7, None));
+        assert_eq!(lock_answer(Some(&spent)), granted(7, None));
         // A token past i64::MAX is none either.
         let high = format!("7 {}", 1u128 << 83);
-        assert_eq!(wait_answer(Some(&high)), granted(7, None));
+        assert_eq!(lock_answer(Some(&high)), granted(7, None));
     }
 }
