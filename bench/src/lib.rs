@@ -429,7 +429,7 @@ pub async fn run(
         backend == Backend::Redis,
         matches!(
             backend,
-            Backend::Postgres | Backend::ZooKeeper | Backend::Etcd
+            Backend::Postgres | Backend::MySql | Backend::ZooKeeper | Backend::Etcd
         ),
     );
     if matches!(server_cpu, server_cpu::ServerCpu::Unknown) {
