@@ -151,10 +151,7 @@ pub(crate) async fn try_permit(
                 .bind(&slot)
                 .fetch_one(&mut *conn)
                 .await?;
-            match fence_token(&fence)
-                .and_then(|t| u64::try_from(t).ok())
-                .filter(|t| *t > 0)
-            {
+            match fence_token(&fence) {
                 Some(token) => PermitAnswer::Granted { slot, token },
                 // No run row (see `sql::establish_run`): refused, and the caller rolls
                 // back and releases what the try took.

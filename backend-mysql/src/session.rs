@@ -424,7 +424,7 @@ impl Task {
                 return Err(End::Broken(why));
             }
         };
-        match token.and_then(|t| u64::try_from(t).ok()).filter(|t| *t > 0) {
+        match token {
             Some(token) => self.grant(grant, token, reply).await,
             None => {
                 // No run row: the server restarted or `distlock_run` was emptied under

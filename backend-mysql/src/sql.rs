@@ -100,7 +100,7 @@ pub(crate) enum LockAnswer {
     NotGranted,
     /// Granted after `waited` µs (server clock; `0` for a try), with the token read by
     /// [`fence_token`].
-    Granted { waited: i64, token: Option<i64> },
+    Granted { waited: i64, token: Option<u64> },
 }
 
 /// Reads [`TRY_LOCK`]'s or [`WAIT_LOCK`]'s answer.
@@ -119,13 +119,15 @@ pub(crate) fn lock_answer(answer: Option<&str>) -> LockAnswer {
 
 /// The fencing token in [`holder_fence`]'s text: the epoch times 2^44 plus the count.
 /// `None` for `'-'`, once 2^44 values were used in one run (a grant without a token
-/// fails rather than hand out a lower one), or past `i64::MAX`.
-pub(crate) fn fence_token(fence: &str) -> Option<i64> {
+/// fails rather than hand out a lower one), past `i64::MAX` (tokens are kept as
+/// signed 64-bit integers by fenced stores), or for `0`.
+pub(crate) fn fence_token(fence: &str) -> Option<u64> {
     let v = fence.parse::<u128>().ok()?;
     let (epoch, count) = (v >> 64, v & u128::from(u64::MAX));
     (count < 1 << 44)
         .then_some((epoch << 44) | count)
-        .and_then(|t| i64::try_from(t).ok())
+        .and_then(|t| u64::try_from(t).ok())
+        .filter(|t| (1..=i64::MAX.unsigned_abs()).contains(t))
 }
 
 /// The token of a permit slot this session holds, binding the slot's name (in the
